@@ -1,0 +1,43 @@
+"""Test settings shared by every ember package's tests.
+
+Each package's ``tests/test_docs.py`` uses the ``doctests`` fixture to run the
+docstring examples of every module in its package, so a public example that
+stops working fails CI.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import os
+import pkgutil
+from collections.abc import Callable
+
+import pytest
+
+# IR checkers run after every pass in tests (see STYLE.md, rule 10).
+os.environ.setdefault("EMBER_CHECK", "1")
+
+
+def _modules(package: str) -> list[str]:
+    pkg = importlib.import_module(package)
+    names = [package]
+    for info in pkgutil.walk_packages(pkg.__path__, prefix=package + "."):
+        names.append(info.name)
+    return names
+
+
+@pytest.fixture
+def doctests() -> Callable[[str], int]:
+    """Run the doctests of every module of a package; fail on any failure."""
+
+    def run(package: str) -> int:
+        attempted = 0
+        for name in _modules(package):
+            module = importlib.import_module(name)
+            result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+            assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"
+            attempted += result.attempted
+        return attempted
+
+    return run

@@ -1,0 +1,640 @@
+/* ember.capture._eval_frame: the PEP 523 frame-evaluation hook.
+ *
+ * This file is deliberately small. It knows three things:
+ *   1. per-thread state: which callback (if any) this thread runs under;
+ *   2. a per-code cache in co_extra: an ordered list of (check_fn, fn) entries
+ *      and a "skip this code" flag;
+ *   3. the decision on each fresh function frame: pass through, serve a cache
+ *      hit by calling fn(*args), or ask the Python callback on a miss.
+ * Everything else (what an entry is, which code to skip, how to compile) is
+ * Python's business; see hook.py, the typed wrapper, for the public API.
+ *
+ * Callback values per thread (ThreadState.callback):
+ *   NULL      hook disabled on this thread: every frame goes to the previous
+ *             eval function;
+ *   Py_False  run-only: serve cache hits, never call the callback;
+ *   callable  normal: on a miss call callback(frame) -> (check_fn, fn) | None | False
+ *             (an entry to add and use now; run normally this time; skip always).
+ *
+ * The eval function is per interpreter, so it is installed only while at least
+ * one thread has a callback (an installed hook costs every Python call about
+ * 1.4x, because 3.11 stops inlining Python-to-Python calls), and it chains to
+ * whatever eval function was installed before it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structseq.h>
+
+#include "_frame_311.h"
+
+/* ---------------------------------------------------------------- state -- */
+
+typedef struct {
+    PyObject *callback;        /* strong; NULL, Py_False or a callable */
+    int busy;                  /* >0 while a callback or check_fn runs: pass through */
+    PyCodeObject *skip_once;   /* borrowed; the next frame of this code is an entry's fn */
+} ThreadState;
+
+typedef struct CodeExtra {
+    PyObject *entries;         /* list of 2-tuples (check_fn, fn), most recently hit first */
+    int skip;                  /* never intercept this code */
+    struct CodeExtra *prev, *next;
+} CodeExtra;
+
+static Py_tss_t thread_key = Py_tss_NEEDS_INIT;
+static Py_ssize_t extra_index = -1;
+static _PyFrameEvalFunction previous_eval = NULL; /* chained to; valid while installed */
+static int installed = 0;                         /* our function is in the chain */
+static Py_ssize_t active_threads = 0;
+static CodeExtra *all_extras = NULL;              /* every live CodeExtra, for reset() */
+static Py_ssize_t live_extras = 0;
+static PyTypeObject *FrameType = NULL;
+
+static PyObject *ember_eval_frame(PyThreadState *, EmberFrame *, int);
+static void uninstall_hook(void);
+
+/* ------------------------------------------------------- thread state -- */
+
+static void
+thread_state_free(PyObject *capsule)
+{
+    /* Runs when the thread's dict is cleared (thread exit, GIL held). */
+    ThreadState *ts = PyCapsule_GetPointer(capsule, "ember.capture.ThreadState");
+    if (ts == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (ts->callback != NULL) {
+        Py_CLEAR(ts->callback);
+        if (--active_threads == 0 && _PyThreadState_UncheckedGet() != NULL) {
+            uninstall_hook();
+        }
+    }
+    if (PyThread_tss_get(&thread_key) == ts) {
+        PyThread_tss_set(&thread_key, NULL);
+    }
+    PyMem_RawFree(ts);
+}
+
+/* This thread's state, created on first use; NULL with an exception on failure. */
+static ThreadState *
+thread_state(void)
+{
+    ThreadState *ts = PyThread_tss_get(&thread_key);
+    if (ts != NULL) {
+        return ts;
+    }
+    ts = PyMem_RawCalloc(1, sizeof(ThreadState));
+    if (ts == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    /* A capsule in the thread's dict frees the state when the thread dies. */
+    PyObject *dict = PyThreadState_GetDict();
+    PyObject *capsule = PyCapsule_New(ts, "ember.capture.ThreadState", thread_state_free);
+    if (dict == NULL || capsule == NULL ||
+        PyDict_SetItemString(dict, "ember.capture.ThreadState", capsule) < 0) {
+        Py_XDECREF(capsule);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "ember: no thread-state dict");
+        }
+        return NULL; /* the capsule (if made) owned ts and freed it */
+    }
+    Py_DECREF(capsule);
+    if (PyThread_tss_set(&thread_key, ts) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: PyThread_tss_set failed");
+        return NULL;
+    }
+    return ts;
+}
+
+/* ------------------------------------------------------ install/chain -- */
+
+/* Whether our function can no longer be in the chain: the current eval
+ * function is the default one (which chains to nothing) or the one we chained
+ * to (someone restored what was below us). Any other function above us may
+ * be chaining to us, and installing over it again would make a loop. */
+static int
+removed_from_chain(_PyFrameEvalFunction current)
+{
+    return current == _PyEval_EvalFrameDefault || current == previous_eval;
+}
+
+static void
+install_hook(void)
+{
+    PyInterpreterState *interp = PyThreadState_GET()->interp;
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (current == ember_eval_frame || (installed && !removed_from_chain(current))) {
+        installed = 1;
+        return;
+    }
+    previous_eval = current;
+    installed = 1;
+    _PyInterpreterState_SetEvalFrameFunc(interp, ember_eval_frame);
+}
+
+static void
+uninstall_hook(void)
+{
+    PyInterpreterState *interp = PyThreadState_GET()->interp;
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (current == ember_eval_frame) {
+        _PyInterpreterState_SetEvalFrameFunc(interp, previous_eval);
+        installed = 0;
+    }
+    else if (removed_from_chain(current)) {
+        installed = 0;
+    }
+    /* Otherwise another PEP 523 user sits above us and calls us as its
+     * previous function: we stay, passing every frame through. */
+}
+
+/* -------------------------------------------------------- code extras -- */
+
+static void
+code_extra_free(void *p)
+{
+    CodeExtra *extra = p;
+    if (extra == NULL) {
+        return;
+    }
+    if (extra->prev) extra->prev->next = extra->next;
+    else all_extras = extra->next;
+    if (extra->next) extra->next->prev = extra->prev;
+    live_extras--;
+    Py_XDECREF(extra->entries);
+    PyMem_RawFree(extra);
+}
+
+/* The code's cache, or NULL if it has none (and create is 0). NULL with an
+ * exception set on failure. */
+static CodeExtra *
+code_extra(PyCodeObject *code, int create)
+{
+    CodeExtra *extra = NULL;
+    if (_PyCode_GetExtra((PyObject *)code, extra_index, (void **)&extra) < 0) {
+        return NULL;
+    }
+    if (extra != NULL || !create) {
+        return extra;
+    }
+    extra = PyMem_RawCalloc(1, sizeof(CodeExtra));
+    if (extra == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    extra->entries = PyList_New(0);
+    if (extra->entries == NULL) {
+        PyMem_RawFree(extra);
+        return NULL;
+    }
+    extra->next = all_extras;
+    if (all_extras) all_extras->prev = extra;
+    all_extras = extra;
+    live_extras++;
+    if (_PyCode_SetExtra((PyObject *)code, extra_index, extra) < 0) {
+        code_extra_free(extra);
+        return NULL;
+    }
+    return extra;
+}
+
+/* --------------------------------------------------------- hook logic -- */
+
+/* An entry built from one function object may only serve frames of functions
+ * that share its globals and its closure cells: fn runs with its own globals
+ * and closure, and its guards may have bound them when they were compiled. */
+static int
+entry_fits_function(PyObject *fn, PyFunctionObject *func)
+{
+    if (!PyFunction_Check(fn)) {
+        return 1;
+    }
+    PyFunctionObject *f = (PyFunctionObject *)fn;
+    if (f->func_globals != func->func_globals) {
+        return 0;
+    }
+    PyObject *a = f->func_closure, *b = func->func_closure;
+    if (a == b) {
+        return 1;
+    }
+    if (a == NULL || b == NULL || PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b)) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a); i++) {
+        if (PyTuple_GET_ITEM(a, i) != PyTuple_GET_ITEM(b, i)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Call an entry's fn with the frame's arguments; its own frame is not
+ * intercepted (frames of the functions it calls are). New reference. */
+static PyObject *
+call_entry_fn(ThreadState *ts, PyObject *fn, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyCodeObject *saved = ts->skip_once;
+    ts->skip_once = PyFunction_Check(fn) ? (PyCodeObject *)PyFunction_GET_CODE(fn) : NULL;
+    PyObject *result = PyObject_Vectorcall(fn, args, nargs, NULL);
+    ts->skip_once = saved;
+    return result;
+}
+
+/* Find an entry whose check passes; move it to the front. Returns a new
+ * reference to its fn, NULL with no exception on a miss, NULL with an
+ * exception if a check raised. */
+static PyObject *
+lookup(ThreadState *ts, CodeExtra *extra, PyFunctionObject *func, PyObject *const *args,
+       Py_ssize_t nargs)
+{
+    PyObject *entries = extra->entries;
+    Py_INCREF(entries);
+    PyObject *found = NULL;
+    ts->busy++;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+        PyObject *entry = PyList_GET_ITEM(entries, i);
+        PyObject *fn = PyTuple_GET_ITEM(entry, 1);
+        if (!entry_fits_function(fn, func)) {
+            continue;
+        }
+        Py_INCREF(entry);
+        PyObject *ok = PyObject_Vectorcall(PyTuple_GET_ITEM(entry, 0), args, nargs, NULL);
+        int truth = ok == NULL ? -1 : PyObject_IsTrue(ok);
+        Py_XDECREF(ok);
+        if (truth < 0) {
+            Py_DECREF(entry);
+            break;
+        }
+        if (truth) {
+            found = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+            /* most recently hit first; the list may have changed under the check */
+            if (i > 0 && i < PyList_GET_SIZE(entries) && PyList_GET_ITEM(entries, i) == entry) {
+                memmove(&PyList_GET_ITEM(entries, 1), &PyList_GET_ITEM(entries, 0),
+                        (size_t)i * sizeof(PyObject *));
+                PyList_SET_ITEM(entries, 0, entry);
+            }
+            Py_DECREF(entry);
+            break;
+        }
+        Py_DECREF(entry);
+    }
+    ts->busy--;
+    Py_DECREF(entries);
+    return found;
+}
+
+/* Build the frame description handed to the callback. */
+static PyObject *
+make_frame_info(EmberFrame *frame, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyFunctionObject *func = ember_frame_func(frame);
+    PyObject *info = PyStructSequence_New(FrameType);
+    PyObject *argtuple = PyTuple_New(nargs);
+    if (info == NULL || argtuple == NULL) {
+        Py_XDECREF(info);
+        Py_XDECREF(argtuple);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyTuple_SET_ITEM(argtuple, i, Py_NewRef(args[i]));
+    }
+    PyStructSequence_SET_ITEM(info, 0, Py_NewRef(ember_frame_code(frame)));
+    PyStructSequence_SET_ITEM(info, 1, Py_NewRef(func));
+    PyStructSequence_SET_ITEM(info, 2, Py_NewRef(func->func_globals));
+    PyStructSequence_SET_ITEM(info, 3, Py_NewRef(func->func_builtins));
+    PyStructSequence_SET_ITEM(info, 4, argtuple);
+    return info;
+}
+
+static int
+valid_entry(PyObject *entry)
+{
+    return PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+           PyCallable_Check(PyTuple_GET_ITEM(entry, 0)) &&
+           PyCallable_Check(PyTuple_GET_ITEM(entry, 1));
+}
+
+/* A miss in normal mode: ask the callback. Returns a new reference to the fn
+ * to call, Py_None to run the frame normally, or NULL with an exception. */
+static PyObject *
+compile_miss(ThreadState *ts, EmberFrame *frame, CodeExtra *extra, PyObject *const *args,
+             Py_ssize_t nargs)
+{
+    PyObject *info = make_frame_info(frame, args, nargs);
+    if (info == NULL) {
+        return NULL;
+    }
+    ts->busy++;
+    PyObject *decision = NULL;
+    if (Py_EnterRecursiveCall(" in ember's frame callback") == 0) {
+        decision = PyObject_CallOneArg(ts->callback, info);
+        Py_LeaveRecursiveCall();
+    }
+    ts->busy--;
+    Py_DECREF(info);
+    if (decision == NULL) {
+        return NULL;
+    }
+    if (decision == Py_None) {
+        return decision;
+    }
+    if (decision == Py_False) {
+        extra->skip = 1;
+        Py_DECREF(decision);
+        Py_RETURN_NONE;
+    }
+    if (!valid_entry(decision)) {
+        PyErr_Format(PyExc_TypeError,
+                     "ember frame callback must return a (check_fn, fn) pair of callables, "
+                     "None or False, not %R",
+                     decision);
+        Py_DECREF(decision);
+        return NULL;
+    }
+    /* A tuple subclass (CacheEntry) is stored as given; C reads it as a tuple. */
+    if (PyList_Insert(extra->entries, 0, decision) < 0) {
+        Py_DECREF(decision);
+        return NULL;
+    }
+    PyObject *fn = Py_NewRef(PyTuple_GET_ITEM(decision, 1));
+    Py_DECREF(decision);
+    return fn;
+}
+
+static PyObject *
+ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
+{
+    ThreadState *ts = PyThread_tss_get(&thread_key);
+    PyCodeObject *code = ember_frame_code(frame);
+    if (ts == NULL || ts->callback == NULL || ts->busy) {
+        if (active_threads == 0) {
+            /* Left behind: another PEP 523 user restored us after our last
+             * thread let go. Step out of the chain now. */
+            _PyFrameEvalFunction next = previous_eval;
+            uninstall_hook();
+            return next(tstate, frame, throwflag);
+        }
+        return previous_eval(tstate, frame, throwflag);
+    }
+    if (ts->skip_once == code) {
+        ts->skip_once = NULL;
+        return previous_eval(tstate, frame, throwflag);
+    }
+    if (!ember_frame_is_fresh_call(frame, throwflag) || (code->co_flags & EMBER_UNTRACEABLE_FLAGS) ||
+        !(code->co_flags & CO_OPTIMIZED)) {
+        return previous_eval(tstate, frame, throwflag);
+    }
+    int run_only = ts->callback == Py_False;
+    CodeExtra *extra = code_extra(code, !run_only);
+    if (extra == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return previous_eval(tstate, frame, throwflag);
+    }
+    if (extra->skip) {
+        return previous_eval(tstate, frame, throwflag);
+    }
+    PyObject *const *args = ember_frame_args(frame);
+    Py_ssize_t nargs = ember_code_nargs(code);
+    PyObject *fn = lookup(ts, extra, ember_frame_func(frame), args, nargs);
+    if (fn == NULL && !PyErr_Occurred() && !run_only) {
+        fn = compile_miss(ts, frame, extra, args, nargs);
+    }
+    if (fn == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return previous_eval(tstate, frame, throwflag);
+    }
+    if (fn == Py_None) {
+        Py_DECREF(fn);
+        return previous_eval(tstate, frame, throwflag);
+    }
+    PyObject *result = call_entry_fn(ts, fn, args, nargs);
+    Py_DECREF(fn);
+    return result;
+}
+
+/* ------------------------------------------------------- Python API -- */
+
+static PyObject *
+set_callback(PyObject *mod, PyObject *callback)
+{
+    ThreadState *ts = thread_state();
+    if (ts == NULL) {
+        return NULL;
+    }
+    if (callback == Py_None) {
+        callback = NULL;
+    }
+    else if (callback != Py_False && !PyCallable_Check(callback)) {
+        return PyErr_Format(PyExc_TypeError,
+                            "callback must be a callable, False (run-only) or None, not %R",
+                            callback);
+    }
+    PyObject *old = ts->callback;
+    if (callback != NULL) {
+        active_threads += old == NULL;
+        install_hook(); /* idempotent; re-installs if someone removed us */
+    }
+    else if (old != NULL && --active_threads == 0) {
+        uninstall_hook();
+    }
+    ts->callback = Py_XNewRef(callback);
+    if (old == NULL) {
+        Py_RETURN_NONE;
+    }
+    return old; /* the reference ts held */
+}
+
+static PyObject *
+get_callback(PyObject *mod, PyObject *unused)
+{
+    ThreadState *ts = PyThread_tss_get(&thread_key);
+    if (ts == NULL || ts->callback == NULL) {
+        Py_RETURN_NONE;
+    }
+    return Py_NewRef(ts->callback);
+}
+
+static PyCodeObject *
+as_code(PyObject *obj)
+{
+    if (!PyCode_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "expected a code object, not %.100s", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return (PyCodeObject *)obj;
+}
+
+static PyObject *
+get_entries(PyObject *mod, PyObject *obj)
+{
+    PyCodeObject *code = as_code(obj);
+    if (code == NULL) return NULL;
+    CodeExtra *extra = code_extra(code, 0);
+    if (extra == NULL) {
+        return PyErr_Occurred() ? NULL : PyList_New(0);
+    }
+    return PyList_GetSlice(extra->entries, 0, PyList_GET_SIZE(extra->entries));
+}
+
+static PyObject *
+add_entry(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "add_entry(code, entry) takes 2 arguments");
+    }
+    PyCodeObject *code = as_code(args[0]);
+    if (code == NULL) return NULL;
+    if (!valid_entry(args[1])) {
+        return PyErr_Format(PyExc_TypeError, "entry must be a (check_fn, fn) pair of callables");
+    }
+    CodeExtra *extra = code_extra(code, 1);
+    if (extra == NULL || PyList_Insert(extra->entries, 0, args[1]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+clear_code(PyObject *mod, PyObject *obj)
+{
+    PyCodeObject *code = as_code(obj);
+    if (code == NULL) return NULL;
+    CodeExtra *extra = code_extra(code, 0);
+    if (extra != NULL) {
+        extra->skip = 0;
+        if (PyList_SetSlice(extra->entries, 0, PyList_GET_SIZE(extra->entries), NULL) < 0) {
+            return NULL;
+        }
+    }
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+set_skip(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "set_skip(code, flag) takes 2 arguments");
+    }
+    PyCodeObject *code = as_code(args[0]);
+    int flag = PyObject_IsTrue(args[1]);
+    if (code == NULL || flag < 0) return NULL;
+    CodeExtra *extra = code_extra(code, flag);
+    if (extra != NULL) {
+        extra->skip = flag;
+    }
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+is_skipped(PyObject *mod, PyObject *obj)
+{
+    PyCodeObject *code = as_code(obj);
+    if (code == NULL) return NULL;
+    CodeExtra *extra = code_extra(code, 0);
+    if (extra == NULL && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(extra != NULL && extra->skip);
+}
+
+static PyObject *
+reset(PyObject *mod, PyObject *unused)
+{
+    /* Clearing a list can run arbitrary finalizers that free other code
+     * objects (and so unlink extras): restart from the head after each. */
+    for (;;) {
+        CodeExtra *extra = all_extras;
+        while (extra != NULL && !extra->skip && PyList_GET_SIZE(extra->entries) == 0) {
+            extra = extra->next;
+        }
+        if (extra == NULL) break;
+        extra->skip = 0;
+        PyObject *old = extra->entries;
+        extra->entries = PyList_New(0);
+        if (extra->entries == NULL) {
+            extra->entries = old;
+            return NULL;
+        }
+        Py_DECREF(old);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+hook_state(PyObject *mod, PyObject *unused)
+{
+    PyInterpreterState *interp = PyThreadState_GET()->interp;
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
+    const char *where = current == ember_eval_frame               ? "top"
+                        : installed && !removed_from_chain(current) ? "chained"
+                        : "absent";
+    return Py_BuildValue("{s:s,s:n,s:n}", "installed", where, "active_threads", active_threads,
+                         "live_caches", live_extras);
+}
+
+static PyMethodDef methods[] = {
+    {"set_callback", set_callback, METH_O,
+     "set_callback(cb) -> previous: cb is a callable, False (run-only) or None (disabled)."},
+    {"get_callback", get_callback, METH_NOARGS, "This thread's callback (None if disabled)."},
+    {"get_entries", get_entries, METH_O, "A copy of the code's cache entries, most recent first."},
+    {"add_entry", (PyCFunction)(void (*)(void))add_entry, METH_FASTCALL,
+     "add_entry(code, (check_fn, fn)): put an entry at the front of the code's cache."},
+    {"clear_code", clear_code, METH_O, "Forget the code's entries and its skip flag."},
+    {"set_skip", (PyCFunction)(void (*)(void))set_skip, METH_FASTCALL,
+     "set_skip(code, flag): never (or again) intercept frames of this code."},
+    {"is_skipped", is_skipped, METH_O, "Whether frames of this code are never intercepted."},
+    {"reset", reset, METH_NOARGS, "Forget every cache entry and skip flag."},
+    {"hook_state", hook_state, METH_NOARGS,
+     "{'installed': top|chained|absent, 'active_threads': n, 'live_caches': n}"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyStructSequence_Field frame_fields[] = {
+    {"code", "the code object about to run"},
+    {"function", "the function object being called"},
+    {"globals", "the function's globals dict"},
+    {"builtins", "the function's builtins dict"},
+    {"args", "every argument slot in co_varnames order (positional, keyword-only, *args, **kwargs)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc frame_desc = {
+    "ember.capture.Frame",
+    "A function call the hook intercepted on a cache miss (valid during the callback).",
+    frame_fields,
+    5,
+};
+
+static struct PyModuleDef moduledef = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "ember.capture._eval_frame",
+    .m_doc = "ember's PEP 523 frame hook; use ember.capture.hook, its typed wrapper.",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__eval_frame(void)
+{
+    if (PyThread_tss_create(&thread_key) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: cannot create thread-local key");
+        return NULL;
+    }
+    extra_index = _PyEval_RequestCodeExtraIndex(code_extra_free);
+    if (extra_index < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "ember: no code-extra index left");
+        return NULL;
+    }
+    FrameType = PyStructSequence_NewType(&frame_desc);
+    if (FrameType == NULL) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL || PyModule_AddObjectRef(m, "Frame", (PyObject *)FrameType) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
+}

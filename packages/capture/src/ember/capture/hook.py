@@ -1,0 +1,426 @@
+"""The frame hook: intercept Python function calls and serve them from a cache.
+
+This is the lowest layer of ember.capture, a typed wrapper over the C
+extension ``_eval_frame`` (a PEP 523 eval-frame function). While a thread has
+a *callback*, every fresh call of a plain Python function on that thread goes
+through the hook:
+
+1. Each code object carries a cache in its ``co_extra`` slot: an ordered list
+   of :class:`CacheEntry` ``(check_fn, fn)``, most recently hit first.
+2. The hook tries the entries in order with ``check_fn(*args)``. On the first
+   true result it returns ``fn(*args)`` in place of running the frame. ``args``
+   are *every argument slot* in ``co_varnames`` order: positional, keyword-only,
+   then the ``*args`` tuple and the ``**kwargs`` dict (:func:`argument_names`).
+3. On a miss it calls ``callback(frame)`` with the hook disabled on this
+   thread. The callback returns a new :class:`CacheEntry` (stored, and it
+   serves this very call), :attr:`Decision.RUN` (run the frame normally this
+   time) or :attr:`Decision.SKIP` (never intercept this code again).
+
+>>> from ember.capture import hook
+>>> def scale(x, factor=2):
+...     return x * factor
+>>> def check(x, factor):                 # same argument slots as scale
+...     return isinstance(x, int)
+>>> def fast_scale(x, factor):
+...     return ("cached", x * factor)
+>>> def on_miss(frame):
+...     if frame.code is scale.__code__:
+...         return hook.CacheEntry(check, fast_scale)
+...     return hook.Decision.RUN
+>>> with hook.intercepting(on_miss):
+...     scale(3), scale(2.5), scale(4, factor=10)
+(('cached', 6), ('cached', 5.0), ('cached', 40))
+
+``scale(2.5)`` missed (the check wants an int), so the callback ran again and
+its second entry served the call. The cache now has two entries:
+
+>>> [e.fn.__name__ for e in hook.entries(scale.__code__)]
+['fast_scale', 'fast_scale']
+>>> hook.reset(); hook.entries(scale.__code__)
+[]
+
+Rules the hook follows (see docs/architecture.md):
+
+- An entry whose ``fn`` is a Python function serves only frames of functions
+  with the very same globals dict and closure cells as ``fn``: ``fn`` runs with
+  its own globals and closure, so build it from the original function
+  (:func:`function_like`).
+- The entry's own ``fn`` frame is not intercepted; frames of the functions it
+  calls are (that is how code after a graph break gets compiled).
+- Generators, coroutines, class bodies, module code, frames resumed by
+  ``throw()`` and ember's own code are never intercepted.
+- The eval function is installed while at least one thread has a callback and
+  restored when none has; it chains to the eval function installed before it.
+- Run-only mode (:data:`RUN_ONLY`) serves hits and never calls a callback.
+
+Entries must not hold strong references to their own code object or function
+(use weak references): the cache lives inside the code object, so such a cycle
+is invisible to the garbage collector and the code would never be freed.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, NamedTuple, Protocol, TypeAlias
+
+from ember.capture import _eval_frame
+
+__all__ = [
+    "RUN_ONLY",
+    "CacheEntry",
+    "Callback",
+    "Decision",
+    "Frame",
+    "HookState",
+    "RunOnly",
+    "add_entry",
+    "argument_names",
+    "clear",
+    "entries",
+    "function_like",
+    "get_callback",
+    "intercepting",
+    "is_skipped",
+    "reset",
+    "set_callback",
+    "skip",
+    "skip_files",
+    "state",
+]
+
+
+class Frame(Protocol):
+    """What the callback learns about the intercepted call (valid during the callback).
+
+    >>> from ember.capture import hook
+    >>> got = []
+    >>> def on_miss(frame):
+    ...     got.append((frame.code.co_name, frame.args, frame.function.__name__))
+    ...     return hook.Decision.RUN
+    >>> def add(a, *rest, k=1):
+    ...     return a + sum(rest) + k
+    >>> with hook.intercepting(on_miss):
+    ...     add(1, 2, 3, k=4)
+    10
+    >>> got
+    [('add', (1, 4, (2, 3)), 'add')]
+    """
+
+    @property
+    def code(self) -> types.CodeType: ...
+    @property
+    def function(self) -> types.FunctionType: ...
+    @property
+    def globals(self) -> dict[str, object]: ...
+    @property
+    def builtins(self) -> dict[str, object]: ...
+    @property
+    def args(self) -> tuple[object, ...]: ...
+
+
+class CacheEntry(NamedTuple):
+    """One cached translation of a code object: ``check_fn(*args)`` guards ``fn(*args)``.
+
+    >>> entry = CacheEntry(check_fn=lambda x: x > 0, fn=lambda x: -x)
+    >>> entry.check_fn(3), entry.fn(3)
+    (True, -3)
+    """
+
+    check_fn: Callable[..., object]
+    fn: Callable[..., object]
+
+
+class Decision(enum.Enum):
+    """What a callback may return instead of a :class:`CacheEntry`.
+
+    >>> Decision.RUN.value, Decision.SKIP.value
+    ('run', 'skip')
+    """
+
+    RUN = "run"  # run this frame normally, ask again next time
+    SKIP = "skip"  # run this frame normally and never intercept its code again
+
+
+class RunOnly(enum.Enum):
+    """The type of :data:`RUN_ONLY` (an enum so that it is a typed singleton).
+
+    >>> RUN_ONLY is RunOnly.RUN_ONLY
+    True
+    """
+
+    RUN_ONLY = "run-only"
+
+
+RUN_ONLY: Final = RunOnly.RUN_ONLY
+"""Pass to :func:`set_callback` to serve cache hits and never compile (frozen deployment)."""
+
+Callback: TypeAlias = Callable[[Frame], CacheEntry | Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class HookState:
+    """Where the eval-frame function stands, for tests and diagnostics.
+
+    >>> state().installed in ("top", "chained", "absent")
+    True
+    """
+
+    installed: str  # "top": ours is the interpreter's; "chained": another hook calls ours
+    active_threads: int  # threads with a callback (normal or run-only)
+    live_caches: int  # code objects that carry an ember cache
+
+
+class _Dispatch:
+    """The callable the C hook holds: screens ember's own code, translates decisions."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callback) -> None:
+        self.callback = callback
+
+    def __call__(self, frame: Frame) -> tuple[object, object] | bool | None:
+        if frame.code.co_filename.startswith(_skipped_prefixes()):
+            return False
+        decision = self.callback(frame)
+        if decision is Decision.RUN:
+            return None
+        if decision is Decision.SKIP:
+            return False
+        if isinstance(decision, tuple) and len(decision) == 2:
+            return decision  # the C side checks that both items are callable
+        raise TypeError(
+            f"ember frame callback {self.callback!r} returned {decision!r}; "
+            "expected a CacheEntry, Decision.RUN or Decision.SKIP"
+        )
+
+
+def set_callback(callback: Callback | RunOnly | None) -> Callback | RunOnly | None:
+    """Set this thread's callback and return the previous one.
+
+    ``None`` disables the hook on this thread, :data:`RUN_ONLY` serves cache
+    hits without compiling, and a callable compiles on misses. Other threads
+    are not affected. Prefer the :func:`intercepting` context manager.
+
+    >>> previous = set_callback(RUN_ONLY)
+    >>> get_callback() is RUN_ONLY
+    True
+    >>> set_callback(previous) is RUN_ONLY
+    True
+    """
+    if callback is None:
+        raw: object = None
+    elif callback is RUN_ONLY:
+        raw = False
+    elif callable(callback):
+        raw = _Dispatch(callback)
+    else:
+        raise TypeError(f"callback must be callable, RUN_ONLY or None, not {callback!r}")
+    return _from_raw(_eval_frame.set_callback(raw))
+
+
+def get_callback() -> Callback | RunOnly | None:
+    """This thread's callback: a callable, :data:`RUN_ONLY`, or ``None``.
+
+    >>> get_callback() is None
+    True
+    """
+    return _from_raw(_eval_frame.get_callback())
+
+
+def _from_raw(raw: object) -> Callback | RunOnly | None:
+    if raw is None:
+        return None
+    if raw is False:
+        return RUN_ONLY
+    assert isinstance(raw, _Dispatch), raw
+    return raw.callback
+
+
+class intercepting:
+    """Run the body with ``callback`` as this thread's callback; restore the previous after.
+
+    Nests: an inner block replaces the callback and the outer one comes back
+    when it exits, also when the body raises. (A class in ember's own file,
+    not a ``contextlib`` generator, so that its ``__exit__`` is never intercepted.)
+
+    >>> with intercepting(RUN_ONLY):
+    ...     get_callback() is RUN_ONLY
+    True
+    >>> get_callback() is None
+    True
+    """
+
+    __slots__ = ("_callback", "_previous")
+
+    def __init__(self, callback: Callback | RunOnly) -> None:
+        self._callback = callback
+        self._previous: list[Callback | RunOnly | None] = []
+
+    def __enter__(self) -> None:
+        self._previous.append(set_callback(self._callback))
+
+    def __exit__(self, *exc: object) -> None:
+        set_callback(self._previous.pop())
+
+
+def entries(code: types.CodeType) -> list[CacheEntry]:
+    """A copy of the code's cache entries, most recently hit first.
+
+    >>> def f(x): return x
+    >>> entries(f.__code__)
+    []
+    """
+    return [CacheEntry(*e) for e in _eval_frame.get_entries(code)]
+
+
+def add_entry(code: types.CodeType, entry: CacheEntry) -> None:
+    """Put ``entry`` at the front of the code's cache (e.g. to preload a deployment).
+
+    >>> def f(x): return x
+    >>> add_entry(f.__code__, CacheEntry(lambda x: True, lambda x: x + 1))
+    >>> with intercepting(RUN_ONLY):
+    ...     f(1)
+    2
+    >>> clear(f.__code__)
+    """
+    if not isinstance(entry, tuple) or len(entry) != 2:
+        raise TypeError(f"entry must be a CacheEntry(check_fn, fn), not {entry!r}")
+    _eval_frame.add_entry(code, CacheEntry(*entry))
+
+
+def clear(code: types.CodeType) -> None:
+    """Forget the code's entries and its skip flag.
+
+    >>> def f(x): return x
+    >>> skip(f.__code__); clear(f.__code__); is_skipped(f.__code__)
+    False
+    """
+    _eval_frame.clear_code(code)
+
+
+def skip(code: types.CodeType, flag: bool = True) -> None:
+    """Never intercept frames of ``code`` (``flag=False`` undoes it).
+
+    >>> def f(x): return x
+    >>> skip(f.__code__); is_skipped(f.__code__)
+    True
+    >>> skip(f.__code__, False); is_skipped(f.__code__)
+    False
+    """
+    _eval_frame.set_skip(code, flag)
+
+
+def is_skipped(code: types.CodeType) -> bool:
+    """Whether frames of ``code`` are never intercepted.
+
+    >>> is_skipped((lambda: 0).__code__)
+    False
+    """
+    return bool(_eval_frame.is_skipped(code))
+
+
+def reset() -> None:
+    """Forget every cache entry and skip flag of every code object.
+
+    >>> reset(); state().live_caches >= 0
+    True
+    """
+    _eval_frame.reset()
+
+
+def state() -> HookState:
+    """Whether the eval function is installed, how many threads use it, how many caches live.
+
+    >>> with intercepting(RUN_ONLY):
+    ...     state().installed, state().active_threads >= 1
+    ('top', True)
+    """
+    return HookState(**_eval_frame.hook_state())
+
+
+def argument_names(code: types.CodeType) -> tuple[str, ...]:
+    """The argument slots the hook passes to ``check_fn`` and ``fn``, in order.
+
+    >>> def f(a, b=1, *args, c, **kwargs): pass
+    >>> argument_names(f.__code__)
+    ('a', 'b', 'c', 'args', 'kwargs')
+    """
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # CO_VARARGS, CO_VARKEYWORDS
+    return code.co_varnames[:n]
+
+
+def function_like(code: types.CodeType, original: types.FunctionType) -> types.FunctionType:
+    """A function running ``code`` with ``original``'s globals, closure and defaults.
+
+    ``code`` must name the same free variables, in the same order, as the
+    original's code. Use it to build an entry's ``fn``:
+
+    >>> def make():
+    ...     k = 10
+    ...     def f(x): return x + k
+    ...     def g(x): return ("fast", x + k)
+    ...     return f, g
+    >>> f, g = make()
+    >>> function_like(g.__code__, f)(1)
+    ('fast', 11)
+    """
+    if code.co_freevars != original.__code__.co_freevars:
+        raise ValueError(
+            f"{code.co_name} has free variables {code.co_freevars}, "
+            f"{original.__name__} has {original.__code__.co_freevars}"
+        )
+    fn = types.FunctionType(
+        code, original.__globals__, code.co_name, original.__defaults__, original.__closure__
+    )
+    fn.__kwdefaults__ = original.__kwdefaults__
+    fn.__qualname__ = original.__qualname__
+    fn.__module__ = original.__module__
+    return fn
+
+
+# -- code that is never intercepted ------------------------------------------------------------
+
+_extra_prefixes: tuple[str, ...] = ()
+_prefix_cache: tuple[int, tuple[str, ...]] = (-1, ())
+
+
+def skip_files(*prefixes: str) -> None:
+    """Never intercept code whose file name starts with one of ``prefixes``.
+
+    ember's own packages are always skipped; this adds more (a library you
+    never want traced, say).
+
+    >>> skip_files("/opt/vendored/")
+    >>> "/opt/vendored/" in _skipped_prefixes()
+    True
+    """
+    global _extra_prefixes
+    _extra_prefixes = tuple(dict.fromkeys(_extra_prefixes + prefixes))
+    _invalidate()
+
+
+def _invalidate() -> None:
+    global _prefix_cache
+    _prefix_cache = (-1, ())
+
+
+def _skipped_prefixes() -> tuple[str, ...]:
+    """Directories of every imported ember distribution, plus :func:`skip_files` prefixes."""
+    global _prefix_cache
+    count = len(sys.modules)
+    if _prefix_cache[0] != count:
+        dirs = {
+            os.path.dirname(path) + os.sep
+            for name, mod in list(sys.modules.items())
+            if name.startswith("ember.") and name.count(".") == 1
+            for path in [getattr(mod, "__file__", None)]
+            if path
+        }
+        _prefix_cache = (count, tuple(sorted(dirs)) + _extra_prefixes)
+    return _prefix_cache[1]
