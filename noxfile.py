@@ -1,0 +1,154 @@
+"""Developer and CI sessions for ember.
+
+    python3 -m nox -s tests          # every package editable in one environment, full pytest run
+    python3 -m nox -s isolation      # each package installed alone (with its declared deps only)
+    python3 -m nox -s typecheck      # mypy --strict over every package
+    python3 -m nox -s lint           # ruff check + ruff format --check, C warnings as errors
+    python3 -m nox -s bench          # the benchmarks under benchmarks/ (not part of CI)
+
+Every session installs under ``ci/constraints.txt`` (torch 2.13.0, CPU build)
+and reuses its environment: the install step is skipped when nothing that
+affects it (pyproject files, setup.py, C sources, constraints) has changed,
+so repeated runs take seconds. ``--reinstall`` forces a fresh install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ROOT / "ci" / "constraints.txt"
+PACKAGES = ["guards", "capture", "aotgraph", "inductor", "compiler-api"]
+TEST_TOOLS = ["pytest", "hypothesis", "expecttest", "setuptools"]
+
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", "typecheck", "tests", "isolation"]
+
+
+def _distribution(folder: str) -> str:
+    data = tomllib.loads((ROOT / "packages" / folder / "pyproject.toml").read_text())
+    name: str = data["project"]["name"]
+    return name
+
+
+def _module(folder: str) -> str:
+    return "ember.compiler" if folder == "compiler-api" else f"ember.{folder}"
+
+
+def _ember_requirements(folder: str) -> list[str]:
+    """The package folders ``folder`` needs, itself last, read from the pyproject files."""
+    by_name = {_distribution(f): f for f in PACKAGES}
+    order: list[str] = []
+
+    def visit(f: str) -> None:
+        data = tomllib.loads((ROOT / "packages" / f / "pyproject.toml").read_text())
+        for dep in data["project"]["dependencies"]:
+            name = dep.split("=")[0].split("<")[0].split(">")[0].strip()
+            if name in by_name and by_name[name] not in order:
+                visit(by_name[name])
+        if f not in order:
+            order.append(f)
+
+    visit(folder)
+    return order
+
+
+def _install_stamp(args: list[str]) -> str:
+    """A hash of everything that decides what an install step produces."""
+    h = hashlib.sha256(json.dumps(args).encode())
+    inputs = [CONSTRAINTS]
+    for folder in PACKAGES:
+        pkg = ROOT / "packages" / folder
+        inputs += [pkg / "pyproject.toml", pkg / "setup.py"]
+        inputs += sorted(pkg.glob("src/**/*.c")) + sorted(pkg.glob("src/**/*.h"))
+    for path in inputs:
+        if path.exists():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    """``pip install -c constraints *args``, skipped when the environment already has it."""
+    stamp_file = Path(str(session.virtualenv.location)) / ".ember-install-stamp"
+    stamp = _install_stamp(list(args))
+    if "--reinstall" not in session.posargs and stamp_file.exists():
+        if stamp_file.read_text() == stamp:
+            session.log("install step unchanged since last run: skipped")
+            return
+    session.install("-c", str(CONSTRAINTS), "setuptools", "torch", "numpy")
+    session.install("-c", str(CONSTRAINTS), "--no-build-isolation", *args)
+    stamp_file.write_text(stamp)
+
+
+def _pytest_args(session: nox.Session, paths: list[str]) -> list[str]:
+    extra = [a for a in session.posargs if a != "--reinstall"]
+    return ["-m", "pytest", *paths, *extra]
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """Every package installed editable in one environment; the full test suite."""
+    editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
+    _install(session, *TEST_TOOLS, *editable)
+    session.run("python", *_pytest_args(session, ["packages"]), env={"EMBER_CHECK": "1"})
+
+
+@nox.session(python="3.11")
+@nox.parametrize("package", PACKAGES)
+def isolation(session: nox.Session, package: str) -> None:
+    """One package installed alone, with only its declared dependencies; its own tests."""
+    needed = [f"packages/{f}" for f in _ember_requirements(package)]
+    _install(session, *TEST_TOOLS, *needed)
+    allowed = [_module(f) for f in _ember_requirements(package)]
+    session.run("python", "ci/imports_alone.py", *allowed)
+    session.run("python", *_pytest_args(session, [f"packages/{package}"]))
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over every package's source (settings in pyproject.toml)."""
+    editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
+    _install(session, "mypy", "setuptools", *editable)
+    session.run("mypy", *[arg for f in PACKAGES for arg in ("-p", _module(f))])
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) over Python; the C sources compiled with warnings as errors."""
+    _install(session, "ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "ci/check_readme.py")
+    session.run("python", "ci/sizes.py", "--check")
+    include = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['include'])", silent=True
+    )
+    assert isinstance(include, str)
+    for source in sorted(ROOT.glob("packages/*/src/**/*.c")):
+        session.run(
+            "cc",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wextra",
+            "-Wno-unused-parameter",
+            "-Werror",
+            f"-I{include.strip()}",
+            str(source),
+            external=True,
+        )
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks under benchmarks/ (prints ratios; asserts nothing)."""
+    editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
+    _install(session, *editable)
+    env = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), *session.posargs, env=env)
