@@ -42,6 +42,9 @@ typedef struct CodeExtra {
 } CodeExtra;
 
 static Py_tss_t thread_key = Py_tss_NEEDS_INIT;
+/* The same pointer as thread_key's value, read on the hot path: a compiler
+ * thread-local is a few instructions, PyThread_tss_get is a library call. */
+static _Thread_local ThreadState *current_state = NULL;
 static Py_ssize_t extra_index = -1;
 static _PyFrameEvalFunction previous_eval = NULL; /* chained to; valid while installed */
 static int installed = 0;                         /* our function is in the chain */
@@ -72,6 +75,9 @@ thread_state_free(PyObject *capsule)
     }
     if (PyThread_tss_get(&thread_key) == ts) {
         PyThread_tss_set(&thread_key, NULL);
+    }
+    if (current_state == ts) {
+        current_state = NULL;
     }
     PyMem_RawFree(ts);
 }
@@ -105,6 +111,7 @@ thread_state(void)
         PyErr_SetString(PyExc_RuntimeError, "ember: PyThread_tss_set failed");
         return NULL;
     }
+    current_state = ts;
     return ts;
 }
 
@@ -366,7 +373,7 @@ compile_miss(ThreadState *ts, EmberFrame *frame, CodeExtra *extra, PyObject *con
 static PyObject *
 ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
 {
-    ThreadState *ts = PyThread_tss_get(&thread_key);
+    ThreadState *ts = current_state;
     PyCodeObject *code = ember_frame_code(frame);
     if (ts == NULL || ts->callback == NULL || ts->busy) {
         if (active_threads == 0) {
