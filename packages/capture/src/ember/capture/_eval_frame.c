@@ -581,7 +581,24 @@ hook_state(PyObject *mod, PyObject *unused)
                          "live_caches", live_extras);
 }
 
+/* call_unhooked(fn, *args): fn(*args) with this thread's hook passing every
+ * frame through: a compiled graph's own Python code is never intercepted. */
+static PyObject *
+call_unhooked(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1) {
+        return PyErr_Format(PyExc_TypeError, "call_unhooked(fn, *args) needs fn");
+    }
+    ThreadState *ts = current_state;
+    if (ts != NULL) ts->busy++;
+    PyObject *result = PyObject_Vectorcall(args[0], args + 1, nargs - 1, NULL);
+    if (ts != NULL) ts->busy--;
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"call_unhooked", (PyCFunction)(void (*)(void))call_unhooked, METH_FASTCALL,
+     "call_unhooked(fn, *args): fn(*args) with no frame intercepted on this thread."},
     {"set_callback", set_callback, METH_O,
      "set_callback(cb) -> previous: cb is a callable, False (run-only) or None (disabled)."},
     {"get_callback", get_callback, METH_NOARGS, "This thread's callback (None if disabled)."},

@@ -1,15 +1,49 @@
-"""ember.compiler: part of ember, an independent PyTorch 2-style compiler stack.
+"""ember.compiler: the public API of ember, an independent PyTorch 2-style compiler.
 
-The end-user surface: `compile`, backends, `explain`, configuration. Its API arrives
-with issue 4 (first `compile()`) and grows with issues 5, 7 and 8.
+Wrap a function or module; its calls are captured into FX graphs, guarded,
+cached, and run by a backend:
 
-Until then the distribution installs, imports and reports its version, and
-exports nothing public:
+>>> import torch, ember.compiler
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> fast = ember.compiler.compile(model)
+>>> x = torch.randn(3, 4)
+>>> torch.allclose(fast(x), model(x))
+True
+>>> fast.stats.graphs, fast.stats.failures
+(1, [])
+>>> ember.compiler.list_backends()
+['eager']
 
->>> import ember.compiler
->>> ember.compiler.__version__
-'0.1.0'
+A backend is any callable with the ``torch.compile`` custom-backend contract,
+``(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> callable``.
 """
 
+from ember.capture.calls import allow_in_graph, disallow_in_graph
+from ember.capture.frame_compiler import Failure, FullGraphError, Stats
+from ember.capture.frame_compiler import reset as _reset
+from ember.compiler.backends import list_backends, lookup_backend, register_backend
+from ember.compiler.compile import CompiledFunction, OptimizedModule, compile
+
 __version__ = "0.1.0"
-__all__: list[str] = []
+__all__ = [
+    "CompiledFunction",
+    "Failure",
+    "FullGraphError",
+    "OptimizedModule",
+    "Stats",
+    "allow_in_graph",
+    "compile",
+    "disallow_in_graph",
+    "list_backends",
+    "lookup_backend",
+    "register_backend",
+    "reset",
+]
+
+
+def reset() -> None:
+    """Forget every compiled translation, guard cache and skip decision.
+
+    >>> reset()
+    """
+    _reset()

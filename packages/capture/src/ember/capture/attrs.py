@@ -1,0 +1,170 @@
+"""``value.name``: attribute rules, one per kind of value.
+
+:func:`load_attr` dispatches on the value's class through :data:`ATTR_RULES`.
+Tensor metadata (``shape``, ``dtype``, ``device``, ...) folds to constants,
+which the tensor's input guard already pins; module parameters, buffers and
+submodules are reached by source so they become graph inputs and guarded
+objects; methods become :class:`MethodV`, called later.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.capture import guarding
+from ember.capture.builder import wrap
+from ember.capture.graphops import graph_call
+from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.values import (
+    Const,
+    DictV,
+    FuncV,
+    ListV,
+    MethodV,
+    ModuleV,
+    ObjV,
+    TensorV,
+    TupleV,
+    Value,
+)
+
+# Tensor attributes that are static metadata of the (guarded) fake tensor.
+TENSOR_METADATA = frozenset(
+    {
+        "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_sparse",
+        "is_quantized", "is_meta", "layout", "is_leaf", "is_nested", "is_mkldnn", "itemsize",
+    }
+)  # fmt: skip
+
+# Tensor attributes that are graph operations: name -> (method, extra args from ndim)
+TENSOR_VIEW_ATTRS: dict[str, Callable[[int], tuple[str, tuple[int, ...]]]] = {
+    "T": lambda nd: ("permute", tuple(reversed(range(nd)))),
+    "mT": lambda nd: ("transpose", (-2, -1)),
+    "real": lambda nd: ("real", ()),
+    "data": lambda nd: ("detach", ()),
+}
+
+TENSOR_UNSUPPORTED = {
+    "grad": "reading .grad inside compiled code",
+    "grad_fn": "reading .grad_fn inside compiled code",
+    "_version": "reading a tensor's version counter",
+}
+
+
+def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
+    assert isinstance(v, TensorV)
+    if name in TENSOR_METADATA:
+        return Const(getattr(v.fake, name))
+    if name in TENSOR_VIEW_ATTRS:
+        method, extra = TENSOR_VIEW_ATTRS[name](v.fake.dim())
+        if method in ("real",):
+            return graph_call(fs, "call_function", torch.real, [v], {})
+        return graph_call(fs, "call_method", method, [v, *map(Const, extra)], {})
+    if name in TENSOR_UNSUPPORTED:
+        raise Unsupported(TENSOR_UNSUPPORTED[name], "tensor-attribute")
+    if callable(getattr(torch.Tensor, name, None)):
+        return MethodV(v, name)
+    raise Unsupported(f"tensor attribute .{name}", "tensor-attribute")
+
+
+def _module_attr(fs: FrameState, v: Value, name: str) -> Value:
+    assert isinstance(v, ModuleV)
+    module, src = v.module, guarding.attr(v.source, name) if v.source is not None else None
+    store = module.__dict__
+    for table in ("_parameters", "_buffers", "_modules"):
+        if name in store.get(table, {}):
+            child = guarding.module_child(v.source, name, table) if v.source is not None else None
+            return wrap(fs.tracer, store[table][name], child)
+    if name in store:
+        return wrap(fs.tracer, store[name], src)
+    cls_attr = getattr(type(module), name, _MISSING)
+    if cls_attr is _MISSING:
+        raise Unsupported(f"{type(module).__name__} has no attribute {name!r}", "attribute")
+    return _class_attribute(fs, v, module, name, cls_attr, src)
+
+
+def _class_attribute(
+    fs: FrameState, v: Value, obj: Any, name: str, cls_attr: Any, src: Any
+) -> Value:
+    """An attribute found on the class of ``obj``: a method, a property, or a class value."""
+    if isinstance(cls_attr, types.FunctionType):
+        return MethodV(v, name)
+    if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
+        from ember.capture.calls import call_value  # noqa: PLC0415 - calls imports attrs
+
+        fget = FuncV(cls_attr.fget.__code__, cls_attr.fget.__globals__, fn=cls_attr.fget)
+        return call_value(fs, fget, [v], {})
+    if isinstance(cls_attr, staticmethod | classmethod):
+        return wrap(fs.tracer, getattr(obj, name), None)
+    if isinstance(cls_attr, types.BuiltinFunctionType | types.MethodDescriptorType):
+        return MethodV(v, name)
+    return wrap(fs.tracer, cls_attr, src)
+
+
+def _object_attr(fs: FrameState, v: Value, name: str) -> Value:
+    assert isinstance(v, ObjV)
+    obj = v.obj
+    src = guarding.attr(v.source, name) if v.source is not None else None
+    if isinstance(obj, types.ModuleType | type):
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise Unsupported(f"{obj!r} has no attribute {name!r}", "attribute") from None
+        return wrap(fs.tracer, value, src)
+    instance_dict = getattr(obj, "__dict__", None)
+    if isinstance(instance_dict, dict) and name in instance_dict:
+        return wrap(fs.tracer, instance_dict[name], src)
+    cls_attr = getattr(type(obj), name, _MISSING)
+    if cls_attr is not _MISSING:
+        return _class_attribute(fs, v, obj, name, cls_attr, src)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field
+        return wrap(fs.tracer, getattr(obj, name), src)
+    raise Unsupported(f"attribute {name!r} of {type(obj).__name__}", "attribute")
+
+
+def _const_attr(fs: FrameState, v: Value, name: str) -> Value:
+    assert isinstance(v, Const)
+    try:
+        value = getattr(v.value, name)
+    except AttributeError:
+        raise Unsupported(f"{type(v.value).__name__} has no attribute {name!r}") from None
+    if callable(value):
+        return MethodV(v, name)
+    return Const(value)
+
+
+def _container_attr(fs: FrameState, v: Value, name: str) -> Value:
+    return MethodV(v, name)
+
+
+def _function_attr(fs: FrameState, v: Value, name: str) -> Value:
+    assert isinstance(v, FuncV)
+    if v.fn is not None and name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        return Const(getattr(v.fn, name))
+    raise Unsupported(f"attribute {name!r} of a function", "attribute")
+
+
+ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
+    TensorV: _tensor_attr,
+    ModuleV: _module_attr,
+    ObjV: _object_attr,
+    Const: _const_attr,
+    ListV: _container_attr,
+    DictV: _container_attr,
+    TupleV: _container_attr,
+    FuncV: _function_attr,
+}
+
+_MISSING = object()
+
+
+def load_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """The value of ``v.name``."""
+    rule = ATTR_RULES.get(type(v))
+    if rule is None:
+        raise Unsupported(f"attribute {name!r} of {type(v).__name__}", "attribute")
+    return rule(fs, v, name)

@@ -1,0 +1,173 @@
+"""Turn real objects read from the frame into symbolic values, with the guards they need.
+
+``wrap(tracer, obj, source)`` is the one place where a real object enters a
+translation. The rule for an object is chosen by its type from
+:data:`WRAP_RULES` (the first entry whose type matches, in order); each rule
+records the guard its use implies: a tensor becomes a graph input guarded on
+its metadata, a number a constant guarded on its value, a module or function
+an object guarded on its identity.
+
+Objects with no source (made while tracing, or constants of the code) are
+wrapped the same way but cannot be guarded, so only immutable Python constants
+and tensors-free structures are accepted without one.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.capture import guarding
+from ember.capture.tracer import Tracer, Unsupported
+from ember.capture.values import Const, DictV, FuncV, ListV, ModuleV, ObjV, TupleV, Value
+
+# Python values compared by equality in guards and folded as constants.
+CONSTANT_TYPES: tuple[type, ...] = (
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    complex,
+    type(None),
+    type(Ellipsis),
+    type(NotImplemented),
+    torch.dtype,
+    torch.device,
+    torch.memory_format,
+    torch.layout,
+    range,
+    slice,
+    enum.Enum,
+)
+
+# Python modules whose attributes are taken as they are, unguarded: ember
+# assumes nobody rebinds torch.relu or math.sqrt between calls (as Dynamo does).
+TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools")
+
+
+def is_constant(obj: Any) -> bool:
+    """Whether ``obj`` is a constant: an immutable value compared by equality.
+
+    >>> is_constant((1, 2.0, None)), is_constant([1]), is_constant(torch.float32)
+    (True, False, True)
+    """
+    if isinstance(obj, tuple | frozenset):
+        return all(is_constant(x) for x in obj)
+    return isinstance(obj, CONSTANT_TYPES)
+
+
+def _wrap_tensor(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if source is None:
+        raise Unsupported("a tensor the frame cannot reach by a source (a constant tensor)")
+    return tracer.input_tensor(obj, source)
+
+
+def _wrap_constant(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if source is not None:
+        tracer.guards.equals(source, obj)
+    return Const(obj, source=source)
+
+
+def _wrap_module(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if source is not None:
+        tracer.guards.identity(source, obj)
+    return ModuleV(obj, source=source)
+
+
+def _wrap_tuple(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if is_constant(obj):
+        return _wrap_constant(tracer, obj, source)
+    if source is not None:
+        tracer.guards.type_of(source, obj)
+        tracer.guards.length(source, obj)
+    items = tuple(
+        wrap(tracer, x, guarding.item(source, i) if source is not None else None)
+        for i, x in enumerate(obj)
+    )
+    if type(obj) is not tuple:  # namedtuple, torch.Size: keep the object for attribute access
+        if isinstance(obj, torch.Size):
+            return Const(obj, source=source)
+        return ObjV(obj, source=source)
+    return TupleV(items, source=source)
+
+
+def _wrap_list(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if source is not None:
+        tracer.guards.type_of(source, obj)
+        tracer.guards.length(source, obj)
+    items = [
+        wrap(tracer, x, guarding.item(source, i) if source is not None else None)
+        for i, x in enumerate(obj)
+    ]
+    return ListV(tracer.heap.new(items, from_frame=source is not None), source=source)
+
+
+def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if not all(is_constant(k) for k in obj):
+        raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
+    if source is not None:
+        tracer.guards.type_of(source, obj)
+        tracer.guards.dict_keys(source, obj)
+    items = {
+        k: wrap(tracer, v, guarding.item(source, k) if source is not None else None)
+        for k, v in obj.items()
+    }
+    return DictV(tracer.heap.new(items, from_frame=source is not None), source=source)
+
+
+def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if source is not None and not _trusted(obj):
+        tracer.guards.identity(source, obj)
+    if isinstance(obj, types.FunctionType) and not _trusted(obj):
+        return FuncV(
+            obj.__code__, obj.__globals__, fn=obj, closure_cells=obj.__closure__, source=source
+        )
+    return ObjV(obj, source=source)
+
+
+def _wrap_object(tracer: Tracer, obj: Any, source: Any) -> Value:
+    """Python modules, classes, builtins, torch functions, user objects: kept as objects."""
+    if source is not None and not _trusted(obj):
+        if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
+            tracer.guards.identity(source, obj)
+        else:
+            tracer.guards.type_of(source, obj)
+    return ObjV(obj, source=source)
+
+
+def _trusted(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
+    if isinstance(obj, types.ModuleType):
+        module = obj.__name__
+    return isinstance(module, str) and module.split(".")[0] in TRUSTED_MODULE_PREFIXES
+
+
+# (type, rule), tried in order: the first whose type matches wins.
+WRAP_RULES: list[tuple[type | tuple[type, ...], Callable[[Tracer, Any, Any], Value]]] = [
+    (torch.Tensor, _wrap_tensor),
+    (torch.nn.Module, _wrap_module),
+    (tuple, _wrap_tuple),
+    (CONSTANT_TYPES, _wrap_constant),
+    (list, _wrap_list),
+    (dict, _wrap_dict),
+    (types.FunctionType | types.BuiltinFunctionType, _wrap_function),
+    (object, _wrap_object),
+]
+
+
+def wrap(tracer: Tracer, obj: Any, source: Any) -> Value:
+    """The symbolic value of ``obj``, reached by ``source`` (None if the frame cannot reach it).
+
+    >>> tracer = Tracer(backend_name="eager")
+    >>> wrap(tracer, 3, None)
+    Const(source=None, value=3)
+    """
+    for kind, rule in WRAP_RULES:
+        if isinstance(obj, kind):
+            return rule(tracer, obj, source)
+    raise AssertionError("object matches the last rule")  # pragma: no cover

@@ -1,0 +1,327 @@
+"""Calling a value: inline user Python, record torch operations, model builtins.
+
+:func:`call_value` dispatches on the kind of the callee through
+:data:`CALL_RULES`. User functions and module ``forward`` methods are inlined
+by a nested interpreter (:func:`inline`); torch functions and tensor methods
+become graph nodes (:func:`ember.capture.graphops.graph_call`); Python
+builtins and container methods are modelled in :mod:`ember.capture.pyrules`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.capture import guarding
+from ember.capture.builder import wrap
+from ember.capture.graphops import graph_call
+from ember.capture.tracer import FrameState, Unsupported, decode
+from ember.capture.values import (
+    CellV,
+    Const,
+    DictV,
+    FuncV,
+    Lazy,
+    MethodV,
+    ModuleV,
+    ObjV,
+    TensorV,
+    TupleV,
+    Value,
+)
+
+CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+CO_UNTRACEABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+Args = list[Value]
+Kwargs = dict[str, Value]
+
+
+def materialize(fs: FrameState, v: Value) -> Value:
+    """``v`` itself, or for a :class:`Lazy` value the wrapped (and guarded) object."""
+    if isinstance(v, Lazy):
+        return wrap(fs.tracer, v.obj, v.source)
+    return v
+
+
+# -- inlining user functions -------------------------------------------------------------------
+
+
+def bind(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> dict[str, Value]:
+    """Bind call arguments to the parameters of ``func`` as Python would; errors are unsupported.
+
+    (Eager raises the real ``TypeError`` when the frame falls back.)
+    """
+    code = func.code
+    nargs, nkw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    positional, kwonly = names[:nargs], names[nargs : nargs + nkw]
+    rest = nargs + nkw
+    star = names[rest] if code.co_flags & CO_VARARGS else None
+    starstar = names[rest + bool(star)] if code.co_flags & CO_VARKEYWORDS else None
+    if len(args) > nargs and star is None:
+        raise Unsupported(f"{code.co_name}() given too many positional arguments", "call")
+    bound: dict[str, Value] = dict(zip(positional, args, strict=False))
+    extra_kw: dict[str, Value] = {}
+    for key, value in kwargs.items():
+        if key in kwonly or key in positional[code.co_posonlyargcount :]:
+            if key in bound:
+                raise Unsupported(f"{code.co_name}() got {key!r} twice", "call")
+            bound[key] = value
+        elif starstar is not None:
+            extra_kw[key] = value
+        else:
+            raise Unsupported(f"{code.co_name}() got an unexpected keyword {key!r}", "call")
+    defaults = func.defaults
+    for i, name in enumerate(positional):
+        if name not in bound:
+            d = i - (nargs - len(defaults))
+            if d < 0:
+                raise Unsupported(f"{code.co_name}() missing argument {name!r}", "call")
+            bound[name] = defaults[d]
+    kwdefaults = dict(func.kwdefaults)
+    for name in kwonly:
+        if name not in bound:
+            if name not in kwdefaults:
+                raise Unsupported(f"{code.co_name}() missing argument {name!r}", "call")
+            bound[name] = kwdefaults[name]
+    if star is not None:
+        bound[star] = TupleV(tuple(args[nargs:]))
+    if starstar is not None:
+        bound[starstar] = DictV(fs.tracer.heap.new(extra_kw))
+    return bound
+
+
+def function_value(fs: FrameState, fn: types.FunctionType, source: Any) -> FuncV:
+    """The :class:`FuncV` of a real function, its defaults wrapped (unguarded: they are fixed)."""
+    defaults = tuple(wrap(fs.tracer, d, None) for d in fn.__defaults__ or ())
+    kwdefaults = tuple((k, wrap(fs.tracer, v, None)) for k, v in (fn.__kwdefaults__ or {}).items())
+    return FuncV(
+        fn.__code__,
+        fn.__globals__,
+        fn=fn,
+        defaults=defaults,
+        kwdefaults=kwdefaults,
+        closure_cells=fn.__closure__,
+        source=source,
+    )
+
+
+def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
+    """Run ``func`` in a nested interpreter; its return value."""
+    from ember.capture.interpreter import run_frame  # noqa: PLC0415 - interpreter imports calls
+
+    code = func.code
+    if code.co_flags & CO_UNTRACEABLE:
+        raise Unsupported(f"calling generator or coroutine function {code.co_name}", "call")
+    if (
+        func.fn is not None
+        and not func.defaults
+        and (func.fn.__defaults__ or func.fn.__kwdefaults__)
+    ):
+        func = function_value(fs, func.fn, func.source)
+    child = FrameState(
+        tracer=fs.tracer,
+        code=code,
+        instrs=decode(code),
+        globals=func.globals,
+        globals_source=_globals_source(fs, func),
+        locals=dict(bind(fs, func, args, kwargs)),
+        parent=fs,
+        depth=fs.depth + 1,
+    )
+    child.cells.update(_closure_cells(fs, func))
+    return run_frame(child)
+
+
+def _globals_source(fs: FrameState, func: FuncV) -> Callable[[str], Any]:
+    """How the inlined function's globals are reached: the same dict as the caller, or its module."""
+    if func.globals is fs.globals:
+        return fs.globals_source
+    module = func.globals.get("__name__")
+    if isinstance(module, str):
+        return lambda name: guarding.module_global(module, name)
+    return lambda name: None
+
+
+def _closure_cells(fs: FrameState, func: FuncV) -> dict[str, Value]:
+    names = func.code.co_freevars
+    if func.closure:
+        return dict(zip(names, func.closure, strict=True))
+    cells = func.closure_cells or ()
+    out: dict[str, Value] = {}
+    for i, (name, cell) in enumerate(zip(names, cells, strict=True)):
+        source = guarding.closure_cell(func.source, i) if func.source is not None else None
+        try:
+            content: Any = Lazy(cell.cell_contents, source=source)
+        except ValueError:  # an empty cell
+            from ember.capture.values import EMPTY  # noqa: PLC0415
+
+            content = EMPTY
+        out[name] = CellV(fs.tracer.heap.new(content, from_frame=True))
+    return out
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+
+def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(f, FuncV)
+    return inline(fs, f, args, kwargs)
+
+
+def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(m, ModuleV)
+    module = m.module
+    if _has_hooks(module):
+        raise Unsupported(f"calling {type(module).__name__} with hooks registered", "module-hooks")
+    if m.source is not None:
+        fs.tracer.guards.module_hooks(m.source, module)
+    forward = type(module).forward
+    if not isinstance(forward, types.FunctionType):
+        raise Unsupported(f"{type(module).__name__}.forward is not a Python function", "call")
+    return inline(fs, function_value(fs, forward, None), [m, *args], kwargs)
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as mod  # noqa: PLC0415
+
+    own = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        module._backward_pre_hooks,
+    )
+    globals_ = (
+        mod._global_forward_hooks,
+        mod._global_forward_pre_hooks,
+        mod._global_backward_hooks,
+    )
+    return any(own) or any(globals_)
+
+
+def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(m, MethodV)
+    from ember.capture.pyrules import call_python_method  # noqa: PLC0415
+
+    self_value = m.self_value
+    if isinstance(self_value, TensorV):
+        return tensor_method(fs, self_value, m.name, args, kwargs)
+    if isinstance(self_value, ModuleV | ObjV):
+        obj = self_value.module if isinstance(self_value, ModuleV) else self_value.obj
+        fn = getattr(type(obj), m.name, None)
+        if isinstance(fn, types.FunctionType):
+            return inline(fs, function_value(fs, fn, None), [self_value, *args], kwargs)
+    return call_python_method(fs, self_value, m.name, args, kwargs)
+
+
+# Tensor methods whose result is data, not a tensor: they need the values.
+TENSOR_DATA_METHODS = {
+    "item": "reading a tensor's value with .item() (keep it a tensor, e.g. torch.where)",
+    "tolist": "reading a tensor's values with .tolist()",
+    "numpy": "converting a tensor to numpy",
+    "data_ptr": "reading a tensor's data pointer",
+    "__bool__": "branching on a tensor's value",
+    "__int__": "converting a tensor's value to int",
+    "__float__": "converting a tensor's value to float",
+    "backward": "calling .backward() inside compiled code",
+    "register_hook": "registering a tensor hook inside compiled code",
+    "retain_grad": "calling .retain_grad() inside compiled code",
+}
+
+
+def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwargs) -> Value:
+    """``t.name(*args, **kwargs)``: metadata folds to a constant, the rest is a graph node."""
+    if name in TENSOR_DATA_METHODS:
+        raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent")
+    return graph_call(fs, "call_method", name, [t, *args], kwargs)
+
+
+def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(f, ObjV | Const)
+    from ember.capture.pyrules import call_python_object  # noqa: PLC0415
+
+    obj = f.obj if isinstance(f, ObjV) else f.value
+    if in_graph(obj):
+        return graph_call(fs, "call_function", obj, args, kwargs)
+    return call_python_object(fs, obj, args, kwargs)
+
+
+CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
+    FuncV: _call_function,
+    ModuleV: _call_module,
+    MethodV: _call_method,
+    ObjV: _call_object,
+    Const: _call_object,
+}
+
+
+def call_value(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    """The value of ``f(*args, **kwargs)``."""
+    rule = CALL_RULES.get(type(f))
+    if rule is None:
+        raise Unsupported(f"calling a {type(f).__name__}", "call")
+    return rule(fs, f, args, kwargs)
+
+
+# -- which callables become graph nodes -------------------------------------------------------
+
+GRAPH_NAMESPACES = (
+    torch,
+    torch.nn.functional,
+    torch.linalg,
+    torch.fft,
+    torch.special,
+    torch.Tensor,
+)
+
+# torch callables that change global state or read data: never put in a graph.
+NOT_IN_GRAPH = {
+    torch.manual_seed,
+    torch.seed,
+    torch.set_grad_enabled,
+    torch.set_default_dtype,
+    torch.set_num_threads,
+    torch.use_deterministic_algorithms,
+    torch.is_grad_enabled,
+    torch.is_tensor,
+    torch.is_floating_point,
+    torch.numel,
+    torch.get_default_dtype,
+    torch.is_inference_mode_enabled,
+}
+
+_in_graph_ids: set[int] = set()
+_user_allowed: set[int] = set()
+_user_disallowed: set[int] = set()
+
+
+def in_graph(obj: Any) -> bool:
+    """Whether calling ``obj`` is recorded as one graph node (a torch operation)."""
+    if not _in_graph_ids:
+        for ns in GRAPH_NAMESPACES:
+            for name in dir(ns):
+                value = getattr(ns, name, None)
+                if callable(value) and not isinstance(value, type) and not name.startswith("_"):
+                    _in_graph_ids.add(id(value))
+        _in_graph_ids.difference_update(id(f) for f in NOT_IN_GRAPH)
+    key = id(obj)
+    if key in _user_disallowed:
+        return False
+    return key in _in_graph_ids or key in _user_allowed or isinstance(obj, torch._ops.OpOverload)
+
+
+def allow_in_graph(fn: Any) -> None:
+    """Record calls of ``fn`` as one graph node instead of tracing into it."""
+    _user_disallowed.discard(id(fn))
+    _user_allowed.add(id(fn))
+
+
+def disallow_in_graph(fn: Any) -> None:
+    """Never record calls of ``fn`` as a graph node (calling it becomes unsupported)."""
+    _user_allowed.discard(id(fn))
+    _user_disallowed.add(id(fn))

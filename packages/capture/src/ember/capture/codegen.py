@@ -1,0 +1,120 @@
+"""Write the function that replaces a translated frame.
+
+The replacement takes the frame's argument slots (as the hook passes them),
+loads every graph input from its source, calls the compiled graph with the
+hook passing frames through, and rebuilds the frame's return value from the
+graph outputs and constants. It is generated as Python source and compiled by
+CPython (so its bytecode is always valid), then given the original function's
+globals, closure cells, file name and first line, so that tracebacks point
+into the user's function and the hook's "same globals and closure" rule holds.
+
+>>> from ember.guards import Local, Attr
+>>> print(source_expr(Attr(Local("self"), "scale")))
+self.scale
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ember.capture import _eval_frame, guarding
+from ember.capture.hook import argument_names
+
+# How to rebuild one part of the return value. A small tree:
+#   ("out", i)             graph output i
+#   ("const", value)       a constant
+#   ("source", source)     an object the frame reaches (returned as is)
+#   ("tuple"|"list", [..]) a container of parts
+#   ("dict", [(k, part)])  a dict with constant keys
+Part = tuple[str, Any]
+
+PREFIX = "__ember_"
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """The generated function and the source it was compiled from (for dumps)."""
+
+    fn: types.FunctionType
+    source: str
+
+
+def source_expr(source: Any) -> str:
+    """A Python expression that reaches ``source`` inside the generated function."""
+    return guarding.source_expression(source, globals_name=PREFIX + "G")
+
+
+def _literal(value: Any) -> bool:
+    if type(value) in (int, bool, str, type(None)):
+        return True
+    return type(value) is float and math.isfinite(value)
+
+
+def _part_expr(part: Part, constants: list[Any]) -> str:
+    kind, payload = part
+    if kind == "out":
+        return f"{PREFIX}o[{payload}]"
+    if kind == "const":
+        if _literal(payload):
+            return repr(payload)
+        constants.append(payload)
+        return f"{PREFIX}c[{len(constants) - 1}]"
+    if kind == "source":
+        return source_expr(payload)
+    if kind in ("tuple", "list"):
+        inner = ", ".join(_part_expr(p, constants) for p in payload)
+        if kind == "tuple":
+            return f"({inner},)" if len(payload) == 1 else f"({inner})"
+        return f"[{inner}]"
+    if kind == "dict":
+        items = ", ".join(f"{k!r}: {_part_expr(p, constants)}" for k, p in payload)
+        return "{" + items + "}"
+    raise AssertionError(kind)
+
+
+def generate(
+    code: types.CodeType,
+    function: types.FunctionType,
+    compiled: Callable[..., Any],
+    input_sources: list[Any],
+    output: Part,
+) -> Replacement:
+    """The replacement for frames of ``code`` (as called through ``function``)."""
+    args = list(argument_names(code))
+    constants: list[Any] = []
+    inputs = ", ".join(source_expr(s) for s in input_sources)
+    result = _part_expr(output, constants)
+    freevars = code.co_freevars
+    helpers = ["compiled", "unhooked", "G", "c"]
+    params = ", ".join([*args, *(f"{PREFIX}{h}" for h in helpers)])
+    lines = [f"def {PREFIX}make():"]
+    if freevars:
+        lines.append(f"    {', '.join(freevars)} = {', '.join('None' for _ in freevars)}")
+    lines.append(f"    def {PREFIX}fn({params}):")
+    if freevars:  # names the same free variables as the original, in the same order
+        lines.append(f"        if False: ({', '.join(freevars)},)")
+    call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
+    lines.append(f"        {PREFIX}o = {call}")
+    lines.append(f"        return {result}")
+    lines.append(f"    return {PREFIX}fn")
+    text = "\n".join(lines) + "\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(text, f"<ember replacement of {code.co_qualname}>", "exec"), {}, namespace)
+    template = namespace[f"{PREFIX}make"]().__code__
+    if template.co_freevars != freevars:
+        raise AssertionError(f"free variables {template.co_freevars} != {freevars}")
+    new_code = template.replace(
+        co_name=code.co_name,
+        co_qualname=code.co_qualname,
+        co_filename=code.co_filename,
+        co_firstlineno=code.co_firstlineno,
+    )
+    defaults = (compiled, _eval_frame.call_unhooked, function.__globals__, tuple(constants))
+    fn = types.FunctionType(
+        new_code, function.__globals__, code.co_name, defaults, function.__closure__
+    )
+    return Replacement(fn, text)

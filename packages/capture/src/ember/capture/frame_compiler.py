@@ -1,0 +1,170 @@
+"""The hook's callback: decide, for each intercepted frame, whether and how to compile it.
+
+A :class:`FrameCompiler` is what ``ember.compiler.compile`` installs for the
+duration of a compiled call. On a cache miss it:
+
+1. skips code ember never compiles (torch's and the standard library's own
+   files, unless the code is what the user asked to compile);
+2. asks the code's :class:`ember.guards.CodeCache` whether to recompile (and
+   records why) or to run eagerly (cache limit reached);
+3. translates the frame into a graph (:func:`ember.capture.translate.translate`);
+4. hands the graph to the backend, generates the replacement function, and
+   compiles the guards into the check that protects it.
+
+A frame that cannot be captured runs eagerly with its reason recorded in
+:attr:`FrameCompiler.stats`; with ``fullgraph=True`` it raises
+:class:`FullGraphError` naming the user's file and line instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import time
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ember.capture import codegen, hook
+from ember.capture.hook import CacheEntry, Decision, Frame
+from ember.capture.tracer import Unsupported
+from ember.capture.translate import Translation, translate
+from ember.guards import CodeCache, FrameSpec, GuardSet
+from ember.guards import Decision as CacheDecision
+
+Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
+
+
+class FullGraphError(RuntimeError):
+    """``fullgraph=True`` and a frame could not be captured as one graph."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A frame that ran eagerly, and why."""
+
+    code: str  # "qualname (file:line)" of the frame's code
+    reason: str
+    category: str
+    location: str  # the user's file:line and source text where translation stopped
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """One successful translation, as the stats keep it."""
+
+    code: str
+    graph: torch.fx.GraphModule
+    ops: int
+    guards: GuardSet
+    seconds: float
+    replacement_source: str
+
+
+@dataclass
+class Stats:
+    """What one compiled callable did: graphs made, frames that ran eagerly, and why."""
+
+    compiled: list[Compiled] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def graphs(self) -> int:
+        return len(self.compiled)
+
+
+_SKIPPED_DIRS = tuple(
+    os.path.join(p, "")
+    for p in {
+        os.path.dirname(torch.__file__),
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+    }
+)
+
+_caches: weakref.WeakKeyDictionary[types.CodeType, CodeCache[Any]] = weakref.WeakKeyDictionary()
+
+
+def code_cache(code: types.CodeType) -> CodeCache[Any]:
+    """The cache policy object of ``code`` (created on first use)."""
+    cache = _caches.get(code)
+    if cache is None:
+        cache = _caches[code] = CodeCache(code)
+    return cache
+
+
+class FrameCompiler:
+    """The callback of one compiled callable: translates frames for ``backend``."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        backend_name: str,
+        *,
+        fullgraph: bool = False,
+        entry_codes: tuple[types.CodeType, ...] = (),
+    ) -> None:
+        self.backend = backend
+        self.backend_name = backend_name
+        self.fullgraph = fullgraph
+        self.entry_codes = entry_codes
+        self.stats = Stats()
+
+    def __call__(self, frame: Frame) -> CacheEntry | Decision:
+        code = frame.code
+        if code not in self.entry_codes and code.co_filename.startswith(_SKIPPED_DIRS):
+            return Decision.SKIP
+        cache = code_cache(code)
+        if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
+            return Decision.RUN
+        try:
+            translation = translate(frame, self.backend_name)
+        except Unsupported as e:
+            return self._failed(frame, cache, e)
+        return self._compile(frame, cache, translation)
+
+    def _failed(self, frame: Frame, cache: CodeCache[Any], e: Unsupported) -> Decision:
+        location = str(e.location) if e.location is not None else "?"
+        failure = Failure(cache.name, e.reason, e.category, location)
+        self.stats.failures.append(failure)
+        if self.fullgraph:
+            raise FullGraphError(
+                f"ember could not capture {cache.name} as one graph: {e.reason}\n{location}"
+            ) from None
+        # Nothing cached yet: this code runs eagerly from now on. Otherwise keep the
+        # entries it has and run just this call eagerly.
+        return Decision.SKIP if not cache.entries else Decision.RUN
+
+    def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
+        start = time.perf_counter()
+        compiled = self.backend(t.graph_module, t.example_inputs)
+        replacement = codegen.generate(
+            frame.code, frame.function, compiled, t.input_sources, t.output
+        )
+        guards = GuardSet(t.guards.guards)
+        checked = guards.compile(FrameSpec.from_function(frame.function))
+        cache.add(checked, replacement.fn)
+        self.stats.compiled.append(
+            Compiled(
+                cache.name,
+                t.graph_module,
+                t.ops,
+                guards,
+                t.seconds + time.perf_counter() - start,
+                replacement.source,
+            )
+        )
+        return CacheEntry(checked.check, replacement.fn)
+
+
+def reset() -> None:
+    """Forget every cache entry, skip decision and recompilation record."""
+    from ember import guards  # noqa: PLC0415
+
+    hook.reset()
+    guards.reset()
+    _caches.clear()

@@ -1,0 +1,110 @@
+"""Adding torch operations to the graph: run them on fake tensors, record an FX node.
+
+:func:`graph_call` is the single way an operation enters the graph. It turns
+the symbolic arguments into FX node arguments and fake-tensor arguments, runs
+the operation under the tracer's fake mode to learn the result's metadata
+(which also validates shapes and dtypes as eager would), records the node, and
+wraps the result: tensors become :class:`TensorV`, tuples of tensors become
+tuples of ``getitem`` nodes, and Python results (a size, a bool) become
+constants.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    UnsupportedOperatorException,
+)
+
+from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.values import Const, DictV, ListV, TensorV, TupleV, Value
+
+DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+def as_node_arg(fs: FrameState, v: Value) -> Any:
+    """The FX argument for ``v``: a node for a tensor, the value for a constant."""
+    return _convert(fs, v, lambda t: t.node)
+
+
+def as_fake_arg(fs: FrameState, v: Value) -> Any:
+    """The fake-mode argument for ``v``: the fake tensor for a tensor, the value for a constant."""
+    return _convert(fs, v, lambda t: t.fake)
+
+
+def _convert(fs: FrameState, v: Value, leaf: Any) -> Any:
+    if isinstance(v, TensorV):
+        return leaf(v)
+    if isinstance(v, Const):
+        return v.value
+    if isinstance(v, TupleV):
+        return tuple(_convert(fs, x, leaf) for x in v.items)
+    if isinstance(v, ListV):
+        return [_convert(fs, x, leaf) for x in fs.tracer.heap.get(v.ref)]
+    if isinstance(v, DictV):
+        return {k: _convert(fs, x, leaf) for k, x in fs.tracer.heap.get(v.ref).items()}
+    raise Unsupported(f"passing {type(v).__name__} {v!r:.80} to a torch operation", "call")
+
+
+def graph_call(
+    fs: FrameState, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """Record ``target(*args, **kwargs)`` as a ``call_function``/``call_method`` node."""
+    fake_args = [as_fake_arg(fs, a) for a in args]
+    fake_kwargs = {k: as_fake_arg(fs, v) for k, v in kwargs.items()}
+    node_args = tuple(as_node_arg(fs, a) for a in args)
+    node_kwargs = {k: as_node_arg(fs, v) for k, v in kwargs.items()}
+    fn = getattr(fake_args[0], target) if kind == "call_method" else target
+    call_args = fake_args[1:] if kind == "call_method" else fake_args
+    try:
+        with fs.tracer.fake_mode:
+            fake = fn(*call_args, **fake_kwargs)
+    except DATA_DEPENDENT as e:
+        raise Unsupported(f"{_name(target)} has a data-dependent output ({e})", "data-dependent")
+    except UnsupportedOperatorException as e:
+        raise Unsupported(f"{_name(target)} cannot run on fake tensors ({e})", "call")
+    except Exception as e:
+        # A genuine user error (shape mismatch, bad dtype): eager raises it for real.
+        raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", "call") from e
+    if not _contains_tensor(fake):
+        return Const(fake)  # sizes, bools, numbers computed from static metadata
+    node = fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
+    return wrap_output(fs, node, fake)
+
+
+def wrap_output(fs: FrameState, node: Any, fake: Any) -> Value:
+    """The symbolic value of an operation's result ``fake`` produced by ``node``."""
+    if isinstance(fake, torch.Tensor):
+        return TensorV(node, fake)
+    if isinstance(fake, tuple | list):
+        items = []
+        for i, item in enumerate(fake):
+            if isinstance(item, torch.Tensor):
+                sub = fs.tracer.add_node("call_function", operator.getitem, (node, i), {}, item)
+                fs.tracer.ops -= 1  # a getitem is bookkeeping, not an op
+                items.append(TensorV(sub, item))
+            elif _contains_tensor(item):
+                raise Unsupported("an operation returning nested tensor structures", "call")
+            else:
+                items.append(Const(item))
+        if isinstance(fake, list):
+            return ListV(fs.tracer.heap.new(items))
+        return TupleV(tuple(items))
+    raise Unsupported(f"an operation returning {type(fake).__name__}", "call")
+
+
+def _contains_tensor(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, tuple | list):
+        return any(_contains_tensor(i) for i in x)
+    return False
+
+
+def _name(target: Any) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", repr(target))

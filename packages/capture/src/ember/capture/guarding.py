@@ -1,0 +1,190 @@
+"""The translator's side of ``ember.guards``: the sources it builds and the guards it records.
+
+Everything capture knows about guards goes through this module: how a value
+read from the frame is named (:func:`local`, :func:`attr`, :func:`item`, ...),
+which guard its use implies (:class:`GuardCollector`), and how a source is
+reached again by the generated replacement (:func:`source_expression`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.guards import kinds, sources
+from ember.guards.sources import (
+    BUFFERS,
+    MODULES,
+    PARAMETERS,
+    Attr,
+    Cell,
+    Default,
+    Global,
+    Item,
+    Local,
+    ModuleChild,
+    Source,
+    TensorAttr,
+    TypeOf,
+)
+
+
+def local(name: str) -> Source:
+    return Local(name)
+
+
+def global_(name: str) -> Source:
+    return Global(name)
+
+
+def cell(name: str) -> Source:
+    return Cell(name)
+
+
+def attr(base: Source, name: str) -> Source:
+    return Attr(base, name)
+
+
+def module_child(base: Source, name: str, table: str) -> Source:
+    """A parameter, buffer or submodule, read from the module's own dict (fast, no __getattr__)."""
+    slot = {"_parameters": PARAMETERS, "_buffers": BUFFERS, "_modules": MODULES}[table]
+    return ModuleChild(base, name, slot)
+
+
+def item(base: Source, key: Any) -> Source | None:
+    """``base[key]``; None when the key is not an int or str (the value is then unguardable)."""
+    if type(key) not in (int, str):
+        return None
+    return Item(base, key)
+
+
+def closure_cell(function: Source, index: int) -> Source:
+    """The contents of cell ``index`` of the function at ``function``."""
+    return Attr(Item(Attr(function, "__closure__"), index), "cell_contents")
+
+
+def module_global(module: str, name: str) -> Source | None:
+    """A global of another module: not reachable from the frame, so unguardable (None)."""
+    return None
+
+
+def source_key(source: Source) -> str:
+    """A key equal for two sources exactly when they reach the value the same way."""
+    return repr(source)
+
+
+def source_name(source: Source) -> str:
+    """The human name: ``x``, ``self.layers[0].weight``, ``G['w']``."""
+    return str(source)
+
+
+# -- expressions reaching a source inside generated code ---------------------------------------
+
+_EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
+    Local: lambda s, sub, g: s.name,
+    Global: lambda s, sub, g: f"{g}[{s.name!r}]",
+    Cell: lambda s, sub, g: s.name,
+    Attr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
+    Item: lambda s, sub, g: f"{sub(s.base)}[{s.key!r}]",
+    ModuleChild: lambda s, sub, g: f"{sub(s.base)}.__dict__[{s.slot!r}][{s.name!r}]",
+    Default: lambda s, sub, g: (
+        f"{sub(s.base)}.__defaults__[{s.key}]"
+        if isinstance(s.key, int)
+        else f"{sub(s.base)}.__kwdefaults__[{s.key!r}]"
+    ),
+    TensorAttr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
+    TypeOf: lambda s, sub, g: f"type({sub(s.base)})",
+}
+
+
+def source_expression(source: Source, *, globals_name: str) -> str:
+    """Python code reaching ``source`` in a function with the frame's arguments and cells.
+
+    >>> source_expression(ModuleChild(Local("self"), "w", PARAMETERS), globals_name="G")
+    "self.__dict__['_parameters']['w']"
+    """
+
+    def sub(s: Any) -> str:
+        rule = _EXPRESSIONS.get(type(s))
+        if rule is None:
+            raise TypeError(f"no expression for source {s!r}")
+        return rule(s, sub, globals_name)
+
+    return sub(source)
+
+
+# -- recording guards --------------------------------------------------------------------------
+
+
+class GuardCollector:
+    """The guards one translation relies on, each with the user location that needed it."""
+
+    def __init__(self) -> None:
+        self.guards: list[kinds.Guard] = []
+        self.where: tuple[str, int | None] | None = None  # set by the interpreter per instruction
+
+    def _add(self, guard: kinds.Guard) -> None:
+        self.guards.append(guard)
+
+    def _where(self) -> str | None:
+        return None if self.where is None else f"{self.where[0]}:{self.where[1]}"
+
+    def tensor(self, source: Source, t: torch.Tensor) -> None:
+        self._add(kinds.tensor_match(source, t, self._where()))
+
+    def same_tensor(self, first: Source, second: Source) -> None:
+        self._add(kinds.same_tensor(first, second, self._where()))
+
+    def equals(self, source: Source, value: Any) -> None:
+        try:
+            self._add(kinds.equals(source, value, self._where()))
+        except TypeError:
+            # Not a scalar EQUALS understands (an enum member, a range): the very same object.
+            self._add(kinds.type_match(source, value, self._where()))
+            self._add(kinds.id_match(source, value, self._where()))
+
+    def identity(self, source: Source, obj: Any) -> None:
+        self._add(kinds.id_match(source, obj, self._where()))
+
+    def type_of(self, source: Source, obj: Any) -> None:
+        """``source`` holds an object of exactly ``type(obj)``."""
+        self._add(kinds.type_match(source, obj, self._where()))
+
+    def length(self, source: Source, seq: Any) -> None:
+        self._add(kinds.length(source, seq, self._where()))
+
+    def dict_keys(self, source: Source, d: dict[Any, Any]) -> None:
+        self._add(kinds.dict_keys(source, d, self._where()))
+
+    def builtin(self, source: Source | None, obj: Any) -> None:
+        """A builtin was used: the name still resolves to it (no global shadows it)."""
+        if source is not None:
+            self._add(kinds.id_match(source, obj, self._where()))
+
+    def module_hooks(self, source: Source, module: torch.nn.Module) -> None:
+        self._add(kinds.module_state(source, module, self._where()))
+
+    def global_state(self) -> None:
+        self.guards.extend(kinds.global_state())
+
+    def backend(self, name: str) -> None:
+        self._add(kinds.backend(name))
+
+
+__all__ = [
+    "GuardCollector",
+    "attr",
+    "cell",
+    "closure_cell",
+    "global_",
+    "item",
+    "local",
+    "module_child",
+    "module_global",
+    "source_expression",
+    "source_key",
+    "source_name",
+    "sources",
+]

@@ -1,0 +1,123 @@
+"""The symbolic interpreter: one handler per 3.11 opcode, over a stack of values.
+
+Handlers live in family modules (``ops_load``, ``ops_stack``, ``ops_build``,
+``ops_call``, ``ops_jump``) and register themselves here with ``@handler``,
+keyed by ``dis`` opname; :data:`HANDLERS` is the table :func:`run_frame`
+dispatches on. An opcode with no handler is a graph break with a reason
+(:data:`UNSUPPORTED` says why for the ones left out on purpose), never an
+``AttributeError``.
+
+>>> "LOAD_FAST" in HANDLERS and "BINARY_OP" in HANDLERS
+True
+"""
+
+from __future__ import annotations
+
+import dis
+from collections.abc import Callable
+
+from ember.capture.tracer import MAX_INLINE_DEPTH, FrameState, Instr, Unsupported
+from ember.capture.values import Value
+
+Handler = Callable[[FrameState, Instr], None]
+
+HANDLERS: dict[str, Handler] = {}
+
+# Opcodes deliberately not handled, with the reason a user sees.
+UNSUPPORTED: dict[str, str] = {
+    "SETUP_ANNOTATIONS": "class or module bodies are not captured",
+    "IMPORT_NAME": "import statements inside compiled code",
+    "IMPORT_FROM": "import statements inside compiled code",
+    "IMPORT_STAR": "import statements inside compiled code",
+    "LOAD_NAME": "class or module bodies are not captured",
+    "STORE_NAME": "class or module bodies are not captured",
+    "DELETE_NAME": "class or module bodies are not captured",
+    "LOAD_CLASSDEREF": "class bodies are not captured",
+    "LOAD_BUILD_CLASS": "defining a class inside compiled code",
+    "STORE_GLOBAL": "assigning a global inside compiled code (a side effect)",
+    "DELETE_GLOBAL": "deleting a global inside compiled code (a side effect)",
+    "STORE_ATTR": "setting an attribute inside compiled code (a side effect)",
+    "DELETE_ATTR": "deleting an attribute inside compiled code (a side effect)",
+    "DELETE_SUBSCR": "deleting an item inside compiled code",
+    "BEFORE_WITH": "with-blocks inside compiled code",
+    "BEFORE_ASYNC_WITH": "async code",
+    "WITH_EXCEPT_START": "with-blocks inside compiled code",
+    "PUSH_EXC_INFO": "try/except inside compiled code",
+    "POP_EXCEPT": "try/except inside compiled code",
+    "CHECK_EXC_MATCH": "try/except inside compiled code",
+    "CHECK_EG_MATCH": "except* inside compiled code",
+    "PREP_RERAISE_STAR": "except* inside compiled code",
+    "RERAISE": "try/except inside compiled code",
+    "RAISE_VARARGS": "raising an exception inside compiled code",
+    "YIELD_VALUE": "generators",
+    "RETURN_GENERATOR": "generators",
+    "SEND": "generators",
+    "GET_YIELD_FROM_ITER": "generators",
+    "GET_AWAITABLE": "async code",
+    "GET_AITER": "async code",
+    "GET_ANEXT": "async code",
+    "END_ASYNC_FOR": "async code",
+    "ASYNC_GEN_WRAP": "async code",
+    "BUILD_SET": "sets inside compiled code",
+    "SET_ADD": "sets inside compiled code",
+    "SET_UPDATE": "sets inside compiled code",
+    "MATCH_CLASS": "match statements",
+    "MATCH_MAPPING": "match statements",
+    "MATCH_SEQUENCE": "match statements",
+    "MATCH_KEYS": "match statements",
+    "GET_LEN": "match statements",
+    "COPY_DICT_WITHOUT_KEYS": "match statements",
+    "PRINT_EXPR": "interactive-mode code",
+    "DELETE_DEREF": "deleting a closure variable",
+    "CACHE": "an inline cache entry is not an instruction",
+    "EXTENDED_ARG": "decoded away by dis",
+    "LOAD_ASSERTION_ERROR": "a failing assert",
+}
+
+
+def handler(*opnames: str) -> Callable[[Handler], Handler]:
+    """Register ``fn`` as the handler of each of ``opnames`` (which must be real 3.11 opnames)."""
+
+    def register(fn: Handler) -> Handler:
+        for name in opnames:
+            if name not in dis.opmap:
+                raise ValueError(f"{name} is not a 3.11 opname")
+            if name in HANDLERS:
+                raise ValueError(f"{name} already has a handler: {HANDLERS[name].__name__}")
+            HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+def run_frame(fs: FrameState) -> Value:
+    """Step through ``fs`` until it returns; the returned value."""
+    if fs.depth > MAX_INLINE_DEPTH:
+        raise Unsupported(f"calls nested deeper than {MAX_INLINE_DEPTH} (recursion?)", "call")
+    while fs.result is None:
+        if fs.ip >= len(fs.instrs):
+            raise Unsupported("ran off the end of the code", "internal")
+        inst = fs.instrs[fs.ip]
+        fs.current = inst
+        fs.tracer.guards.where = (fs.code.co_filename, inst.lineno)
+        fs.ip += 1
+        fn = HANDLERS.get(inst.opname)
+        try:
+            if fn is None:
+                reason = UNSUPPORTED.get(inst.opname, "no handler for this opcode")
+                raise Unsupported(f"{inst.opname}: {reason}", "opcode")
+            fn(fs, inst)
+        except Unsupported as e:
+            if e.location is None:
+                e.location = fs.location()
+            e.stack.insert(0, fs.location())
+            raise
+    return fs.result
+
+
+def _load_families() -> None:
+    # Importing the family modules fills HANDLERS (each registers with @handler).
+    from ember.capture import ops_build, ops_call, ops_jump, ops_load, ops_stack  # noqa: F401
+
+
+_load_families()

@@ -1,0 +1,634 @@
+"""Python semantics over symbolic values: builtins, container methods, iteration, operators.
+
+Each builtin the translator models has one rule in :data:`BUILTIN_RULES`,
+keyed by the builtin object itself. Pure functions (``math``, ``operator``,
+most builtins) called with constant arguments are simply evaluated
+(:data:`FOLDABLE_MODULES`). Iteration is static: :func:`iterate` returns the
+values a ``for`` loop will see, so loops unroll.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.capture import guarding
+from ember.capture.builder import is_constant, wrap
+from ember.capture.graphops import graph_call
+from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.values import (
+    Const,
+    DictV,
+    FuncV,
+    IterV,
+    ListV,
+    MethodV,
+    ModuleV,
+    ObjV,
+    TensorV,
+    TupleV,
+    Value,
+)
+
+Args = list[Value]
+Kwargs = dict[str, Value]
+Rule = Callable[[FrameState, Args, Kwargs], Value]
+
+BUILTIN_RULES: dict[Any, Rule] = {}
+
+
+def rule(*objs: Any) -> Callable[[Rule], Rule]:
+    """Register the decorated function as the rule for calling each of ``objs``."""
+
+    def register(fn: Rule) -> Rule:
+        for obj in objs:
+            if obj in BUILTIN_RULES:
+                raise ValueError(f"{obj!r} already has a rule")
+            BUILTIN_RULES[obj] = fn
+        return fn
+
+    return register
+
+
+# -- converting values -------------------------------------------------------------------------
+
+
+def constant_of(fs: FrameState, v: Value) -> Any:
+    """The Python value of a fully constant ``v``; :class:`Unsupported` if it holds tensors."""
+    if isinstance(v, Const):
+        return v.value
+    if isinstance(v, TupleV):
+        return tuple(constant_of(fs, x) for x in v.items)
+    if isinstance(v, ListV):
+        return [constant_of(fs, x) for x in fs.tracer.heap.get(v.ref)]
+    if isinstance(v, DictV):
+        return {k: constant_of(fs, x) for k, x in fs.tracer.heap.get(v.ref).items()}
+    if isinstance(v, ObjV) and is_constant(v.obj):
+        return v.obj
+    raise Unsupported(f"a {type(v).__name__} where a constant is needed", "constant")
+
+
+def is_const_value(fs: FrameState, v: Value) -> bool:
+    try:
+        constant_of(fs, v)
+    except Unsupported:
+        return False
+    return True
+
+
+def as_value(fs: FrameState, obj: Any) -> Value:
+    """The value of a Python object computed while tracing (no source)."""
+    if isinstance(obj, list):
+        return ListV(fs.tracer.heap.new([as_value(fs, x) for x in obj]))
+    if isinstance(obj, dict):
+        return DictV(fs.tracer.heap.new({k: as_value(fs, x) for k, x in obj.items()}))
+    if isinstance(obj, tuple) and type(obj) is tuple and not is_constant(obj):
+        return TupleV(tuple(as_value(fs, x) for x in obj))
+    return wrap(fs.tracer, obj, None)
+
+
+# -- truthiness and iteration ------------------------------------------------------------------
+
+
+def truth(fs: FrameState, v: Value) -> bool:
+    """``bool(v)`` when it is known while tracing."""
+    if isinstance(v, Const):
+        return bool(v.value)
+    if isinstance(v, TupleV):
+        return bool(v.items)
+    if isinstance(v, ListV | DictV):
+        return bool(fs.tracer.heap.get(v.ref))
+    if isinstance(v, TensorV):
+        raise Unsupported("branching on a tensor's value", "data-dependent")
+    if isinstance(v, FuncV | MethodV | IterV):
+        return True
+    obj = v.module if isinstance(v, ModuleV) else getattr(v, "obj", None)
+    cls = type(obj)
+    if not hasattr(cls, "__bool__") and not hasattr(cls, "__len__"):
+        return True  # plain objects are true
+    if isinstance(obj, torch.nn.Module | tuple | type) or is_constant(obj):
+        return bool(obj)
+    raise Unsupported(f"the truth value of a {cls.__name__}", "constant")
+
+
+def iterate(fs: FrameState, v: Value) -> list[Value]:
+    """The values a ``for`` loop over ``v`` sees, in order (loops are unrolled)."""
+    heap = fs.tracer.heap
+    if isinstance(v, TupleV):
+        return list(v.items)
+    if isinstance(v, ListV):
+        return list(heap.get(v.ref))
+    if isinstance(v, DictV):
+        return [Const(k) for k in heap.get(v.ref)]
+    if isinstance(v, IterV):
+        items = list(heap.get(v.ref))
+        heap.set(v.ref, [])
+        return items
+    if isinstance(v, Const) and isinstance(v.value, tuple | list | range | str | torch.Size):
+        return [Const(x) for x in v.value]
+    if isinstance(v, TensorV):
+        if v.fake.dim() == 0:
+            raise Unsupported("iterating over a 0-d tensor", "call")
+        return [
+            graph_call(fs, "call_function", operator.getitem, [v, Const(i)], {})
+            for i in range(v.fake.shape[0])
+        ]
+    if isinstance(v, ModuleV):
+        return _module_items(fs, v)
+    if isinstance(v, ObjV) and isinstance(v.obj, tuple):
+        src = v.source
+        return [
+            wrap(fs.tracer, x, guarding.item(src, i) if src is not None else None)
+            for i, x in enumerate(v.obj)
+        ]
+    raise Unsupported(f"iterating over a {type(v).__name__}", "iteration")
+
+
+def _module_items(fs: FrameState, v: ModuleV) -> list[Value]:
+    m = v.module
+    if isinstance(m, torch.nn.ModuleDict):
+        return [Const(k) for k in m.keys()]
+    if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential | torch.nn.ParameterList):
+        src = v.source
+        return [
+            wrap(fs.tracer, child, guarding.item(src, i) if src is not None else None)
+            for i, child in enumerate(m)
+        ]
+    raise Unsupported(f"iterating over a {type(m).__name__}", "iteration")
+
+
+def make_iter(fs: FrameState, values: list[Value]) -> IterV:
+    return IterV(fs.tracer.heap.new(list(values)))
+
+
+# -- builtins ----------------------------------------------------------------------------------
+
+
+def _no_kwargs(name: str, kwargs: Kwargs) -> None:
+    if kwargs:
+        raise Unsupported(f"{name}() with keyword arguments {sorted(kwargs)}", "call")
+
+
+@rule(len)
+def _len(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    (v,) = args
+    if isinstance(v, TensorV):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor", "call")
+        return Const(v.fake.shape[0])
+    if isinstance(v, ModuleV):
+        return Const(len(v.module))  # type: ignore[arg-type]
+    if isinstance(v, ObjV) and isinstance(v.obj, tuple):
+        return Const(len(v.obj))
+    return Const(
+        len(iterate(fs, v)) if not isinstance(v, IterV) else len(fs.tracer.heap.get(v.ref))
+    )
+
+
+def python_type(fs: FrameState, v: Value) -> type:
+    """The Python type of the object ``v`` stands for."""
+    if isinstance(v, TensorV):
+        real = fs.tracer.real_types.get(v.node)
+        return real if real is not None else torch.Tensor
+    table: dict[type, Callable[[Any], type]] = {
+        Const: lambda x: type(x.value),
+        TupleV: lambda x: tuple,
+        ListV: lambda x: list,
+        DictV: lambda x: dict,
+        ModuleV: lambda x: type(x.module),
+        ObjV: lambda x: type(x.obj),
+        FuncV: lambda x: type(x.fn) if x.fn is not None else type(python_type),
+        IterV: lambda x: type(iter(())),
+    }
+    if type(v) not in table:
+        raise Unsupported(f"the type of a {type(v).__name__}", "call")
+    return table[type(v)](v)
+
+
+@rule(isinstance)
+def _isinstance(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    v, cls = args
+    return Const(issubclass(python_type(fs, v), _class_arg(fs, cls)))
+
+
+@rule(issubclass)
+def _issubclass(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    a, cls = args
+    sub = a.obj if isinstance(a, ObjV) else constant_of(fs, a)
+    return Const(issubclass(sub, _class_arg(fs, cls)))
+
+
+def _class_arg(fs: FrameState, cls: Value) -> Any:
+    if isinstance(cls, ObjV):
+        return cls.obj
+    if isinstance(cls, TupleV):
+        return tuple(_class_arg(fs, c) for c in cls.items)
+    return constant_of(fs, cls)
+
+
+@rule(type)
+def _type(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    if len(args) != 1:
+        raise Unsupported("type() with three arguments", "call")
+    return ObjV(python_type(fs, args[0]))
+
+
+@rule(range)
+def _range(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    _no_kwargs("range", kwargs)
+    return Const(range(*(constant_of(fs, a) for a in args)))
+
+
+@rule(enumerate)
+def _enumerate(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    start = constant_of(fs, kwargs.pop("start", args[1] if len(args) > 1 else Const(0)))
+    items = iterate(fs, args[0])
+    return make_iter(fs, [TupleV((Const(start + i), x)) for i, x in enumerate(items)])
+
+
+@rule(zip)
+def _zip(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    strict = constant_of(fs, kwargs.pop("strict", Const(False)))
+    _no_kwargs("zip", kwargs)
+    columns = [iterate(fs, a) for a in args]
+    if strict and len({len(c) for c in columns}) > 1:
+        raise Unsupported("zip(strict=True) over sequences of different lengths", "call")
+    return make_iter(fs, [TupleV(tuple(row)) for row in zip(*columns, strict=False)])
+
+
+@rule(reversed)
+def _reversed(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return make_iter(fs, list(reversed(iterate(fs, args[0]))))
+
+
+@rule(iter)
+def _iter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return make_iter(fs, iterate(fs, args[0]))
+
+
+@rule(next)
+def _next(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    it = args[0]
+    if not isinstance(it, IterV):
+        raise Unsupported("next() of a non-iterator", "call")
+    remaining = fs.tracer.heap.get(it.ref)
+    if not remaining:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("next() of an exhausted iterator (StopIteration)", "call")
+    return remaining.pop(0)
+
+
+@rule(tuple)
+def _tuple(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return TupleV(tuple(iterate(fs, args[0]))) if args else TupleV(())
+
+
+@rule(list)
+def _list(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return ListV(fs.tracer.heap.new(iterate(fs, args[0]) if args else []))
+
+
+@rule(dict)
+def _dict(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    items: dict[Any, Value] = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictV):
+            items.update(fs.tracer.heap.get(src.ref))
+        else:
+            for pair in iterate(fs, src):
+                key, value = iterate(fs, pair)
+                items[constant_of(fs, key)] = value
+    items.update(kwargs)
+    return DictV(fs.tracer.heap.new(items))
+
+
+@rule(sum)
+def _sum(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    total: Value = args[1] if len(args) > 1 else kwargs.get("start", Const(0))
+    for item in iterate(fs, args[0]):
+        total = binary(fs, operator.add, total, item)
+    return total
+
+
+@rule(any, all)
+def _any_all(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    truths = [truth(fs, x) for x in iterate(fs, args[0])]
+    return Const(any(truths) if fs.current and _called_name(fs) == "any" else all(truths))
+
+
+def _called_name(fs: FrameState) -> str:
+    return fs.tracer.calling.__name__ if fs.tracer.calling is not None else ""
+
+
+@rule(min, max)
+def _min_max(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    values = iterate(fs, args[0]) if len(args) == 1 else args
+    if any(isinstance(v, TensorV) for v in values):
+        raise Unsupported(
+            "min()/max() over tensors compares values (use torch.minimum)", "data-dependent"
+        )
+    fn = min if _called_name(fs) == "min" else max
+    return Const(
+        fn(
+            *(constant_of(fs, v) for v in values),
+            **{k: constant_of(fs, v) for k, v in kwargs.items()},
+        )
+    )
+
+
+@rule(abs)
+def _abs(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    (v,) = args
+    if isinstance(v, TensorV):
+        return graph_call(fs, "call_function", torch.abs, [v], {})
+    return Const(abs(constant_of(fs, v)))
+
+
+@rule(getattr)
+def _getattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.attrs import load_attr  # noqa: PLC0415
+
+    name = constant_of(fs, args[1])
+    if len(args) == 3:
+        try:
+            return load_attr(fs, args[0], name)
+        except Unsupported as e:
+            if e.category != "attribute":
+                raise
+            return args[2]
+    return load_attr(fs, args[0], name)
+
+
+@rule(hasattr)
+def _hasattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.attrs import load_attr  # noqa: PLC0415
+
+    try:
+        load_attr(fs, args[0], constant_of(fs, args[1]))
+    except Unsupported as e:
+        if e.category == "attribute":
+            return Const(False)
+        raise
+    return Const(True)
+
+
+@rule(callable)
+def _callable(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return Const(callable(python_type(fs, args[0])) and python_type(fs, args[0]) is not type(None))
+
+
+@rule(float, int, bool, str)
+def _convert(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    fn = fs.tracer.calling
+    assert fn is not None
+    if args and isinstance(args[0], TensorV):
+        raise Unsupported(f"{fn.__name__}() of a tensor reads its value", "data-dependent")
+    if fn is bool and args:
+        return Const(truth(fs, args[0]))
+    return Const(fn(*(constant_of(fs, a) for a in args)))
+
+
+@rule(print)
+def _print(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    raise Unsupported("print() inside compiled code (a side effect)", "side-effect")
+
+
+FOLDABLE_MODULES = ("math", "operator", "builtins", "_operator")
+
+
+def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
+    """Call a Python callable that is not a torch operation and not inlined user code."""
+    rule_fn = BUILTIN_RULES.get(obj) if _hashable(obj) else None
+    if rule_fn is not None:
+        previous, fs.tracer.calling = fs.tracer.calling, obj
+        try:
+            return rule_fn(fs, list(args), dict(kwargs))
+        finally:
+            fs.tracer.calling = previous
+    module = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, type) and obj in (torch.Size, slice, complex):
+        module = "builtins"
+    if module.split(".")[0] in FOLDABLE_MODULES and all(
+        is_const_value(fs, a) for a in [*args, *kwargs.values()]
+    ):
+        return _fold(fs, obj, args, kwargs)
+    if obj in OPERATOR_TENSOR_FUNCTIONS and any(isinstance(a, TensorV) for a in args):
+        return graph_call(fs, "call_function", obj, args, kwargs)
+    name = getattr(obj, "__qualname__", None) or repr(obj)
+    raise Unsupported(f"calling {name} (not a torch operation ember can record)", "call")
+
+
+def _fold(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
+    try:
+        result = obj(
+            *(constant_of(fs, a) for a in args),
+            **{k: constant_of(fs, v) for k, v in kwargs.items()},
+        )
+    except Exception as e:
+        raise Unsupported(
+            f"{getattr(obj, '__name__', obj)}() raised {type(e).__name__}: {e}"
+        ) from e
+    return as_value(fs, result)
+
+
+def _hashable(obj: Any) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+# -- operators ---------------------------------------------------------------------------------
+
+OPERATOR_TENSOR_FUNCTIONS = frozenset(
+    getattr(operator, name) for name in dir(operator) if not name.startswith("_")
+)
+
+
+def binary(fs: FrameState, op: Callable[[Any, Any], Any], a: Value, b: Value) -> Value:
+    """``op(a, b)`` for a binary operator."""
+    if isinstance(a, TensorV) or isinstance(b, TensorV):
+        return graph_call(fs, "call_function", op, [a, b], {})
+    if isinstance(a, TupleV | ListV) or isinstance(b, TupleV | ListV):
+        structured = _sequence_binary(fs, op, a, b)
+        if structured is not None:
+            return structured
+    return _fold(fs, op, [a, b], {})
+
+
+def _sequence_binary(fs: FrameState, op: Any, a: Value, b: Value) -> Value | None:
+    """Concatenation and repetition of tuples/lists that may hold tensors."""
+    heap = fs.tracer.heap
+    if op in (operator.add, operator.iadd) and type(a) is type(b):
+        if isinstance(a, TupleV) and isinstance(b, TupleV):
+            return TupleV(a.items + b.items)
+        if isinstance(a, ListV) and isinstance(b, ListV):
+            if op is operator.iadd:
+                _mutate(fs, a).extend(heap.get(b.ref))
+                return a
+            return ListV(heap.new(heap.get(a.ref) + heap.get(b.ref)))
+    if op in (operator.add, operator.iadd) and isinstance(a, TupleV) and isinstance(b, Const):
+        if isinstance(b.value, tuple):
+            return TupleV(a.items + tuple(Const(x) for x in b.value))
+    if op in (operator.add,) and isinstance(a, Const) and isinstance(b, TupleV):
+        if isinstance(a.value, tuple):
+            return TupleV(tuple(Const(x) for x in a.value) + b.items)
+    if op is operator.mul and isinstance(b, Const) and isinstance(b.value, int):
+        if isinstance(a, TupleV):
+            return TupleV(a.items * b.value)
+        if isinstance(a, ListV):
+            return ListV(heap.new(heap.get(a.ref) * b.value))
+    return None
+
+
+def _mutate(fs: FrameState, v: ListV | DictV) -> Any:
+    """The heap content of a container about to be mutated (not one the frame gave us)."""
+    if v.ref in fs.tracer.heap.from_frame:
+        raise Unsupported("mutating a list or dict passed into compiled code", "side-effect")
+    return fs.tracer.heap.get(v.ref)
+
+
+def subscript(fs: FrameState, container: Value, index: Value) -> Value:
+    """``container[index]``."""
+    heap = fs.tracer.heap
+    if isinstance(container, TensorV):
+        return graph_call(fs, "call_function", operator.getitem, [container, index], {})
+    if isinstance(container, ModuleV):
+        key = constant_of(fs, index)
+        if isinstance(key, slice):
+            raise Unsupported("slicing a module container", "call")
+        src = guarding.item(container.source, key) if container.source is not None else None
+        return wrap(fs.tracer, container.module[key], src)  # type: ignore[index]
+    if isinstance(container, TupleV | ListV):
+        items = container.items if isinstance(container, TupleV) else heap.get(container.ref)
+        key = constant_of(fs, index)
+        if isinstance(key, slice):
+            part = items[key]
+            return (
+                TupleV(tuple(part))
+                if isinstance(container, TupleV)
+                else ListV(heap.new(list(part)))
+            )
+        try:
+            return items[key]  # type: ignore[no-any-return]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+    if isinstance(container, DictV):
+        key = constant_of(fs, index)
+        items = heap.get(container.ref)
+        if key not in items:
+            raise Unsupported(f"KeyError: {key!r}")
+        return items[key]  # type: ignore[no-any-return]
+    if isinstance(container, ObjV) and isinstance(container.obj, tuple):
+        key = constant_of(fs, index)
+        src = container.source
+        return wrap(
+            fs.tracer, container.obj[key], guarding.item(src, key) if src is not None else None
+        )
+    return _fold(fs, operator.getitem, [container, index], {})
+
+
+def store_subscript(fs: FrameState, container: Value, index: Value, value: Value) -> None:
+    """``container[index] = value``."""
+    if isinstance(container, TensorV):
+        graph_call(fs, "call_function", operator.setitem, [container, index, value], {})
+        return
+    if isinstance(container, ListV):
+        _mutate(fs, container)[constant_of(fs, index)] = value
+        return
+    if isinstance(container, DictV):
+        _mutate(fs, container)[constant_of(fs, index)] = value
+        return
+    raise Unsupported(f"item assignment on a {type(container).__name__}", "side-effect")
+
+
+# -- methods of Python values ------------------------------------------------------------------
+
+
+def call_python_method(
+    fs: FrameState, self_value: Value, name: str, args: Args, kwargs: Kwargs
+) -> Value:
+    """A method of a list, dict, tuple or constant."""
+    heap = fs.tracer.heap
+    if isinstance(self_value, ListV):
+        return _list_method(fs, self_value, name, args, kwargs)
+    if isinstance(self_value, DictV):
+        return _dict_method(fs, self_value, name, args, kwargs)
+    if isinstance(self_value, TupleV) and name in ("index", "count"):
+        return _fold(fs, getattr(tuple, name), [TupleV(self_value.items), *args], kwargs)
+    if isinstance(self_value, Const):
+        method = getattr(type(self_value.value), name, None)
+        if method is not None and all(is_const_value(fs, a) for a in [*args, *kwargs.values()]):
+            return _fold(fs, method, [self_value, *args], kwargs)
+    if isinstance(self_value, ModuleV | ObjV):
+        obj = self_value.module if isinstance(self_value, ModuleV) else self_value.obj
+        return call_python_object(fs, getattr(obj, name), args, kwargs)
+    del heap
+    raise Unsupported(f"method {name}() of a {type(self_value).__name__}", "call")
+
+
+def _list_method(fs: FrameState, lst: ListV, name: str, args: Args, kwargs: Kwargs) -> Value:
+    heap = fs.tracer.heap
+    items: list[Value] = heap.get(lst.ref)
+    if name in ("index", "count", "__len__", "__contains__"):
+        return _fold(fs, getattr(list, name), [lst, *args], kwargs)
+    if name == "copy":
+        return ListV(heap.new(list(items)))
+    mutators: dict[str, Callable[[list[Value]], Any]] = {
+        "append": lambda it: it.append(args[0]),
+        "extend": lambda it: it.extend(iterate(fs, args[0])),
+        "insert": lambda it: it.insert(constant_of(fs, args[0]), args[1]),
+        "pop": lambda it: it.pop(*(constant_of(fs, a) for a in args)),
+        "reverse": lambda it: it.reverse(),
+        "clear": lambda it: it.clear(),
+    }
+    if name not in mutators:
+        raise Unsupported(f"list.{name}() inside compiled code", "call")
+    result = mutators[name](_mutate(fs, lst))
+    return result if isinstance(result, Value) else Const(None)
+
+
+def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:
+    heap = fs.tracer.heap
+    items: dict[Any, Value] = heap.get(d.ref)
+    if name == "keys":
+        return make_iter(fs, [Const(k) for k in items])
+    if name == "values":
+        return make_iter(fs, list(items.values()))
+    if name == "items":
+        return make_iter(fs, [TupleV((Const(k), v)) for k, v in items.items()])
+    if name == "get":
+        key = constant_of(fs, args[0])
+        return items.get(key, args[1] if len(args) > 1 else Const(None))
+    if name == "copy":
+        return DictV(heap.new(dict(items)))
+    if name == "update":
+        other = _dict(fs, args, kwargs)
+        assert isinstance(other, DictV)
+        _mutate(fs, d).update(heap.get(other.ref))
+        return Const(None)
+    if name == "pop":
+        return _mutate(fs, d).pop(constant_of(fs, args[0]), *args[1:])  # type: ignore[no-any-return]
+    if name == "setdefault":
+        return _mutate(fs, d).setdefault(
+            constant_of(fs, args[0]), args[1] if len(args) > 1 else Const(None)
+        )  # type: ignore[no-any-return]
+    raise Unsupported(f"dict.{name}() inside compiled code", "call")
+
+
+__all__ = [
+    "BUILTIN_RULES",
+    "binary",
+    "call_python_method",
+    "call_python_object",
+    "constant_of",
+    "iterate",
+    "subscript",
+    "truth",
+]

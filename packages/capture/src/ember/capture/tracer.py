@@ -1,0 +1,209 @@
+"""The state of one translation, and of each frame the translator steps through.
+
+:class:`Tracer` owns what the whole translation shares: the FX graph being
+built, the fake-tensor mode that computes shapes and dtypes, the heap of
+mutable containers, the graph inputs (one placeholder per source), and the
+guards the translation relies on. :class:`FrameState` is one (possibly
+inlined) Python frame: its instructions, value stack, locals and cells.
+
+Anything the translator cannot follow raises :class:`Unsupported`, which
+records the user's file, line and source text where it happened.
+"""
+
+from __future__ import annotations
+
+import dis
+import linecache
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ember.capture import guarding
+from ember.capture.values import NULL, Heap, TensorV, Value
+
+MAX_INLINE_DEPTH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A place in the user's code: file, line, and the text of that line."""
+
+    filename: str
+    lineno: int | None
+    function: str
+    text: str
+
+    def __str__(self) -> str:
+        where = f'File "{self.filename}", line {self.lineno}, in {self.function}'
+        return f"{where}\n    {self.text}" if self.text else where
+
+
+class Unsupported(Exception):
+    """The translator met code it cannot capture into one graph.
+
+    ``category`` groups reasons (``"opcode"``, ``"call"``, ``"data-dependent"``,
+    ``"side-effect"``, ...); ``location`` is the innermost user code position and
+    ``stack`` the inlined frames that led there, outermost first.
+    """
+
+    def __init__(self, reason: str, category: str = "unsupported") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.category = category
+        self.location: Location | None = None
+        self.stack: list[Location] = []
+
+    def __str__(self) -> str:
+        if self.location is None:
+            return self.reason
+        return f"{self.reason}\n{self.location}"
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """One decoded instruction; ``target`` is the index of a jump's destination."""
+
+    opname: str
+    arg: int | None
+    argval: Any
+    offset: int
+    lineno: int | None
+    target: int | None
+
+
+def decode(code: types.CodeType) -> list[Instr]:
+    """The code's instructions with jump targets as instruction indices."""
+    raw = list(dis.get_instructions(code))
+    index = {inst.offset: i for i, inst in enumerate(raw)}
+    out = []
+    line = code.co_firstlineno
+    for inst in raw:
+        if inst.positions is not None and inst.positions.lineno is not None:
+            line = inst.positions.lineno
+        target = index[inst.argval] if inst.opcode in dis.hasjrel else None
+        argval = inst.argval
+        if inst.opname == "KW_NAMES":
+            argval = code.co_consts[inst.arg or 0]
+        out.append(Instr(inst.opname, inst.arg, argval, inst.offset, line, target))
+    return out
+
+
+@dataclass(eq=False)
+class Tracer:
+    """What one translation shares across its frames."""
+
+    backend_name: str
+    graph: torch.fx.Graph = field(default_factory=torch.fx.Graph)
+    fake_mode: FakeTensorMode = field(
+        default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=False)
+    )
+    heap: Heap = field(default_factory=Heap)
+    guards: guarding.GuardCollector = field(default_factory=guarding.GuardCollector)
+    # graph inputs, in placeholder order: the source, the real value at compile time
+    input_sources: list[Any] = field(default_factory=list)
+    example_inputs: list[torch.Tensor] = field(default_factory=list)
+    _inputs_by_key: dict[str, TensorV] = field(default_factory=dict)
+    _inputs_by_id: dict[int, TensorV] = field(default_factory=dict)
+    _last_placeholder: torch.fx.Node | None = None
+    ops: int = 0  # call_function/call_method nodes added
+    # the Python type of each input tensor (a Parameter, a subclass), for isinstance()
+    real_types: dict[torch.fx.Node, type] = field(default_factory=dict)
+    calling: Any = None  # the builtin whose rule is running (rules shared by min/max, ...)
+    steps: int = 0  # jumps taken, to stop unbounded loops
+
+    def input_tensor(self, real: torch.Tensor, source: Any) -> TensorV:
+        """The graph input for the tensor reached by ``source`` (one placeholder per tensor)."""
+        key = guarding.source_key(source)
+        if key in self._inputs_by_key:
+            return self._inputs_by_key[key]
+        if id(real) in self._inputs_by_id:
+            # The same tensor reached by two paths: one placeholder, and a guard
+            # that the two sources still hold the same tensor.
+            first = self._inputs_by_id[id(real)]
+            self.guards.same_tensor(first.source, source)
+            self._inputs_by_key[key] = first
+            return first
+        self.guards.tensor(source, real)
+        name = guarding.source_name(source)
+        if self._last_placeholder is None:
+            ctx = self.graph.inserting_before(next(iter(self.graph.nodes), None))
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(_identifier(name, len(self.input_sources)))
+        self._last_placeholder = node
+        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        node.meta["example_value"] = fake
+        self.real_types[node] = type(real)
+        value = TensorV(node, fake, source=source)
+        self.input_sources.append(source)
+        self.example_inputs.append(real)
+        self._inputs_by_key[key] = value
+        self._inputs_by_id[id(real)] = value
+        return value
+
+    def add_node(
+        self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fake: Any
+    ) -> torch.fx.Node:
+        node = self.graph.create_node(kind, target, args, kwargs)
+        node.meta["example_value"] = fake
+        self.ops += 1
+        return node
+
+
+def _identifier(name: str, index: int) -> str:
+    cleaned = "".join(c if c.isalnum() else "_" for c in name).strip("_").lower()
+    return cleaned or f"input_{index}"
+
+
+@dataclass(eq=False)
+class FrameState:
+    """One frame being translated (the top frame, or an inlined call)."""
+
+    tracer: Tracer
+    code: types.CodeType
+    instrs: list[Instr]
+    globals: dict[str, Any]
+    globals_source: Callable[[str], Any]  # name -> source of that global (None: unguardable)
+    locals: dict[str, Value] = field(default_factory=dict)
+    cells: dict[str, Value] = field(default_factory=dict)  # cell and free variables: CellV
+    stack: list[Value] = field(default_factory=list)
+    ip: int = 0
+    kw_names: tuple[str, ...] = ()
+    result: Value | None = None
+    parent: FrameState | None = None
+    depth: int = 0
+    current: Instr | None = None
+
+    def push(self, value: Value) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Value:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Value]:
+        if n == 0:
+            return []
+        values = self.stack[-n:]
+        del self.stack[-n:]
+        return values
+
+    def peek(self, depth: int = 1) -> Value:
+        return self.stack[-depth]
+
+    def push_null(self) -> None:
+        self.stack.append(NULL)
+
+    def location(self) -> Location:
+        line = self.current.lineno if self.current else self.code.co_firstlineno
+        text = linecache.getline(self.code.co_filename, line or 0).strip()
+        return Location(self.code.co_filename, line, self.code.co_name, text)
+
+    def jump(self, inst: Instr) -> None:
+        assert inst.target is not None, inst
+        self.ip = inst.target

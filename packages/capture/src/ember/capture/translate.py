@@ -1,0 +1,124 @@
+"""Translate one frame: symbolic execution into an FX graph, guards, and the output spec.
+
+:func:`translate` is the pipeline, one named step per line. It raises
+:class:`~ember.capture.tracer.Unsupported` (with the user's file and line)
+when the frame cannot be captured as one graph; the caller then runs the
+frame eagerly and records the reason (or, under ``fullgraph=True``, raises).
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.capture import guarding
+from ember.capture.codegen import Part
+from ember.capture.hook import Frame, argument_names
+from ember.capture.interpreter import run_frame
+from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
+from ember.capture.values import (
+    EMPTY,
+    CellV,
+    Const,
+    DictV,
+    FuncV,
+    Lazy,
+    ListV,
+    ModuleV,
+    ObjV,
+    TensorV,
+    TupleV,
+    Value,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """What translating a frame produced, before a backend compiles the graph."""
+
+    code: types.CodeType
+    graph_module: torch.fx.GraphModule
+    example_inputs: list[torch.Tensor]
+    input_sources: list[Any]
+    output: Part
+    guards: guarding.GuardCollector
+    ops: int
+    seconds: float
+    user_location: str = field(default="")
+
+
+def translate(frame: Frame, backend_name: str) -> Translation:
+    """Capture ``frame`` as one graph; :class:`Unsupported` if it cannot be."""
+    start = time.perf_counter()
+    tracer = Tracer(backend_name=backend_name)
+    fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
+    result = run_frame(fs)  # symbolic execution of the bytecode
+    tensors: list[torch.fx.Node] = []
+    output = _output_part(fs, result, tensors)  # how to rebuild the return value
+    tracer.graph.output(tuple(tensors))  # graph outputs: every tensor in it
+    gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
+    gm.graph.lint()  # FX's own invariants (STYLE rule 10)
+    tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
+    tracer.guards.backend(backend_name)  # an entry never serves another backend
+    return Translation(
+        code=frame.code,
+        graph_module=gm,
+        example_inputs=tracer.example_inputs,
+        input_sources=tracer.input_sources,
+        output=output,
+        guards=tracer.guards,
+        ops=tracer.ops,
+        seconds=time.perf_counter() - start,
+        user_location=f"{frame.code.co_filename}:{frame.code.co_firstlineno}",
+    )
+
+
+def _top_frame(tracer: Tracer, frame: Frame) -> FrameState:
+    code = frame.code
+    fs = FrameState(
+        tracer=tracer,
+        code=code,
+        instrs=decode(code),
+        globals=frame.globals,
+        globals_source=guarding.global_,
+    )
+    for name, value in zip(argument_names(code), frame.args, strict=True):
+        fs.locals[name] = Lazy(value, source=guarding.local(name))
+    cells = frame.function.__closure__ or ()
+    for name, cell in zip(code.co_freevars, cells, strict=True):
+        try:
+            content: Any = Lazy(cell.cell_contents, source=guarding.cell(name))
+        except ValueError:
+            content = EMPTY
+        fs.cells[name] = CellV(tracer.heap.new(content, from_frame=True))
+    return fs
+
+
+def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part:
+    """The rebuild spec of the returned value; tensors are appended to ``tensors``."""
+    heap = fs.tracer.heap
+    if isinstance(v, TensorV):
+        if v.node not in tensors:
+            tensors.append(v.node)
+        return ("out", tensors.index(v.node))
+    if isinstance(v, Const):
+        return ("const", v.value)
+    if isinstance(v, TupleV):
+        return ("tuple", [_output_part(fs, x, tensors) for x in v.items])
+    if isinstance(v, ListV):
+        if v.ref in heap.from_frame and v.source is not None:
+            return ("source", v.source)
+        return ("list", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
+    if isinstance(v, DictV):
+        items = heap.get(v.ref).items()
+        return ("dict", [(k, _output_part(fs, x, tensors)) for k, x in items])
+    if isinstance(v, ModuleV | ObjV | FuncV) and v.source is not None:
+        return ("source", v.source)
+    if isinstance(v, ObjV) and isinstance(v.obj, type | types.ModuleType):
+        return ("const", v.obj)
+    raise Unsupported(f"returning a {type(v).__name__} made inside compiled code", "output")

@@ -1,0 +1,207 @@
+"""The symbolic values the translator keeps on its stack and in its locals.
+
+Every value is a small frozen dataclass. What a value *is* (a tensor in the
+graph, a Python constant, a user function to inline, a module, ...) is its
+class; what may be done with it lives in rule tables elsewhere
+(``call_rules.py``, the opcode handlers), not in methods here.
+
+Mutable Python containers built or read during tracing (lists, dicts,
+iterators, cells) are not stored inside values: a value holds a reference
+(``ref``) into the translation's :class:`Heap`, so two names bound to the same
+list see the same mutations, as in Python.
+
+A value read from the frame carries the *source* that reaches it
+(``ember.guards`` sources), which is how guards and graph inputs name it.
+
+>>> import torch
+>>> c = Const(3)
+>>> c.value, c.source is None
+(3, True)
+>>> heap = Heap()
+>>> lst = ListV(heap.new([c, Const("a")]))
+>>> [v.value for v in heap.get(lst.ref)]
+[3, 'a']
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = [
+    "NULL",
+    "CellV",
+    "Const",
+    "DictV",
+    "FuncV",
+    "Heap",
+    "IterV",
+    "Lazy",
+    "ListV",
+    "MethodV",
+    "ModuleV",
+    "Null",
+    "ObjV",
+    "TensorV",
+    "TupleV",
+    "Value",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Value:
+    """Base of every symbolic value. ``source`` says how the frame reaches it, if it does."""
+
+    source: Any = None  # an ember.guards source, or None for values made while tracing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Null(Value):
+    """The NULL that 3.11 pushes below a callable (``PUSH_NULL``, ``LOAD_GLOBAL`` with bit 0)."""
+
+
+NULL = Null()
+
+
+@dataclass(frozen=True, slots=True)
+class Const(Value):
+    """A Python value known while tracing: numbers, strings, None, dtypes, sizes, classes, ...
+
+    Constants read from the frame are guarded (their value, or their identity)
+    by whoever reads them; constants computed from other constants need no guard.
+    """
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TensorV(Value):
+    """A tensor in the graph: its FX node and a fake tensor with its metadata."""
+
+    node: torch.fx.Node
+    fake: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class TupleV(Value):
+    """A tuple of values (immutable, so held inline)."""
+
+    items: tuple[Value, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListV(Value):
+    """A list; its items live in the heap under ``ref``."""
+
+    ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class DictV(Value):
+    """A dict with constant keys; its ``{key: Value}`` lives in the heap under ``ref``."""
+
+    ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class IterV(Value):
+    """An iterator over a static sequence; the heap holds ``[remaining values]``."""
+
+    ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellV(Value):
+    """A closure cell; the heap holds its content (a Value) or ``EMPTY``."""
+
+    ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class FuncV(Value):
+    """A user Python function, inlined when called.
+
+    ``fn`` is the real function when the frame gave us one; functions made by
+    ``MAKE_FUNCTION`` while tracing have ``fn=None`` and carry their parts.
+    """
+
+    code: types.CodeType
+    globals: dict[str, Any]
+    fn: types.FunctionType | None = None
+    defaults: tuple[Value, ...] = ()
+    kwdefaults: tuple[tuple[str, Value], ...] = ()
+    closure: tuple[CellV, ...] = ()  # ordered like code.co_freevars
+    closure_cells: tuple[Any, ...] | None = None  # real cells, for real functions
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleV(Value):
+    """An ``nn.Module`` instance; calling it inlines its ``forward``."""
+
+    module: torch.nn.Module
+
+
+@dataclass(frozen=True, slots=True)
+class ObjV(Value):
+    """Any other Python object: torch functions, builtins, Python modules, user objects.
+
+    What can be done with it is decided by rule tables keyed by the object
+    itself (``call_rules.CALL_RULES``) or by its type.
+    """
+
+    obj: Any
+
+
+@dataclass(frozen=True, slots=True)
+class MethodV(Value):
+    """``self_value.name`` looked up as a method, not yet called."""
+
+    self_value: Value
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lazy(Value):
+    """A real object from the frame, wrapped (and so guarded) only when first used.
+
+    Locals and closure contents start lazy so that an argument the code never
+    reads adds no guard and no graph input.
+    """
+
+    obj: Any
+
+
+EMPTY = object()  # the content of a cell that has not been assigned
+
+
+@dataclass(slots=True)
+class Heap:
+    """The mutable state of one translation: list items, dict items, iterators, cells.
+
+    >>> heap = Heap()
+    >>> ref = heap.new([])
+    >>> heap.get(ref).append(Const(1)); len(heap.get(ref))
+    1
+    """
+
+    cells: dict[int, Any] = field(default_factory=dict)
+    # refs whose container came from the frame: mutating them is a side effect
+    # that issue 4's full-graph path does not replay, so it is unsupported.
+    from_frame: set[int] = field(default_factory=set)
+
+    def new(self, content: Any, *, from_frame: bool = False) -> int:
+        ref = len(self.cells)
+        self.cells[ref] = content
+        if from_frame:
+            self.from_frame.add(ref)
+        return ref
+
+    def get(self, ref: int) -> Any:
+        return self.cells[ref]
+
+    def set(self, ref: int, content: Any) -> None:
+        self.cells[ref] = content

@@ -1,0 +1,130 @@
+"""The backend registry: names -> ``(gm, example_inputs) -> callable`` compilers.
+
+A backend follows the contract of custom ``torch.compile`` backends, so one
+written for torch works with ember unchanged. Third-party packages register
+backends under the entry-point group ``ember.backends``.
+
+>>> "eager" in list_backends()
+True
+>>> @register_backend(name="double_check")
+... def double_check(gm, example_inputs):
+...     return gm.forward
+>>> lookup_backend("double_check") is double_check
+True
+>>> unregister_backend("double_check")
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
+
+ENTRY_POINT_GROUP = "ember.backends"
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(
+    fn: Backend | None = None, *, name: str | None = None
+) -> Backend | Callable[[Backend], Backend]:
+    """Register ``fn`` as a backend under ``name`` (default: its ``__name__``).
+
+    Use it as a decorator, with or without a name. A name is taken once.
+
+    >>> def noop(gm, example_inputs):
+    ...     return gm.forward
+    >>> register_backend(noop) is noop
+    True
+    >>> unregister_backend("noop")
+    """
+
+    def register(f: Backend) -> Backend:
+        key = name or f.__name__
+        if key in _BACKENDS:
+            raise ValueError(f"a backend named {key!r} is already registered")
+        _BACKENDS[key] = f
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a registered backend.
+
+    >>> unregister_backend("no-such-backend")
+    Traceback (most recent call last):
+    KeyError: "no backend named 'no-such-backend'"
+    """
+    if name not in _BACKENDS:
+        raise KeyError(f"no backend named {name!r}")
+    del _BACKENDS[name]
+
+
+def list_backends() -> list[str]:
+    """The names of every registered backend (entry points included), sorted.
+
+    >>> list_backends()[:1]
+    ['eager']
+    """
+    _load_entry_points()
+    return sorted(_BACKENDS)
+
+
+def lookup_backend(backend: str | Backend) -> Backend:
+    """The backend callable for a name, or ``backend`` itself if it is callable.
+
+    >>> lookup_backend("nonsense")
+    Traceback (most recent call last):
+    ValueError: unknown backend 'nonsense'; registered: eager
+    """
+    if callable(backend):
+        return backend
+    if backend not in _BACKENDS:
+        _load_entry_points()
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; registered: {', '.join(sorted(_BACKENDS))}")
+    return _BACKENDS[backend]
+
+
+def backend_name(backend: str | Backend) -> str:
+    """The name a backend's guard compares: the registered name, or the callable's qualname.
+
+    >>> backend_name("eager")
+    'eager'
+    """
+    if isinstance(backend, str):
+        return backend
+    for name, fn in _BACKENDS.items():
+        if fn is backend:
+            return name
+    qualname = getattr(backend, "__qualname__", type(backend).__qualname__)
+    return f"{getattr(backend, '__module__', '?')}.{qualname}#{id(backend):x}"
+
+
+_loaded = False
+
+
+def _load_entry_points() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in _BACKENDS:
+            _BACKENDS[ep.name] = ep.load()
+
+
+@register_backend(name="eager")
+def eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """Run the captured graph as it is, with PyTorch's own kernels.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> eager(gm, [torch.zeros(2)])(torch.zeros(2))
+    tensor([1., 1.])
+    """
+    return gm.forward

@@ -1,0 +1,155 @@
+"""``compile()``: wrap a function or module so that its calls run through ember."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+import torch
+
+from ember.capture import hook
+from ember.capture.frame_compiler import FrameCompiler, Stats
+from ember.compiler.backends import Backend, backend_name, lookup_backend
+from ember.guards import backend_scope
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CompiledFunction:
+    """What ``compile(fn)`` returns: call it like ``fn``; ``stats`` says what was captured."""
+
+    def __init__(self, fn: Callable[..., Any], compiler: FrameCompiler) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._compiler = compiler
+        self._scope = backend_scope(compiler.backend_name)
+        self._hook = hook.intercepting(compiler)
+
+    @property
+    def stats(self) -> Stats:
+        """Graphs compiled and frames that ran eagerly (with reasons), so far."""
+        return self._compiler.stats
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._scope, self._hook:
+            return self._fn(*args, **kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+
+# Methods of nn.Module that OptimizedModule answers from the original module, so that
+# parameters(), state_dict() keys, .to(), .train() behave exactly as on the original.
+_DELEGATED = (
+    "parameters", "named_parameters", "buffers", "named_buffers", "children",
+    "named_children", "modules", "named_modules", "state_dict", "load_state_dict",
+    "to", "cpu", "cuda", "half", "float", "double", "bfloat16", "type", "train", "eval",
+    "requires_grad_", "zero_grad", "apply", "register_forward_hook",
+    "register_forward_pre_hook", "register_full_backward_hook", "register_buffer",
+    "register_parameter", "add_module", "get_submodule", "get_parameter", "extra_repr",
+)  # fmt: skip
+
+
+class OptimizedModule(torch.nn.Module):
+    """What ``compile(module)`` returns: an ``nn.Module`` whose ``forward`` is compiled.
+
+    Attributes, parameters, ``state_dict()`` keys, ``.to()``, ``.train()``/``.eval()``
+    go to the original module, kept at ``_orig_mod``.
+
+    >>> import torch, ember.compiler
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> opt = ember.compiler.compile(lin)
+    >>> opt._orig_mod is lin, list(opt.state_dict()) == list(lin.state_dict())
+    (True, True)
+    """
+
+    def __init__(self, module: torch.nn.Module, compiler: FrameCompiler) -> None:
+        super().__init__()
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_compiler", compiler)
+        object.__setattr__(self, "_scope", backend_scope(compiler.backend_name))
+        object.__setattr__(self, "_hook", hook.intercepting(compiler))
+        for name in _DELEGATED:
+            object.__setattr__(self, name, _returning_self(self, getattr(module, name)))
+
+    @property
+    def stats(self) -> Stats:
+        """Graphs compiled and frames that ran eagerly (with reasons), so far."""
+        return self._compiler.stats  # type: ignore[no-any-return]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self._scope, self._hook:  # type: ignore[attr-defined]
+            return self._orig_mod(*args, **kwargs)  # type: ignore[operator]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_orig_mod"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._orig_mod, name, value)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"OptimizedModule({self._orig_mod!r})"
+
+
+def _returning_self(opt: OptimizedModule, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of the original, returning the OptimizedModule where it returned the original."""
+
+    @functools.wraps(method)
+    def delegate(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        return opt if result is opt.__dict__["_orig_mod"] else result
+
+    return delegate
+
+
+@overload
+def compile(
+    model: torch.nn.Module, *, backend: str | Backend = ..., fullgraph: bool = ...
+) -> OptimizedModule: ...
+@overload
+def compile(model: F, *, backend: str | Backend = ..., fullgraph: bool = ...) -> CompiledFunction: ...
+@overload
+def compile(
+    model: None = ..., *, backend: str | Backend = ..., fullgraph: bool = ...
+) -> Callable[[F], CompiledFunction]: ...
+
+
+def compile(  # noqa: A001 - the name users know from torch.compile
+    model: Any = None, *, backend: str | Backend = "eager", fullgraph: bool = False
+) -> Any:
+    """Compile a function or ``nn.Module`` with ember.
+
+    Each call of the result runs the original code with ember's frame hook
+    enabled on the calling thread: frames are captured into graphs, handed to
+    ``backend`` (a registered name, or any ``(gm, example_inputs) -> callable``
+    as for ``torch.compile``), guarded, cached and reused. A frame ember cannot
+    capture as one graph runs eagerly, its reason recorded in ``.stats``; with
+    ``fullgraph=True`` that raises :class:`ember.compiler.FullGraphError` naming
+    the file and line instead.
+
+    >>> import torch, ember.compiler
+    >>> def f(x, y):
+    ...     return torch.sin(x) + y * 2
+    >>> cf = ember.compiler.compile(f)
+    >>> x, y = torch.randn(4), torch.randn(4)
+    >>> torch.allclose(cf(x, y), f(x, y))
+    True
+    >>> cf.stats.graphs
+    1
+    """
+    if model is None:
+        return lambda m: compile(m, backend=backend, fullgraph=fullgraph)
+    fn = lookup_backend(backend)
+    name = backend_name(backend)
+    if isinstance(model, torch.nn.Module):
+        forward = type(model).forward
+        entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
+        compiler = FrameCompiler(fn, name, fullgraph=fullgraph, entry_codes=entry)
+        return OptimizedModule(model, compiler)
+    if not callable(model):
+        raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
+    target = getattr(model, "__func__", model)
+    entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
+    return CompiledFunction(model, FrameCompiler(fn, name, fullgraph=fullgraph, entry_codes=entry))

@@ -1,0 +1,52 @@
+"""Helpers for testing code compiled with ember.
+
+>>> import torch, ember.compiler
+>>> counter = CompileCounter()
+>>> f = ember.compiler.compile(lambda x: torch.relu(x) * 2, backend=counter)
+>>> _ = f(torch.ones(3)); _ = f(torch.ones(3))
+>>> counter.frame_count, counter.op_count
+(1, 2)
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CompileCounter"]
+
+
+class CompileCounter:
+    """A backend that counts the graphs (frames) and ops it is handed, then runs them eagerly.
+
+    ``graphs`` keeps every GraphModule received, in order, for tests to inspect.
+
+    >>> counter = CompileCounter()
+    >>> counter.frame_count, counter.op_count, counter.graphs
+    (0, 0, [])
+    """
+
+    def __init__(self) -> None:
+        self.frame_count = 0
+        self.op_count = 0
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
+    ) -> Callable[..., Any]:
+        self.frame_count += 1
+        self.op_count += sum(
+            n.op in ("call_function", "call_method") and n.target is not operator.getitem
+            for n in gm.graph.nodes
+        )
+        self.graphs.append(gm)
+        return gm.forward
+
+    def clear(self) -> None:
+        """Forget what was counted."""
+        self.frame_count = self.op_count = 0
+        self.graphs.clear()
+
