@@ -11,12 +11,16 @@ import doctest
 import importlib
 import os
 import pkgutil
+import sys
 from collections.abc import Callable
 
 import pytest
 
 # IR checkers run after every pass in tests (see STYLE.md, rule 10).
 os.environ.setdefault("EMBER_CHECK", "1")
+
+# The model zoo (benchmarks/models) is shared by tests, the demo and the benchmarks.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks"))
 
 
 def _modules(package: str) -> list[str]:

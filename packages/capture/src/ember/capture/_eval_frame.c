@@ -423,21 +423,12 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
 
 /* ------------------------------------------------------- Python API -- */
 
+/* Make `callback` (NULL, Py_False or a callable; borrowed) this thread's callback,
+ * installing or removing the eval function as threads come and go. Returns the
+ * previous callback as a new reference (NULL for none). */
 static PyObject *
-set_callback(PyObject *mod, PyObject *callback)
+swap_callback(ThreadState *ts, PyObject *callback)
 {
-    ThreadState *ts = thread_state();
-    if (ts == NULL) {
-        return NULL;
-    }
-    if (callback == Py_None) {
-        callback = NULL;
-    }
-    else if (callback != Py_False && !PyCallable_Check(callback)) {
-        return PyErr_Format(PyExc_TypeError,
-                            "callback must be a callable, False (run-only) or None, not %R",
-                            callback);
-    }
     PyObject *old = ts->callback;
     if (callback != NULL) {
         active_threads += old == NULL;
@@ -447,10 +438,66 @@ set_callback(PyObject *mod, PyObject *callback)
         uninstall_hook();
     }
     ts->callback = Py_XNewRef(callback);
-    if (old == NULL) {
-        Py_RETURN_NONE;
-    }
     return old; /* the reference ts held */
+}
+
+static int
+check_callback(PyObject *callback)
+{
+    if (callback == Py_None || callback == Py_False || PyCallable_Check(callback)) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "callback must be a callable, False (run-only) or None, not %R",
+                 callback);
+    return -1;
+}
+
+static PyObject *
+set_callback(PyObject *mod, PyObject *callback)
+{
+    ThreadState *ts = thread_state();
+    if (ts == NULL || check_callback(callback) < 0) {
+        return NULL;
+    }
+    PyObject *old = swap_callback(ts, callback == Py_None ? NULL : callback);
+    return old == NULL ? Py_NewRef(Py_None) : old;
+}
+
+/* call_with_callback(callback, var, value, fn, *args, **kwargs): fn(*args, **kwargs)
+ * with `callback` as this thread's callback and the context variable `var` set to
+ * `value` (var may be None), both restored afterwards. What ember.compiler's
+ * compiled callables run on every call: one C call instead of two context managers. */
+static PyObject *
+call_with_callback(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs < 4) {
+        return PyErr_Format(PyExc_TypeError,
+                            "call_with_callback(callback, var, value, fn, *args, **kwargs)");
+    }
+    PyObject *callback = args[0], *var = args[1], *value = args[2], *fn = args[3];
+    ThreadState *ts = thread_state();
+    if (ts == NULL || check_callback(callback) < 0) {
+        return NULL;
+    }
+    PyObject *token = NULL;
+    if (var != Py_None) {
+        token = PyContextVar_Set(var, value);
+        if (token == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *old = swap_callback(ts, callback == Py_None ? NULL : callback);
+    PyObject *result = PyObject_Vectorcall(fn, args + 4, nargs - 4, kwnames);
+    PyObject *mine = swap_callback(ts, old);
+    Py_XDECREF(old);
+    Py_XDECREF(mine);
+    if (token != NULL) {
+        if (PyContextVar_Reset(var, token) < 0) {
+            Py_CLEAR(result);
+        }
+        Py_DECREF(token);
+    }
+    return result;
 }
 
 static PyObject *
@@ -597,6 +644,10 @@ call_unhooked(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef methods[] = {
+    {"call_with_callback", (PyCFunction)(void (*)(void))call_with_callback,
+     METH_FASTCALL | METH_KEYWORDS,
+     "call_with_callback(callback, var, value, fn, *args, **kwargs): fn(*args, **kwargs) with "
+     "callback set on this thread and context variable var set to value."},
     {"call_unhooked", (PyCFunction)(void (*)(void))call_unhooked, METH_FASTCALL,
      "call_unhooked(fn, *args): fn(*args) with no frame intercepted on this thread."},
     {"set_callback", set_callback, METH_O,

@@ -43,6 +43,7 @@ CONSTANT_TYPES: tuple[type, ...] = (
     range,
     slice,
     enum.Enum,
+    types.CodeType,
 )
 
 # Python modules whose attributes are taken as they are, unguarded: ember

@@ -35,7 +35,7 @@ from ember.capture.values import (
 )
 
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
-CO_UNTRACEABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+CO_UNTRACEABLE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
 Args = list[Value]
 Kwargs = dict[str, Value]
@@ -117,7 +117,7 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
 
     code = func.code
     if code.co_flags & CO_UNTRACEABLE:
-        raise Unsupported(f"calling generator or coroutine function {code.co_name}", "call")
+        raise Unsupported(f"calling coroutine function {code.co_name}", "call")
     if (
         func.fn is not None
         and not func.defaults
@@ -135,6 +135,14 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
         depth=fs.depth + 1,
     )
     child.cells.update(_closure_cells(fs, func))
+    if code.co_flags & inspect.CO_GENERATOR:
+        # Run the generator to completion now; the caller consumes its yields. Sound
+        # while the generator and its consumer do not interleave side effects.
+        child.yields = []
+        run_frame(child)
+        from ember.capture.pyrules import make_iter  # noqa: PLC0415 - pyrules imports calls
+
+        return make_iter(fs, child.yields)
     return run_frame(child)
 
 

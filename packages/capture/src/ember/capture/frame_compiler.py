@@ -58,11 +58,11 @@ class Compiled:
     """One successful translation, as the stats keep it."""
 
     code: str
-    graph: torch.fx.GraphModule
+    graph: torch.fx.GraphModule = field(repr=False)
     ops: int
-    guards: GuardSet
+    guards: GuardSet = field(repr=False)
     seconds: float
-    replacement_source: str
+    replacement_source: str = field(repr=False)
 
 
 @dataclass
@@ -71,6 +71,7 @@ class Stats:
 
     compiled: list[Compiled] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # frames with no tensor operations
 
     @property
     def graphs(self) -> int:
@@ -125,6 +126,10 @@ class FrameCompiler:
             translation = translate(frame, self.backend_name)
         except Unsupported as e:
             return self._failed(frame, cache, e)
+        if translation.ops == 0:
+            # Nothing for a backend to do: running the frame as it is costs less.
+            self.stats.skipped.append(cache.name)
+            return Decision.SKIP if not cache.entries else Decision.RUN
         return self._compile(frame, cache, translation)
 
     def _failed(self, frame: Frame, cache: CodeCache[Any], e: Unsupported) -> Decision:

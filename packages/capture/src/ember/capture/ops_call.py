@@ -75,3 +75,22 @@ def MAKE_FUNCTION(fs: FrameState, inst: Instr) -> None:
 @handler("RETURN_VALUE")
 def RETURN_VALUE(fs: FrameState, inst: Instr) -> None:
     fs.result = fs.pop()
+
+
+# Generators consumed inside the frame run to completion when called; their yields
+# become the iterator the caller consumes (see calls.inline).
+
+
+@handler("RETURN_GENERATOR")
+def RETURN_GENERATOR(fs: FrameState, inst: Instr) -> None:
+    if fs.yields is None:
+        raise Unsupported("a generator frame outside of a call that consumes it", "generator")
+    fs.push(Const(None))  # what the first next() sends; the prologue's POP_TOP drops it
+
+
+@handler("YIELD_VALUE")
+def YIELD_VALUE(fs: FrameState, inst: Instr) -> None:
+    if fs.yields is None:
+        raise Unsupported("yield outside of a generator ember runs", "generator")
+    fs.yields.append(fs.pop())
+    fs.push(Const(None))  # next() sends None

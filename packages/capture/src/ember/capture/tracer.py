@@ -179,6 +179,7 @@ class FrameState:
     parent: FrameState | None = None
     depth: int = 0
     current: Instr | None = None
+    yields: list[Value] | None = None  # a generator's yielded values (None: not a generator)
 
     def push(self, value: Value) -> None:
         self.stack.append(value)

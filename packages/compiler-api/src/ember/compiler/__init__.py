@@ -22,7 +22,7 @@ from ember.capture.calls import allow_in_graph, disallow_in_graph
 from ember.capture.frame_compiler import Failure, FullGraphError, Stats
 from ember.capture.frame_compiler import reset as _reset
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
-from ember.compiler.compile import CompiledFunction, OptimizedModule, compile
+from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [

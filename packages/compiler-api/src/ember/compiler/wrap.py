@@ -12,32 +12,54 @@ import torch
 from ember.capture import hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler.backends import Backend, backend_name, lookup_backend
-from ember.guards import backend_scope
+from ember.guards.state import _BACKEND as BACKEND_VAR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class CompiledFunction:
-    """What ``compile(fn)`` returns: call it like ``fn``; ``stats`` says what was captured."""
+class CompiledFunction(functools.partial[Any]):
+    """What ``compile(fn)`` returns: call it like ``fn``; ``stats`` says what was captured.
 
-    def __init__(self, fn: Callable[..., Any], compiler: FrameCompiler) -> None:
-        functools.update_wrapper(self, fn)
-        self._fn = fn
+    A ``functools.partial`` over ember's C entry point, so that calling it adds
+    no Python frame: the call sets the thread's frame callback and the current
+    backend, calls ``fn``, and restores both.
+
+    >>> import ember.compiler
+    >>> cf = ember.compiler.compile(lambda x: x + 1)
+    >>> cf(1), cf.stats.graphs
+    (2, 0)
+    """
+
+    _compiler: FrameCompiler
+
+    def __new__(cls, fn: Callable[..., Any], compiler: FrameCompiler) -> CompiledFunction:
+        self = super().__new__(
+            cls, *_entry_args(compiler), fn
+        )
         self._compiler = compiler
-        self._scope = backend_scope(compiler.backend_name)
-        self._hook = hook.intercepting(compiler)
+        functools.update_wrapper(self, fn)
+        return self
 
     @property
     def stats(self) -> Stats:
         """Graphs compiled and frames that ran eagerly (with reasons), so far."""
         return self._compiler.stats
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self._scope, self._hook:
-            return self._fn(*args, **kwargs)
-
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<ember compiled {getattr(self, '__qualname__', self.func)!r}>"
+
+
+def _entry_args(compiler: FrameCompiler) -> tuple[Any, ...]:
+    """The leading arguments of ``call_with_callback`` for calls compiled by ``compiler``."""
+    bound = hook.bound_call(compiler, _unused, BACKEND_VAR, compiler.backend_name)
+    return (bound.func, *bound.args[:-1])
+
+
+def _unused() -> None:  # pragma: no cover - only a placeholder fn for bound_call's arguments
+    raise AssertionError
 
 
 # Methods of nn.Module that OptimizedModule answers from the original module, so that
@@ -69,8 +91,7 @@ class OptimizedModule(torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiler", compiler)
-        object.__setattr__(self, "_scope", backend_scope(compiler.backend_name))
-        object.__setattr__(self, "_hook", hook.intercepting(compiler))
+        object.__setattr__(self, "_call", functools.partial(*_entry_args(compiler), module))
         for name in _DELEGATED:
             object.__setattr__(self, name, _returning_self(self, getattr(module, name)))
 
@@ -80,8 +101,7 @@ class OptimizedModule(torch.nn.Module):
         return self._compiler.stats  # type: ignore[no-any-return]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with self._scope, self._hook:  # type: ignore[attr-defined]
-            return self._orig_mod(*args, **kwargs)  # type: ignore[operator]
+        return self._call(*args, **kwargs)  # type: ignore[operator]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_orig_mod"], name)
