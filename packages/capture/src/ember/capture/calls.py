@@ -179,6 +179,8 @@ def _closure_cells(fs: FrameState, func: FuncV) -> dict[str, Value]:
 
 def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(f, FuncV)
+    if f.fn is not None and in_graph(f.fn):  # allow_in_graph: one node, not traced into
+        return graph_call(fs, "call_function", f.fn, args, kwargs)
     return inline(fs, f, args, kwargs)
 
 

@@ -78,14 +78,17 @@ class Stats:
         return len(self.compiled)
 
 
+# Code ember never compiles unless it is the code the user asked to compile: torch's
+# own, the standard library's, and installed third-party packages' (site-packages).
 _SKIPPED_DIRS = tuple(
-    os.path.join(p, "")
-    for p in {
-        os.path.dirname(torch.__file__),
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["platstdlib"],
-    }
-)
+    sorted(
+        os.path.join(p, "")
+        for p in {
+            os.path.dirname(torch.__file__),
+            *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+        }
+    )
+) + ("<frozen ",)  # frozen standard-library modules (codecs, os, ...)
 
 _caches: weakref.WeakKeyDictionary[types.CodeType, CodeCache[Any]] = weakref.WeakKeyDictionary()
 

@@ -72,9 +72,25 @@ def graph_call(
         # A genuine user error (shape mismatch, bad dtype): eager raises it for real.
         raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", "call") from e
     if not _contains_tensor(fake):
+        if mutates(target, node_kwargs):
+            fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
         return Const(fake)  # sizes, bools, numbers computed from static metadata
     node = fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
     return wrap_output(fs, node, fake)
+
+
+def mutates(target: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether an operation may write to its arguments (so its node is kept whatever it returns).
+
+    >>> mutates(operator.setitem, {}), mutates("add_", {}), mutates("size", {}), mutates("__iadd__", {})
+    (True, True, False, True)
+    """
+    name = _name(target)
+    if target is operator.setitem or "out" in kwargs:
+        return True
+    if name.startswith("__i") and name.endswith("__"):
+        return True  # __iadd__ and friends
+    return name.endswith("_") and not name.endswith("__")
 
 
 def wrap_output(fs: FrameState, node: Any, fake: Any) -> Value:

@@ -1,0 +1,286 @@
+"""ember.compiler.compile's contract: fallbacks, errors, threads, modules, backends, caches."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import warnings
+
+import pytest
+import torch
+
+import ember.compiler
+from ember.compiler.testing import CompileCounter
+from ember.guards import CacheLimitWarning
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    ember.compiler.reset()
+    yield
+    ember.compiler.reset()
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as fh:
+        return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(marker))
+
+
+# -- frames ember cannot capture -------------------------------------------------------------
+
+
+def prints(x):
+    y = x + 1
+    print("side effect")  # LINE: print
+    return y * 2
+
+
+def reads_item(x):
+    if x.sum().item() > 0:  # LINE: item
+        return x + 1
+    return x - 1
+
+
+def branches_on_tensor(x):
+    if x.sum() > 0:  # LINE: tensor branch
+        return x + 1
+    return x - 1
+
+
+@pytest.mark.parametrize(
+    ("fn", "marker", "words"),
+    [
+        (prints, "# LINE: print", "print"),
+        (reads_item, "# LINE: item", ".item()"),
+        (branches_on_tensor, "# LINE: tensor branch", "branching on a tensor"),
+    ],
+)
+def test_fullgraph_error_names_the_users_file_and_line(fn, marker, words):
+    compiled = ember.compiler.compile(fn, fullgraph=True)
+    with pytest.raises(ember.compiler.FullGraphError) as info:
+        compiled(torch.randn(4))
+    message = str(info.value)
+    assert f'File "{__file__}", line {_line_of(marker)}' in message
+    assert words in message
+
+
+@pytest.mark.parametrize("fn", [prints, reads_item, branches_on_tensor])
+def test_unsupported_frames_run_eagerly_with_a_recorded_reason(fn, capsys):
+    x = torch.randn(4)
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(fn, backend=counter)
+    torch.testing.assert_close(compiled(x), fn(x))
+    torch.testing.assert_close(compiled(x), fn(x))
+    (failure,) = compiled.stats.failures  # decided once, then the code runs eagerly
+    assert failure.location.startswith(f'File "{__file__}"')
+    assert failure.reason and failure.category
+    assert counter.frame_count == 0
+
+
+def test_mutating_an_input_list_falls_back_to_eager():
+    def appends(xs):
+        xs.append(xs[0] * 2)
+        return xs[-1]
+
+    items = [torch.ones(2)]
+    compiled = ember.compiler.compile(appends)
+    compiled(items)
+    assert len(items) == 2
+    assert compiled.stats.failures[0].category == "side-effect"
+
+
+def test_inplace_mutation_of_an_input_tensor_is_visible_to_the_caller():
+    def bump(x):
+        x.add_(1)
+        return x * 2
+
+    x, y = torch.zeros(3), torch.zeros(3)
+    compiled = ember.compiler.compile(bump)
+    torch.testing.assert_close(compiled(x), bump(y))
+    torch.testing.assert_close(x, y)
+    assert compiled.stats.graphs == 1
+
+
+# -- exceptions and bad input ----------------------------------------------------------------
+
+
+def raises(x):
+    if x.dim() != 2:
+        raise ValueError("expected a matrix")  # LINE: raise
+    return x.t()
+
+
+def test_exception_raised_by_user_code_matches_eager():
+    compiled = ember.compiler.compile(raises)
+    with pytest.raises(ValueError, match="expected a matrix") as info:
+        compiled(torch.randn(3))
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert (frames[-1].filename, frames[-1].lineno) == (__file__, _line_of("# LINE: raise"))
+    torch.testing.assert_close(compiled(torch.ones(2, 3)), torch.ones(3, 2))
+
+
+def test_shape_errors_are_eagers_errors():
+    def mm(a, b):
+        return a @ b
+
+    compiled = ember.compiler.compile(mm)
+    with pytest.raises(RuntimeError) as mine:
+        compiled(torch.randn(2, 3), torch.randn(4, 5))
+    with pytest.raises(RuntimeError) as theirs:
+        mm(torch.randn(2, 3), torch.randn(4, 5))
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_wrong_arguments_raise_the_same_type_error():
+    def f(x, *, k):
+        return x * k
+
+    compiled = ember.compiler.compile(f)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument"):
+        compiled(torch.ones(2))
+    with pytest.raises(TypeError, match="positional argument"):
+        compiled(torch.ones(2), 3)
+
+
+@pytest.mark.parametrize("bad", [None, 3, "model"])
+def test_compile_rejects_what_it_cannot_wrap(bad):
+    with pytest.raises(TypeError):
+        ember.compiler.compile(bad)(1) if bad is None else ember.compiler.compile(bad)
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+
+def test_threads_share_a_compiled_function():
+    def f(x):
+        return torch.tanh(x) * 2 + 1
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(20):
+                x = torch.randn(n + i % 2)
+                torch.testing.assert_close(compiled(x), f(x))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (3, 5, 7)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert counter.frame_count == 6  # one per shape, shared by the threads
+
+
+# -- OptimizedModule -------------------------------------------------------------------------
+
+
+def test_optimized_module_is_the_original_module_for_everything_but_forward():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = ember.compiler.compile(model)
+    assert isinstance(opt, torch.nn.Module) and isinstance(opt, ember.compiler.OptimizedModule)
+    assert opt._orig_mod is model
+    assert list(opt.state_dict()) == list(model.state_dict())
+    assert [id(p) for p in opt.parameters()] == [id(p) for p in model.parameters()]
+    assert opt.training is model.training and opt.get_submodule("0") is model[0]
+    assert opt.to(torch.float64) is opt and model[0].weight.dtype == torch.float64
+    assert opt.eval() is opt and not model.training
+    opt.custom = 5
+    assert model.custom == 5
+    opt.load_state_dict(model.state_dict())
+    assert "OptimizedModule" in repr(opt)
+
+
+# -- backends and caches ----------------------------------------------------------------------
+
+
+def test_backends_registry():
+    assert "eager" in ember.compiler.list_backends()
+    with pytest.raises(ValueError, match="unknown backend"):
+        ember.compiler.compile(lambda x: x, backend="no-such-backend")
+
+    @ember.compiler.register_backend(name="test_registry_backend")
+    def mine(gm, example_inputs):
+        return gm.forward
+
+    try:
+        assert "test_registry_backend" in ember.compiler.list_backends()
+        with pytest.raises(ValueError, match="already registered"):
+            ember.compiler.register_backend(mine, name="test_registry_backend")
+    finally:
+        from ember.compiler.backends import unregister_backend
+
+        unregister_backend("test_registry_backend")
+
+
+def test_one_function_under_two_backends_keeps_two_entries():
+    def f(x):
+        return x.sin() + 1
+
+    first, second = CompileCounter(), CompileCounter()
+    a = ember.compiler.compile(f, backend=first)
+    b = ember.compiler.compile(f, backend=second)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(a(x), f(x))
+        torch.testing.assert_close(b(x), f(x))
+    assert (first.frame_count, second.frame_count) == (1, 1)
+
+
+def test_cache_limit_warns_once_and_then_runs_eagerly():
+    def f(x):
+        return x * 2
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, 13):
+            torch.testing.assert_close(compiled(torch.ones(n)), torch.ones(n) * 2)
+    limit_warnings = [w for w in caught if issubclass(w.category, CacheLimitWarning)]
+    assert len(limit_warnings) == 1
+    assert "size[0]" in str(limit_warnings[0].message)
+    assert counter.frame_count == 8
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.ones(3) * 2)  # a hit still
+
+
+def test_reset_forgets_translations():
+    def f(x):
+        return x + 1
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    compiled(torch.ones(2))
+    ember.compiler.reset()
+    compiled(torch.ones(2))
+    assert counter.frame_count == 2
+
+
+def test_allow_in_graph_records_one_node():
+    def opaque(x):
+        return x.cos() + x.sin()
+
+    ember.compiler.allow_in_graph(opaque)
+    counter = CompileCounter()
+    try:
+        compiled = ember.compiler.compile(lambda x: opaque(x) * 2, backend=counter)
+        torch.testing.assert_close(compiled(torch.ones(3)), opaque(torch.ones(3)) * 2)
+        targets = [n.target for n in counter.graphs[0].graph.nodes if n.op == "call_function"]
+        assert opaque in targets
+    finally:
+        ember.compiler.disallow_in_graph(opaque)
+
+
+def test_global_rebinding_is_guarded():
+    namespace: dict[str, object] = {"torch": torch, "K": 2.0}
+    exec("def f(x):\n    return x * K\n", namespace)
+    compiled = ember.compiler.compile(namespace["f"])
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), x * 2)
+    namespace["K"] = 5.0
+    torch.testing.assert_close(compiled(x), x * 5)
+    assert compiled.stats.graphs == 2
