@@ -4,6 +4,7 @@
     python3 -m nox -s isolation      # each package installed alone (with its declared deps only)
     python3 -m nox -s typecheck      # mypy --strict over every package
     python3 -m nox -s lint           # ruff check + ruff format --check, C warnings as errors
+    python3 -m nox -s demo           # compile the model zoo, print what was captured and speed
     python3 -m nox -s bench          # the benchmarks under benchmarks/ (not part of CI)
 
 Every session installs under ``ci/constraints.txt`` (torch 2.13.0, CPU build)
@@ -145,10 +146,22 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """Compile the model zoo and print graphs, ops, guards, compile time and speed vs eager."""
+    editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
+    _install(session, *editable)
+    session.run("python", "benchmarks/demo.py", *session.posargs, env=_BENCH_ENV)
+
+
+@nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Run the benchmarks under benchmarks/ (prints ratios; asserts nothing)."""
     editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
     _install(session, *editable)
-    env = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
-        session.run("python", str(script), *session.posargs, env=env)
+        session.run("python", str(script), *session.posargs, env=_BENCH_ENV)
+
+
+# glibc returns large blocks to the OS on every free unless told otherwise, which makes
+# eager timings vary up to 3x between processes; every timed run gets the same settings.
+_BENCH_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}

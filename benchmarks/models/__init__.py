@@ -159,7 +159,9 @@ class Heads(nn.Module):
         self.trunk = nn.Sequential(nn.Linear(16, 32), nn.Tanh())
         self.heads = nn.ModuleDict({"cls": nn.Linear(32, 5), "reg": nn.Linear(32, 1)})
 
-    def forward(self, x: torch.Tensor, *, which: tuple[str, ...] = ("cls", "reg")) -> dict[str, Any]:
+    def forward(
+        self, x: torch.Tensor, *, which: tuple[str, ...] = ("cls", "reg")
+    ) -> dict[str, Any]:
         h = self.trunk(x)
         return {name: self.heads[name](h) for name in which}
 
