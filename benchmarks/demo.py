@@ -63,7 +63,8 @@ def main() -> None:
         eagerly = "; ".join(f"{f.reason} ({f.location.splitlines()[0]})" for f in stats.failures)
         print(
             f"{name:<20}{stats.graphs:>7}{ops:>6}{guards:>8}{compile_s:>11.2f}"
-            f"{eager_t * 1e3:>10.3f}{ember_t * 1e3:>10.3f}{ember_t / eager_t:>8.2f}  {eagerly or '-'}"
+            f"{eager_t * 1e3:>10.3f}{ember_t * 1e3:>10.3f}{ember_t / eager_t:>8.2f}"
+            f"  {eagerly or '-'}"
         )
         if name == args.show and stats.compiled:
             shown = stats.compiled[0]

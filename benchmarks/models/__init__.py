@@ -11,6 +11,7 @@ eager and compiled runs can start from identical state.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ class Case:
 class MLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...] = (32, 64, 64, 10)) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:], strict=False))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
         self.act = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -164,7 +164,7 @@ def test_threads_share_a_compiled_function():
             for i in range(20):
                 x = torch.randn(n + i % 2)
                 torch.testing.assert_close(compiled(x), f(x))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in (3, 5, 7)]

@@ -94,7 +94,7 @@ def _class_attribute(
     if isinstance(cls_attr, types.FunctionType):
         return MethodV(v, name)
     if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
-        from ember.capture.calls import call_value  # noqa: PLC0415 - calls imports attrs
+        from ember.capture.calls import call_value
 
         fget = FuncV(cls_attr.fget.__code__, cls_attr.fget.__globals__, fn=cls_attr.fget)
         return call_value(fs, fget, [v], {})

@@ -156,7 +156,7 @@ WRAP_RULES: list[tuple[type | tuple[type, ...], Callable[[Tracer, Any, Any], Val
     (CONSTANT_TYPES, _wrap_constant),
     (list, _wrap_list),
     (dict, _wrap_dict),
-    (types.FunctionType | types.BuiltinFunctionType, _wrap_function),
+    ((types.FunctionType, types.BuiltinFunctionType), _wrap_function),
     (object, _wrap_object),
 ]
 

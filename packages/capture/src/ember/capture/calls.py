@@ -113,7 +113,7 @@ def function_value(fs: FrameState, fn: types.FunctionType, source: Any) -> FuncV
 
 def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
     """Run ``func`` in a nested interpreter; its return value."""
-    from ember.capture.interpreter import run_frame  # noqa: PLC0415 - interpreter imports calls
+    from ember.capture.interpreter import run_frame
 
     code = func.code
     if code.co_flags & CO_UNTRACEABLE:
@@ -140,14 +140,14 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
         # while the generator and its consumer do not interleave side effects.
         child.yields = []
         run_frame(child)
-        from ember.capture.pyrules import make_iter  # noqa: PLC0415 - pyrules imports calls
+        from ember.capture.pyrules import make_iter
 
         return make_iter(fs, child.yields)
     return run_frame(child)
 
 
 def _globals_source(fs: FrameState, func: FuncV) -> Callable[[str], Any]:
-    """How the inlined function's globals are reached: the same dict as the caller, or its module."""
+    """How an inlined function's globals are reached: the caller's dict, or its module's."""
     if func.globals is fs.globals:
         return fs.globals_source
     module = func.globals.get("__name__")
@@ -167,7 +167,7 @@ def _closure_cells(fs: FrameState, func: FuncV) -> dict[str, Value]:
         try:
             content: Any = Lazy(cell.cell_contents, source=source)
         except ValueError:  # an empty cell
-            from ember.capture.values import EMPTY  # noqa: PLC0415
+            from ember.capture.values import EMPTY
 
             content = EMPTY
         out[name] = CellV(fs.tracer.heap.new(content, from_frame=True))
@@ -198,7 +198,7 @@ def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as mod  # noqa: PLC0415
+    from torch.nn.modules import module as mod
 
     own = (
         module._forward_hooks,
@@ -216,7 +216,7 @@ def _has_hooks(module: torch.nn.Module) -> bool:
 
 def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(m, MethodV)
-    from ember.capture.pyrules import call_python_method  # noqa: PLC0415
+    from ember.capture.pyrules import call_python_method
 
     self_value = m.self_value
     if isinstance(self_value, TensorV):
@@ -253,7 +253,7 @@ def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwa
 
 def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(f, ObjV | Const)
-    from ember.capture.pyrules import call_python_object  # noqa: PLC0415
+    from ember.capture.pyrules import call_python_object
 
     obj = f.obj if isinstance(f, ObjV) else f.value
     if in_graph(obj):

@@ -80,15 +80,16 @@ class Stats:
 
 # Code ember never compiles unless it is the code the user asked to compile: torch's
 # own, the standard library's, and installed third-party packages' (site-packages).
-_SKIPPED_DIRS = tuple(
-    sorted(
+_SKIPPED_DIRS = (
+    *sorted(
         os.path.join(p, "")
         for p in {
             os.path.dirname(torch.__file__),
             *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
         }
-    )
-) + ("<frozen ",)  # frozen standard-library modules (codecs, os, ...)
+    ),
+    "<frozen ",  # frozen standard-library modules (codecs, os, ...)
+)
 
 _caches: weakref.WeakKeyDictionary[types.CodeType, CodeCache[Any]] = weakref.WeakKeyDictionary()
 
@@ -171,7 +172,7 @@ class FrameCompiler:
 
 def reset() -> None:
     """Forget every cache entry, skip decision and recompilation record."""
-    from ember import guards  # noqa: PLC0415
+    from ember import guards
 
     hook.reset()
     guards.reset()

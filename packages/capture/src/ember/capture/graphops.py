@@ -65,9 +65,10 @@ def graph_call(
         with fs.tracer.fake_mode:
             fake = fn(*call_args, **fake_kwargs)
     except DATA_DEPENDENT as e:
-        raise Unsupported(f"{_name(target)} has a data-dependent output ({e})", "data-dependent")
+        reason = f"{_name(target)} has a data-dependent output ({e})"
+        raise Unsupported(reason, "data-dependent") from None
     except UnsupportedOperatorException as e:
-        raise Unsupported(f"{_name(target)} cannot run on fake tensors ({e})", "call")
+        raise Unsupported(f"{_name(target)} cannot run on fake tensors ({e})", "call") from None
     except Exception as e:
         # A genuine user error (shape mismatch, bad dtype): eager raises it for real.
         raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", "call") from e
@@ -82,8 +83,10 @@ def graph_call(
 def mutates(target: Any, kwargs: dict[str, Any]) -> bool:
     """Whether an operation may write to its arguments (so its node is kept whatever it returns).
 
-    >>> mutates(operator.setitem, {}), mutates("add_", {}), mutates("size", {}), mutates("__iadd__", {})
-    (True, True, False, True)
+    >>> mutates(operator.setitem, {}), mutates("add_", {}), mutates("size", {})
+    (True, True, False)
+    >>> mutates("__iadd__", {})
+    True
     """
     name = _name(target)
     if target is operator.setitem or "out" in kwargs:
@@ -98,7 +101,7 @@ def wrap_output(fs: FrameState, node: Any, fake: Any) -> Value:
     if isinstance(fake, torch.Tensor):
         return TensorV(node, fake)
     if isinstance(fake, tuple | list):
-        items = []
+        items: list[Value] = []
         for i, item in enumerate(fake):
             if isinstance(item, torch.Tensor):
                 sub = fs.tracer.add_node("call_function", operator.getitem, (node, i), {}, item)

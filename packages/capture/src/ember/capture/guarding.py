@@ -49,8 +49,10 @@ def attr(base: Source, name: str) -> Source:
 
 def module_child(base: Source, name: str, table: str) -> Source:
     """A parameter, buffer or submodule, read from the module's own dict (fast, no __getattr__)."""
-    slot = {"_parameters": PARAMETERS, "_buffers": BUFFERS, "_modules": MODULES}[table]
-    return ModuleChild(base, name, slot)
+    for slot in (PARAMETERS, BUFFERS, MODULES):
+        if slot == table:
+            return ModuleChild(base, name, slot)
+    raise ValueError(f"{table!r} is not a module table")
 
 
 def item(base: Source, key: Any) -> Source | None:

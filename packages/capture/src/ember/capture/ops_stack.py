@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
+from ember.capture.graphops import graph_call
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import binary, constant_of, store_subscript, subscript, truth
 from ember.capture.tracer import FrameState, Instr, Unsupported
 from ember.capture.values import Const, DictV, ListV, ModuleV, ObjV, TensorV, TupleV, Value
-from ember.capture.graphops import graph_call
 
 # BINARY_OP's oparg indexes this table (mirrors opcode._nb_ops in CPython 3.11).
 BINARY_OPS: tuple[Callable[[Any, Any], Any], ...] = (
@@ -111,8 +111,10 @@ def IS_OP(fs: FrameState, inst: Instr) -> None:
 def _is(fs: FrameState, a: Value, b: Value) -> bool:
     if isinstance(a, TensorV) or isinstance(b, TensorV):
         return isinstance(a, TensorV) and isinstance(b, TensorV) and a.node is b.node
+    if isinstance(a, ListV | DictV) and isinstance(b, ListV | DictV):
+        return type(a) is type(b) and a.ref == b.ref
     if isinstance(a, ListV | DictV) or isinstance(b, ListV | DictV):
-        return type(a) is type(b) and a.ref == b.ref  # type: ignore[union-attr]
+        return False
     if isinstance(a, TupleV) or isinstance(b, TupleV):
         return a is b
     kinds = (Const, ModuleV, ObjV)
@@ -174,8 +176,8 @@ def FORMAT_VALUE(fs: FrameState, inst: Instr) -> None:
     if isinstance(value, TensorV):
         raise Unsupported("formatting a tensor into a string reads its values", "data-dependent")
     obj = constant_of(fs, value) if not isinstance(value, ObjV | ModuleV) else _real(value)
-    convert = {0: lambda x: x, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
-    fs.push(Const(format(convert(obj), spec)))
+    converters: dict[int, Callable[[Any], Any]] = {0: lambda x: x, 1: str, 2: repr, 3: ascii}
+    fs.push(Const(format(converters[inst.arg & 0x03](obj), spec)))
 
 
 @handler("BUILD_STRING")

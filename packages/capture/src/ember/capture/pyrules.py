@@ -279,7 +279,8 @@ def _next(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         if len(args) > 1:
             return args[1]
         raise Unsupported("next() of an exhausted iterator (StopIteration)", "call")
-    return remaining.pop(0)
+    first: Value = remaining.pop(0)
+    return first
 
 
 @rule(tuple)
@@ -351,7 +352,7 @@ def _abs(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(getattr)
 def _getattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    from ember.capture.attrs import load_attr  # noqa: PLC0415
+    from ember.capture.attrs import load_attr
 
     name = constant_of(fs, args[1])
     if len(args) == 3:
@@ -366,7 +367,7 @@ def _getattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(hasattr)
 def _hasattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    from ember.capture.attrs import load_attr  # noqa: PLC0415
+    from ember.capture.attrs import load_attr
 
     try:
         load_attr(fs, args[0], constant_of(fs, args[1]))
@@ -616,9 +617,9 @@ def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs
     if name == "pop":
         return _mutate(fs, d).pop(constant_of(fs, args[0]), *args[1:])  # type: ignore[no-any-return]
     if name == "setdefault":
-        return _mutate(fs, d).setdefault(
-            constant_of(fs, args[0]), args[1] if len(args) > 1 else Const(None)
-        )  # type: ignore[no-any-return]
+        default = args[1] if len(args) > 1 else Const(None)
+        value: Value = _mutate(fs, d).setdefault(constant_of(fs, args[0]), default)
+        return value
     raise Unsupported(f"dict.{name}() inside compiled code", "call")
 
 

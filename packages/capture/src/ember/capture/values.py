@@ -131,7 +131,7 @@ class FuncV(Value):
 
     code: types.CodeType
     globals: dict[str, Any]
-    fn: types.FunctionType | None = None
+    fn: Any = None  # the types.FunctionType, or None (Any: mypy would bind a FunctionType field)
     defaults: tuple[Value, ...] = ()
     kwdefaults: tuple[tuple[str, Value], ...] = ()
     closure: tuple[CellV, ...] = ()  # ordered like code.co_freevars

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -27,6 +27,14 @@ Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any
 ENTRY_POINT_GROUP = "ember.backends"
 
 _BACKENDS: dict[str, Backend] = {}
+
+
+@overload
+def register_backend(fn: Backend, *, name: str | None = None) -> Backend: ...
+@overload
+def register_backend(
+    fn: None = None, *, name: str | None = None
+) -> Callable[[Backend], Backend]: ...
 
 
 def register_backend(

@@ -49,4 +49,3 @@ class CompileCounter:
         """Forget what was counted."""
         self.frame_count = self.op_count = 0
         self.graphs.clear()
-

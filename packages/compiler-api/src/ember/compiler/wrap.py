@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 
 import torch
 
-from ember.capture import hook
+from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler.backends import Backend, backend_name, lookup_backend
 from ember.guards.state import _BACKEND as BACKEND_VAR
@@ -33,9 +33,7 @@ class CompiledFunction(functools.partial[Any]):
     _compiler: FrameCompiler
 
     def __new__(cls, fn: Callable[..., Any], compiler: FrameCompiler) -> CompiledFunction:
-        self = super().__new__(
-            cls, *_entry_args(compiler), fn
-        )
+        self = super().__new__(cls, *_entry_args(compiler), fn)
         self._compiler = compiler
         functools.update_wrapper(self, fn)
         return self
@@ -91,7 +89,8 @@ class OptimizedModule(torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiler", compiler)
-        object.__setattr__(self, "_call", functools.partial(*_entry_args(compiler), module))
+        call = functools.partial(_eval_frame.call_with_callback, *_entry_args(compiler)[1:], module)
+        object.__setattr__(self, "_call", call)
         for name in _DELEGATED:
             object.__setattr__(self, name, _returning_self(self, getattr(module, name)))
 
@@ -101,13 +100,13 @@ class OptimizedModule(torch.nn.Module):
         return self._compiler.stats  # type: ignore[no-any-return]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)  # type: ignore[operator]
+        return self._call(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_orig_mod"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)  # type: ignore[arg-type]
+        setattr(self._orig_mod, name, value)
 
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
@@ -125,20 +124,20 @@ def _returning_self(opt: OptimizedModule, method: Callable[..., Any]) -> Callabl
 
 
 @overload
-def compile(
+def compile(  # type: ignore[overload-overlap] # a Module is callable too; it wins
     model: torch.nn.Module, *, backend: str | Backend = ..., fullgraph: bool = ...
 ) -> OptimizedModule: ...
 @overload
-def compile(model: F, *, backend: str | Backend = ..., fullgraph: bool = ...) -> CompiledFunction: ...
+def compile(
+    model: F, *, backend: str | Backend = ..., fullgraph: bool = ...
+) -> CompiledFunction: ...
 @overload
 def compile(
     model: None = ..., *, backend: str | Backend = ..., fullgraph: bool = ...
 ) -> Callable[[F], CompiledFunction]: ...
 
 
-def compile(  # noqa: A001 - the name users know from torch.compile
-    model: Any = None, *, backend: str | Backend = "eager", fullgraph: bool = False
-) -> Any:
+def compile(model: Any = None, *, backend: str | Backend = "eager", fullgraph: bool = False) -> Any:
     """Compile a function or ``nn.Module`` with ember.
 
     Each call of the result runs the original code with ember's frame hook
