@@ -551,6 +551,28 @@ add_entry(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+remove_entry(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "remove_entry(code, entry) takes 2 arguments");
+    }
+    PyCodeObject *code = as_code(args[0]);
+    if (code == NULL) return NULL;
+    CodeExtra *extra = code_extra(code, 0);
+    if (extra == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(extra->entries); i++) {
+        if (PyList_GET_ITEM(extra->entries, i) == args[1]) {
+            if (PyList_SetSlice(extra->entries, i, i + 1, NULL) < 0) return NULL;
+            Py_RETURN_TRUE;
+        }
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
 clear_code(PyObject *mod, PyObject *obj)
 {
     PyCodeObject *code = as_code(obj);
@@ -657,6 +679,8 @@ static PyMethodDef methods[] = {
     {"add_entry", (PyCFunction)(void (*)(void))add_entry, METH_FASTCALL,
      "add_entry(code, (check_fn, fn)): put an entry at the front of the code's cache."},
     {"clear_code", clear_code, METH_O, "Forget the code's entries and its skip flag."},
+    {"remove_entry", (PyCFunction)(void (*)(void))remove_entry, METH_FASTCALL,
+     "remove_entry(code, entry) -> bool: drop that very entry from the code's cache."},
     {"set_skip", (PyCFunction)(void (*)(void))set_skip, METH_FASTCALL,
      "set_skip(code, flag): never (or again) intercept frames of this code."},
     {"is_skipped", is_skipped, METH_O, "Whether frames of this code are never intercepted."},

@@ -89,6 +89,7 @@ __all__ = [
     "get_callback",
     "intercepting",
     "is_skipped",
+    "remove_entry",
     "reset",
     "set_callback",
     "skip",
@@ -301,7 +302,9 @@ def entries(code: types.CodeType) -> list[CacheEntry]:
     >>> entries(f.__code__)
     []
     """
-    return [CacheEntry(*e) for e in _eval_frame.get_entries(code)]
+    return [
+        e if isinstance(e, CacheEntry) else CacheEntry(*e) for e in _eval_frame.get_entries(code)
+    ]
 
 
 def add_entry(code: types.CodeType, entry: CacheEntry) -> None:
@@ -316,7 +319,20 @@ def add_entry(code: types.CodeType, entry: CacheEntry) -> None:
     """
     if not isinstance(entry, tuple) or len(entry) != 2:
         raise TypeError(f"entry must be a CacheEntry(check_fn, fn), not {entry!r}")
-    _eval_frame.add_entry(code, CacheEntry(*entry))
+    _eval_frame.add_entry(code, entry if isinstance(entry, CacheEntry) else CacheEntry(*entry))
+
+
+def remove_entry(code: types.CodeType, entry: CacheEntry) -> bool:
+    """Drop ``entry`` (the very object added) from the code's cache; whether it was there.
+
+    >>> def f(x): return x
+    >>> e = CacheEntry(lambda x: True, lambda x: x)
+    >>> add_entry(f.__code__, e)
+    >>> stored = entries(f.__code__)[0]
+    >>> remove_entry(f.__code__, stored), remove_entry(f.__code__, stored)
+    (True, False)
+    """
+    return bool(_eval_frame.remove_entry(code, entry))
 
 
 def clear(code: types.CodeType) -> None:

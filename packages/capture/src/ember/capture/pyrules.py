@@ -151,13 +151,15 @@ def _module_items(fs: FrameState, v: ModuleV) -> list[Value]:
     m = v.module
     if isinstance(m, torch.nn.ModuleDict):
         return [Const(k) for k in m.keys()]
-    if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential | torch.nn.ParameterList):
-        src = v.source
-        return [
-            wrap(fs.tracer, child, guarding.item(src, i) if src is not None else None)
-            for i, child in enumerate(m)
-        ]
+    if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
+        return [_module_child(fs, v, key) for key in m._modules]
     raise Unsupported(f"iterating over a {type(m).__name__}", "iteration")
+
+
+def _module_child(fs: FrameState, v: ModuleV, key: str) -> Value:
+    """A submodule of a container module, reached through the module's own dict."""
+    src = guarding.module_child(v.source, key, "_modules") if v.source is not None else None
+    return wrap(fs.tracer, v.module._modules[key], src)
 
 
 def make_iter(fs: FrameState, values: list[Value]) -> IterV:
@@ -501,11 +503,7 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
     if isinstance(container, TensorV):
         return graph_call(fs, "call_function", operator.getitem, [container, index], {})
     if isinstance(container, ModuleV):
-        key = constant_of(fs, index)
-        if isinstance(key, slice):
-            raise Unsupported("slicing a module container", "call")
-        src = guarding.item(container.source, key) if container.source is not None else None
-        return wrap(fs.tracer, container.module[key], src)  # type: ignore[index]
+        return _module_subscript(fs, container, constant_of(fs, index))
     if isinstance(container, TupleV | ListV):
         items = container.items if isinstance(container, TupleV) else heap.get(container.ref)
         key = constant_of(fs, index)
@@ -533,6 +531,20 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
             fs.tracer, container.obj[key], guarding.item(src, key) if src is not None else None
         )
     return _fold(fs, operator.getitem, [container, index], {})
+
+
+def _module_subscript(fs: FrameState, container: ModuleV, key: Any) -> Value:
+    """``modules[key]`` for ModuleList/Sequential (int, slice) and ModuleDict (str)."""
+    m = container.module
+    names = list(m._modules)
+    if isinstance(m, torch.nn.ModuleDict) and isinstance(key, str) and key in m._modules:
+        return _module_child(fs, container, key)
+    if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
+        if isinstance(key, int) and -len(names) <= key < len(names):
+            return _module_child(fs, container, names[key])
+        if isinstance(key, slice):
+            return TupleV(tuple(_module_child(fs, container, n) for n in names[key]))
+    raise Unsupported(f"{type(m).__name__}[{key!r}]", "call")
 
 
 def store_subscript(fs: FrameState, container: Value, index: Value, value: Value) -> None:
