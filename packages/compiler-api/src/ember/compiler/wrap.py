@@ -12,7 +12,7 @@ import torch
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler.backends import Backend, backend_name, lookup_backend
-from ember.guards.state import _BACKEND as BACKEND_VAR
+from ember.guards.state import BACKEND_VAR
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,4 +1,174 @@
-"""ember.guards (being written for issue 3)."""
+"""ember.guards: decide, on every call, whether a cached translation still applies.
+
+A *source* names how a value is reached from a frame (``x``,
+``self.layers[0].weight``, ``G['config'].eps``). A *guard* is a source, a
+kind and an expected value. A :class:`GuardSet` deduplicates and orders its
+guards and compiles them into one check over the frame's argument slots,
+which can also say in words why it failed. A :class:`CodeCache` keeps the
+translations of one code object and decides when to recompile and when to
+give up.
+
+>>> import torch
+>>> from ember.guards import (FrameSpec, GuardSet, Local, backend, backend_scope,
+...                           equals, global_state, tensor_match)
+>>> def scale(x, k):
+...     return x * k
+>>> guards = GuardSet([
+...     tensor_match(Local("x"), torch.zeros(8, 4), where="demo.py:2"),
+...     equals(Local("k"), 2, where="demo.py:2"),
+...     *global_state(),
+...     backend("eager"),
+... ])
+>>> print(guards)
+GuardSet of 10 guards:
+  BACKEND       backend == 'eager'
+  GLOBAL_STATE  grad mode == enabled
+  GLOBAL_STATE  inference mode == disabled
+  GLOBAL_STATE  autocast == disabled
+  GLOBAL_STATE  default dtype == torch.float32
+  GLOBAL_STATE  deterministic algorithms == disabled
+  GLOBAL_STATE  torch function == enabled, no modes
+  GLOBAL_STATE  global module hooks == no global module hooks
+  EQUALS        k == 2  # demo.py:2
+  TENSOR_MATCH  x: Tensor(torch.float32, cpu, size=(8, 4), stride=(4, 1))  # demo.py:2
+>>> compiled = guards.compile(FrameSpec.from_function(scale))
+>>> with backend_scope("eager"):
+...     compiled.check(torch.ones(8, 4), 2), compiled.check(torch.ones(12, 4), 2)
+(True, False)
+>>> with backend_scope("eager"):
+...     compiled.explain_failure(torch.ones(12, 4), 2)
+'x: size[0] expected 8, got 12'
+>>> with backend_scope("eager"), torch.no_grad():
+...     compiled.explain_failure(torch.ones(8, 4), 2)
+'grad mode: expected enabled, got disabled'
+>>> compiled.explain_failure(torch.ones(8, 4), 2)
+"backend: expected 'eager', got None"
+
+``compiled.check`` is what ``ember.capture`` stores per code object; it takes
+exactly the frame's argument slots and never raises. Tensor and module
+checks run in a small C extension when it is built (:data:`NATIVE`).
+"""
+
+from ember.guards._accel import NATIVE
+from ember.guards.cache import (
+    DEFAULT_CACHE_SIZE_LIMIT,
+    CacheEntry,
+    CacheLimitWarning,
+    CodeCache,
+    Decision,
+    RecompileReason,
+    all_caches,
+    code_name,
+    recompile_reasons,
+    reset,
+)
+from ember.guards.frame import FrameSpec, arg_count
+from ember.guards.guardset import CompiledGuards, GuardSet
+from ember.guards.kinds import (
+    KINDS,
+    Guard,
+    GuardKind,
+    KindRule,
+    backend,
+    dict_keys,
+    equals,
+    global_state,
+    id_match,
+    is_none,
+    length,
+    module_state,
+    no_aliasing,
+    not_none,
+    same_tensor,
+    tensor_match,
+    type_match,
+    weakref_alive,
+)
+from ember.guards.sources import (
+    BUFFERS,
+    MODULES,
+    PARAMETERS,
+    Attr,
+    Backend,
+    Cell,
+    Default,
+    Global,
+    Item,
+    Local,
+    ModuleChild,
+    Source,
+    TensorAttr,
+    TorchState,
+    TypeOf,
+)
+from ember.guards.specs import ModuleSpec, TensorSpec
+from ember.guards.state import (
+    STATE_FIELDS,
+    StateField,
+    backend_scope,
+    current_backend,
+    reset_backend,
+    set_backend,
+)
 
 __version__ = "0.1.0"
-__all__: list[str] = []
+
+__all__ = [
+    "BUFFERS",
+    "DEFAULT_CACHE_SIZE_LIMIT",
+    "KINDS",
+    "MODULES",
+    "NATIVE",
+    "PARAMETERS",
+    "STATE_FIELDS",
+    "Attr",
+    "Backend",
+    "CacheEntry",
+    "CacheLimitWarning",
+    "Cell",
+    "CodeCache",
+    "CompiledGuards",
+    "Decision",
+    "Default",
+    "FrameSpec",
+    "Global",
+    "Guard",
+    "GuardKind",
+    "GuardSet",
+    "Item",
+    "KindRule",
+    "Local",
+    "ModuleChild",
+    "ModuleSpec",
+    "RecompileReason",
+    "Source",
+    "StateField",
+    "TensorAttr",
+    "TensorSpec",
+    "TorchState",
+    "TypeOf",
+    "__version__",
+    "all_caches",
+    "arg_count",
+    "backend",
+    "backend_scope",
+    "code_name",
+    "current_backend",
+    "dict_keys",
+    "equals",
+    "global_state",
+    "id_match",
+    "is_none",
+    "length",
+    "module_state",
+    "no_aliasing",
+    "not_none",
+    "recompile_reasons",
+    "reset",
+    "reset_backend",
+    "same_tensor",
+    "set_backend",
+    "tensor_match",
+    "type_match",
+    "weakref_alive",
+]

@@ -1,0 +1,141 @@
+"""The hot leaf checks: C when ``ember.guards._native`` is built, else Python.
+
+Every function here has the same signature and answer in both versions;
+``tests/test_native.py`` holds them to it. Specs are packed into plain tuples
+(see :func:`pack_tensor`, :func:`pack_module`) so the C side can read them
+with no attribute lookups.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ember.guards import _torch
+from ember.guards.specs import ModuleSpec, TensorSpec
+
+PackedTensor = tuple[Any, ...]
+PackedModule = tuple[bool, tuple[tuple[int, ...], ...]]
+
+
+def pack_tensor(spec: TensorSpec) -> PackedTensor:
+    """The tuple layout ``_native.c`` reads (see its header comment)."""
+    cpu = spec.device.type == "cpu"
+    conj = spec.conj if spec.dtype.is_complex else None
+    return (
+        spec.cls,
+        spec.dtype,
+        None if cpu else spec.device,
+        spec.layout,
+        spec.size,
+        spec.stride,
+        spec.requires_grad,
+        spec.inference,
+        conj,
+        spec.neg,
+    )
+
+
+def pack_module(spec: ModuleSpec) -> PackedModule:
+    """The tuple layout ``_native.c`` reads for a module."""
+    return (spec.training, spec.hooks)
+
+
+def py_tensor_match(packed: PackedTensor, t: object) -> bool:
+    """Pure-Python twin of ``_native.tensor_match``."""
+    if type(packed) is not tuple or len(packed) != 10:
+        raise TypeError("tensor spec must be a packed tuple")
+    kind, dtype, device, layout, size, stride, grad, inference, conj, neg = packed
+    try:
+        return bool(
+            type(t) is kind
+            and _torch.TensorBase in kind.__mro__
+            and _torch.shape_of(t) == size
+            and _torch.dtype_of(t) is dtype
+            and (_torch.is_cpu(t) is True if device is None else _torch.device_of(t) == device)
+            and _torch.layout_of(t) is layout
+            and (stride is None or _torch.stride_of(t) == stride)
+            and _torch.requires_grad_of(t) is grad
+            and _torch.is_inference(t) is inference
+            and (conj is None or _torch.is_conj(t) is conj)
+            and _torch.is_neg(t) is neg
+        )
+    except Exception:
+        return False
+
+
+def py_tensors_match(specs: tuple[PackedTensor, ...], *tensors: object) -> bool:
+    """Pure-Python twin of ``_native.tensors_match``."""
+    if len(specs) != len(tensors):
+        raise TypeError("expected (specs, *objects) of equal length")
+    return all(map(py_tensor_match, specs, tensors))
+
+
+def py_module_match(packed: PackedModule, module: object) -> bool:
+    """Pure-Python twin of ``_native.module_match``: reads the instance dict."""
+    if type(packed) is not tuple or len(packed) != 2 or len(packed[1]) != 4:
+        raise TypeError("module spec must be a packed tuple")
+    training, hooks = packed
+    try:
+        state = object.__getattribute__(module, "__dict__")
+        if state.get("training", None) is not training:
+            return False
+        for name, ids in zip(_torch.MODULE_HOOK_DICTS, hooks, strict=True):
+            found = state[name]
+            if not isinstance(found, dict) or len(found) != len(ids) or tuple(found) != ids:
+                return False
+        return True
+    except Exception:
+        return False
+
+
+def py_modules_match(specs: tuple[PackedModule, ...], *modules: object) -> bool:
+    """Pure-Python twin of ``_native.modules_match``."""
+    if len(specs) != len(modules):
+        raise TypeError("expected (specs, *objects) of equal length")
+    return all(map(py_module_match, specs, modules))
+
+
+def py_calls_return(fns: tuple[Callable[[], object], ...], values: tuple[object, ...]) -> bool:
+    """Pure-Python twin of ``_native.calls_return``: every ``fn() == value``."""
+    if len(fns) != len(values):
+        raise TypeError("calls_return(fns, values) takes two tuples of equal length")
+    try:
+        return all(fn() == value for fn, value in zip(fns, values, strict=True))
+    except Exception:
+        return False
+
+
+def py_distinct(*objects: object) -> bool:
+    """Pure-Python twin of ``_native.distinct``: no two are the same object."""
+    return len({id(obj) for obj in objects}) == len(objects)
+
+
+def _load_native() -> Any:
+    if os.environ.get("EMBER_GUARDS_PURE_PYTHON"):
+        return None
+    try:
+        from ember.guards import _native
+    except ImportError:
+        return None
+    _native.setup(_torch.TensorBase)
+    return _native
+
+
+_NATIVE = _load_native()
+#: True when the C accelerator is in use (set EMBER_GUARDS_PURE_PYTHON=1 to turn it off).
+NATIVE: bool = _NATIVE is not None
+
+tensor_match: Callable[[PackedTensor, object], bool] = (
+    _NATIVE.tensor_match if NATIVE else py_tensor_match
+)
+tensors_match: Callable[..., bool] = _NATIVE.tensors_match if NATIVE else py_tensors_match
+module_match: Callable[[PackedModule, object], bool] = (
+    _NATIVE.module_match if NATIVE else py_module_match
+)
+modules_match: Callable[..., bool] = _NATIVE.modules_match if NATIVE else py_modules_match
+distinct: Callable[..., bool] = _NATIVE.distinct if NATIVE else py_distinct
+calls_return: Callable[[tuple[Callable[[], object], ...], tuple[object, ...]], bool] = (
+    _NATIVE.calls_return if NATIVE else py_calls_return
+)

@@ -1,0 +1,181 @@
+"""Compile guards to Python source: one check function, one explainer.
+
+Both functions come from the same emitters (``KINDS`` and ``FETCHERS``), so
+the explainer finds exactly the guard that made the check fail. Each source
+is fetched once, into a local, right before the first guard that needs it;
+guards run in the order of their :class:`~ember.guards.guardset.GuardSet`.
+Every exception (a missing attribute, a raising ``__eq__``) means False.
+
+>>> from ember.guards import FrameSpec, Local, equals
+>>> frame = FrameSpec("f", ("k",), {}, {})
+>>> source, check = build_check([equals(Local("k"), 3)], frame)
+>>> print(source)
+def __make():
+    def check_f(L_k, /):
+        try:
+            if not (type(L_k) is int and L_k == 3): return False
+        except Exception:
+            return False
+        return True
+    return check_f
+>>> check(3), check(3.0), check("3")
+(True, False, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ember.guards.frame import FrameSpec
+from ember.guards.kinds import KINDS, Guard
+from ember.guards.sources import FETCHERS, Local, Source
+
+__all__ = ["CheckEmitter", "build_check", "build_explainer", "build_fetch"]
+
+
+class CheckEmitter:
+    """Collects the body lines and bound constants of one generated function.
+
+    >>> em = CheckEmitter(FrameSpec("f", ("x",), {"w": 1}, {}))
+    >>> em.global_("w"), em.global_("len")
+    ("G['w']", "(G['len'] if 'len' in G else B['len'])")
+    """
+
+    def __init__(self, frame: FrameSpec) -> None:
+        self.frame = frame
+        self.lines: list[str] = []
+        self.names: dict[str, object] = {}
+        self._bound: dict[int, str] = {}
+        self._values: dict[Source, str] = {}
+        self._temps = 0
+        self.params = [
+            f"L_{name}" if name.isidentifier() else f"L_{i}_"
+            for i, name in enumerate(frame.arg_names)
+        ]
+
+    def bind(self, obj: object) -> str:
+        """A name for ``obj`` in the function's closure (one name per object)."""
+        name = self._bound.get(id(obj))
+        if name is None:
+            name = self._bound[id(obj)] = f"K{len(self._bound)}"
+            self.names[name] = obj
+        return name
+
+    def arg(self, name: str) -> str:
+        """The parameter that receives the frame argument ``name``."""
+        if name not in self.frame.arg_names:
+            raise ValueError(f"{name!r} is not an argument of {self.frame.name}")
+        return self.params[self.frame.arg_names.index(name)]
+
+    def cell(self, name: str) -> str:
+        """A name bound to closure cell ``name`` (read at check time)."""
+        if name not in self.frame.cells:
+            raise ValueError(f"{name!r} is not a closure variable of {self.frame.name}")
+        return self.bind(self.frame.cells[name])
+
+    def global_(self, name: str) -> str:
+        """``LOAD_GLOBAL`` semantics. A name that is a global now stays one: if
+        it is deleted the lookup raises and the check fails."""
+        self.names.setdefault("G", self.frame.globals)
+        if name in self.frame.globals:
+            return f"G[{name!r}]"
+        self.names.setdefault("B", self.frame.builtins)
+        return f"(G[{name!r}] if {name!r} in G else B[{name!r}])"
+
+    def value(self, source: Source) -> str:
+        """A local holding ``source``'s value; emits the fetch the first time."""
+        name = self._values.get(source)
+        if name is None:
+            code = FETCHERS[type(source)](source, self)
+            if isinstance(source, Local):
+                name = code
+            else:
+                name, self._temps = f"v{self._temps}", self._temps + 1
+                self.lines.append(f"{name} = {code}")
+            self._values[source] = name
+        return name
+
+    def render(self, fn_name: str, body: Sequence[str]) -> str:
+        """The source of ``__make(<bound names>)``, which returns the function."""
+        params = ", ".join([*self.params, "/"]) if self.params else ""
+        return "\n".join(
+            [f"def __make({', '.join(self.names)}):", f"    def {fn_name}({params}):"]
+            + [f"        {line}" for line in body]
+            + [f"    return {fn_name}"]
+        )
+
+    def make(self, source: str) -> Callable[..., Any]:
+        """Execute ``source`` and call ``__make`` with the bound objects."""
+        namespace: dict[str, Any] = {}
+        exec(compile(source, f"<ember guards for {self.frame.name}>", "exec"), namespace)
+        fn: Callable[..., Any] = namespace["__make"](**self.names)
+        return fn
+
+
+def _indent(lines: Sequence[str]) -> list[str]:
+    return [f"    {line}" for line in lines] or ["    pass"]
+
+
+def _fn_name(frame: FrameSpec, prefix: str) -> str:
+    tail = frame.name.rsplit(".", 1)[-1]
+    return f"{prefix}_{tail}" if tail.isidentifier() else prefix
+
+
+def _runs(guards: Sequence[Guard]) -> list[list[Guard]]:
+    """Consecutive guards of one batchable kind form a run; others stand alone."""
+    runs: list[list[Guard]] = []
+    for guard in guards:
+        if runs and KINDS[guard.kind].batch is not None and runs[-1][0].kind is guard.kind:
+            runs[-1].append(guard)
+        else:
+            runs.append([guard])
+    return runs
+
+
+def build_check(guards: Sequence[Guard], frame: FrameSpec) -> tuple[str, Callable[..., bool]]:
+    """The hot check: ``check(*frame_args) -> bool``, and its source."""
+    em = CheckEmitter(frame)
+    for run in _runs(guards):
+        rule = KINDS[run[0].kind]
+        test = rule.batch(run, em) if rule.batch and len(run) > 1 else rule.emit(run[0], em)
+        em.lines.append(f"if not ({test}): return False")
+    body = ["try:", *_indent(em.lines), "except Exception:", "    return False", "return True"]
+    source = em.render(_fn_name(frame, "check"), body)
+    return source, em.make(source)
+
+
+def build_explainer(guards: Sequence[Guard], frame: FrameSpec) -> Callable[..., Any]:
+    """``explain(*frame_args) -> (index of the first failing guard or -1, exception)``.
+
+    >>> from ember.guards import FrameSpec, Local, equals
+    >>> explain = build_explainer([equals(Local("k"), 3)], FrameSpec("f", ("k",), {}, {}))
+    >>> explain(3), explain(4)
+    ((-1, None), (0, None))
+    """
+    em = CheckEmitter(frame)
+    for index, guard in enumerate(guards):
+        em.lines.append(f"i = {index}")
+        test = KINDS[guard.kind].emit(guard, em)
+        em.lines.append(f"if not ({test}): return {index}, None")
+    body = [
+        "i = -1",
+        "try:",
+        *_indent(em.lines),
+        "except Exception as error:",
+        "    return i, error",
+    ]
+    return em.make(em.render(_fn_name(frame, "explain"), [*body, "return -1, None"]))
+
+
+def build_fetch(source: Source, frame: FrameSpec) -> Callable[..., Any]:
+    """``fetch(*frame_args)`` returns ``source``'s value (raising if it cannot).
+
+    >>> from ember.guards import Attr, FrameSpec, Local
+    >>> fetch = build_fetch(Attr(Local("x"), "real"), FrameSpec("f", ("x",), {}, {}))
+    >>> fetch(3)
+    3
+    """
+    em = CheckEmitter(frame)
+    result = em.value(source)
+    return em.make(em.render(_fn_name(frame, "fetch"), [*em.lines, f"return {result}"]))

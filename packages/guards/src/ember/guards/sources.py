@@ -1,0 +1,374 @@
+"""Sources: how a value is reached from a frame's arguments and globals.
+
+A source is a small frozen dataclass. ``str(source)`` is the human name used
+in messages (``x``, ``self.layers[0].weight``, ``G['config'].eps``), and
+:data:`FETCHERS` maps each source class to the code that reaches the value
+inside a compiled check. Names: bare names are the frame's arguments, ``G``
+its globals (falling back to builtins, as ``LOAD_GLOBAL`` does), ``C`` its
+closure cells.
+
+>>> layer = ModuleChild(ModuleChild(Local("self"), "layers"), "0")
+>>> weight = ModuleChild(layer, "weight", PARAMETERS)
+>>> print(weight)
+self.layers[0].weight
+>>> print(Attr(Global("config"), "eps"), Item(Local("args"), 1), TypeOf(Local("x")))
+G['config'].eps args[1] type(x)
+>>> weight.root()
+Local(name='self')
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, TypeVar
+
+from ember.guards.state import STATE_FIELDS, read_backend
+
+__all__ = [
+    "BUFFERS",
+    "FETCHERS",
+    "MODULES",
+    "PARAMETERS",
+    "TENSOR_ATTRS",
+    "Attr",
+    "Backend",
+    "Cell",
+    "Default",
+    "Emitter",
+    "Global",
+    "Item",
+    "Local",
+    "ModuleChild",
+    "Source",
+    "TensorAttr",
+    "TorchState",
+    "TypeOf",
+]
+
+MODULES: Final = "_modules"
+PARAMETERS: Final = "_parameters"
+BUFFERS: Final = "_buffers"
+ModuleSlot = Literal["_modules", "_parameters", "_buffers"]
+
+#: Tensor attributes a :class:`TensorAttr` may name: torch getters, no user code.
+TENSOR_ATTRS: frozenset[str] = frozenset(
+    {"grad", "shape", "dtype", "device", "layout", "requires_grad", "data", "_base", "ndim",
+     "is_leaf", "grad_fn", "T", "mT", "H", "mH", "real", "imag", "names"}
+)  # fmt: skip
+
+
+class Emitter(Protocol):
+    """What a fetcher may ask of the check compiler (see ``codegen.Emitter``)."""
+
+    def value(self, source: Source) -> str:
+        """A variable holding ``source``'s value, fetched once per check."""
+        ...
+
+    def bind(self, obj: object) -> str:
+        """A name bound to ``obj`` in the compiled check."""
+        ...
+
+    def arg(self, name: str) -> str:
+        """The parameter holding the frame argument ``name``."""
+        ...
+
+    def cell(self, name: str) -> str:
+        """A name bound to the closure cell ``name``."""
+        ...
+
+    def global_(self, name: str) -> str:
+        """An expression with ``LOAD_GLOBAL`` semantics for ``name``."""
+        ...
+
+
+class Source:
+    """Base class of sources. Subclasses are frozen dataclasses with a ``base``
+    field when they are reached from another source.
+
+    >>> Attr(Local("x"), "y").base
+    Local(name='x')
+    """
+
+    __slots__ = ()
+
+    def root(self) -> Source:
+        """The source this one is reached from: an argument, global, cell or state.
+
+        >>> Item(Attr(Local("x"), "y"), 0).root()
+        Local(name='x')
+        """
+        base: Source | None = getattr(self, "base", None)
+        return self if base is None else base.root()
+
+    def depth(self) -> int:
+        """How many steps from the root; roots are 0.
+
+        >>> Item(Attr(Local("x"), "y"), 0).depth()
+        2
+        """
+        base: Source | None = getattr(self, "base", None)
+        return 0 if base is None else 1 + base.depth()
+
+
+@dataclass(frozen=True, slots=True)
+class Local(Source):
+    """A frame argument, by name (positional, keyword-only, ``*args`` or ``**kwargs``).
+
+    >>> print(Local("x"))
+    x
+    """
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Global(Source):
+    """A global name, falling back to builtins as ``LOAD_GLOBAL`` does.
+
+    >>> print(Global("config"))
+    G['config']
+    """
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"G[{self.name!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Cell(Source):
+    """The contents of the frame function's closure cell ``name``.
+
+    >>> print(Cell("scale"))
+    C['scale']
+    """
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"C[{self.name!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Attr(Source):
+    """``base.name`` through normal attribute lookup.
+
+    >>> print(Attr(Local("self"), "eps"))
+    self.eps
+    """
+
+    base: Source
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.base}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Item(Source):
+    """``base[key]`` for an int or str key.
+
+    >>> print(Item(Local("kwargs"), "mask"), Item(Local("args"), 0))
+    kwargs['mask'] args[0]
+    """
+
+    base: Source
+    key: int | str
+
+    def __post_init__(self) -> None:
+        if type(self.key) not in (int, str):
+            raise TypeError(f"an item key must be an int or a str, not {type(self.key).__name__}")
+
+    def __str__(self) -> str:
+        return f"{self.base}[{self.key!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleChild(Source):
+    """A submodule, parameter or buffer of an ``nn.Module``, read from the dict
+    where the module keeps it (``slot``) instead of through the slow
+    ``nn.Module.__getattr__``.
+
+    >>> print(ModuleChild(Local("self"), "weight", PARAMETERS))
+    self.weight
+    >>> print(ModuleChild(ModuleChild(Local("self"), "layers"), "0"))
+    self.layers[0]
+    """
+
+    base: Source
+    name: str
+    slot: ModuleSlot = MODULES
+
+    def __str__(self) -> str:
+        if self.slot == MODULES and self.name.isdigit():
+            return f"{self.base}[{self.name}]"
+        return f"{self.base}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Default(Source):
+    """A default of the function at ``base``: an int indexes ``__defaults__``,
+    a str names a keyword-only default in ``__kwdefaults__``.
+
+    >>> print(Default(Global("helper"), 0), Default(Global("helper"), "eps"))
+    G['helper'].__defaults__[0] G['helper'].__kwdefaults__['eps']
+    """
+
+    base: Source
+    key: int | str
+
+    def __str__(self) -> str:
+        if isinstance(self.key, int):
+            return f"{self.base}.__defaults__[{self.key}]"
+        return f"{self.base}.__kwdefaults__[{self.key!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorAttr(Source):
+    """A tensor attribute answered by torch itself (``.grad``, ``.shape``, ...).
+
+    >>> print(TensorAttr(Local("x"), "grad"))
+    x.grad
+    """
+
+    base: Source
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in TENSOR_ATTRS:
+            raise ValueError(f"{self.name!r} is not a tensor attribute; use Attr")
+
+    def __str__(self) -> str:
+        return f"{self.base}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TypeOf(Source):
+    """``type(base)``.
+
+    >>> print(TypeOf(Local("x")))
+    type(x)
+    """
+
+    base: Source
+
+    def __str__(self) -> str:
+        return f"type({self.base})"
+
+
+@dataclass(frozen=True, slots=True)
+class TorchState(Source):
+    """A piece of global torch state, named by its key in ``STATE_FIELDS``.
+
+    >>> print(TorchState("grad_mode"))
+    grad mode
+    """
+
+    field: str
+
+    def __post_init__(self) -> None:
+        if self.field not in STATE_FIELDS:
+            raise ValueError(f"unknown torch state {self.field!r}; see STATE_FIELDS")
+
+    def __str__(self) -> str:
+        return STATE_FIELDS[self.field].label
+
+
+@dataclass(frozen=True, slots=True)
+class Backend(Source):
+    """The backend of the running compiled callable (see ``state.backend_scope``).
+
+    >>> print(Backend())
+    backend
+    """
+
+    def __str__(self) -> str:
+        return "backend"
+
+
+S = TypeVar("S", bound=Source)
+Fetch = Callable[[Any, Emitter], str]
+
+#: Source class -> code reaching its value, given the compiler. One entry per class.
+FETCHERS: dict[type[Source], Fetch] = {}
+
+
+def fetcher(cls: type[S]) -> Callable[[Callable[[S, Emitter], str]], Callable[[S, Emitter], str]]:
+    """Register the code emitter of a source class in :data:`FETCHERS`."""
+
+    def register(fn: Callable[[S, Emitter], str]) -> Callable[[S, Emitter], str]:
+        if cls in FETCHERS:
+            raise ValueError(f"{cls.__name__} already has a fetcher")
+        FETCHERS[cls] = fn
+        return fn
+
+    return register
+
+
+def _getattr_code(base: str, name: str) -> str:
+    if name.isidentifier() and not keyword.iskeyword(name):
+        return f"{base}.{name}"
+    return f"getattr({base}, {name!r})"
+
+
+@fetcher(Local)
+def _fetch_local(src: Local, em: Emitter) -> str:
+    return em.arg(src.name)
+
+
+@fetcher(Global)
+def _fetch_global(src: Global, em: Emitter) -> str:
+    return em.global_(src.name)
+
+
+@fetcher(Cell)
+def _fetch_cell(src: Cell, em: Emitter) -> str:
+    return f"{em.cell(src.name)}.cell_contents"
+
+
+@fetcher(Attr)
+def _fetch_attr(src: Attr, em: Emitter) -> str:
+    return _getattr_code(em.value(src.base), src.name)
+
+
+@fetcher(TensorAttr)
+def _fetch_tensor_attr(src: TensorAttr, em: Emitter) -> str:
+    return _getattr_code(em.value(src.base), src.name)
+
+
+@fetcher(Item)
+def _fetch_item(src: Item, em: Emitter) -> str:
+    return f"{em.value(src.base)}[{src.key!r}]"
+
+
+@fetcher(ModuleChild)
+def _fetch_module_child(src: ModuleChild, em: Emitter) -> str:
+    # The slot dict is a source of its own so that siblings share one fetch of it.
+    return f"{em.value(Attr(src.base, src.slot))}[{src.name!r}]"
+
+
+@fetcher(Default)
+def _fetch_default(src: Default, em: Emitter) -> str:
+    if isinstance(src.key, int):
+        return f"{em.value(src.base)}.__defaults__[{src.key}]"
+    return f"{em.value(src.base)}.__kwdefaults__[{src.key!r}]"
+
+
+@fetcher(TypeOf)
+def _fetch_type(src: TypeOf, em: Emitter) -> str:
+    return f"type({em.value(src.base)})"
+
+
+@fetcher(TorchState)
+def _fetch_state(src: TorchState, em: Emitter) -> str:
+    return f"{em.bind(STATE_FIELDS[src.field].read)}()"
+
+
+@fetcher(Backend)
+def _fetch_backend(src: Backend, em: Emitter) -> str:
+    return f"{em.bind(read_backend)}()"
