@@ -284,3 +284,30 @@ def test_global_rebinding_is_guarded():
     namespace["K"] = 5.0
     torch.testing.assert_close(compiled(x), x * 5)
     assert compiled.stats.graphs == 2
+
+
+def test_models_compiled_in_a_loop_are_freed_and_never_fill_the_cache():
+    import gc
+    import weakref
+
+    from ember.capture import hook
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    alive = []
+    for _ in range(12):  # more than cache_size_limit models, one after another
+        model = Net()
+        opt = ember.compiler.compile(model)
+        torch.testing.assert_close(opt(torch.ones(2, 4)), model(torch.ones(2, 4)))
+        assert opt.stats.graphs == 1 and not opt.stats.failures
+        alive.append(weakref.ref(model))
+        del model, opt
+    gc.collect()
+    assert not any(ref() for ref in alive), "a cache entry kept a model alive"
+    assert hook.entries(Net.forward.__code__) == []

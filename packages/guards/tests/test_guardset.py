@@ -117,7 +117,7 @@ def __make(K0, G, B, K1, K2, K3):
         try:
             if not (type(L_k) is float and L_k == 0.0 and K0(1.0, L_k) == -1.0): return False
             v0 = (G['len'] if 'len' in G else B['len'])
-            if not (v0 is K1): return False
+            if not (v0 is K1()): return False
             v1 = G['config']
             v2 = v1.eps
             if not (type(v2) is float and v2 == 1e-05): return False

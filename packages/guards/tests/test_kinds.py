@@ -389,3 +389,25 @@ def _global_hook() -> _State:
 
 
 _ = weakref  # imported for readers: WEAKREF_ALIVE holds a weakref.ref
+
+
+def test_id_match_holds_its_object_weakly_and_fails_once_it_dies():
+    import gc
+    import weakref
+
+    from ember.guards import FrameSpec, GuardSet, Local, WeakIdentity, id_match
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    alive = weakref.ref(owner)
+    guard = id_match(Local("o"), owner)
+    assert isinstance(guard.expected, WeakIdentity)
+    compiled = GuardSet([guard]).compile(FrameSpec("f", ("o",), {}, {}))
+    assert compiled.check(owner) and not compiled.check(Owner())
+    del owner
+    gc.collect()
+    assert alive() is None, "the compiled check must not keep the object alive"
+    assert not compiled.check(Owner())
+    assert "since deleted" in (compiled.explain_failure(Owner()) or "")

@@ -33,7 +33,7 @@ from ember.capture import codegen, hook
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.tracer import Unsupported
 from ember.capture.translate import Translation, translate
-from ember.guards import CodeCache, FrameSpec, GuardSet
+from ember.guards import CodeCache, FrameSpec, GuardSet, WeakIdentity
 from ember.guards import Decision as CacheDecision
 
 Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
@@ -156,7 +156,9 @@ class FrameCompiler:
         )
         guards = GuardSet(t.guards.guards)
         checked = guards.compile(FrameSpec.from_function(frame.function))
-        cache.add(checked, replacement.fn)
+        cache_entry = cache.add(checked, replacement.fn)
+        entry = CacheEntry(checked.check, replacement.fn)
+        _drop_when_freed(frame.code, cache, cache_entry, entry, guards)
         self.stats.compiled.append(
             Compiled(
                 cache.name,
@@ -167,7 +169,44 @@ class FrameCompiler:
                 replacement.source,
             )
         )
-        return CacheEntry(checked.check, replacement.fn)
+        return entry
+
+
+# Entries whose identity guards name objects that may be freed (a model, a user object):
+# the weak references below drop the entry from both caches when any of them dies, so a
+# script that builds a new model per run neither leaks entries nor fills the cache.
+_watchers: dict[int, list[weakref.ref[Any]]] = {}
+
+
+def _drop_when_freed(
+    code: types.CodeType,
+    cache: CodeCache[Any],
+    cache_entry: Any,
+    entry: CacheEntry,
+    guards: GuardSet,
+) -> None:
+    watched = [
+        obj
+        for g in guards.guards
+        if isinstance(g.expected, WeakIdentity)
+        and (obj := g.expected.get()) is not None
+        and not isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType)
+    ]
+    if not watched:
+        return
+    key = id(entry)
+    code_ref, cache_ref = weakref.ref(code), weakref.ref(cache)
+
+    def freed(_: weakref.ref[Any]) -> None:
+        if _watchers.pop(key, None) is None:
+            return
+        live_code, live_cache = code_ref(), cache_ref()
+        if live_code is not None:
+            hook.remove_entry(live_code, entry)
+        if live_cache is not None:
+            live_cache.remove(cache_entry)
+
+    _watchers[key] = [weakref.ref(obj, freed) for obj in watched]
 
 
 def reset() -> None:
@@ -177,3 +216,4 @@ def reset() -> None:
     hook.reset()
     guards.reset()
     _caches.clear()
+    _watchers.clear()

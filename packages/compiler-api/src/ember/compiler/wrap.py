@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -113,12 +114,18 @@ class OptimizedModule(torch.nn.Module):
 
 
 def _returning_self(opt: OptimizedModule, method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` of the original, returning the OptimizedModule where it returned the original."""
+    """``method`` of the original, returning the OptimizedModule where it returned the original.
+
+    The wrapper holds ``opt`` weakly: a strong reference would make every
+    OptimizedModule a reference cycle, freed only by the cyclic collector.
+    """
+    opt_ref = weakref.ref(opt)
+    original = opt.__dict__["_orig_mod"]
 
     @functools.wraps(method)
     def delegate(*args: Any, **kwargs: Any) -> Any:
         result = method(*args, **kwargs)
-        return opt if result is opt.__dict__["_orig_mod"] else result
+        return opt_ref() if result is original else result
 
     return delegate
 

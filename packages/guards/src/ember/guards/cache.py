@@ -189,6 +189,22 @@ class CodeCache(Generic[T]):
         self.hook_entries.insert(0, (guards.check, translation))
         return entry
 
+    def remove(self, entry: CacheEntry[T]) -> bool:
+        """Drop ``entry`` (an object :meth:`add` returned); whether it was there.
+
+        >>> from ember.guards import FrameSpec, GuardSet
+        >>> cache = CodeCache("f")
+        >>> entry = cache.add(GuardSet().compile(FrameSpec("f", (), {}, {})), "graph")
+        >>> cache.remove(entry), cache.remove(entry), cache.hook_entries
+        (True, False, [])
+        """
+        for i, existing in enumerate(self.entries):
+            if existing is entry:
+                del self.entries[i]
+                del self.hook_entries[i]
+                return True
+        return False
+
     def clear(self) -> None:
         """Forget entries, reasons and the eager decision."""
         self.entries.clear()

@@ -203,8 +203,60 @@ def _msg_type(g: Guard, fetch: Fetch) -> str:
     return f"type expected {g.expected.__qualname__}, got {got.__qualname__}"
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class WeakIdentity:
+    """The expected object of an ``ID_MATCH`` guard, held by a weak reference.
+
+    A cache entry lives as long as its code object, so a strong reference would
+    keep every module an entry was compiled for alive. A dead referent makes the
+    guard fail, so its id, even if reused by a new object, never matches.
+
+    >>> class Thing: pass
+    >>> thing = Thing()
+    >>> weak = WeakIdentity.of(thing)
+    >>> weak.get() is thing, weak.oid == id(thing)
+    (True, True)
+    """
+
+    ref: weakref.ref[Any]
+    oid: int
+
+    @classmethod
+    def of(cls, obj: object) -> WeakIdentity | None:
+        """A weak identity of ``obj``, or None if it cannot be weakly referenced."""
+        try:
+            return cls(weakref.ref(obj), id(obj))
+        except TypeError:
+            return None
+
+    def get(self) -> Any:
+        """The object, or None once it has been freed."""
+        return self.ref()
+
+
+def _expected_object(expected: object) -> Any:
+    return expected.get() if isinstance(expected, WeakIdentity) else expected
+
+
+def _identity_key(expected: object) -> Hashable:
+    return expected.oid if isinstance(expected, WeakIdentity) else id(expected)
+
+
+def _emit_id(g: Guard, em: Emitter) -> str:
+    if isinstance(g.expected, WeakIdentity):
+        return f"{em.value(g.source)} is {em.bind(g.expected.ref)}()"
+    return f"{em.value(g.source)} is {em.bind(g.expected)}"
+
+
+def _describe_id(expected: object) -> str:
+    obj = _expected_object(expected)
+    if obj is None and isinstance(expected, WeakIdentity):
+        return f"object at {expected.oid:#x}, since deleted"
+    return _short(obj)
+
+
 def _msg_id(g: Guard, fetch: Fetch) -> str:
-    return f"expected the {_short(g.expected)}, got the {_short(fetch(g.source))}"
+    return f"expected the {_describe_id(g.expected)}, got the {_short(fetch(g.source))}"
 
 
 def _msg_length(g: Guard, fetch: Fetch) -> str:
@@ -360,8 +412,8 @@ KINDS: dict[GuardKind, KindRule] = {
         lambda g: f"type({g.source}) is {g.expected.__qualname__}",
     ),
     GuardKind.ID_MATCH: KindRule(
-        1, 2, lambda g, em: f"{em.value(g.source)} is {em.bind(g.expected)}", _msg_id,
-        lambda g: f"{g.source} is the {_short(g.expected)}",
+        1, 2, _emit_id, _msg_id, lambda g: f"{g.source} is the {_describe_id(g.expected)}",
+        key=_identity_key,
     ),
     GuardKind.IS_NONE: KindRule(
         1, 3, lambda g, em: f"{em.value(g.source)} is None", _msg_none,
@@ -413,13 +465,18 @@ def type_match(source: Source, value: object, where: str | None = None) -> Guard
 
 
 def id_match(source: Source, obj: object, where: str | None = None) -> Guard:
-    """``source is obj``: the very same object (a module, a function). The
-    guard holds ``obj`` strongly, so its id can never be reused.
+    """``source is obj``: the very same object (a module, a function).
 
-    >>> id_match(Global("torch"), torch).expected is torch
+    The guard holds ``obj`` weakly when it can (a :class:`WeakIdentity`), so a
+    cached entry does not keep it alive, and strongly otherwise.
+
+    >>> id_match(Global("torch"), torch).expected.get() is torch
     True
+    >>> id_match(Global("n"), 5).expected
+    5
     """
-    return Guard(source, GuardKind.ID_MATCH, obj, where)
+    weak = WeakIdentity.of(obj)
+    return Guard(source, GuardKind.ID_MATCH, obj if weak is None else weak, where)
 
 
 def equals(source: Source, value: object, where: str | None = None) -> Guard:
