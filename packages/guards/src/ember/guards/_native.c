@@ -346,8 +346,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "ember.guards._native",
-    "Hot leaf checks of ember guard sets (see ember/guards/_accel.py).", -1, methods,
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "ember.guards._native",
+    .m_doc = "Hot leaf checks of ember guard sets (see ember/guards/_accel.py).",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC

@@ -68,7 +68,7 @@ class FrameSpec:
         """
         code = fn.__code__
         cells = dict(zip(code.co_freevars, fn.__closure__ or (), strict=True))
-        builtins = fn.__builtins__  # type: ignore[attr-defined]  # 3.10+, not in typeshed
+        builtins = fn.__builtins__
         return cls(
             fn.__qualname__,
             code.co_varnames[: arg_count(code)],
