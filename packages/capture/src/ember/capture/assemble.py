@@ -17,8 +17,8 @@ decoded again and compared with the input.
 >>> code == add_one.__code__
 True
 
-Build code from scratch; a ``LOAD_FAST`` of a name the spec does not list adds
-a local variable:
+Build code from scratch (a ``LOAD_FAST`` of a name missing from ``varnames``
+would add a local variable):
 
 >>> body = [Instr("RESUME", 0), Instr("LOAD_FAST", "x"), Instr("LOAD_CONST", 2),
 ...         Instr("BINARY_OP", 5), Instr("RETURN_VALUE")]
@@ -58,6 +58,8 @@ from ember.capture.bytecode_311 import (
     Label,
     Positions,
     decode,
+    handlers,
+    label_index,
     localsplus_names,
     stack_effect,
     stack_needs,
@@ -68,8 +70,6 @@ __all__ = [
     "StackFlow",
     "assemble",
     "check",
-    "handlers",
-    "label_index",
     "stack_flow",
 ]
 
@@ -79,49 +79,6 @@ __all__ = [
 
 def _where(index: int, instr: Instr) -> str:
     return f"#{index} {dataclasses.replace(instr, label=None)}"
-
-
-def label_index(instrs: Sequence[Instr]) -> dict[Label, int]:
-    """Map each attached label to the index of its instruction.
-
-    >>> here = Label("here")
-    >>> label_index([Instr("NOP"), Instr("NOP", label=here)])[here]
-    1
-    """
-    index: dict[Label, int] = {}
-    for i, instr in enumerate(instrs):
-        if instr.label is not None:
-            if instr.label in index:
-                raise BytecodeError(
-                    f"label {instr.label} is attached to #{index[instr.label]} and #{i}"
-                )
-            index[instr.label] = i
-    return index
-
-
-def handlers(
-    instrs: Sequence[Instr], entries: Sequence[ExceptionEntry]
-) -> list[ExceptionEntry | None]:
-    """The entry that handles each instruction (the later one where entries overlap).
-
-    >>> a, h = Label("a"), Label("h")
-    >>> code = [Instr("NOP", label=a), Instr("NOP"), Instr("PUSH_EXC_INFO", label=h)]
-    >>> [e and str(e.target) for e in handlers(code, [ExceptionEntry(a, a, h, 0)])]
-    ['h', None, None]
-    """
-    index = label_index(instrs)
-    result: list[ExceptionEntry | None] = [None] * len(instrs)
-    for n, entry in enumerate(entries):
-        for what in (entry.start, entry.end, entry.target):
-            if what not in index:
-                raise BytecodeError(
-                    f"exception entry {n} ({entry}): label {what} is not in the list"
-                )
-        first, last = index[entry.start], index[entry.end]
-        if first > last or entry.depth < 0:
-            raise BytecodeError(f"exception entry {n} ({entry}): empty range or negative depth")
-        result[first : last + 1] = [entry] * (last + 1 - first)
-    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,12 +214,13 @@ def _check_pairs(i: int, instr: Instr, instrs: Sequence[Instr]) -> None:
                 f"{_where(i, instr)}: must come right before a PRECALL with"
                 f" at least {len(names)} argument(s)"
             )
-    if (instr.opname == "PRECALL") != (after is not None and after.opname == "CALL") or (
+    alone = (instr.opname == "PRECALL" and (after is None or after.opname != "CALL")) or (
         instr.opname == "CALL" and (before is None or before.opname != "PRECALL")
-    ):
+    )
+    if alone or (instr.opname == "CALL" and before and before.argval != instr.argval):
         raise BytecodeError(f"{_where(i, instr)}: PRECALL n and CALL n must be adjacent")
-    if instr.opname == "PRECALL" and after is not None and after.argval != instr.argval:
-        raise BytecodeError(f"{_where(i, instr)}: the CALL after it has argument {after.argval}")
+    if instr.opname == "YIELD_VALUE" and (after is None or after.opname != "RESUME"):
+        raise BytecodeError(f"{_where(i, instr)}: must be followed by RESUME (gen.throw() looks)")
     if instr.opname == "MAKE_FUNCTION":
         code = before.argval if before is not None and before.opname == "LOAD_CONST" else None
         if not isinstance(code, types.CodeType):
@@ -323,8 +281,10 @@ def check(instrs: Sequence[Instr], entries: Sequence[ExceptionEntry] = ()) -> St
       shape :data:`ARG_KINDS` asks for, with plain numbers in range;
     - every label is attached to one instruction; every jump target and
       exception-entry label is attached to an instruction of the list;
-    - ``KW_NAMES`` comes right before its ``PRECALL``; ``MAKE_FUNCTION``
-      right after ``LOAD_CONST <code>``, with a closure of the right size;
+    - instructions that CPython reads as pairs are adjacent: ``KW_NAMES``
+      then ``PRECALL n`` then ``CALL n`` (a specialised ``PRECALL`` skips the
+      next unit), ``YIELD_VALUE`` then ``RESUME``, ``LOAD_CONST <code>`` then
+      ``MAKE_FUNCTION``, with a ``BUILD_TUPLE`` closure of the right size;
     - prologue instructions come first, and there is a ``RESUME``;
     - positions are ``None`` or well-formed (no end line before the line);
     - the stack never underflows, depths agree where paths join, exception
@@ -333,15 +293,20 @@ def check(instrs: Sequence[Instr], entries: Sequence[ExceptionEntry] = ()) -> St
 
     >>> check([Instr("RESUME", 0), Instr("LOAD_FAST", "x"), Instr("RETURN_VALUE")]).max_depth
     1
-    >>> check([Instr("RESUME", 0), Instr("JUMP", Label("nowhere"))])
+    >>> check([Instr("RESUME", 0), Instr("JUMP", Label("x"))])
     Traceback (most recent call last):
     ...
-    ember.capture.bytecode_311.BytecodeError: #1 JUMP to nowhere: jump target nowhere is not in ...
+    ember.capture.bytecode_311.BytecodeError: #1 JUMP to x: jump target x is not in the list
     """
     if not instrs:
         raise BytecodeError("no instructions")
+    index = label_index(instrs)
     for i, instr in enumerate(instrs):
         _check_arg(i, instr)
+        if instr.opname in JUMPS and instr.target not in index:
+            raise BytecodeError(
+                f"{_where(i, instr)}: jump target {instr.target} is not in the list"
+            )
         _check_pairs(i, instr, instrs)
         _check_positions(i, instr)
     _check_prologue(instrs)
@@ -415,9 +380,13 @@ def _check_spec(spec: CodeSpec, instrs: Sequence[Instr]) -> None:
         (spec.posonlyargcount > spec.argcount, "posonlyargcount exceeds argcount"),
         (
             len({*spec.varnames, *spec.freevars}) != len(spec.varnames) + len(spec.freevars)
-            or len(set(spec.cellvars)) != len(spec.cellvars)
-            or set(spec.cellvars) & set(spec.freevars),
+            or len(set(spec.cellvars)) != len(spec.cellvars),
             "repeated names in varnames, cellvars or freevars",
+        ),
+        (
+            bool(set(spec.cellvars) & set(spec.freevars)),
+            f"{sorted(set(spec.cellvars) & set(spec.freevars))} both cell and free variables:"
+            " unsupported, since instructions name their slots",
         ),
     ]
     ops = [instr.opname for instr in instrs]
@@ -431,6 +400,10 @@ def _check_spec(spec: CodeSpec, instrs: Sequence[Instr]) -> None:
             " (or generator flags without RETURN_GENERATOR)",
         ),
         ("YIELD_VALUE" in ops and not generator, "YIELD_VALUE outside a generator"),
+        (  # it reads the frame's locals dict unchecked; optimized frames have none
+            "LOAD_CLASSDEREF" in ops and bool(flags & inspect.CO_OPTIMIZED),
+            "LOAD_CLASSDEREF in CO_OPTIMIZED code (segfaults: no locals dict)",
+        ),
         (made != sorted(spec.cellvars), f"MAKE_CELL for {made}, cellvars are {spec.cellvars}"),
         (
             copied != ([len(spec.freevars)] if spec.freevars else []),
@@ -751,12 +724,15 @@ def _shape(instrs: Sequence[Instr], entries: Sequence[ExceptionEntry]) -> list[t
     """What a round trip must preserve, label identity replaced by index."""
     index = label_index(instrs)
     shape: list[tuple[object, ...]] = []
-    for instr, entry in zip(instrs, handlers(instrs, entries), strict=True):
+    for i, (instr, entry) in enumerate(zip(instrs, handlers(instrs, entries), strict=True)):
         value = index.get(instr.argval) if isinstance(instr.argval, Label) else instr.argval
         handler = entry and (index[entry.target], entry.depth, entry.lasti)
+        name = FAMILY_OF.get(instr.opname, instr.opname)
+        if name == "JUMP_NO_INTERRUPT" and isinstance(value, int) and value > i:
+            name = "JUMP"  # emitted as JUMP_FORWARD, which decodes as JUMP
         shape.append(
             (
-                FAMILY_OF.get(instr.opname, instr.opname),
+                name,
                 _const_key(value),
                 _normal(instr.positions),
                 handler,
