@@ -68,6 +68,7 @@ def _install_stamp(args: list[str]) -> str:
         pkg = ROOT / "packages" / folder
         inputs += [pkg / "pyproject.toml", pkg / "setup.py"]
         inputs += sorted(pkg.glob("src/**/*.c")) + sorted(pkg.glob("src/**/*.h"))
+        inputs += sorted(pkg.glob("src/**/*.cpp"))
     for path in inputs:
         if path.exists():
             h.update(path.read_bytes())

@@ -38,12 +38,25 @@ def test_native_is_built_here() -> None:
     assert _accel.tensor_match is not _accel.py_tensor_match
 
 
-def test_tensor_match_twins_agree() -> None:
+@pytest.mark.skipif(bool(os.environ.get("EMBER_GUARDS_PURE_PYTHON")), reason="pure Python")
+def test_cxx_tensor_matcher_is_built_here() -> None:
+    message = "C++ tensor matcher not built: torch must be importable while building ember-guards"
+    assert _accel.TENSOR_MATCH_CXX, message
+    assert _accel.tensor_match is _accel._CXX.tensor_match
+
+
+def _tensor_matchers() -> list[object]:
+    found = [m.tensor_match for m in (_accel._NATIVE, _accel._CXX) if m is not None]
+    return [*found, _accel.tensor_match]
+
+
+@pytest.mark.parametrize("matcher", _tensor_matchers(), ids=lambda m: getattr(m, "__module__", "?"))
+def test_tensor_match_twins_agree(matcher) -> None:  # type: ignore[no-untyped-def]
     values = tensors()
     specs = [TensorSpec.of(t) for t in values if isinstance(t, torch.Tensor)]
     for spec, value in itertools.product(specs, values):
         packed = _accel.pack_tensor(spec)
-        native, python = _accel.tensor_match(packed, value), _accel.py_tensor_match(packed, value)
+        native, python = matcher(packed, value), _accel.py_tensor_match(packed, value)
         assert native is python, (spec, value)
         assert native is (eg.specs.tensor_mismatch(spec, value) is None), (spec, value)
 

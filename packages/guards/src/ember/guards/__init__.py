@@ -49,7 +49,7 @@ exactly the frame's argument slots and never raises. Tensor and module
 checks run in a small C extension when it is built (:data:`NATIVE`).
 """
 
-from ember.guards._accel import NATIVE
+from ember.guards._accel import NATIVE, TENSOR_MATCH_CXX
 from ember.guards.cache import (
     DEFAULT_CACHE_SIZE_LIMIT,
     CacheEntry,
@@ -122,6 +122,7 @@ __all__ = [
     "NATIVE",
     "PARAMETERS",
     "STATE_FIELDS",
+    "TENSOR_MATCH_CXX",
     "Attr",
     "Backend",
     "CacheEntry",

@@ -123,14 +123,31 @@ def _load_native() -> Any:
     return _native
 
 
+def _load_cxx() -> Any:
+    if os.environ.get("EMBER_GUARDS_PURE_PYTHON") or os.environ.get("EMBER_GUARDS_NO_CXX"):
+        return None
+    try:
+        from ember.guards import _tensor_match  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _tensor_match
+
+
 _NATIVE = _load_native()
 #: True when the C accelerator is in use (set EMBER_GUARDS_PURE_PYTHON=1 to turn it off).
 NATIVE: bool = _NATIVE is not None
+_CXX = _load_cxx()
+#: True when tensor checks read torch's C++ tensors directly (``_tensor_match.cpp``,
+#: built when torch is importable at build time; EMBER_GUARDS_NO_CXX=1 turns it off).
+TENSOR_MATCH_CXX: bool = _CXX is not None
 
+_tensors = _CXX if TENSOR_MATCH_CXX else _NATIVE
 tensor_match: Callable[[PackedTensor, object], bool] = (
-    _NATIVE.tensor_match if NATIVE else py_tensor_match
+    _tensors.tensor_match if _tensors is not None else py_tensor_match
 )
-tensors_match: Callable[..., bool] = _NATIVE.tensors_match if NATIVE else py_tensors_match
+tensors_match: Callable[..., bool] = (
+    _tensors.tensors_match if _tensors is not None else py_tensors_match
+)
 module_match: Callable[[PackedModule, object], bool] = (
     _NATIVE.module_match if NATIVE else py_module_match
 )

@@ -1,0 +1,118 @@
+// ember.guards._tensor_match: the tensor check of a guard set, against torch's C++ tensor.
+//
+// The pure-C accelerator (_native.c) can only reach a tensor's metadata through
+// torch's Python getters (about 870 ns per tensor: each builds a torch.Size or
+// a tuple). Built against torch's headers, the same check reads the C++ tensor
+// directly (about 80 ns). Same signatures and answers as _native.tensor_match /
+// tensors_match and their Python twins in _accel.py, which the tests compare.
+//
+// A packed spec is the 10-tuple made by _accel.pack_tensor:
+//   (cls, dtype, device | None for cpu, layout, sizes, strides | None,
+//    requires_grad, inference, conj | None, neg)
+#include <Python.h>
+
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+constexpr Py_ssize_t kSpecSize = 10;
+
+bool same_ints(PyObject* expected, c10::IntArrayRef actual) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(expected);
+  if (n != static_cast<Py_ssize_t>(actual.size())) {
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    const long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(expected, i));
+    if (want != actual[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether `obj` matches `spec`; -1 with a Python error for a malformed spec.
+int match(PyObject* spec, PyObject* obj) {
+  if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != kSpecSize) {
+    PyErr_SetString(PyExc_TypeError, "tensor spec must be a packed tuple");
+    return -1;
+  }
+  PyObject* const* f = &PyTuple_GET_ITEM(spec, 0);
+  if (reinterpret_cast<PyObject*>(Py_TYPE(obj)) != f[0] || !THPVariable_Check(obj)) {
+    return 0;
+  }
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.scalar_type() != reinterpret_cast<THPDtype*>(f[1])->scalar_type) return 0;
+    if (f[2] == Py_None ? !t.is_cpu() : t.device() != reinterpret_cast<THPDevice*>(f[2])->device)
+      return 0;
+    if (t.layout() != reinterpret_cast<THPLayout*>(f[3])->layout) return 0;
+    if (!same_ints(f[4], t.sizes())) return 0;
+    if (f[5] != Py_None && !same_ints(f[5], t.strides())) return 0;
+    if (t.requires_grad() != (f[6] == Py_True)) return 0;
+    if (t.is_inference() != (f[7] == Py_True)) return 0;
+    if (f[8] != Py_None && t.is_conj() != (f[8] == Py_True)) return 0;
+    if (t.is_neg() != (f[9] == Py_True)) return 0;
+  } catch (...) {
+    // Symbolic sizes, a sparse tensor asked for strides, ...: not the tensor we guard for.
+    PyErr_Clear();
+    return 0;
+  }
+  if (PyErr_Occurred()) {  // an int in a spec too large for long long
+    PyErr_Clear();
+    return 0;
+  }
+  return 1;
+}
+
+PyObject* tensor_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "tensor_match(spec, obj) takes 2 arguments");
+    return nullptr;
+  }
+  const int ok = match(args[0], args[1]);
+  if (ok < 0) return nullptr;
+  return PyBool_FromLong(ok);
+}
+
+PyObject* tensors_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != nargs - 1) {
+    PyErr_SetString(PyExc_TypeError, "expected (specs, *objects) of equal length");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 1; i < nargs; i++) {
+    const int ok = match(PyTuple_GET_ITEM(args[0], i - 1), args[i]);
+    if (ok < 0) return nullptr;
+    if (ok == 0) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+PyMethodDef methods[] = {
+    {"tensor_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensor_match)),
+     METH_FASTCALL, "tensor_match(spec, obj) -> bool"},
+    {"tensors_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensors_match)),
+     METH_FASTCALL, "tensors_match(specs, *objs) -> bool: every obj matches its spec"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "ember.guards._tensor_match",
+    "Tensor checks of ember guard sets against torch's C++ tensors (see _accel.py).",
+    -1,
+    methods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__tensor_match() {
+  return PyModule_Create(&module_def);
+}
