@@ -23,7 +23,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ember.capture import guarding
+from ember.capture import bytecode_311, guarding
 from ember.capture.values import NULL, Heap, TensorV, Value
 
 MAX_INLINE_DEPTH = 64
@@ -77,19 +77,32 @@ class Instr:
 
 
 def decode(code: types.CodeType) -> list[Instr]:
-    """The code's instructions with jump targets as instruction indices."""
-    raw = list(dis.get_instructions(code))
-    index = {inst.offset: i for i, inst in enumerate(raw)}
+    """The code's instructions (no CACHE or EXTENDED_ARG units), jump targets as indices.
+
+    Indices are those of :func:`ember.capture.bytecode_311.decode`, which the graph
+    break code uses to build resume functions. Opnames are the real 3.11 ones
+    (``POP_JUMP_FORWARD_IF_FALSE``), as the handlers are registered under them.
+    """
+    instrs, _ = bytecode_311.decode(code)
+    where = bytecode_311.label_index(instrs)
+    raw = code.co_code
     out = []
     line = code.co_firstlineno
-    for inst in raw:
-        if inst.positions is not None and inst.positions.lineno is not None:
-            line = inst.positions.lineno
-        target = index[inst.argval] if inst.opcode in dis.hasjrel else None
-        argval = inst.argval
-        if inst.opname == "KW_NAMES":
-            argval = code.co_consts[inst.arg or 0]
-        out.append(Instr(inst.opname, inst.arg, argval, inst.offset, line, target))
+    for ins in instrs:
+        if ins.positions is not None and ins.positions.lineno is not None:
+            line = ins.positions.lineno
+        assert ins.offset is not None
+        opname = dis.opname[raw[ins.offset]]
+        target = where[ins.target] if ins.target is not None else None
+        argval, arg = ins.argval, ins.arg
+        if opname == "LOAD_GLOBAL":  # argval is (push_null, name): keep the name, bit 0 of arg
+            push_null, argval = ins.argval  # type: ignore[misc]
+            arg = int(bool(push_null))
+        elif opname == "KW_NAMES" and isinstance(argval, int):
+            argval = code.co_consts[argval]
+        elif opname == "COMPARE_OP":  # the operator's symbol, as dis gives it
+            argval = dis.cmp_op[arg or 0]
+        out.append(Instr(opname, arg, argval, ins.offset, line, target))
     return out
 
 
