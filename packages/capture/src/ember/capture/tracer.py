@@ -94,10 +94,12 @@ def decode(code: types.CodeType) -> list[Instr]:
         assert ins.offset is not None
         opname = dis.opname[raw[ins.offset]]
         target = where[ins.target] if ins.target is not None else None
-        argval, arg = ins.argval, ins.arg
+        argval: Any = ins.argval
+        arg = ins.arg
         if opname == "LOAD_GLOBAL":  # argval is (push_null, name): keep the name, bit 0 of arg
-            push_null, argval = ins.argval  # type: ignore[misc]
-            arg = int(bool(push_null))
+            assert isinstance(argval, tuple)
+            arg = int(bool(argval[0]))
+            argval = argval[1]
         elif opname == "KW_NAMES" and isinstance(argval, int):
             argval = code.co_consts[argval]
         elif opname == "COMPARE_OP":  # the operator's symbol, as dis gives it
