@@ -139,11 +139,13 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
         # Run the generator to completion now; the caller consumes its yields. Sound
         # while the generator and its consumer do not interleave side effects.
         child.yields = []
-        run_frame(child)
+        run_frame(child)  # runs to completion: no stop index
         from ember.capture.pyrules import make_iter
 
         return make_iter(fs, child.yields)
-    return run_frame(child)
+    result = run_frame(child)
+    assert result is not None
+    return result
 
 
 def _globals_source(fs: FrameState, func: FuncV) -> Callable[[str], Any]:

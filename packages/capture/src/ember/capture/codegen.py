@@ -30,6 +30,8 @@ from ember.capture.hook import argument_names
 #   ("source", source)     an object the frame reaches (returned as is)
 #   ("tuple"|"list", [..]) a container of parts
 #   ("dict", [(k, part)])  a dict with constant keys
+#   ("attr", (part, name)) part.name (a bound method, at a graph break)
+#   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
 Part = tuple[str, Any]
 
 PREFIX = "__ember_"
@@ -73,6 +75,11 @@ def _part_expr(part: Part, constants: list[Any]) -> str:
     if kind == "dict":
         items = ", ".join(f"{k!r}: {_part_expr(p, constants)}" for k, p in payload)
         return "{" + items + "}"
+    if kind == "attr":  # a bound method: getattr(object, name)
+        base, name = payload
+        return f"getattr({_part_expr(base, constants)}, {name!r})"
+    if kind == "iter":  # an iterator over the remaining items of a static sequence
+        return f"iter([{', '.join(_part_expr(p, constants) for p in payload)}])"
     raise AssertionError(kind)
 
 

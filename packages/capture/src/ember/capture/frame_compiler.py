@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import codegen, hook
+from ember.capture import breaks, bytecode_311, codegen, hook
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.tracer import Unsupported
 from ember.capture.translate import Translation, translate
@@ -71,6 +71,7 @@ class Stats:
 
     compiled: list[Compiled] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    breaks: list[Failure] = field(default_factory=list)  # graph breaks, with their reasons
     skipped: list[str] = field(default_factory=list)  # frames with no tensor operations
 
     @property
@@ -129,16 +130,24 @@ class FrameCompiler:
         try:
             translation = translate(frame, self.backend_name)
         except Unsupported as e:
-            return self._failed(frame, cache, e)
+            if self.fullgraph or e.top_index is None:
+                return self._failed(frame, cache, e)
+            try:
+                return self._break(frame, cache, e, e.top_index)
+            except (breaks.CannotBreak, Unsupported) as why:
+                return self._failed(frame, cache, e, why=str(why).splitlines()[0])
         if translation.ops == 0:
             # Nothing for a backend to do: running the frame as it is costs less.
             self.stats.skipped.append(cache.name)
             return Decision.SKIP if not cache.entries else Decision.RUN
         return self._compile(frame, cache, translation)
 
-    def _failed(self, frame: Frame, cache: CodeCache[Any], e: Unsupported) -> Decision:
+    def _failed(
+        self, frame: Frame, cache: CodeCache[Any], e: Unsupported, why: str = ""
+    ) -> Decision:
         location = str(e.location) if e.location is not None else "?"
-        failure = Failure(cache.name, e.reason, e.category, location)
+        reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
+        failure = Failure(cache.name, reason, e.category, location)
         self.stats.failures.append(failure)
         if self.fullgraph:
             raise FullGraphError(
@@ -148,26 +157,53 @@ class FrameCompiler:
         # entries it has and run just this call eagerly.
         return Decision.SKIP if not cache.entries else Decision.RUN
 
+    def _break(self, frame: Frame, cache: CodeCache[Any], e: Unsupported, index: int) -> CacheEntry:
+        """Capture the frame up to instruction ``index``; run it natively; resume after it."""
+        code = frame.code
+        span = breaks.find_span(code, index)
+        t = translate(frame, self.backend_name, stop_at=span.start)
+        assert t.layout is not None
+        instrs, _ = bytecode_311.decode(code)
+        after = breaks.slots_after(instrs, span, t.layout)  # refuses NULLs left below
+        prefix = self._prefix(frame, t)
+        hook.skip(prefix.__code__)  # the prefix is ember's: never intercepted
+        resumes = tuple(
+            hook.function_like(
+                breaks.resume_code(code, target, after, t.layout.live), frame.function
+            )
+            for target in breaks.resume_targets(code, span)
+        )
+        new_code = breaks.replacement_code(code, span, t.layout, prefix, resumes)
+        fn = types.FunctionType(new_code, frame.function.__globals__, code.co_name, None,
+                                frame.function.__closure__)  # fmt: skip
+        location = str(e.location) if e.location is not None else "?"
+        self.stats.breaks.append(Failure(cache.name, e.reason, e.category, location))
+        return self._entry(frame, cache, t, fn, f"graph break at {location.splitlines()[0]}")
+
+    def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
+        compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
+        return codegen.generate(frame.code, frame.function, compiled, t.input_sources, t.output).fn
+
     def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
-        start = time.perf_counter()
         compiled = self.backend(t.graph_module, t.example_inputs)
         replacement = codegen.generate(
             frame.code, frame.function, compiled, t.input_sources, t.output
         )
+        return self._entry(frame, cache, t, replacement.fn, replacement.source)
+
+    def _entry(
+        self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any, described: str
+    ) -> CacheEntry:
+        """Guard ``fn`` with the translation's guards, cache it, record it in the stats."""
+        start = time.perf_counter()
         guards = GuardSet(t.guards.guards)
         checked = guards.compile(FrameSpec.from_function(frame.function))
-        cache_entry = cache.add(checked, replacement.fn)
-        entry = CacheEntry(checked.check, replacement.fn)
+        cache_entry = cache.add(checked, fn)
+        entry = CacheEntry(checked.check, fn)
         _drop_when_freed(frame.code, cache, cache_entry, entry, guards)
+        seconds = t.seconds + time.perf_counter() - start
         self.stats.compiled.append(
-            Compiled(
-                cache.name,
-                t.graph_module,
-                t.ops,
-                guards,
-                t.seconds + time.perf_counter() - start,
-                replacement.source,
-            )
+            Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
         )
         return entry
 
@@ -215,5 +251,6 @@ def reset() -> None:
 
     hook.reset()
     guards.reset()
+    breaks.clear_cache()
     _caches.clear()
     _watchers.clear()

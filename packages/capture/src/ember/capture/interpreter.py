@@ -88,11 +88,17 @@ def handler(*opnames: str) -> Callable[[Handler], Handler]:
     return register
 
 
-def run_frame(fs: FrameState) -> Value:
-    """Step through ``fs`` until it returns; the returned value."""
+def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
+    """Step through ``fs`` until it returns (its value), or until it reaches ``stop_at`` (None).
+
+    When something is unsupported, the outermost frame records the index of its
+    instruction that was running (``Unsupported.top_index``): where a graph break goes.
+    """
     if fs.depth > MAX_INLINE_DEPTH:
         raise Unsupported(f"calls nested deeper than {MAX_INLINE_DEPTH} (recursion?)", "call")
     while fs.result is None:
+        if fs.ip == stop_at:
+            return None
         if fs.ip >= len(fs.instrs):
             raise Unsupported("ran off the end of the code", "internal")
         inst = fs.instrs[fs.ip]
@@ -109,6 +115,8 @@ def run_frame(fs: FrameState) -> Value:
             if e.location is None:
                 e.location = fs.location()
             e.stack.insert(0, fs.location())
+            if fs.depth == 0:
+                e.top_index = fs.ip - 1
             raise
     return fs.result
 

@@ -57,6 +57,7 @@ class Unsupported(Exception):
         self.category = category
         self.location: Location | None = None
         self.stack: list[Location] = []
+        self.top_index: int | None = None  # the outermost frame's instruction (a break point)
 
     def __str__(self) -> str:
         if self.location is None:

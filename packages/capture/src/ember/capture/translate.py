@@ -16,19 +16,24 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.capture import guarding
+from ember.capture import breaks, guarding
+from ember.capture.breaks import Layout
+from ember.capture.builder import _trusted, is_constant
 from ember.capture.codegen import Part
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
 from ember.capture.values import (
     EMPTY,
+    NULL,
     CellV,
     Const,
     DictV,
     FuncV,
+    IterV,
     Lazy,
     ListV,
+    MethodV,
     ModuleV,
     ObjV,
     TensorV,
@@ -50,16 +55,25 @@ class Translation:
     ops: int
     seconds: float
     user_location: str = field(default="")
+    layout: Layout | None = None  # set when translation stopped at a graph break
 
 
-def translate(frame: Frame, backend_name: str) -> Translation:
-    """Capture ``frame`` as one graph; :class:`Unsupported` if it cannot be."""
+def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Translation:
+    """Capture ``frame`` as one graph; :class:`Unsupported` if it cannot be.
+
+    With ``stop_at`` (an instruction index, for a graph break) translation stops
+    before that instruction, and the output is the stack and the bound locals there.
+    """
     start = time.perf_counter()
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
-    result = run_frame(fs)  # symbolic execution of the bytecode
+    result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
     tensors: list[torch.fx.Node] = []
-    output = _output_part(fs, result, tensors)  # how to rebuild the return value
+    layout: Layout | None = None
+    if result is None:  # stopped at a graph break: rebuild the stack and the locals
+        output, layout = _break_state(fs, tensors)
+    else:
+        output = _output_part(fs, result, tensors)  # how to rebuild the return value
     tracer.graph.output(tuple(tensors))  # graph outputs: every tensor in it
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
@@ -75,7 +89,37 @@ def translate(frame: Frame, backend_name: str) -> Translation:
         ops=tracer.ops,
         seconds=time.perf_counter() - start,
         user_location=f"{frame.code.co_filename}:{frame.code.co_firstlineno}",
+        layout=layout,
     )
+
+
+def _break_state(fs: FrameState, tensors: list[torch.fx.Node]) -> tuple[Part, Layout]:
+    """The rebuild spec of the stack values and bound locals where translation stopped."""
+    parts = []
+    for v in fs.stack:
+        if isinstance(v, IterV):  # a loop's iterator goes as the list of what remains
+            parts.append(
+                ("list", [_output_part(fs, x, tensors) for x in fs.tracer.heap.get(v.ref)])
+            )
+        elif v is not NULL:
+            parts.append(_output_part(fs, v, tensors))
+    live = tuple(n for n in fs.locals if not n.startswith(breaks.PREFIX))
+    for name in live:
+        value = fs.locals[name]
+        parts.append(
+            ("source", value.source)
+            if isinstance(value, Lazy)
+            else _output_part(fs, value, tensors)
+        )
+    kinds = tuple(
+        breaks.NULL_SLOT
+        if v is NULL
+        else breaks.ITER_SLOT
+        if isinstance(v, IterV)
+        else breaks.VALUE_SLOT
+        for v in fs.stack
+    )
+    return ("tuple", parts), Layout(kinds, live)
 
 
 def _top_frame(tracer: Tracer, frame: Frame) -> FrameState:
@@ -119,6 +163,12 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("dict", [(k, _output_part(fs, x, tensors)) for k, x in items])
     if isinstance(v, ModuleV | ObjV | FuncV) and v.source is not None:
         return ("source", v.source)
-    if isinstance(v, ObjV) and isinstance(v.obj, type | types.ModuleType):
-        return ("const", v.obj)
-    raise Unsupported(f"returning a {type(v).__name__} made inside compiled code", "output")
+    if isinstance(v, ObjV) and (_trusted(v.obj) or is_constant(v.obj)):
+        return ("const", v.obj)  # a torch function, a builtin, a class, a Python module
+    if isinstance(v, FuncV) and v.fn is not None and not v.closure:
+        return ("const", v.fn)  # a method's function, reached through its (guarded) class
+    if isinstance(v, MethodV):
+        return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
+    if isinstance(v, IterV):
+        return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
+    raise Unsupported(f"a {type(v).__name__} made inside compiled code cannot be rebuilt", "output")

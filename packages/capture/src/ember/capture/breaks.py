@@ -1,0 +1,316 @@
+"""Graph breaks: run the graph so far, the instruction ember cannot follow natively, then resume.
+
+When translation stops at an instruction of the frame (its own, or a call
+whose callee it could not follow), the frame is translated again up to just
+before that instruction, and its replacement becomes, in bytecode:
+
+1. call the *prefix* (a generated Python function, see ``codegen``): it runs the
+   graph and returns the values of the stack and of the live locals, rebuilt;
+2. push those values and store the locals, as the original code had them;
+3. the break instruction(s), copied from the original code (``KW_NAMES``,
+   ``PRECALL``, ``CALL`` for a call), so CPython runs them natively;
+4. call a *resume function* with the stack and the live locals, return its result.
+   A conditional jump gets two resume functions, one per direction.
+
+A resume function is the original code with a new prologue that pushes the
+stack (passed as arguments) and jumps to the instruction after the break. It is
+a fresh code object, so the hook compiles it when it is first called, and so on
+after each break. Resume code is cached per (code, target, stack, locals), so
+recompiling a frame reuses it and its cache.
+
+What cannot break (the frame then runs eagerly, with the reason recorded):
+frames with cell variables, instructions inside ``try``/``with`` blocks, NULLs
+left on the stack below the break, values that cannot be rebuilt.
+
+>>> sorted(BREAKABLE)[:3]
+['BINARY_OP', 'BINARY_SUBSCR', 'BUILD_STRING']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from ember.capture import bytecode_311 as bc
+from ember.capture.assemble import CodeSpec, assemble
+from ember.capture.bytecode_311 import Instr, Label
+
+# Instructions that can run natively between two graphs: their operands are on the
+# stack and they do not read or write names or jump (conditional jumps are handled apart).
+BREAKABLE = frozenset(
+    {
+        "CALL", "CALL_FUNCTION_EX", "BINARY_OP", "BINARY_SUBSCR", "STORE_SUBSCR",
+        "DELETE_SUBSCR", "STORE_ATTR", "LOAD_ATTR", "COMPARE_OP", "CONTAINS_OP", "IS_OP",
+        "FORMAT_VALUE", "BUILD_STRING", "UNARY_NEGATIVE", "UNARY_POSITIVE", "UNARY_INVERT",
+        "UNARY_NOT", "GET_ITER", "STORE_GLOBAL",
+    }
+)  # fmt: skip
+CONDITIONAL = frozenset(
+    f"POP_JUMP_{d}_IF_{c}"
+    for d in ("FORWARD", "BACKWARD")
+    for c in ("TRUE", "FALSE", "NONE", "NOT_NONE")
+)
+CO_FLAGS_DROPPED = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+
+PREFIX = "__ember_"
+
+
+class CannotBreak(Exception):
+    """This frame cannot break at this instruction; it runs eagerly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """The instructions run natively at a break: ``start`` .. ``end`` (indices, included)."""
+
+    start: int
+    end: int
+    conditional: bool
+
+    def operands(self, instrs: list[Instr]) -> int:
+        """How many stack values the span consumes."""
+        last = instrs[self.end]
+        if self.conditional:
+            return 1
+        if last.opname == "CALL":
+            return int(last.arg or 0) + 2
+        effect = dis.stack_effect(
+            dis.opmap[last.opname], last.arg if last.arg is not None else None
+        )
+        produced = (
+            0
+            if last.opname in ("STORE_SUBSCR", "STORE_ATTR", "DELETE_SUBSCR", "STORE_GLOBAL")
+            else 1
+        )
+        return produced - effect
+
+
+def find_span(code: types.CodeType, index: int) -> Span:
+    """The span to run natively when translation stopped at instruction ``index``."""
+    if code.co_cellvars:
+        raise CannotBreak("the frame has cell variables (captured by inner functions)")
+    instrs, entries = bc.decode(code)
+    op = _opname(code, instrs[index])
+    if op in CONDITIONAL:
+        span = Span(index, index, conditional=True)
+    elif op in ("CALL", "PRECALL"):
+        call = index if op == "CALL" else index + 1
+        start = call - 1
+        if start > 0 and instrs[start - 1].opname == "KW_NAMES":
+            start -= 1
+        span = Span(start, call, conditional=False)
+    elif op in BREAKABLE:
+        span = Span(index, index, conditional=False)
+    else:
+        raise CannotBreak(f"{op} cannot run on its own between two graphs")
+    if _in_exception_range(instrs, entries, span):
+        raise CannotBreak("the break is inside a try or with block")
+    return span
+
+
+def _opname(code: types.CodeType, ins: Instr) -> str:
+    assert ins.offset is not None
+    return dis.opname[code.co_code[ins.offset]]
+
+
+def _in_exception_range(instrs: list[Instr], entries: list[bc.ExceptionEntry], span: Span) -> bool:
+    where = bc.label_index(instrs)
+    return any(where[e.start] <= span.end and span.start <= where[e.end] for e in entries)
+
+
+# -- resume functions --------------------------------------------------------------------------
+
+_RESUME_CACHE: dict[tuple[Any, ...], types.CodeType] = {}
+
+
+def resume_code(
+    code: types.CodeType, target: int, kinds: tuple[int, ...], live: tuple[str, ...]
+) -> types.CodeType:
+    """The code that continues ``code`` at instruction ``target`` (cached).
+
+    Its arguments are the stack values (bottom first; ``kinds`` says which are
+    iterators, passed as lists) then the ``live`` locals.
+    """
+    key = (code, target, kinds, live)
+    cached = _RESUME_CACHE.get(key)
+    if cached is not None:
+        return cached
+    instrs, entries = bc.decode(code)
+    body = [
+        i for i in instrs if i.opname not in bc.PROLOGUE_OPS and not _is_first_resume(i, instrs)
+    ]
+    target_instr = instrs[target]
+    label = target_instr.label or Label(f"resume_{target}")
+    if target_instr.label is None:
+        replaced = dataclasses.replace(target_instr, label=label)
+        body = [replaced if i is target_instr else i for i in body]
+    stack_names = tuple(f"{PREFIX}s{k}" for k in range(len(kinds)))
+    args = stack_names + live
+    prologue = _prologue(code)
+    for name, kind in zip(stack_names, kinds, strict=True):
+        prologue += [Instr("LOAD_FAST", name)] + ([Instr("GET_ITER")] if kind == ITER_SLOT else [])
+    prologue.append(Instr("JUMP_FORWARD", label))
+    rest = tuple(n for n in code.co_varnames if n not in args)
+    spec = CodeSpec.of(
+        code,
+        name=f"{PREFIX}resume_at_{target_instr.offset}_{code.co_name}",
+        qualname=f"{code.co_qualname}.<resume at {target_instr.offset}>",
+        argcount=len(args),
+        posonlyargcount=0,
+        kwonlyargcount=0,
+        varnames=args + rest,
+        flags=code.co_flags & ~CO_FLAGS_DROPPED,
+    )
+    new = assemble(prologue + body, entries, spec)
+    _RESUME_CACHE[key] = new
+    return new
+
+
+def _is_first_resume(ins: Instr, instrs: list[Instr]) -> bool:
+    first = next(i for i in instrs if i.opname == "RESUME")
+    return ins is first
+
+
+def _prologue(code: types.CodeType) -> list[Instr]:
+    out = [Instr("COPY_FREE_VARS", len(code.co_freevars))] if code.co_freevars else []
+    return [*out, Instr("RESUME", 0)]
+
+
+# -- the replacement of the breaking frame ---------------------------------------------------------
+
+
+# What a stack slot holds at a break.
+NULL_SLOT, VALUE_SLOT, ITER_SLOT = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What the prefix returns and how the replacement lays it out.
+
+    ``stack`` has one entry per stack slot before the span: ``NULL_SLOT``, or a value
+    taken from the prefix's result in order. An ``ITER_SLOT`` is a loop's iterator: the
+    prefix returns its remaining items as a list, the replacement iterates it
+    (``GET_ITER``), and the resume function receives a list again and does the same,
+    so the translator only ever sees a plain list. ``live`` names the bound locals
+    stored from the rest of the result (ember's own temporaries never are).
+    """
+
+    stack: tuple[int, ...]
+    live: tuple[str, ...]
+
+
+def replacement_code(
+    code: types.CodeType,
+    span: Span,
+    layout: Layout,
+    prefix: types.FunctionType,
+    resumes: tuple[types.FunctionType, ...],
+) -> types.CodeType:
+    """The code that replaces frames of ``code``: prefix, native span, resume call(s)."""
+    instrs, _ = bc.decode(code)
+    where = instrs[span.start].positions
+    args = inspect_args(code)
+    temp = f"{PREFIX}t"
+    out: list[Instr] = _prologue(code)
+    out += [Instr("PUSH_NULL"), Instr("LOAD_CONST", prefix)]
+    out += [Instr("LOAD_FAST", a) for a in args]
+    out += [Instr("PRECALL", len(args)), Instr("CALL", len(args)), Instr("STORE_FAST", temp)]
+    k = 0
+    for slot in layout.stack:
+        if slot == NULL_SLOT:
+            out.append(Instr("PUSH_NULL"))
+            continue
+        out += [Instr("LOAD_FAST", temp), Instr("LOAD_CONST", k), Instr("BINARY_SUBSCR")]
+        out += [Instr("GET_ITER")] if slot == ITER_SLOT else []
+        k += 1
+    for name in layout.live:
+        out += [Instr("LOAD_FAST", temp), Instr("LOAD_CONST", k), Instr("BINARY_SUBSCR")]
+        out.append(Instr("STORE_FAST", name))
+        k += 1
+    out.append(Instr("DELETE_FAST", temp))  # do not keep the graph's outputs alive meanwhile
+    native = [dataclasses.replace(i, label=None) for i in instrs[span.start : span.end + 1]]
+    kinds = slots_after(instrs, span, layout)
+    if span.conditional:
+        other = Label("other_branch")
+        native[-1] = dataclasses.replace(native[-1], argval=other)
+        jumped = _call_resume(resumes[1], kinds, layout.live)
+        jumped[0] = dataclasses.replace(jumped[0], label=other)
+        out += native + _call_resume(resumes[0], kinds, layout.live) + jumped
+    else:
+        out += native + _call_resume(resumes[0], kinds, layout.live)
+    out = [dataclasses.replace(i, positions=i.positions or where) for i in out]
+    temps = tuple(f"{PREFIX}r{j}" for j in range(len(kinds)))
+    spec = CodeSpec.of(
+        code,  # every argument slot positional, as the hook passes them
+        argcount=len(args),
+        posonlyargcount=0,
+        kwonlyargcount=0,
+        varnames=(*code.co_varnames, temp, *temps),
+        flags=code.co_flags & ~CO_FLAGS_DROPPED,
+    )
+    return assemble(out, [], spec)
+
+
+def slots_after(instrs: list[Instr], span: Span, layout: Layout) -> tuple[int, ...]:
+    """The kinds of the stack slots after the span ran (no NULL may remain: it would
+    crash the tuple the resume function's arguments are built in)."""
+    below = len(layout.stack) - span.operands(instrs)
+    if below < 0 or NULL_SLOT in layout.stack[:below]:
+        raise CannotBreak("a pending call (a NULL) sits on the stack below the break")
+    results = () if span.conditional else (VALUE_SLOT,) * _results(instrs[span.end])
+    return layout.stack[:below] + results
+
+
+def resume_targets(code: types.CodeType, span: Span) -> list[int]:
+    """Where execution continues after the span: the next instruction, and a jump's target."""
+    instrs, _ = bc.decode(code)
+    targets = [span.end + 1]
+    if span.conditional:
+        label = instrs[span.end].target
+        assert label is not None
+        targets.append(bc.label_index(instrs)[label])
+    return targets
+
+
+def _results(ins: Instr) -> int:
+    return 0 if ins.opname in ("STORE_SUBSCR", "STORE_ATTR", "DELETE_SUBSCR", "STORE_GLOBAL") else 1
+
+
+def _call_resume(
+    resume: types.FunctionType, kinds: tuple[int, ...], live: tuple[str, ...]
+) -> list[Instr]:
+    """Collect the stack and live locals and ``return resume(*stack, *locals)``.
+
+    Iterators go as lists of their remaining items (``list(it)``).
+    """
+    out: list[Instr] = []
+    temps = [f"{PREFIX}r{j}" for j in range(len(kinds))]
+    out += [Instr("STORE_FAST", t) for t in reversed(temps)]
+    for kind, t in zip(kinds, temps, strict=True):
+        if kind == ITER_SLOT:
+            out += [Instr("PUSH_NULL"), Instr("LOAD_CONST", list), Instr("LOAD_FAST", t)]
+            out += [Instr("PRECALL", 1), Instr("CALL", 1)]
+        else:
+            out.append(Instr("LOAD_FAST", t))
+    out.append(Instr("BUILD_TUPLE", len(kinds)))
+    out += [Instr("LOAD_FAST", n) for n in live]
+    out += [Instr("BUILD_TUPLE", len(live)), Instr("BINARY_OP", 0)]  # stack + locals
+    out += [Instr("PUSH_NULL"), Instr("SWAP", 2), Instr("LOAD_CONST", resume), Instr("SWAP", 2)]
+    out += [Instr("CALL_FUNCTION_EX", 0), Instr("RETURN_VALUE")]
+    return out
+
+
+def inspect_args(code: types.CodeType) -> tuple[str, ...]:
+    """The argument slots of ``code``, in order."""
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return code.co_varnames[:n]
+
+
+def clear_cache() -> None:
+    """Forget cached resume code (``ember.compiler.reset()`` calls this)."""
+    _RESUME_CACHE.clear()

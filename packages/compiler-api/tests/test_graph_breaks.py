@@ -1,0 +1,194 @@
+"""Graph breaks: the graph so far runs, the instruction runs natively, a resume function goes on."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+
+import ember.compiler
+from ember.compiler.testing import CompileCounter
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    ember.compiler.reset()
+    yield
+    ember.compiler.reset()
+
+
+def run(fn, *args, **kwargs):
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(fn, backend=counter)
+    for _ in range(3):
+        got = compiled(*args, **kwargs)
+    torch.testing.assert_close(got, fn(*args, **kwargs))
+    return compiled, counter
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as fh:
+        return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(marker))
+
+
+def test_two_breaks_make_three_graphs(capsys):
+    def f(x):
+        x = x.sin()
+        print("first")
+        x = x.cos()
+        print("second")
+        return x.tan()
+
+    compiled, counter = run(f, torch.randn(4))
+    assert counter.frame_count == 3 and len(compiled.stats.breaks) == 2
+    assert capsys.readouterr().out.count("first") == 4  # three compiled calls and one eager
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_branch_on_a_tensor_takes_the_branch_eager_would(sign):
+    def toy_example(a, b):
+        x = a / (torch.abs(a) + 1)
+        if b.sum() < 0:
+            b = b * -1
+        return x * b
+
+    a, b = torch.randn(5), torch.ones(5) * sign
+    compiled, counter = run(toy_example, a, b)
+    assert counter.frame_count == 2
+    # the other direction compiles its own resume function, once
+    compiled(a, -b)
+    compiled(a, -b)
+    assert counter.frame_count == 3
+    torch.testing.assert_close(compiled(a, -b), toy_example(a, -b))
+
+
+def test_break_inside_a_loop(capsys):
+    def f(x):
+        for i in range(3):
+            x = x * 2
+            print("step", i)
+            x = x + i
+        return x
+
+    compiled, _ = run(f, torch.ones(3))
+    assert len(compiled.stats.breaks) >= 1 and compiled.stats.failures == []
+
+
+def helper_that_prints(x):
+    y = x * 3
+    print("inside helper")
+    return y + 1
+
+
+def test_break_inside_an_inlined_call_happens_at_the_call_site(capsys):
+    def outer(x):
+        a = x.relu()
+        b = helper_that_prints(a)  # the callee then runs as its own frame, captured apart
+        return b - a
+
+    compiled, counter = run(outer, torch.randn(4))
+    assert compiled.stats.breaks[0].location.startswith(f'File "{__file__}"')
+    assert counter.frame_count >= 3  # outer before, helper's two halves, outer after
+    assert compiled.stats.failures == []
+
+
+def test_break_at_a_call_with_keyword_arguments(capsys):
+    def f(x):
+        y = x + 1
+        print("value", end="\\n", sep=" ")
+        return y * 2
+
+    _, counter = run(f, torch.randn(3))
+    assert counter.frame_count == 2
+
+
+def test_f_string_of_a_tensor_breaks(capsys):
+    def f(x):
+        y = x.exp()
+        label = f"{y.sum()}"
+        return y, len(label) > 0
+
+    run(f, torch.randn(2))
+
+
+def test_breaks_in_functions_with_closures_and_star_arguments(capsys):
+    scale = 3.0
+
+    def f(x, *rest, k=2, **opts):
+        y = x * scale + sum(rest)
+        print("break", opts)
+        return y * k
+
+    _, counter = run(f, torch.ones(2), torch.ones(2), k=4, tag="a")
+    assert counter.frame_count == 2
+
+
+def test_attribute_store_on_a_module_runs_natively():
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.calls = self.calls + 1
+            return self.lin(x)
+
+    model = Counter()
+    compiled = ember.compiler.compile(model)
+    for _ in range(3):
+        compiled(torch.ones(1, 2))
+    assert model.calls == 3
+
+
+def raises_after_break(x):
+    print("before")
+    y = x * 2
+    if y.shape[0] == 4:
+        raise ValueError("too long")  # LINE: after break
+    return y
+
+
+def test_exception_after_a_break_names_the_users_line(capsys):
+    compiled = ember.compiler.compile(raises_after_break)
+    with pytest.raises(ValueError, match="too long") as info:
+        compiled(torch.ones(4))
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert (frames[-1].filename, frames[-1].lineno) == (__file__, _line_of("# LINE: after break"))
+
+
+def test_fullgraph_refuses_to_break(capsys):
+    def f(x):
+        print("nope")
+        return x
+
+    with pytest.raises(ember.compiler.FullGraphError, match="print"):
+        ember.compiler.compile(f, fullgraph=True)(torch.ones(1))
+
+
+def test_frames_with_cells_run_eagerly_with_the_reason(capsys):
+    def f(x):
+        k = x.sum()
+
+        def inner():
+            return k
+
+        print("break here")
+        return x * inner()
+
+    compiled, _ = run(f, torch.ones(2))
+    (failure,) = compiled.stats.failures
+    assert "cell variables" in failure.reason
+
+
+def test_break_inside_try_runs_eagerly_with_the_reason(capsys):
+    def f(x):
+        try:
+            print("inside try")
+            return x + 1
+        except ValueError:
+            return x
+
+    compiled, _ = run(f, torch.ones(2))
+    assert any("try" in f.reason for f in compiled.stats.failures)
