@@ -52,7 +52,7 @@ def branches_on_tensor(x):
     [
         (prints, "# LINE: print", "print"),
         (reads_item, "# LINE: item", ".item()"),
-        (branches_on_tensor, "# LINE: tensor branch", "branching on a tensor"),
+        (branches_on_tensor, "# LINE: tensor branch", "data-dependent jump (`if x.sum() > 0:"),
     ],
 )
 def test_fullgraph_error_names_the_users_file_and_line(fn, marker, words):

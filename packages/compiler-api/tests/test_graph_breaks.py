@@ -192,3 +192,37 @@ def test_break_inside_try_runs_eagerly_with_the_reason(capsys):
 
     compiled, _ = run(f, torch.ones(2))
     assert any("try" in f.reason for f in compiled.stats.failures)
+
+
+def toy_example(a, b):
+    x = a / (torch.abs(a) + 1)
+    print("woo")  # LINE: woo
+    if b.sum() < 0:  # LINE: jump
+        b = b * -1
+    return x * b
+
+
+def test_explain_reads_like_dynamos_troubleshooting_guide(capsys):
+    out = ember.compiler.explain(toy_example)(torch.randn(10), torch.randn(10))
+    assert (out.graph_count, out.graph_break_count) == (3, 2)
+    first, second = out.break_reasons
+    assert first.reason == "call to builtin print"
+    assert (first.filename, first.lineno) == (__file__, _line_of("# LINE: woo"))
+    assert second.reason == "data-dependent jump (`if b.sum() < 0:  # LINE: jump`)"
+    assert second.lineno == _line_of("# LINE: jump") and second.hint
+    assert out.ops_per_graph[0] == ("abs", "add", "truediv")
+    assert len(out.guards) == 3 and out.compile_time > 0
+    text = str(out)
+    assert "Graph count: 3" in text and "call to builtin print" in text
+    # explaining leaves nothing behind in the caches
+    from ember.capture import hook
+
+    assert hook.entries(toy_example.__code__) == []
+
+
+def test_explain_reports_item_with_its_hint(capsys):
+    def f(x):
+        return x * x.sum().item()
+
+    (reason,) = ember.compiler.explain(f)(torch.ones(3)).break_reasons
+    assert "item()" in reason.reason and "torch.where" in reason.hint

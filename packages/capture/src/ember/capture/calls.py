@@ -233,7 +233,7 @@ def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
 
 # Tensor methods whose result is data, not a tensor: they need the values.
 TENSOR_DATA_METHODS = {
-    "item": "reading a tensor's value with .item() (keep it a tensor, e.g. torch.where)",
+    "item": "reading a tensor's value with .item()",
     "tolist": "reading a tensor's values with .tolist()",
     "numpy": "converting a tensor to numpy",
     "data_ptr": "reading a tensor's data pointer",
@@ -249,7 +249,8 @@ TENSOR_DATA_METHODS = {
 def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwargs) -> Value:
     """``t.name(*args, **kwargs)``: metadata folds to a constant, the rest is a graph node."""
     if name in TENSOR_DATA_METHODS:
-        raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent")
+        hint = "keep the value a tensor, e.g. torch.where" if name == "item" else ""
+        raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent", hint)
     return graph_call(fs, "call_method", name, [t, *args], kwargs)
 
 

@@ -31,7 +31,7 @@ import torch
 
 from ember.capture import breaks, bytecode_311, codegen, hook
 from ember.capture.hook import CacheEntry, Decision, Frame
-from ember.capture.tracer import Unsupported
+from ember.capture.tracer import Location, Unsupported
 from ember.capture.translate import Translation, translate
 from ember.guards import CodeCache, FrameSpec, GuardSet, WeakIdentity
 from ember.guards import Decision as CacheDecision
@@ -45,12 +45,14 @@ class FullGraphError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A frame that ran eagerly, and why."""
+    """Where and why translation stopped: a graph break, or a frame that ran eagerly."""
 
     code: str  # "qualname (file:line)" of the frame's code
     reason: str
     category: str
     location: str  # the user's file:line and source text where translation stopped
+    hint: str = ""  # one line on how to avoid it
+    where: Location | None = None  # the same place, as fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +115,16 @@ class FrameCompiler:
         *,
         fullgraph: bool = False,
         entry_codes: tuple[types.CodeType, ...] = (),
+        track: bool = False,
     ) -> None:
         self.backend = backend
         self.backend_name = backend_name
         self.fullgraph = fullgraph
         self.entry_codes = entry_codes
         self.stats = Stats()
+        self.track = track
+        # (code, hook entry, cache entry) of every entry made, when tracking (explain)
+        self.made: list[tuple[types.CodeType, CacheEntry, Any]] = []
 
     def __call__(self, frame: Frame) -> CacheEntry | Decision:
         code = frame.code
@@ -147,11 +153,12 @@ class FrameCompiler:
     ) -> Decision:
         location = str(e.location) if e.location is not None else "?"
         reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
-        failure = Failure(cache.name, reason, e.category, location)
+        failure = Failure(cache.name, reason, e.category, location, e.hint, e.location)
         self.stats.failures.append(failure)
         if self.fullgraph:
+            hint = f"\nhint: {e.hint}" if e.hint else ""
             raise FullGraphError(
-                f"ember could not capture {cache.name} as one graph: {e.reason}\n{location}"
+                f"ember could not capture {cache.name} as one graph: {e.reason}\n{location}{hint}"
             ) from None
         # Nothing cached yet: this code runs eagerly from now on. Otherwise keep the
         # entries it has and run just this call eagerly.
@@ -177,7 +184,9 @@ class FrameCompiler:
         fn = types.FunctionType(new_code, frame.function.__globals__, code.co_name, None,
                                 frame.function.__closure__)  # fmt: skip
         location = str(e.location) if e.location is not None else "?"
-        self.stats.breaks.append(Failure(cache.name, e.reason, e.category, location))
+        self.stats.breaks.append(
+            Failure(cache.name, e.reason, e.category, location, e.hint, e.location)
+        )
         return self._entry(frame, cache, t, fn, f"graph break at {location.splitlines()[0]}")
 
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
@@ -200,6 +209,8 @@ class FrameCompiler:
         checked = guards.compile(FrameSpec.from_function(frame.function))
         cache_entry = cache.add(checked, fn)
         entry = CacheEntry(checked.check, fn)
+        if self.track:
+            self.made.append((frame.code, entry, cache_entry))
         _drop_when_freed(frame.code, cache, cache_entry, entry, guards)
         seconds = t.seconds + time.perf_counter() - start
         self.stats.compiled.append(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import truth
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import Const, Value
+from ember.capture.values import Const, TensorV, Value
 
 MAX_STEPS = 500_000  # instructions one translation may step through (unrolled loops included)
 
@@ -39,8 +39,11 @@ def _check_budget(fs: FrameState) -> None:
     )
 )
 def POP_JUMP_IF(fs: FrameState, inst: Instr) -> None:
-    condition = CONDITIONS[inst.opname.split("_IF_")[1]]
-    if condition(fs, fs.pop()):
+    kind = inst.opname.split("_IF_")[1]
+    value = fs.pop()
+    if isinstance(value, TensorV) and kind in ("TRUE", "FALSE"):
+        raise Unsupported(f"data-dependent jump (`{fs.location().text}`)", "data-dependent")
+    if CONDITIONS[kind](fs, value):
         _check_budget(fs)
         fs.jump(inst)
 

@@ -398,7 +398,9 @@ def _convert(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(print)
 def _print(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    raise Unsupported("print() inside compiled code (a side effect)", "side-effect")
+    raise Unsupported(
+        "call to builtin print", "side-effect", "print outside compiled code, or return the value"
+    )
 
 
 FOLDABLE_MODULES = ("math", "operator", "builtins", "_operator")

@@ -43,6 +43,19 @@ class Location:
         return f"{where}\n    {self.text}" if self.text else where
 
 
+# One-line advice per category, for explain() and errors (a raise site may give its own).
+HINTS: dict[str, str] = {
+    "data-dependent": "keep the value a tensor (e.g. torch.where instead of if/else on it)",
+    "side-effect": "move the side effect (printing, mutating inputs) out of the compiled code",
+    "call": "use torch operations, or ember.compiler.allow_in_graph for an opaque function",
+    "opcode": "this Python construct is not captured yet; move it out of the hot path",
+    "user": "ember.compiler.graph_break() was called here on purpose",
+    "module-hooks": "remove the module's hooks, or accept a break at its call",
+    "attribute": "read the attribute outside the compiled code and pass the value in",
+    "tensor-attribute": "pass the value in as an argument instead of reading it here",
+}
+
+
 class Unsupported(Exception):
     """The translator met code it cannot capture into one graph.
 
@@ -51,10 +64,11 @@ class Unsupported(Exception):
     ``stack`` the inlined frames that led there, outermost first.
     """
 
-    def __init__(self, reason: str, category: str = "unsupported") -> None:
+    def __init__(self, reason: str, category: str = "unsupported", hint: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.category = category
+        self.hint = hint or HINTS.get(category, "")
         self.location: Location | None = None
         self.stack: list[Location] = []
         self.top_index: int | None = None  # the outermost frame's instruction (a break point)

@@ -22,11 +22,14 @@ from ember.capture.calls import allow_in_graph, disallow_in_graph
 from ember.capture.frame_compiler import Failure, FullGraphError, Stats
 from ember.capture.frame_compiler import reset as _reset
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
+from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [
+    "BreakReason",
     "CompiledFunction",
+    "ExplainOutput",
     "Failure",
     "FullGraphError",
     "OptimizedModule",
@@ -34,6 +37,7 @@ __all__ = [
     "allow_in_graph",
     "compile",
     "disallow_in_graph",
+    "explain",
     "list_backends",
     "lookup_backend",
     "register_backend",
