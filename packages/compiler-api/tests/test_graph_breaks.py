@@ -226,3 +226,99 @@ def test_explain_reports_item_with_its_hint(capsys):
 
     (reason,) = ember.compiler.explain(f)(torch.ones(3)).break_reasons
     assert "item()" in reason.reason and "torch.where" in reason.hint
+
+
+def test_graph_break_marker_splits_the_graph():
+    def f(x):
+        y = x.sin()
+        ember.compiler.graph_break()
+        return y.cos()
+
+    compiled, counter = run(f, torch.randn(3))
+    assert counter.frame_count == 2
+    assert compiled.stats.breaks[0].reason == "graph_break() called"
+
+
+def test_is_compiling_is_true_only_while_capturing():
+    def f(x):
+        if ember.compiler.is_compiling():
+            return x + 1
+        return x - 1
+
+    compiled = ember.compiler.compile(f)
+    torch.testing.assert_close(compiled(torch.zeros(2)), torch.ones(2))
+    assert not ember.compiler.is_compiling()
+
+
+def test_disable_runs_a_function_without_ember_and_breaks_at_its_call():
+    seen = []
+
+    def inner_helper(x):
+        seen.append(ember.compiler.is_compiling())
+        return x * 2
+
+    quiet = ember.compiler.disable(inner_helper)
+
+    def f(x):
+        return quiet(x.sin()) + 1
+
+    compiled, counter = run(f, torch.randn(3))
+    assert counter.frame_count == 2 and len(compiled.stats.breaks) == 1
+    assert quiet(torch.ones(1)).item() == 2.0
+
+
+def test_disable_not_recursive_skips_only_that_frame():
+    def leaf(x):
+        return x.relu()
+
+    def middle(x):
+        return leaf(x) * 3
+
+    ember.compiler.disable(middle, recursive=False)
+
+    def top(x):
+        return middle(x) + 1
+
+    compiled, _ = run(top, torch.randn(3))
+    from ember.capture import hook
+
+    assert hook.is_skipped(middle.__code__)
+    captured = {c.code.split(" (")[0].rsplit(".", 1)[-1] for c in compiled.stats.compiled}
+    assert "leaf" in captured  # called by the skipped frame: captured on its own
+    assert "middle" not in captured
+
+
+def test_assume_constant_result_folds_the_call():
+    calls = []
+
+    @ember.compiler.assume_constant_result
+    def factor():
+        calls.append(1)
+        return 3.0
+
+    def f(x):
+        return x * factor()
+
+    _, counter = run(f, torch.ones(2))
+    assert counter.frame_count == 1 and len(calls) <= 2  # once while capturing, once eagerly
+
+
+def test_allow_in_graph_takes_a_list_and_disallow_checks_its_argument():
+    def a(x):
+        return x.sin()
+
+    def b(x):
+        return x.cos()
+
+    ember.compiler.allow_in_graph([a, b])
+    try:
+        counter = CompileCounter()
+        compiled = ember.compiler.compile(lambda x: a(x) + b(x), backend=counter)
+        compiled(torch.ones(2))
+        targets = {n.target for n in counter.graphs[0].graph.nodes}
+        assert a in targets and b in targets
+    finally:
+        ember.compiler.disallow_in_graph(a)
+        ember.compiler.disallow_in_graph(b)
+    with pytest.raises(ValueError, match="nothing to disallow"):
+        ember.compiler.disallow_in_graph(print)

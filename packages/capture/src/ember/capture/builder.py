@@ -48,7 +48,9 @@ CONSTANT_TYPES: tuple[type, ...] = (
 
 # Python modules whose attributes are taken as they are, unguarded: ember
 # assumes nobody rebinds torch.relu or math.sqrt between calls (as Dynamo does).
-TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools")
+TRUSTED_MODULE_PREFIXES = (
+    "torch", "math", "operator", "builtins", "functools", "itertools", "ember",
+)  # fmt: skip
 
 
 def is_constant(obj: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding
+from ember.capture import guarding, hook, markers
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported, decode
@@ -183,6 +183,12 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
     assert isinstance(f, FuncV)
     if f.fn is not None and in_graph(f.fn):  # allow_in_graph: one node, not traced into
         return graph_call(fs, "call_function", f.fn, args, kwargs)
+    if f.fn is not None and (markers.is_assumed_constant(f.fn) or f.fn in _marker_functions()):
+        from ember.capture.pyrules import call_python_object
+
+        return call_python_object(fs, f.fn, args, kwargs)
+    if hook.is_skipped(f.code):  # disable(fn, recursive=False) or a SKIP decision
+        raise Unsupported(f"call to {f.code.co_name}, which ember does not capture", "user")
     return inline(fs, f, args, kwargs)
 
 
@@ -264,6 +270,11 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     return call_python_object(fs, obj, args, kwargs)
 
 
+def _marker_functions() -> frozenset[Any]:
+    """ember's own functions with a rule of their own (``graph_break``, ``is_compiling``)."""
+    return frozenset({markers.graph_break, markers.is_compiling})
+
+
 CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
     FuncV: _call_function,
     ModuleV: _call_module,
@@ -309,8 +320,9 @@ NOT_IN_GRAPH = {
 }
 
 _in_graph_ids: set[int] = set()
-_user_allowed: set[int] = set()
-_user_disallowed: set[int] = set()
+# id -> the function itself (held so that its id cannot be reused by another object)
+_user_allowed: dict[int, Any] = {}
+_user_disallowed: dict[int, Any] = {}
 
 
 def in_graph(obj: Any) -> bool:
@@ -323,18 +335,41 @@ def in_graph(obj: Any) -> bool:
                     _in_graph_ids.add(id(value))
         _in_graph_ids.difference_update(id(f) for f in NOT_IN_GRAPH)
     key = id(obj)
-    if key in _user_disallowed:
+    if _user_disallowed.get(key) is obj:
         return False
-    return key in _in_graph_ids or key in _user_allowed or isinstance(obj, torch._ops.OpOverload)
+    if _user_allowed.get(key) is obj:
+        return True
+    return key in _in_graph_ids or isinstance(obj, torch._ops.OpOverload)
 
 
-def allow_in_graph(fn: Any) -> None:
-    """Record calls of ``fn`` as one graph node instead of tracing into it."""
-    _user_disallowed.discard(id(fn))
-    _user_allowed.add(id(fn))
+def allow_in_graph(fn: Any) -> Any:
+    """Record calls of ``fn`` (or of each function in a list) as one graph node each.
+
+    ember does not trace into it; it must be a function of tensors that fake
+    tensors can run. Returns ``fn``, so it works as a decorator.
+
+    >>> def opaque(x):
+    ...     return x.sin()
+    >>> allow_in_graph(opaque) is opaque, in_graph(opaque)
+    (True, True)
+    >>> disallow_in_graph(opaque)
+    """
+    for f in fn if isinstance(fn, list | tuple) else [fn]:
+        _user_disallowed.pop(id(f), None)
+        _user_allowed[id(f)] = f
+    return fn
 
 
 def disallow_in_graph(fn: Any) -> None:
-    """Never record calls of ``fn`` as a graph node (calling it becomes unsupported)."""
-    _user_allowed.discard(id(fn))
-    _user_disallowed.add(id(fn))
+    """Never record calls of ``fn`` as a graph node: calling it breaks the graph.
+
+    Raises ``ValueError`` for a callable ember would not put in a graph anyway.
+
+    >>> disallow_in_graph(print)
+    Traceback (most recent call last):
+    ValueError: ember never puts <built-in function print> in a graph; nothing to disallow
+    """
+    if not in_graph(fn):
+        raise ValueError(f"ember never puts {fn!r} in a graph; nothing to disallow")
+    _user_allowed.pop(id(fn), None)
+    _user_disallowed[id(fn)] = fn

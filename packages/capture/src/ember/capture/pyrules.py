@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding
+from ember.capture import guarding, markers
 from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
@@ -403,11 +403,25 @@ def _print(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     )
 
 
+@rule(markers.graph_break)
+def _graph_break(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    raise Unsupported("graph_break() called", "user")
+
+
+@rule(markers.is_compiling)
+def _is_compiling(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return Const(True)
+
+
 FOLDABLE_MODULES = ("math", "operator", "builtins", "_operator")
 
 
 def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
     """Call a Python callable that is not a torch operation and not inlined user code."""
+    if isinstance(obj, markers.Disabled):
+        raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
+    if markers.is_assumed_constant(obj):
+        return _fold(fs, obj, args, kwargs)  # unguarded, as the user promised
     rule_fn = BUILTIN_RULES.get(obj) if _hashable(obj) else None
     if rule_fn is not None:
         previous, fs.tracer.calling = fs.tracer.calling, obj

@@ -21,6 +21,12 @@ A backend is any callable with the ``torch.compile`` custom-backend contract,
 from ember.capture.calls import allow_in_graph, disallow_in_graph
 from ember.capture.frame_compiler import Failure, FullGraphError, Stats
 from ember.capture.frame_compiler import reset as _reset
+from ember.capture.markers import (
+    assume_constant_result,
+    disable,
+    graph_break,
+    is_compiling,
+)
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
@@ -35,9 +41,13 @@ __all__ = [
     "OptimizedModule",
     "Stats",
     "allow_in_graph",
+    "assume_constant_result",
     "compile",
+    "disable",
     "disallow_in_graph",
     "explain",
+    "graph_break",
+    "is_compiling",
     "list_backends",
     "lookup_backend",
     "register_backend",
