@@ -322,3 +322,39 @@ def test_allow_in_graph_takes_a_list_and_disallow_checks_its_argument():
         ember.compiler.disallow_in_graph(b)
     with pytest.raises(ValueError, match="nothing to disallow"):
         ember.compiler.disallow_in_graph(print)
+
+
+def test_raise_inside_compiled_code_is_a_terminal_break():
+    def f(x):
+        y = x * 2
+        if x.dim() != 2:
+            raise ValueError(f"expected 2-d, got {x.dim()}-d")
+        return y
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="expected 2-d, got 1-d"):
+            compiled(torch.ones(3))
+    assert counter.frame_count == 1 and compiled.stats.breaks[0].category == "exception"
+    torch.testing.assert_close(compiled(torch.ones(2, 2)), torch.ones(2, 2) * 2)
+
+
+def test_grad_mode_blocks_are_captured_in_the_graph():
+    lin = torch.nn.Linear(3, 3)
+
+    def f(x):
+        y = lin(x)
+        with torch.no_grad():
+            z = lin(y) * 2
+        with torch.set_grad_enabled(False):
+            q = y * 3
+        return y + z, z.requires_grad, q.requires_grad
+
+    x = torch.randn(2, 3)
+    compiled, counter = run(f, x)
+    out, z_grad, q_grad = compiled(x)
+    assert (z_grad, q_grad) == (False, False) and out.requires_grad
+    assert counter.frame_count == 1 and torch.is_grad_enabled()
+    out.sum().backward()
+    assert lin.weight.grad is not None

@@ -65,17 +65,23 @@ class CannotBreak(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """The instructions run natively at a break: ``start`` .. ``end`` (indices, included)."""
+    """The instructions run natively at a break: ``start`` .. ``end`` (indices, included).
+
+    ``terminal`` spans (a raise) never fall through: nothing resumes after them.
+    """
 
     start: int
     end: int
     conditional: bool
+    terminal: bool = False
 
     def operands(self, instrs: list[Instr]) -> int:
         """How many stack values the span consumes."""
         last = instrs[self.end]
         if self.conditional:
             return 1
+        if self.terminal:
+            return int(last.arg or 0)
         if last.opname == "CALL":
             return int(last.arg or 0) + 2
         effect = dis.stack_effect(
@@ -105,6 +111,8 @@ def find_span(code: types.CodeType, index: int) -> Span:
         span = Span(start, call, conditional=False)
     elif op in BREAKABLE:
         span = Span(index, index, conditional=False)
+    elif op == "RAISE_VARARGS":
+        span = Span(index, index, conditional=False, terminal=True)
     else:
         raise CannotBreak(f"{op} cannot run on its own between two graphs")
     if _in_exception_range(instrs, entries, span):
@@ -233,8 +241,10 @@ def replacement_code(
         k += 1
     out.append(Instr("DELETE_FAST", temp))  # do not keep the graph's outputs alive meanwhile
     native = [dataclasses.replace(i, label=None) for i in instrs[span.start : span.end + 1]]
-    kinds = slots_after(instrs, span, layout)
-    if span.conditional:
+    kinds = () if span.terminal else slots_after(instrs, span, layout)
+    if span.terminal:
+        out += native
+    elif span.conditional:
         other = Label("other_branch")
         native[-1] = dataclasses.replace(native[-1], argval=other)
         jumped = _call_resume(resumes[1], kinds, layout.live)
@@ -268,6 +278,8 @@ def slots_after(instrs: list[Instr], span: Span, layout: Layout) -> tuple[int, .
 def resume_targets(code: types.CodeType, span: Span) -> list[int]:
     """Where execution continues after the span: the next instruction, and a jump's target."""
     instrs, _ = bc.decode(code)
+    if span.terminal:
+        return []
     targets = [span.end + 1]
     if span.conditional:
         label = instrs[span.end].target

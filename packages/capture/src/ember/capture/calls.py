@@ -25,6 +25,7 @@ from ember.capture.values import (
     Const,
     DictV,
     FuncV,
+    GradExitV,
     Lazy,
     MethodV,
     ModuleV,
@@ -275,12 +276,19 @@ def _marker_functions() -> frozenset[Any]:
     return frozenset({markers.graph_break, markers.is_compiling})
 
 
+def _call_grad_exit(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(f, GradExitV)
+    fs.tracer.set_grad_enabled(f.previous)  # the block's __exit__(None, None, None)
+    return Const(None)
+
+
 CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
     FuncV: _call_function,
     ModuleV: _call_module,
     MethodV: _call_method,
     ObjV: _call_object,
     Const: _call_object,
+    GradExitV: _call_grad_exit,
 }
 
 

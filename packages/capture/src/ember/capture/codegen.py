@@ -32,6 +32,7 @@ from ember.capture.hook import argument_names
 #   ("dict", [(k, part)])  a dict with constant keys
 #   ("attr", (part, name)) part.name (a bound method, at a graph break)
 #   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
+#   ("new", (cls, [..]))   cls(*parts), made afresh on every run (an exception to raise)
 Part = tuple[str, Any]
 
 PREFIX = "__ember_"
@@ -78,6 +79,11 @@ def _part_expr(part: Part, constants: list[Any]) -> str:
     if kind == "attr":  # a bound method: getattr(object, name)
         base, name = payload
         return f"getattr({_part_expr(base, constants)}, {name!r})"
+    if kind == "new":  # an object made again on every run: cls(*args)
+        cls, args = payload
+        constants.append(cls)
+        inner = ", ".join(_part_expr(p, constants) for p in args)
+        return f"{PREFIX}c[{len(constants) - 1}]({inner})"
     if kind == "iter":  # an iterator over the remaining items of a static sequence
         return f"iter([{', '.join(_part_expr(p, constants) for p in payload)}])"
     raise AssertionError(kind)

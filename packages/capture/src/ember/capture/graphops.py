@@ -91,6 +91,8 @@ def mutates(target: Any, kwargs: dict[str, Any]) -> bool:
     name = _name(target)
     if target is operator.setitem or "out" in kwargs:
         return True
+    if target is torch._C._set_grad_enabled:
+        return True
     if name.startswith("__i") and name.endswith("__"):
         return True  # __iadd__ and friends
     return name.endswith("_") and not name.endswith("__")

@@ -39,7 +39,6 @@ UNSUPPORTED: dict[str, str] = {
     "STORE_ATTR": "setting an attribute inside compiled code (a side effect)",
     "DELETE_ATTR": "deleting an attribute inside compiled code (a side effect)",
     "DELETE_SUBSCR": "deleting an item inside compiled code",
-    "BEFORE_WITH": "with-blocks inside compiled code",
     "BEFORE_ASYNC_WITH": "async code",
     "WITH_EXCEPT_START": "with-blocks inside compiled code",
     "PUSH_EXC_INFO": "try/except inside compiled code",
@@ -48,7 +47,6 @@ UNSUPPORTED: dict[str, str] = {
     "CHECK_EG_MATCH": "except* inside compiled code",
     "PREP_RERAISE_STAR": "except* inside compiled code",
     "RERAISE": "try/except inside compiled code",
-    "RAISE_VARARGS": "raising an exception inside compiled code",
     "SEND": "yield from / await",
     "GET_YIELD_FROM_ITER": "generators",
     "GET_AWAITABLE": "async code",
@@ -69,7 +67,6 @@ UNSUPPORTED: dict[str, str] = {
     "DELETE_DEREF": "deleting a closure variable",
     "CACHE": "an inline cache entry is not an instruction",
     "EXTENDED_ARG": "decoded away by dis",
-    "LOAD_ASSERTION_ERROR": "a failing assert",
 }
 
 

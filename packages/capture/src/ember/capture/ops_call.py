@@ -6,7 +6,18 @@ from ember.capture.calls import call_value
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import iterate
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import NULL, CellV, Const, DictV, FuncV, TupleV, Value
+from ember.capture.values import (
+    NULL,
+    CellV,
+    Const,
+    DictV,
+    FuncV,
+    GradExitV,
+    GradModeV,
+    ObjV,
+    TupleV,
+    Value,
+)
 
 
 @handler("KW_NAMES")
@@ -70,6 +81,28 @@ def MAKE_FUNCTION(fs: FrameState, inst: Instr) -> None:
             closure=cells,
         )
     )
+
+
+@handler("BEFORE_WITH")
+def BEFORE_WITH(fs: FrameState, inst: Instr) -> None:
+    manager = fs.pop()
+    if not isinstance(manager, GradModeV):
+        raise Unsupported(f"a with-block over a {type(manager).__name__}", "with")
+    if not manager.applied:
+        fs.tracer.set_grad_enabled(manager.enabled)
+    fs.push(GradExitV(manager.previous))  # what the block's end calls
+    fs.push(Const(None))  # what __enter__ returned
+
+
+@handler("LOAD_ASSERTION_ERROR")
+def LOAD_ASSERTION_ERROR(fs: FrameState, inst: Instr) -> None:
+    fs.push(ObjV(AssertionError))  # an assert that fails while tracing: raised natively
+
+
+@handler("RAISE_VARARGS")
+def RAISE_VARARGS(fs: FrameState, inst: Instr) -> None:
+    # The graph so far runs, then CPython raises: a graph break with nothing to resume.
+    raise Unsupported("raising an exception", "exception", "raise it outside the compiled code")
 
 
 @handler("RETURN_VALUE")

@@ -23,10 +23,12 @@ from ember.capture.values import (
     Const,
     DictV,
     FuncV,
+    GradModeV,
     IterV,
     ListV,
     MethodV,
     ModuleV,
+    NewV,
     ObjV,
     TensorV,
     TupleV,
@@ -403,6 +405,22 @@ def _print(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     )
 
 
+@rule(torch.no_grad, torch.enable_grad)
+def _grad_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    if args or kwargs:
+        raise Unsupported("no_grad()/enable_grad() with arguments", "call")
+    enabled = fs.tracer.calling is torch.enable_grad
+    return GradModeV(enabled, fs.tracer.grad_enabled, applied=False)
+
+
+@rule(torch.set_grad_enabled)
+def _set_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    (mode,) = [*args, *kwargs.values()]
+    previous = fs.tracer.grad_enabled
+    fs.tracer.set_grad_enabled(bool(constant_of(fs, mode)))  # it takes effect when called
+    return GradModeV(fs.tracer.grad_enabled, previous, applied=True)
+
+
 @rule(markers.graph_break)
 def _graph_break(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     raise Unsupported("graph_break() called", "user")
@@ -418,6 +436,8 @@ FOLDABLE_MODULES = ("math", "operator", "builtins", "_operator")
 
 def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
     """Call a Python callable that is not a torch operation and not inlined user code."""
+    if isinstance(obj, type) and issubclass(obj, BaseException) and not kwargs:
+        return NewV(obj, tuple(args))  # raised next, most likely: rebuilt at the raise
     if isinstance(obj, markers.Disabled):
         raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
     if markers.is_assumed_constant(obj):

@@ -144,6 +144,8 @@ class Tracer:
     # the Python type of each input tensor (a Parameter, a subclass), for isinstance()
     real_types: dict[torch.fx.Node, type] = field(default_factory=dict)
     calling: Any = None  # the builtin whose rule is running (rules shared by min/max, ...)
+    # grad mode as the graph will have it at this point (it starts as the frame found it)
+    grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
     steps: int = 0  # jumps taken, to stop unbounded loops
 
     def input_tensor(self, real: torch.Tensor, source: Any) -> TensorV:
@@ -176,6 +178,14 @@ class Tracer:
         self._inputs_by_key[key] = value
         self._inputs_by_id[id(real)] = value
         return value
+
+    def set_grad_enabled(self, enabled: bool) -> None:
+        """Switch grad mode in the graph (a node) and while tracing (for the fake tensors)."""
+        if enabled != self.grad_enabled:
+            node = self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+            node.meta["example_value"] = None
+            torch._C._set_grad_enabled(enabled)
+            self.grad_enabled = enabled
 
     def add_node(
         self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fake: Any

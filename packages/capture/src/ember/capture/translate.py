@@ -35,6 +35,7 @@ from ember.capture.values import (
     ListV,
     MethodV,
     ModuleV,
+    NewV,
     ObjV,
     TensorV,
     TupleV,
@@ -67,7 +68,11 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     start = time.perf_counter()
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
-    result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
+    grad_mode = torch.is_grad_enabled()
+    try:
+        result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
+    finally:
+        torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
     tensors: list[torch.fx.Node] = []
     layout: Layout | None = None
     if result is None:  # stopped at a graph break: rebuild the stack and the locals
@@ -171,4 +176,6 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
     if isinstance(v, IterV):
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
+    if isinstance(v, NewV):
+        return ("new", (v.cls, [_output_part(fs, x, tensors) for x in v.args]))
     raise Unsupported(f"a {type(v).__name__} made inside compiled code cannot be rebuilt", "output")

@@ -38,12 +38,15 @@ __all__ = [
     "Const",
     "DictV",
     "FuncV",
+    "GradExitV",
+    "GradModeV",
     "Heap",
     "IterV",
     "Lazy",
     "ListV",
     "MethodV",
     "ModuleV",
+    "NewV",
     "Null",
     "ObjV",
     "TensorV",
@@ -154,6 +157,35 @@ class ObjV(Value):
     """
 
     obj: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GradModeV(Value):
+    """``torch.no_grad()``, ``torch.enable_grad()`` or ``torch.set_grad_enabled(b)``.
+
+    ``applied``: the mode is already set (``set_grad_enabled`` sets it when called);
+    ``previous`` is the mode to restore on exit.
+    """
+
+    enabled: bool
+    previous: bool
+    applied: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GradExitV(Value):
+    """The ``__exit__`` of a grad-mode block: restores ``previous``."""
+
+    previous: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NewV(Value):
+    """An object made while tracing by calling ``cls(*args)`` (an exception about to be
+    raised): rebuilding it calls ``cls`` again, so every run gets a fresh object."""
+
+    cls: Any
+    args: tuple[Value, ...]
 
 
 @dataclass(frozen=True, slots=True)
