@@ -495,6 +495,51 @@ def user_object_method(x):
     return POINT.scale(x) + POINT.a
 
 
+class Doubled(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+DOUBLED = Doubled(4, 4)
+
+
+@case(t(2, 4))
+def super_forward(x):
+    return DOUBLED(x)
+
+
+class Config:
+    factor = 3.0
+
+    @classmethod
+    def scale(cls, x):
+        return x * cls.factor
+
+    @staticmethod
+    def shift(x):
+        return x + 1
+
+
+@case(t(4))
+def classmethod_and_staticmethod(x):
+    return Config.scale(Config.shift(x))
+
+
+@case(t(4))
+def functools_partial(x):
+    import functools
+
+    add_twice = functools.partial(torch.add, alpha=2)
+    return add_twice(x, x)
+
+
+@case(t(4))
+def map_and_filter(x):
+    doubled = list(map(lambda v: v * 2, [x, x + 1]))
+    kept = list(filter(lambda k: k > 1, [0, 1, 2, 3]))
+    return doubled[0] + doubled[1] * len(kept)
+
+
 @pytest.fixture(autouse=True)
 def fresh():
     ember.compiler.reset()

@@ -20,6 +20,7 @@ from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
+    BoundV,
     Const,
     DictV,
     FuncV,
@@ -27,6 +28,7 @@ from ember.capture.values import (
     MethodV,
     ModuleV,
     ObjV,
+    SuperV,
     TensorV,
     TupleV,
     Value,
@@ -148,7 +150,25 @@ def _function_attr(fs: FrameState, v: Value, name: str) -> Value:
     raise Unsupported(f"attribute {name!r} of a function", "attribute")
 
 
+def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """``super().name``: found in the MRO after ``cls``, bound to the same self."""
+    assert isinstance(v, SuperV)
+    obj = v.self_value
+    real = obj.module if isinstance(obj, ModuleV) else getattr(obj, "obj", None)
+    if real is None:
+        raise Unsupported(f"super() of a {type(obj).__name__}", "call")
+    mro = type(real).__mro__
+    for klass in mro[mro.index(v.cls) + 1 :]:
+        if name in klass.__dict__:
+            found = klass.__dict__[name]
+            if isinstance(found, types.FunctionType):
+                return BoundV(FuncV(found.__code__, found.__globals__, fn=found), obj)
+            return wrap(fs.tracer, getattr(super(v.cls, real), name), None)
+    raise Unsupported(f"super() has no attribute {name!r}", "attribute")
+
+
 ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
+    SuperV: _super_attr,
     TensorV: _tensor_attr,
     ModuleV: _module_attr,
     ObjV: _object_attr,

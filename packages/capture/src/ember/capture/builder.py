@@ -15,6 +15,7 @@ and tensors-free structures are accepted without one.
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,18 @@ import torch
 
 from ember.capture import guarding
 from ember.capture.tracer import Tracer, Unsupported
-from ember.capture.values import Const, DictV, FuncV, ListV, ModuleV, ObjV, TupleV, Value
+from ember.capture.values import (
+    BoundV,
+    Const,
+    DictV,
+    FuncV,
+    ListV,
+    ModuleV,
+    ObjV,
+    PartialV,
+    TupleV,
+    Value,
+)
 
 # Python values compared by equality in guards and folded as constants.
 CONSTANT_TYPES: tuple[type, ...] = (
@@ -150,6 +162,33 @@ def _trusted(obj: Any) -> bool:
     return isinstance(module, str) and module.split(".")[0] in TRUSTED_MODULE_PREFIXES
 
 
+def _wrap_bound_method(tracer: Tracer, obj: Any, source: Any) -> Value:
+    """A real bound method (``obj.method`` stored somewhere, a classmethod): function + self."""
+    if not isinstance(obj.__func__, types.FunctionType):
+        return _wrap_object(tracer, obj, source)
+    if source is not None:
+        tracer.guards.type_of(source, obj)
+    func_src = guarding.attr(source, "__func__") if source is not None else None
+    self_src = guarding.attr(source, "__self__") if source is not None else None
+    return BoundV(wrap(tracer, obj.__func__, func_src), wrap(tracer, obj.__self__, self_src))
+
+
+def _wrap_partial(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if type(obj) is not functools.partial:  # a subclass (ember.compiler.disable, ...)
+        return _wrap_object(tracer, obj, source)
+    if source is not None:
+        tracer.guards.type_of(source, obj)
+    args_src = guarding.attr(source, "args") if source is not None else None
+    return PartialV(
+        wrap(tracer, obj.func, guarding.attr(source, "func") if source is not None else None),
+        tuple(
+            wrap(tracer, a, guarding.item(args_src, i) if args_src is not None else None)
+            for i, a in enumerate(obj.args)
+        ),
+        tuple((k, wrap(tracer, v, None)) for k, v in obj.keywords.items()),
+    )
+
+
 # (type, rule), tried in order: the first whose type matches wins.
 WRAP_RULES: list[tuple[type | tuple[type, ...], Callable[[Tracer, Any, Any], Value]]] = [
     (torch.Tensor, _wrap_tensor),
@@ -159,6 +198,8 @@ WRAP_RULES: list[tuple[type | tuple[type, ...], Callable[[Tracer, Any, Any], Val
     (list, _wrap_list),
     (dict, _wrap_dict),
     ((types.FunctionType, types.BuiltinFunctionType), _wrap_function),
+    (types.MethodType, _wrap_bound_method),
+    (functools.partial, _wrap_partial),
     (object, _wrap_object),
 ]
 

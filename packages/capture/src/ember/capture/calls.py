@@ -21,6 +21,7 @@ from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported, decode
 from ember.capture.values import (
+    BoundV,
     CellV,
     Const,
     DictV,
@@ -30,6 +31,7 @@ from ember.capture.values import (
     MethodV,
     ModuleV,
     ObjV,
+    PartialV,
     TensorV,
     TupleV,
     Value,
@@ -276,6 +278,16 @@ def _marker_functions() -> frozenset[Any]:
     return frozenset({markers.graph_break, markers.is_compiling})
 
 
+def _call_bound(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(f, BoundV)
+    return call_value(fs, f.func, [f.self_value, *args], kwargs)
+
+
+def _call_partial(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(f, PartialV)
+    return call_value(fs, f.func, [*f.args, *args], {**dict(f.kwargs), **kwargs})
+
+
 def _call_grad_exit(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(f, GradExitV)
     fs.tracer.set_grad_enabled(f.previous)  # the block's __exit__(None, None, None)
@@ -289,6 +301,8 @@ CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
     ObjV: _call_object,
     Const: _call_object,
     GradExitV: _call_grad_exit,
+    BoundV: _call_bound,
+    PartialV: _call_partial,
 }
 
 

@@ -26,8 +26,6 @@ HANDLERS: dict[str, Handler] = {}
 # Opcodes deliberately not handled, with the reason a user sees.
 UNSUPPORTED: dict[str, str] = {
     "SETUP_ANNOTATIONS": "class or module bodies are not captured",
-    "IMPORT_NAME": "import statements inside compiled code",
-    "IMPORT_FROM": "import statements inside compiled code",
     "IMPORT_STAR": "import statements inside compiled code",
     "LOAD_NAME": "class or module bodies are not captured",
     "STORE_NAME": "class or module bodies are not captured",

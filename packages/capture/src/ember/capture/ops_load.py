@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import builtins
+import sys
 
 from ember.capture.attrs import load_attr
-from ember.capture.builder import wrap
+from ember.capture.builder import TRUSTED_MODULE_PREFIXES, wrap
 from ember.capture.calls import materialize
 from ember.capture.interpreter import handler
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import EMPTY, NULL, CellV, Lazy, Value
+from ember.capture.values import EMPTY, NULL, CellV, Const, Lazy, Value
 
 
 @handler("LOAD_CONST")
@@ -103,6 +104,27 @@ def STORE_DEREF(fs: FrameState, inst: Instr) -> None:
             f"assigning the closure variable {inst.argval!r} (nonlocal)", "side-effect"
         )
     fs.tracer.heap.set(cell.ref, fs.pop())
+
+
+@handler("IMPORT_NAME")
+def IMPORT_NAME(fs: FrameState, inst: Instr) -> None:
+    fromlist, level = fs.pop(), fs.pop()
+    name = inst.argval
+    if not (isinstance(level, Const) and level.value == 0 and name in sys.modules):
+        raise Unsupported(f"importing {name!r} (not imported yet, or relative)", "import")
+    if name.partition(".")[0] not in TRUSTED_MODULE_PREFIXES:
+        # No source reaches a module imported here, so nothing read from it could be guarded.
+        raise Unsupported(
+            f"importing {name!r} inside compiled code (import it at module level)", "import"
+        )
+    wanted_leaf = isinstance(fromlist, Const) and fromlist.value
+    module = sys.modules[name if wanted_leaf else name.partition(".")[0]]
+    fs.push(wrap(fs.tracer, module, None))  # a module: taken as it is, like torch's
+
+
+@handler("IMPORT_FROM")
+def IMPORT_FROM(fs: FrameState, inst: Instr) -> None:
+    fs.push(load_attr(fs, fs.peek(), inst.argval))
 
 
 @handler("LOAD_ATTR")

@@ -9,6 +9,7 @@ values a ``for`` loop will see, so loops unroll.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
+    CellV,
     Const,
     DictV,
     FuncV,
@@ -30,6 +32,8 @@ from ember.capture.values import (
     ModuleV,
     NewV,
     ObjV,
+    PartialV,
+    SuperV,
     TensorV,
     TupleV,
     Value,
@@ -419,6 +423,51 @@ def _set_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     previous = fs.tracer.grad_enabled
     fs.tracer.set_grad_enabled(bool(constant_of(fs, mode)))  # it takes effect when called
     return GradModeV(fs.tracer.grad_enabled, previous, applied=True)
+
+
+@rule(super)
+def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    if args:  # super(cls, obj)
+        cls, obj = args
+        return SuperV(_class_arg(fs, cls), obj)
+    cell = fs.cells.get("__class__")  # zero-argument super(): the method's class and self
+    if not isinstance(cell, CellV) or not fs.code.co_argcount:
+        raise Unsupported("super() outside a method", "call")
+    from ember.capture.calls import materialize
+
+    cls = materialize(fs, fs.tracer.heap.get(cell.ref))
+    first = materialize(fs, fs.locals.get(fs.code.co_varnames[0], Const(None)))
+    if not isinstance(cls, ObjV) or not isinstance(cls.obj, type):
+        raise Unsupported("super() without a class", "call")
+    return SuperV(cls.obj, first)
+
+
+@rule(functools.partial)
+def _partial(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return PartialV(args[0], tuple(args[1:]), tuple(kwargs.items()))
+
+
+@rule(map)
+def _map(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.calls import call_value
+
+    fn, *iterables = args
+    columns = [iterate(fs, it) for it in iterables]
+    rows = zip(*columns, strict=False)
+    return make_iter(fs, [call_value(fs, fn, list(row), {}) for row in rows])
+
+
+@rule(filter)
+def _filter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.calls import call_value
+
+    fn, iterable = args
+    identity = isinstance(fn, Const) and fn.value is None
+
+    def keep(item: Value) -> bool:
+        return truth(fs, item if identity else call_value(fs, fn, [item], {}))
+
+    return make_iter(fs, [item for item in iterate(fs, iterable) if keep(item)])
 
 
 @rule(markers.graph_break)

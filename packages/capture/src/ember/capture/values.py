@@ -34,6 +34,7 @@ import torch.fx
 
 __all__ = [
     "NULL",
+    "BoundV",
     "CellV",
     "Const",
     "DictV",
@@ -49,6 +50,8 @@ __all__ = [
     "NewV",
     "Null",
     "ObjV",
+    "PartialV",
+    "SuperV",
     "TensorV",
     "TupleV",
     "Value",
@@ -157,6 +160,32 @@ class ObjV(Value):
     """
 
     obj: Any
+
+
+@dataclass(frozen=True, slots=True)
+class BoundV(Value):
+    """A function bound to a first argument: ``super().forward``, a classmethod, a
+    real bound method. Calling it inlines ``func`` with ``self_value`` first."""
+
+    func: Value
+    self_value: Value
+
+
+@dataclass(frozen=True, slots=True)
+class SuperV(Value):
+    """``super()`` inside a method: attribute lookups start after ``cls`` in the MRO."""
+
+    cls: type
+    self_value: Value
+
+
+@dataclass(frozen=True, slots=True)
+class PartialV(Value):
+    """``functools.partial(func, *args, **kwargs)``."""
+
+    func: Value
+    args: tuple[Value, ...]
+    kwargs: tuple[tuple[str, Value], ...]
 
 
 @dataclass(frozen=True, slots=True)
