@@ -10,6 +10,8 @@ builtins and container methods are modelled in :mod:`ember.capture.pyrules`.
 from __future__ import annotations
 
 import inspect
+import os
+import sysconfig
 import types
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,26 @@ from ember.capture.values import (
 )
 
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+_STDLIB = (
+    *(os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")),
+    "<frozen ",
+)
+_SITE = tuple(os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib"))
+_TORCH = os.path.join(os.path.dirname(torch.__file__), "")
+
+
+def is_library_file(filename: str) -> bool:
+    """Code of the standard library or an installed package other than torch (whose
+    ``nn`` modules ember inlines); such functions are called natively, not inlined.
+
+    >>> is_library_file(os.__file__), is_library_file(torch.nn.Linear.forward.__code__.co_filename)
+    (True, False)
+    """
+    if filename.startswith(_TORCH):  # (site-packages may sit inside the stdlib folder)
+        return False
+    return filename.startswith(_STDLIB) or filename.startswith(_SITE)
+
+
 CO_UNTRACEABLE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
 Args = list[Value]
@@ -121,6 +143,10 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
     code = func.code
     if code.co_flags & CO_UNTRACEABLE:
         raise Unsupported(f"calling coroutine function {code.co_name}", "call")
+    if is_library_file(code.co_filename):
+        # Library code (dataclasses, typing, ...) introspects objects in ways ember does not
+        # model faithfully: call it natively instead (a graph break) rather than inline it.
+        raise Unsupported(f"call to library function {code.co_qualname}", "call")
     if (
         func.fn is not None
         and not func.defaults

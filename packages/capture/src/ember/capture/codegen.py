@@ -32,6 +32,7 @@ from ember.capture.hook import argument_names
 #   ("dict", [(k, part)])  a dict with constant keys
 #   ("attr", (part, name)) part.name (a bound method, at a graph break)
 #   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
+#   ("shared", (ref, part)) a list or dict built once however many names refer to it
 #   ("new", (cls, [..]))   cls(*parts), made afresh on every run (an exception to raise)
 Part = tuple[str, Any]
 
@@ -46,9 +47,16 @@ class Replacement:
     source: str
 
 
-def source_expr(source: Any) -> str:
-    """A Python expression that reaches ``source`` inside the generated function."""
-    return guarding.source_expression(source, globals_name=PREFIX + "G")
+def source_expr(source: Any, names: dict[str, str] | None = None) -> str:
+    """A Python expression that reaches ``source`` inside the generated function.
+
+    The generated function's parameters are renamed (``names``): a frame's local may
+    be named anything, e.g. pytest's assertion rewriting makes locals like "@py_assert1".
+    """
+    mapping = names if names is not None else {}
+    return guarding.source_expression(
+        source, globals_name=PREFIX + "G", local=lambda n: mapping.get(n, n)
+    )
 
 
 def _literal(value: Any) -> bool:
@@ -57,8 +65,26 @@ def _literal(value: Any) -> bool:
     return type(value) is float and math.isfinite(value)
 
 
-def _part_expr(part: Part, constants: list[Any]) -> str:
+def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[str, str]) -> str:
+    """A Python expression that rebuilds ``part``.
+
+    Constants that are not literals are appended to ``constants``; a "shared" part (a
+    list or dict several names refer to) is built once, bound with ``:=``, and
+    referred to by name afterwards (``shared`` holds the ones already built);
+    ``names`` maps the frame's argument names to the generated parameters.
+    """
     kind, payload = part
+
+    def sub(p: Part) -> str:
+        return _part_expr(p, constants, shared, names)
+
+    if kind == "shared":
+        ref, inner = payload
+        name = f"{PREFIX}h{ref}"
+        if ref in shared:
+            return name
+        shared.add(ref)
+        return f"({name} := {sub(inner)})"
     if kind == "out":
         return f"{PREFIX}o[{payload}]"
     if kind == "const":
@@ -67,25 +93,23 @@ def _part_expr(part: Part, constants: list[Any]) -> str:
         constants.append(payload)
         return f"{PREFIX}c[{len(constants) - 1}]"
     if kind == "source":
-        return source_expr(payload)
+        return source_expr(payload, names)
     if kind in ("tuple", "list"):
-        inner = ", ".join(_part_expr(p, constants) for p in payload)
+        inner = ", ".join(sub(p) for p in payload)
         if kind == "tuple":
             return f"({inner},)" if len(payload) == 1 else f"({inner})"
         return f"[{inner}]"
     if kind == "dict":
-        items = ", ".join(f"{k!r}: {_part_expr(p, constants)}" for k, p in payload)
-        return "{" + items + "}"
+        return "{" + ", ".join(f"{k!r}: {sub(p)}" for k, p in payload) + "}"
     if kind == "attr":  # a bound method: getattr(object, name)
         base, name = payload
-        return f"getattr({_part_expr(base, constants)}, {name!r})"
+        return f"getattr({sub(base)}, {name!r})"
     if kind == "new":  # an object made again on every run: cls(*args)
         cls, args = payload
         constants.append(cls)
-        inner = ", ".join(_part_expr(p, constants) for p in args)
-        return f"{PREFIX}c[{len(constants) - 1}]({inner})"
+        return f"{PREFIX}c[{len(constants) - 1}]({', '.join(sub(p) for p in args)})"
     if kind == "iter":  # an iterator over the remaining items of a static sequence
-        return f"iter([{', '.join(_part_expr(p, constants) for p in payload)}])"
+        return f"iter([{', '.join(sub(p) for p in payload)}])"
     raise AssertionError(kind)
 
 
@@ -97,13 +121,13 @@ def generate(
     output: Part,
 ) -> Replacement:
     """The replacement for frames of ``code`` (as called through ``function``)."""
-    args = list(argument_names(code))
+    names = {a: f"{PREFIX}a{i}" for i, a in enumerate(argument_names(code))}
     constants: list[Any] = []
-    inputs = ", ".join(source_expr(s) for s in input_sources)
-    result = _part_expr(output, constants)
+    inputs = ", ".join(source_expr(s, names) for s in input_sources)
+    result = _part_expr(output, constants, set(), names)
     freevars = code.co_freevars
     helpers = ["compiled", "unhooked", "G", "c"]
-    params = ", ".join([*args, *(f"{PREFIX}{h}" for h in helpers)])
+    params = ", ".join([*names.values(), *(f"{PREFIX}{h}" for h in helpers)])
     lines = [f"def {PREFIX}make():"]
     if freevars:
         lines.append(f"    {', '.join(freevars)} = {', '.join('None' for _ in freevars)}")

@@ -142,6 +142,10 @@ class FrameCompiler:
                 return self._break(frame, cache, e, e.top_index)
             except (breaks.CannotBreak, Unsupported) as why:
                 return self._failed(frame, cache, e, why=str(why).splitlines()[0])
+            except Exception as bug:  # a bug in ember must never reach the user's code
+                return self._failed(frame, cache, _internal(bug))
+        except Exception as bug:
+            return self._failed(frame, cache, _internal(bug))
         if translation.ops == 0:
             # Nothing for a backend to do: running the frame as it is costs less.
             self.stats.skipped.append(cache.name)
@@ -254,6 +258,13 @@ def _drop_when_freed(
             live_cache.remove(cache_entry)
 
     _watchers[key] = [weakref.ref(obj, freed) for obj in watched]
+
+
+def _internal(bug: Exception) -> Unsupported:
+    """An unexpected error in ember itself, turned into a reason to run the frame eagerly."""
+    e = Unsupported(f"internal error in ember: {type(bug).__name__}: {bug}", "internal")
+    e.hint = "please report it; the frame ran eagerly, so results are unaffected"
+    return e
 
 
 def reset() -> None:

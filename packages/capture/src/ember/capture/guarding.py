@@ -85,7 +85,7 @@ def source_name(source: Source) -> str:
 # -- expressions reaching a source inside generated code ---------------------------------------
 
 _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
-    Local: lambda s, sub, g: s.name,
+    Local: lambda s, sub, g: sub(("local", s.name)),
     Global: lambda s, sub, g: f"{g}[{s.name!r}]",
     Cell: lambda s, sub, g: s.name,
     Attr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
@@ -101,7 +101,9 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
 }
 
 
-def source_expression(source: Source, *, globals_name: str) -> str:
+def source_expression(
+    source: Source, *, globals_name: str, local: Callable[[str], str] = lambda name: name
+) -> str:
     """Python code reaching ``source`` in a function with the frame's arguments and cells.
 
     >>> source_expression(ModuleChild(Local("self"), "w", PARAMETERS), globals_name="G")
@@ -109,6 +111,8 @@ def source_expression(source: Source, *, globals_name: str) -> str:
     """
 
     def sub(s: Any) -> str:
+        if isinstance(s, tuple):  # ("local", name): the name of an argument in the code
+            return local(s[1])
         rule = _EXPRESSIONS.get(type(s))
         if rule is None:
             raise TypeError(f"no expression for source {s!r}")

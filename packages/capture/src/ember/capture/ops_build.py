@@ -123,7 +123,8 @@ def GET_ITER(fs: FrameState, inst: Instr) -> None:
 @handler("FOR_ITER")
 def FOR_ITER(fs: FrameState, inst: Instr) -> None:
     it = fs.peek()
-    assert isinstance(it, IterV), it
+    if not isinstance(it, IterV):
+        raise Unsupported(f"iterating a {type(it).__name__} ember cannot read ahead", "iteration")
     remaining = fs.tracer.heap.get(it.ref)
     if remaining:
         fs.push(remaining.pop(0))

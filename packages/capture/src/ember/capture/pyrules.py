@@ -505,7 +505,17 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         is_const_value(fs, a) for a in [*args, *kwargs.values()]
     ):
         return _fold(fs, obj, args, kwargs)
-    if obj in OPERATOR_TENSOR_FUNCTIONS and any(isinstance(a, TensorV) for a in args):
+    if obj is operator.getitem and len(args) == 2 and not kwargs:
+        return subscript(fs, args[0], args[1])
+    if obj is operator.setitem and len(args) == 3 and not kwargs:
+        store_subscript(fs, args[0], args[1], args[2])
+        return Const(None)
+    containers = (ListV, DictV, TupleV)
+    if (
+        obj in OPERATOR_TENSOR_FUNCTIONS
+        and any(isinstance(a, TensorV) for a in args)
+        and not any(isinstance(a, containers) for a in args)
+    ):
         return graph_call(fs, "call_function", obj, args, kwargs)
     name = getattr(obj, "__qualname__", None) or repr(obj)
     raise Unsupported(f"calling {name} (not a torch operation ember can record)", "call")

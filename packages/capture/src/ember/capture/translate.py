@@ -159,13 +159,15 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("const", v.value)
     if isinstance(v, TupleV):
         return ("tuple", [_output_part(fs, x, tensors) for x in v.items])
-    if isinstance(v, ListV):
+    if isinstance(v, ListV | DictV):
         if v.ref in heap.from_frame and v.source is not None:
-            return ("source", v.source)
-        return ("list", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
-    if isinstance(v, DictV):
-        items = heap.get(v.ref).items()
-        return ("dict", [(k, _output_part(fs, x, tensors)) for k, x in items])
+            return ("source", v.source)  # the caller's own list or dict, not a copy
+        if isinstance(v, ListV):
+            inner: Part = ("list", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
+        else:
+            items = heap.get(v.ref).items()
+            inner = ("dict", [(k, _output_part(fs, x, tensors)) for k, x in items])
+        return ("shared", (v.ref, inner))  # one object, however many names refer to it
     if isinstance(v, ModuleV | ObjV | FuncV) and v.source is not None:
         return ("source", v.source)
     if isinstance(v, ObjV) and (_trusted(v.obj) or is_constant(v.obj)):
