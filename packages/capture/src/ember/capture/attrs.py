@@ -182,8 +182,41 @@ ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
 _MISSING = object()
 
 
+def store_attr(fs: FrameState, obj: Value, name: str, value: Value) -> None:
+    """``obj.name = value`` on an object the frame reaches: recorded, replayed after the graph.
+
+    Only plain stores are recorded: an object with its own ``__setattr__`` (other than
+    nn.Module's, for names that are not parameters, buffers or submodules), a
+    descriptor on the class, or an object with no source is a graph break instead.
+    """
+    real = obj.module if isinstance(obj, ModuleV) else getattr(obj, "obj", None)
+    if not isinstance(obj, ModuleV | ObjV) or obj.source is None or real is None:
+        raise Unsupported(f"setting .{name} on a {type(obj).__name__}", "side-effect")
+    cls = type(real)
+    if isinstance(obj, ModuleV):
+        tables = [real.__dict__.get(t, {}) for t in ("_parameters", "_buffers", "_modules")]
+        if any(name in t for t in tables) or isinstance(value, ModuleV):
+            raise Unsupported(f"setting the parameter, buffer or submodule .{name}", "side-effect")
+    elif cls.__setattr__ is not object.__setattr__:
+        raise Unsupported(f"setting .{name} on a {cls.__name__} with __setattr__", "side-effect")
+    if hasattr(cls, name) and hasattr(getattr(cls, name), "__set__"):
+        raise Unsupported(f"setting the descriptor .{name}", "side-effect")
+    if isinstance(value, TensorV) and isinstance(obj, ModuleV) and value.fake.requires_grad:
+        raise Unsupported(f"setting .{name} to a tensor that requires grad", "side-effect")
+    if fs.in_generator():
+        raise Unsupported("a side effect inside a generator ember runs ahead", "side-effect")
+    fs.tracer.containers.setdefault(id(real), (real, obj))  # keeps `real` alive: ids stay unique
+    fs.tracer.attr_overlay[(id(real), name)] = value
+    fs.tracer.effects.append(("setattr", obj.source, name, value))
+
+
 def load_attr(fs: FrameState, v: Value, name: str) -> Value:
     """The value of ``v.name``."""
+    if fs.tracer.attr_overlay and isinstance(v, ModuleV | ObjV):
+        real = v.module if isinstance(v, ModuleV) else v.obj
+        stored = fs.tracer.attr_overlay.get((id(real), name))
+        if stored is not None:
+            return stored  # stored earlier in this trace
     rule = ATTR_RULES.get(type(v))
     if rule is None:
         raise Unsupported(f"attribute {name!r} of {type(v).__name__}", "attribute")

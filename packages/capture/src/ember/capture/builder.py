@@ -112,6 +112,8 @@ def _wrap_tuple(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 
 def _wrap_list(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if id(obj) in tracer.containers:  # the same list reached again: the same value
+        return tracer.containers[id(obj)][1]
     if source is not None:
         tracer.guards.type_of(source, obj)
         tracer.guards.length(source, obj)
@@ -119,12 +121,16 @@ def _wrap_list(tracer: Tracer, obj: Any, source: Any) -> Value:
         wrap(tracer, x, guarding.item(source, i) if source is not None else None)
         for i, x in enumerate(obj)
     ]
-    return ListV(tracer.heap.new(items, from_frame=source is not None), source=source)
+    value = ListV(tracer.heap.new(items, from_frame=source is not None), source=source)
+    tracer.containers[id(obj)] = (obj, value)
+    return value
 
 
 def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
     if not all(is_constant(k) for k in obj):
         raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
+    if id(obj) in tracer.containers:  # the same dict reached again: the same value
+        return tracer.containers[id(obj)][1]
     if source is not None:
         tracer.guards.type_of(source, obj)
         tracer.guards.dict_keys(source, obj)
@@ -132,7 +138,9 @@ def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
         k: wrap(tracer, v, guarding.item(source, k) if source is not None else None)
         for k, v in obj.items()
     }
-    return DictV(tracer.heap.new(items, from_frame=source is not None), source=source)
+    value = DictV(tracer.heap.new(items, from_frame=source is not None), source=source)
+    tracer.containers[id(obj)] = (obj, value)
+    return value
 
 
 def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:

@@ -113,18 +113,56 @@ def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[s
     raise AssertionError(kind)
 
 
+def _effect_lines(
+    effects: list[tuple[Any, ...]], constants: list[Any], shared: set[int], names: dict[str, str]
+) -> list[str]:
+    """Statements replaying the frame's side effects, in program order."""
+
+    def expr(part: Part) -> str:
+        return _part_expr(part, constants, shared, names)
+
+    lines = []
+    for effect in effects:
+        kind = effect[0]
+        if kind == "setattr":
+            _, source, name, value = effect
+            lines.append(f"setattr({source_expr(source, names)}, {name!r}, {expr(value)})")
+        elif kind == "global":
+            lines.append(f"{PREFIX}G[{effect[1]!r}] = {expr(effect[2])}")
+        elif kind == "cell":
+            lines.append(f"{effect[1]} = {expr(effect[2])}")
+        elif kind == "list":
+            items = ", ".join(expr(p) for p in effect[2])
+            lines.append(f"{source_expr(effect[1], names)}[:] = [{items}]")
+        elif kind == "dict":
+            target = source_expr(effect[1], names)
+            items = ", ".join(f"{k!r}: {expr(p)}" for k, p in effect[2])
+            lines.append(f"{PREFIX}d = {target}; {PREFIX}d.clear(); {PREFIX}d.update({{{items}}})")
+        else:
+            raise AssertionError(kind)
+    return lines
+
+
 def generate(
     code: types.CodeType,
     function: types.FunctionType,
     compiled: Callable[..., Any],
     input_sources: list[Any],
     output: Part,
+    effects: list[tuple[Any, ...]] | None = None,
 ) -> Replacement:
-    """The replacement for frames of ``code`` (as called through ``function``)."""
+    """The replacement for frames of ``code`` (as called through ``function``).
+
+    It loads the graph inputs, runs the graph, replays the side effects
+    (``effects``, see ``translate._effect_parts``) and returns ``output`` rebuilt.
+    """
     names = {a: f"{PREFIX}a{i}" for i, a in enumerate(argument_names(code))}
     constants: list[Any] = []
+    shared: set[int] = set()
     inputs = ", ".join(source_expr(s, names) for s in input_sources)
-    result = _part_expr(output, constants, set(), names)
+    replay = _effect_lines(effects or [], constants, shared, names)
+    result = _part_expr(output, constants, shared, names)
+    rebound = sorted({e[1] for e in effects or [] if e[0] == "cell"})
     freevars = code.co_freevars
     helpers = ["compiled", "unhooked", "G", "c"]
     params = ", ".join([*names.values(), *(f"{PREFIX}{h}" for h in helpers)])
@@ -132,10 +170,13 @@ def generate(
     if freevars:
         lines.append(f"    {', '.join(freevars)} = {', '.join('None' for _ in freevars)}")
     lines.append(f"    def {PREFIX}fn({params}):")
+    if rebound:  # nonlocal stores write the original closure cells
+        lines.append(f"        nonlocal {', '.join(rebound)}")
     if freevars:  # names the same free variables as the original, in the same order
         lines.append(f"        if False: ({', '.join(freevars)},)")
     call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
     lines.append(f"        {PREFIX}o = {call}")
+    lines += [f"        {line}" for line in replay]
     lines.append(f"        return {result}")
     lines.append(f"    return {PREFIX}fn")
     text = "\n".join(lines) + "\n"

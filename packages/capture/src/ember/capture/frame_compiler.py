@@ -146,7 +146,7 @@ class FrameCompiler:
                 return self._failed(frame, cache, _internal(bug))
         except Exception as bug:
             return self._failed(frame, cache, _internal(bug))
-        if translation.ops == 0:
+        if translation.ops == 0 and not translation.effects:
             # Nothing for a backend to do: running the frame as it is costs less.
             self.stats.skipped.append(cache.name)
             return Decision.SKIP if not cache.entries else Decision.RUN
@@ -195,12 +195,14 @@ class FrameCompiler:
 
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
-        return codegen.generate(frame.code, frame.function, compiled, t.input_sources, t.output).fn
+        return codegen.generate(
+            frame.code, frame.function, compiled, t.input_sources, t.output, t.effects
+        ).fn
 
     def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
         compiled = self.backend(t.graph_module, t.example_inputs)
         replacement = codegen.generate(
-            frame.code, frame.function, compiled, t.input_sources, t.output
+            frame.code, frame.function, compiled, t.input_sources, t.output, t.effects
         )
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import builtins
 import sys
 
-from ember.capture.attrs import load_attr
+from ember.capture import guarding
+from ember.capture.attrs import load_attr, store_attr
 from ember.capture.builder import TRUSTED_MODULE_PREFIXES, wrap
 from ember.capture.calls import materialize
 from ember.capture.interpreter import handler
@@ -45,6 +46,9 @@ def LOAD_GLOBAL(fs: FrameState, inst: Instr) -> None:
     name = inst.argval
     if inst.arg is not None and inst.arg & 1:
         fs.push_null()
+    if fs.globals_source is guarding.global_ and name in fs.tracer.global_overlay:
+        fs.push(fs.tracer.global_overlay[name])  # stored earlier in this trace
+        return
     if name in fs.globals:
         fs.push(wrap(fs.tracer, fs.globals[name], fs.globals_source(name)))
         return
@@ -99,11 +103,27 @@ def LOAD_DEREF(fs: FrameState, inst: Instr) -> None:
 @handler("STORE_DEREF")
 def STORE_DEREF(fs: FrameState, inst: Instr) -> None:
     cell = _cell(fs, inst.argval)
+    value = fs.pop()
     if cell.ref in fs.tracer.heap.from_frame:  # a real cell: rebinding it is a side effect
-        raise Unsupported(
-            f"assigning the closure variable {inst.argval!r} (nonlocal)", "side-effect"
-        )
-    fs.tracer.heap.set(cell.ref, fs.pop())
+        if fs.depth != 0 or inst.argval not in fs.code.co_freevars or fs.in_generator():
+            raise Unsupported(f"assigning the closure variable {inst.argval!r}", "side-effect")
+        fs.tracer.effects.append(("cell", inst.argval, value))  # the frame's own nonlocal
+    fs.tracer.heap.set(cell.ref, value)
+
+
+@handler("STORE_GLOBAL")
+def STORE_GLOBAL(fs: FrameState, inst: Instr) -> None:
+    value = fs.pop()
+    if fs.globals_source is not guarding.global_ or fs.in_generator():
+        raise Unsupported("assigning a global of another module, or in a generator", "side-effect")
+    fs.tracer.global_overlay[inst.argval] = value
+    fs.tracer.effects.append(("global", inst.argval, value))
+
+
+@handler("STORE_ATTR")
+def STORE_ATTR(fs: FrameState, inst: Instr) -> None:
+    obj, value = fs.pop(), fs.pop()
+    store_attr(fs, obj, inst.argval, value)
 
 
 @handler("IMPORT_NAME")

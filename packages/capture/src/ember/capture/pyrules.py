@@ -586,9 +586,18 @@ def _sequence_binary(fs: FrameState, op: Any, a: Value, b: Value) -> Value | Non
 
 
 def _mutate(fs: FrameState, v: ListV | DictV) -> Any:
-    """The heap content of a container about to be mutated (not one the frame gave us)."""
+    """The heap content of a container about to be mutated.
+
+    A list or dict the frame was given is mutated in the heap and written back whole
+    after the graph runs (a recorded side effect); one with no source cannot be.
+    """
     if v.ref in fs.tracer.heap.from_frame:
-        raise Unsupported("mutating a list or dict passed into compiled code", "side-effect")
+        if fs.in_generator():
+            raise Unsupported("a side effect inside a generator ember runs ahead", "side-effect")
+        if v.source is None:
+            raise Unsupported("mutating a list or dict ember cannot reach again", "side-effect")
+        if not any(e[0] == "container" and e[1].ref == v.ref for e in fs.tracer.effects):
+            fs.tracer.effects.append(("container", v))
     return fs.tracer.heap.get(v.ref)
 
 

@@ -147,6 +147,15 @@ class Tracer:
     # grad mode as the graph will have it at this point (it starts as the frame found it)
     grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
     steps: int = 0  # jumps taken, to stop unbounded loops
+    # Python side effects, replayed in this order right after the graph runs:
+    #   ("setattr", obj_source, name, value) | ("global", name, value) | ("cell", name, value)
+    #   ("container", value): a list or dict the frame passed in, written back whole
+    effects: list[tuple[Any, ...]] = field(default_factory=list)
+    attr_overlay: dict[tuple[int, str], Value] = field(default_factory=dict)  # (id(obj), name)
+    # one value per real list or dict from the frame, by identity (kept alive while tracing),
+    # so that every name and path reaching it sees the same mutations
+    containers: dict[int, tuple[Any, Value]] = field(default_factory=dict)
+    global_overlay: dict[str, Value] = field(default_factory=dict)  # stored globals
 
     def input_tensor(self, real: torch.Tensor, source: Any) -> TensorV:
         """The graph input for the tensor reached by ``source`` (one placeholder per tensor)."""
@@ -239,6 +248,15 @@ class FrameState:
 
     def push_null(self) -> None:
         self.stack.append(NULL)
+
+    def in_generator(self) -> bool:
+        """Whether this frame, or one that called it, is a generator ember runs ahead."""
+        frame: FrameState | None = self
+        while frame is not None:
+            if frame.yields is not None:
+                return True
+            frame = frame.parent
+        return False
 
     def location(self) -> Location:
         line = self.current.lineno if self.current else self.code.co_firstlineno

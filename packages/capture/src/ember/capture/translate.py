@@ -57,6 +57,7 @@ class Translation:
     seconds: float
     user_location: str = field(default="")
     layout: Layout | None = None  # set when translation stopped at a graph break
+    effects: list[tuple[Any, ...]] = field(default_factory=list)  # see codegen.generate
 
 
 def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Translation:
@@ -79,6 +80,7 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
         output, layout = _break_state(fs, tensors)
     else:
         output = _output_part(fs, result, tensors)  # how to rebuild the return value
+    effects = _effect_parts(fs, tensors)  # side effects, replayed after the graph
     tracer.graph.output(tuple(tensors))  # graph outputs: every tensor in it
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
@@ -95,7 +97,26 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
         seconds=time.perf_counter() - start,
         user_location=f"{frame.code.co_filename}:{frame.code.co_firstlineno}",
         layout=layout,
+        effects=effects,
     )
+
+
+def _effect_parts(fs: FrameState, tensors: list[torch.fx.Node]) -> list[tuple[Any, ...]]:
+    """The recorded side effects, their values as rebuild specs, in program order."""
+    out: list[tuple[Any, ...]] = []
+    for effect in fs.tracer.effects:
+        kind = effect[0]
+        if kind == "container":
+            v = effect[1]
+            items = fs.tracer.heap.get(v.ref)
+            if isinstance(v, ListV):
+                out.append(("list", v.source, [_output_part(fs, x, tensors) for x in items]))
+            else:
+                parts = [(k, _output_part(fs, x, tensors)) for k, x in items.items()]
+                out.append(("dict", v.source, parts))
+        else:
+            out.append((*effect[:-1], _output_part(fs, effect[-1], tensors)))
+    return out
 
 
 def _break_state(fs: FrameState, tensors: list[torch.fx.Node]) -> tuple[Part, Layout]:
