@@ -156,11 +156,14 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks under benchmarks/ (prints ratios; asserts nothing)."""
+    """The benchmark suite, benchmarks/run.py: a markdown table and JSON in bench-results/.
+
+    Arguments after ``--`` go to run.py: ``nox -s bench -- --quick``, ``-- --compare old.json``.
+    """
     editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
     _install(session, *editable)
-    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
-        session.run("python", str(script), *session.posargs, env=_BENCH_ENV)
+    args = [a for a in session.posargs if a != "--reinstall"]
+    session.run("python", "benchmarks/run.py", *args, env=_BENCH_ENV)
 
 
 # glibc returns large blocks to the OS on every free unless told otherwise, which makes

@@ -1,0 +1,214 @@
+"""The benchmark suite: which programs ``benchmarks/run.py`` measures, at which sizes.
+
+A *family* is a program and its inputs at two sizes (``full`` for the real
+run, ``quick`` for the smoke run) and, if it has parameters, how to train it
+(targets, loss, optimizer). Each family gives an inference *workload*
+(``<family>-infer``, run under ``torch.no_grad``) and, when it trains, a
+training workload (``<family>-train``: forward, loss, backward, optimizer
+step). The program itself is what gets compiled; loss and optimizer run eagerly.
+
+>>> sorted(WORKLOADS)[:3]
+['bert-infer', 'bert-train', 'gpt-infer']
+>>> run = WORKLOADS["mlp-train"].prepare(quick=True)
+>>> run.step().ndim  # a training step returns the loss
+0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from models import MLP, RNN, ConvNet
+from models.suite import BreakingNet, Decoder, Encoder, pointwise_chain, softmax_layernorm
+from torch import nn
+
+__all__ = ["FAMILIES", "QUICK", "WORKLOADS", "Family", "Prepared", "Workload"]
+
+Program = nn.Module | Callable[..., Any]
+Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def _sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def _adamw(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def _classes(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.flatten(0, -2), labels.flatten())
+
+
+@dataclass(frozen=True)
+class Family:
+    """A program at two sizes; ``train`` is ``(targets, loss, optimizer)`` if it has parameters."""
+
+    name: str
+    about: str
+    build: Callable[[bool], tuple[Program, tuple[Any, ...]]]  # quick -> (program, inputs)
+    targets: Callable[[bool], Any] | None = None  # quick -> what the loss compares against
+    loss: Callable[[Any, Any], torch.Tensor] | None = None
+    optimizer: Optimizer | None = None
+
+
+def _pointwise(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    n = 256 if quick else 1024
+    return pointwise_chain, (torch.randn(n, n), torch.randn(n, n))
+
+
+def _softmax_ln(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    b, t, d = (4, 32, 64) if quick else (32, 128, 256)
+    return softmax_layernorm, (torch.randn(b, t, d), torch.randn(d), torch.randn(d))
+
+
+def _mlp(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    sizes, batch = ((32, 64, 64, 10), 8) if quick else ((256, 1024, 1024, 10), 64)
+    return MLP(sizes), (torch.randn(batch, sizes[0]),)
+
+
+def _cnn(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    channels, shape = (8, (2, 3, 16, 16)) if quick else (16, (8, 3, 32, 32))
+    return ConvNet(channels), (torch.randn(shape),)
+
+
+def _gpt(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    vocab, dim, layers, heads, t, b = (64, 32, 2, 2, 16, 2) if quick else (512, 128, 4, 4, 64, 4)
+    return Decoder(vocab, dim, layers, heads, t), (torch.randint(0, vocab, (b, t)),)
+
+
+def _bert(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    vocab, dim, layers, heads, t, b = (64, 32, 2, 2, 16, 2) if quick else (1000, 128, 4, 4, 64, 4)
+    lengths = torch.randint(t // 2, t + 1, (b, 1))
+    keep = torch.arange(t)[None, :] < lengths  # padding mask: True where a token is real
+    return Encoder(vocab, dim, layers, heads, t), (torch.randint(0, vocab, (b, t)), keep)
+
+
+def _rnn(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    inputs, hidden, outputs, b, t = (8, 16, 4, 4, 6) if quick else (32, 128, 8, 16, 32)
+    return RNN(inputs, hidden, outputs), (torch.randn(b, t, inputs),)
+
+
+def _breaks(quick: bool) -> tuple[Program, tuple[Any, ...]]:
+    dim, hidden, b = (32, 64, 8) if quick else (256, 512, 64)
+    return BreakingNet(dim, hidden), (torch.randn(b, dim),)
+
+
+def _labels(classes: int, full: tuple[int, ...], quick: tuple[int, ...]) -> Callable[[bool], Any]:
+    return lambda q: torch.randint(0, classes, quick if q else full)
+
+
+def _values(full: tuple[int, ...], quick: tuple[int, ...]) -> Callable[[bool], Any]:
+    return lambda q: torch.randn(quick if q else full)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family("pointwise", "17 elementwise ops on two 1024x1024 tensors (a function)", _pointwise),
+        Family("softmax-ln", "softmax, residual, layer norm, 32x128x256 (a function)", _softmax_ln),
+        Family("mlp", "MLP 256-1024-1024-10, batch 64", _mlp,
+               _labels(10, (64,), (8,)), _classes, _sgd),
+        Family("resnet", "ResNet-style CNN, 16 channels, BatchNorm, 8x3x32x32", _cnn,
+               _labels(10, (8,), (2,)), _classes, _sgd),
+        Family("gpt", "GPT decoder: vocab 512, dim 128, 4 blocks, 4x64 tokens", _gpt,
+               _labels(512, (4, 64), (2, 16)), _classes, _adamw),
+        Family("bert", "BERT encoder: vocab 1000, dim 128, 4 layers, 4x64 tokens, padding", _bert,
+               _labels(2, (4,), (2,)), _classes, _adamw),
+        Family("rnn", "Elman RNN, Python loop over 32 steps, hidden 128, batch 16", _rnn,
+               _values((16, 32, 8), (4, 6, 4)), F.mse_loss, _sgd),
+        Family("graph-breaks", "MLP with an item() branch and a tolist() trip, batch 64", _breaks,
+               _values((64, 256), (8, 32)), F.mse_loss, _sgd),
+    ]
+}  # fmt: skip
+
+
+@dataclass
+class Prepared:
+    """A workload made ready: the program to compile, and one step of the workload over it.
+
+    ``compile(fn)`` swaps in a compiled version of the program; ``step()`` then
+    runs it (an inference call, or a whole training step returning the loss).
+    """
+
+    program: Program
+    inputs: tuple[Any, ...]
+    mode: str
+    step_fn: Callable[[Callable[..., Any]], Any]
+    callable: Callable[..., Any] | None = None
+
+    def compile(self, make: Callable[[Program], Callable[..., Any]]) -> None:
+        self.callable = make(self.program)
+
+    def step(self) -> Any:
+        return self.step_fn(self.program if self.callable is None else self.callable)
+
+    def forward(self, fn: Callable[..., Any]) -> Any:
+        """One call of ``fn`` on the inputs, with autograd on only when training."""
+        with torch.set_grad_enabled(self.mode == "train"):
+            return fn(*self.inputs)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers after the steps so far (empty for a function)."""
+        if not isinstance(self.program, nn.Module):
+            return {}
+        return {k: v.detach().clone() for k, v in self.program.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One row group of the report: a family in ``infer`` or ``train`` mode."""
+
+    family: Family
+    mode: str  # "infer" | "train"
+
+    @property
+    def name(self) -> str:
+        return f"{self.family.name}-{self.mode}"
+
+    def prepare(self, quick: bool = False, seed: int = 0) -> Prepared:
+        """Build the program, inputs (and targets, optimizer) from ``seed``."""
+        torch.manual_seed(seed)
+        program, inputs = self.family.build(quick)
+        if isinstance(program, nn.Module):
+            program.train(self.mode == "train")
+        if self.mode == "infer":
+            return Prepared(program, inputs, self.mode, lambda fn: _infer(fn, inputs))
+        assert isinstance(program, nn.Module) and self.family.optimizer and self.family.targets
+        targets, loss = self.family.targets(quick), self.family.loss
+        opt = self.family.optimizer(program.parameters())
+        step = lambda fn: _train(fn, inputs, targets, loss, opt)  # noqa: E731
+        return Prepared(program, inputs, self.mode, step)
+
+
+def _infer(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> Any:
+    with torch.no_grad():
+        return fn(*inputs)
+
+
+def _train(
+    fn: Callable[..., Any],
+    inputs: tuple[Any, ...],
+    targets: Any,
+    loss: Any,
+    opt: torch.optim.Optimizer,
+) -> torch.Tensor:
+    opt.zero_grad(set_to_none=True)
+    value: torch.Tensor = loss(fn(*inputs), targets)
+    value.backward()
+    opt.step()
+    return value.detach()
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for f in FAMILIES.values()
+    for w in [Workload(f, "infer"), *([Workload(f, "train")] if f.optimizer else [])]
+}
+
+# The smoke run (--quick): a training step, and the graph-breaking program.
+QUICK = ["mlp-train", "graph-breaks-infer"]

@@ -1,0 +1,96 @@
+"""The benchmark runner (benchmarks/run.py): its smoke run, its crash and wrong-answer reports.
+
+The smoke run (``--quick``) starts one process per workload, configuration
+and phase, as the full run does, at small sizes; it asserts what the run
+found (rows, statuses, graphs, breaks), never how fast anything was.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+RUN = ROOT / "benchmarks" / "run.py"
+
+
+def bench(*args: str, out: Path) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+    """Run run.py with ``args``; its output and the results it wrote (``None`` if none)."""
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = out / "results.json"
+    return proc, json.loads(written.read_text()) if written.exists() else None
+
+
+@pytest.mark.slow
+def test_quick_run_reports_every_workload_under_every_configuration(tmp_path):
+    proc, results = bench("--quick", out=tmp_path)
+    configs = results["meta"]["configs"]
+    assert configs[:2] == ["eager", "ember:eager"] and "torch:eager" in configs
+    assert results["meta"]["threads"] == 1 and results["meta"]["quick"]
+    rows = {(r["workload"], r["config"]): r for r in results["results"]}
+    assert set(rows) == {(w, c) for w in ("mlp-train", "graph-breaks-infer") for c in configs}
+    for row in rows.values():
+        assert row["status"] in ("ok", "wrong", "crash", "timeout"), row
+        if row["status"] == "ok":
+            assert row["median_ms"] > 0 and row["ratio"] > 0 and row["peak_mib"] is not None
+        else:  # ember is the system under test: a failure is reported, with its error
+            assert row["config"].startswith("ember:") and row["error"], row
+        if row["config"] != "eager" and row["status"] == "ok":
+            assert row["cold_s"] is not None and row["warm_s"] is not None, row
+            assert row["graphs"] + row["breaks"] >= 1, row  # a graph, or a frame that ran eagerly
+    assert rows["mlp-train", "eager"]["status"] == "ok"
+    peer = rows["mlp-train", "torch:eager"]
+    assert (peer["status"], peer["graphs"], peer["breaks"]) == ("ok", 1, 0)
+    assert peer["overhead_us"] is not None and peer["max_error"] is not None
+    peer_breaks = rows["graph-breaks-infer", "torch:eager"]
+    assert (peer_breaks["graphs"], peer_breaks["breaks"]) == (3, 2)
+    assert any("item()" in note for note in peer_breaks["notes"])
+    assert proc.stdout.startswith("# ember benchmarks")
+    assert (tmp_path / "results.md").read_text() == proc.stdout.rstrip("\n") + "\n"
+
+    again = tmp_path / "again"
+    saved = str(tmp_path / "results.json")
+    compared, written = bench("--load", saved, "--compare", saved, out=again)
+    assert "## Change" in compared.stdout and "ok → ok" in compared.stdout
+    assert written is None, "--load runs nothing and writes nothing"
+
+
+@pytest.mark.slow
+def test_a_crashing_configuration_is_reported_not_dropped(tmp_path):
+    _, results = bench(
+        "--quick", "--workloads", "graph-breaks-infer", "--configs", "eager,torch:nonsense",
+        out=tmp_path,
+    )  # fmt: skip
+    rows = {r["config"]: r for r in results["results"]}
+    assert rows["eager"]["status"] == "ok"
+    assert rows["torch:nonsense"]["status"] == "crash"
+    assert "nonsense" in rows["torch:nonsense"]["error"]
+
+
+def test_wrong_results_are_reported_with_the_error(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    want, got = tmp_path / "want.pt", tmp_path / "got.pt"
+    torch.save({"results": [torch.ones(3)], "state": {}}, want)
+    torch.save({"results": [torch.tensor([1.0, 1.5, 1.0])], "state": {}}, got)
+    reference = {"status": "ok", "tensors": str(want)}
+    verdict = run.check("infer", reference, {"status": "ok", "tensors": str(got)})
+    assert verdict["status"] == "wrong" and verdict["max_error"] == 0.5
+    assert "results" in verdict["error"]
+    assert run.check("infer", reference, reference)["status"] == "ok"
+    assert run.check("infer", None, reference)["status"] == "no reference"
