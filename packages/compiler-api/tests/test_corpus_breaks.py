@@ -2058,8 +2058,6 @@ COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
             "it: the frame runs eagerly"
         ),
     ),
-    "while_halving": ("4/4", _RESUME),
-    "while_true_break_on_tensor": ("3/3", _RESUME),
     "random_randint": ("0/0", _REBUILD),
     "lambda_that_prints": ("1/1", _REBUILD),
     "partial_that_prints": ("1/1", _REBUILD),

@@ -133,6 +133,10 @@ def _in_exception_range(instrs: list[Instr], entries: list[bc.ExceptionEntry], s
 # -- resume functions --------------------------------------------------------------------------
 
 _RESUME_CACHE: dict[tuple[Any, ...], types.CodeType] = {}
+# resume code -> (the original code, how many instructions earlier the original has each
+# instruction): a resume function that breaks again resumes from the original code, so a
+# loop that breaks on every turn reuses one resume function instead of making one per turn.
+_RESUME_ORIGIN: dict[types.CodeType, tuple[types.CodeType, int]] = {}
 
 
 def resume_code(
@@ -143,6 +147,10 @@ def resume_code(
     Its arguments are the stack values (bottom first; ``kinds`` says which are
     iterators, passed as lists) then the ``live`` locals.
     """
+    origin = _RESUME_ORIGIN.get(code)
+    if origin is not None:  # a resume function breaking again: continue the original code
+        original, shift = origin
+        return resume_code(original, target - shift, kinds, live)
     key = (code, target, kinds, live)
     cached = _RESUME_CACHE.get(key)
     if cached is not None:
@@ -151,6 +159,7 @@ def resume_code(
     body = [
         i for i in instrs if i.opname not in bc.PROLOGUE_OPS and not _is_first_resume(i, instrs)
     ]
+    removed = len(instrs) - len(body)  # the original prologue, all at the front
     target_instr = instrs[target]
     label = target_instr.label or Label(f"resume_{target}")
     if target_instr.label is None:
@@ -175,6 +184,7 @@ def resume_code(
     )
     new = assemble(prologue + body, entries, spec)
     _RESUME_CACHE[key] = new
+    _RESUME_ORIGIN[new] = (code, len(prologue) - removed)
     return new
 
 
@@ -326,3 +336,4 @@ def inspect_args(code: types.CodeType) -> tuple[str, ...]:
 def clear_cache() -> None:
     """Forget cached resume code (``ember.compiler.reset()`` calls this)."""
     _RESUME_CACHE.clear()
+    _RESUME_ORIGIN.clear()
