@@ -358,3 +358,26 @@ def test_grad_mode_blocks_are_captured_in_the_graph():
     assert counter.frame_count == 1 and torch.is_grad_enabled()
     out.sum().backward()
     assert lin.weight.grad is not None
+
+
+def test_generated_code_is_immune_to_shadowed_builtins(capsys):
+    source = (
+        "import torch\n"
+        "iter = getattr = setattr = None  # a module that shadows builtins\n"
+        "class Box:\n"
+        "    pass\n"
+        "def f(x, box):\n"
+        "    for i in range(2):\n"
+        "        x = x * 2\n"
+        "        print('turn', i)\n"
+        "    box.value = x.sum()\n"
+        "    return x\n"
+    )
+    namespace: dict[str, object] = {"__name__": "shadowing"}
+    exec(compile(source, "<shadowing>", "exec"), namespace)
+    f, box_type = namespace["f"], namespace["Box"]
+    compiled = ember.compiler.compile(f)
+    eager_box, box = box_type(), box_type()
+    torch.testing.assert_close(compiled(torch.ones(2), box), f(torch.ones(2), eager_box))
+    torch.testing.assert_close(box.value, eager_box.value)
+    assert compiled.stats.failures == []

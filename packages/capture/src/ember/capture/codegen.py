@@ -15,6 +15,7 @@ self.scale
 
 from __future__ import annotations
 
+import builtins
 import math
 import types
 from collections.abc import Callable
@@ -103,13 +104,13 @@ def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[s
         return "{" + ", ".join(f"{k!r}: {sub(p)}" for k, p in payload) + "}"
     if kind == "attr":  # a bound method: getattr(object, name)
         base, name = payload
-        return f"getattr({sub(base)}, {name!r})"
+        return f"{PREFIX}B.getattr({sub(base)}, {name!r})"
     if kind == "new":  # an object made again on every run: cls(*args)
         cls, args = payload
         constants.append(cls)
         return f"{PREFIX}c[{len(constants) - 1}]({', '.join(sub(p) for p in args)})"
     if kind == "iter":  # an iterator over the remaining items of a static sequence
-        return f"iter([{', '.join(sub(p) for p in payload)}])"
+        return f"{PREFIX}B.iter([{', '.join(sub(p) for p in payload)}])"
     raise AssertionError(kind)
 
 
@@ -126,7 +127,9 @@ def _effect_lines(
         kind = effect[0]
         if kind == "setattr":
             _, source, name, value = effect
-            lines.append(f"setattr({source_expr(source, names)}, {name!r}, {expr(value)})")
+            lines.append(
+                f"{PREFIX}B.setattr({source_expr(source, names)}, {name!r}, {expr(value)})"
+            )
         elif kind == "global":
             lines.append(f"{PREFIX}G[{effect[1]!r}] = {expr(effect[2])}")
         elif kind == "cell":
@@ -164,7 +167,7 @@ def generate(
     result = _part_expr(output, constants, shared, names)
     rebound = sorted({e[1] for e in effects or [] if e[0] == "cell"})
     freevars = code.co_freevars
-    helpers = ["compiled", "unhooked", "G", "c"]
+    helpers = ["compiled", "unhooked", "G", "c", "B"]  # B: builtins, never shadowed
     params = ", ".join([*names.values(), *(f"{PREFIX}{h}" for h in helpers)])
     lines = [f"def {PREFIX}make():"]
     if freevars:
@@ -191,7 +194,13 @@ def generate(
         co_filename=code.co_filename,
         co_firstlineno=code.co_firstlineno,
     )
-    defaults = (compiled, _eval_frame.call_unhooked, function.__globals__, tuple(constants))
+    defaults = (
+        compiled,
+        _eval_frame.call_unhooked,
+        function.__globals__,
+        tuple(constants),
+        builtins,
+    )
     fn = types.FunctionType(
         new_code, function.__globals__, code.co_name, defaults, function.__closure__
     )
