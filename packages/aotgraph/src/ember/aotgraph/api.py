@@ -1,0 +1,183 @@
+"""``aot_compile``: the pipeline from a captured graph to a compiled, differentiable callable.
+
+The pipeline, one pass per line (:meth:`AOTCompiled.build`):
+
+    signature = analyze(lifted, inputs)         # outputs: need grad? alias an input?
+    joint     = trace_joint(lifted, inputs)     # functional aten joint forward+backward
+    part      = partition(joint)                # forward graph, backward graph, saved values
+    forward   = fw_compiler(part.forward)       # the caller's compilers, once each
+    backward  = bw_compiler(part.backward)
+    Runtime(signature, forward, backward)       # autograd.Function + write-backs + views
+
+When no input requires grad, or grad mode is off, the forward-only graph goes to
+``inference_compiler`` instead. The callable picks the path on every call, and
+builds the other one the first time it is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.aotgraph import check
+from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
+from ember.aotgraph.mincut import min_cut_partition
+from ember.aotgraph.partition import Partition, Partitioner, default_partition
+from ember.aotgraph.runtime import Runtime
+from ember.aotgraph.trace import JointGraph, Lifted, Signature, analyze, trace_forward, trace_joint
+
+__all__ = ["PARTITIONERS", "AOTCompiled", "Compiler", "aot_compile"]
+
+Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
+
+# The partitioners aot_compile knows by name.
+PARTITIONERS: dict[str, Partitioner] = {
+    "default": default_partition,
+    "min_cut": min_cut_partition,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The compilers, partitioner and decompositions one ``aot_compile`` call was given."""
+
+    fw_compiler: Compiler
+    bw_compiler: Compiler
+    inference_compiler: Compiler
+    partition: Partitioner
+    decompositions: dict[Any, Callable[..., Any]]
+
+
+@dataclass
+class AOTCompiled:
+    """What :func:`aot_compile` returns: call it with the graph module's inputs.
+
+    It also keeps what it built, for inspection: ``joint`` and ``partition`` for
+    training calls (``partition.saved_bytes`` is the memory the forward graph keeps
+    alive for the backward graph), ``inference_graph`` for forward-only calls.
+    """
+
+    lifted: Lifted
+    settings: Settings
+    training: Runtime | None = None
+    inference: Runtime | None = None
+    joint: JointGraph | None = None
+    partition: Partition | None = None
+    inference_graph: torch.fx.GraphModule | None = None
+    _check: bool = field(default_factory=check.enabled)
+
+    def __call__(self, *args: Any) -> Any:
+        inputs = self.lifted.flat_inputs(args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            runtime = self.training or self.build(inputs, grad=True)
+        else:
+            runtime = self.inference or self.build(inputs, grad=False)
+        return runtime(inputs)
+
+    def build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime:
+        """Trace, partition and compile the training (``grad``) or inference path."""
+        signature = analyze(self.lifted, inputs, grad=grad)
+        if signature.training:
+            runtime = self._build_training(inputs, signature)
+            self.training = runtime
+        else:
+            runtime = self._build_inference(inputs, signature)
+            if grad:
+                self.training = runtime
+            else:
+                self.inference = runtime
+        return runtime
+
+    def _build_inference(self, inputs: list[torch.Tensor], signature: Signature) -> Runtime:
+        graph = trace_forward(self.lifted, inputs, signature, self.settings.decompositions)
+        if self._check:
+            check.check_joint(graph)
+        self.inference_graph = graph.gm
+        compiled = self.settings.inference_compiler(graph.gm, list(inputs))
+        return Runtime(signature, graph.mutated, compiled)
+
+    def _build_training(self, inputs: list[torch.Tensor], signature: Signature) -> Runtime:
+        joint = trace_joint(self.lifted, inputs, signature, self.settings.decompositions)
+        if self._check:
+            check.check_joint(joint)
+        for i in joint.mutated:
+            if inputs[i].requires_grad:
+                raise NotImplementedError(
+                    f"aot_compile: input {i} requires grad and is mutated in place; "
+                    "run this function eagerly"
+                )
+        part = self.settings.partition(joint)
+        if self._check:
+            check.check_partition(joint, part)
+        self.joint, self.partition = joint, part
+        fw = self.settings.fw_compiler(part.forward, list(inputs))
+        bw_inputs = [n.meta.get("val") for n in part.backward.graph.find_nodes(op="placeholder")]
+        bw = self.settings.bw_compiler(part.backward, bw_inputs)
+        mutated_saved = {f"primals_{i + 1}" for i in joint.mutated}
+        clone = tuple(k for k, name in enumerate(part.saved) if name in mutated_saved)
+        return Runtime(signature, joint.mutated, fw, bw, clone)
+
+
+def _partitioner(partition: str | Partitioner) -> Partitioner:
+    if callable(partition):
+        return partition
+    if partition not in PARTITIONERS:
+        raise ValueError(f"unknown partition {partition!r}; known: {', '.join(PARTITIONERS)}")
+    return PARTITIONERS[partition]
+
+
+def aot_compile(
+    gm: torch.fx.GraphModule | Callable[..., Any],
+    example_inputs: Sequence[Any],
+    *,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    inference_compiler: Compiler | None = None,
+    partition: str | Partitioner = "min_cut",
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+) -> AOTCompiled:
+    """Compile ``gm`` ahead of time into a forward graph and a backward graph.
+
+    ``gm`` takes flat inputs (parameters lifted to inputs, as ember's capture
+    makes them, or kept as attributes, as ``symbolic_trace`` does) and returns a
+    tensor, or a tuple or list of them. Each compiler has the backend contract
+    ``(gm, example_inputs) -> callable`` and receives a functional aten graph
+    that returns a list: the forward graph's example inputs are the real flat
+    inputs (parameters last), the backward graph's are fake tensors (shapes,
+    strides and dtypes only). ``bw_compiler`` and ``inference_compiler`` default
+    to ``fw_compiler``. ``partition`` is ``"min_cut"``, ``"default"`` or a
+    function ``JointGraph -> Partition``. ``decompositions`` replaces
+    :func:`default_decompositions` (ember's own entries, which fix semantics,
+    are always added).
+
+    >>> import torch
+    >>> seen = []
+    >>> def show(gm, example_inputs):
+    ...     seen.append(sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
+    ...     return gm
+    >>> f = aot_compile(torch.fx.symbolic_trace(torch.nn.Linear(3, 2)), [torch.randn(4, 3)],
+    ...                 fw_compiler=show)
+    >>> f(torch.randn(4, 3)).sum().backward()
+    >>> for ops in seen:
+    ...     print(ops)
+    ['aten.addmm.default', 'aten.t.default']
+    ['aten.mm.default', 'aten.sum.dim_IntList', 'aten.t.default', 'aten.view.default']
+    """
+    table = default_decompositions() if decompositions is None else dict(decompositions)
+    table.update(DECOMPOSITIONS)
+    settings = Settings(
+        fw_compiler,
+        bw_compiler or fw_compiler,
+        inference_compiler or fw_compiler,
+        _partitioner(partition),
+        table,
+    )
+    compiled = AOTCompiled(Lifted.of(gm, example_inputs), settings)
+    inputs = compiled.lifted.flat_inputs(example_inputs)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    compiled.build(inputs, grad=grad)
+    return compiled

@@ -1,0 +1,139 @@
+"""The runtime around compiled graphs: an ``autograd.Function``, write-backs and views.
+
+:class:`Runtime` holds one compiled forward (or inference) graph, the compiled
+backward graph when there is one, and what :func:`~ember.aotgraph.trace.analyze`
+learned. Calling it:
+
+1. runs the forward graph, through :class:`CompiledFunction` when it trains, so
+   the saved values stay in the autograd context and the backward graph runs
+   on ``backward()``;
+2. copies the new values of mutated inputs back into the caller's tensors
+   (BatchNorm running statistics, in-place ops on inputs);
+3. rebuilds the output structure: graph outputs, inputs returned as they are,
+   views of inputs made again from the caller's tensors, constants.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(lambda x: x * 2)
+>>> from ember.aotgraph.trace import Lifted, analyze
+>>> sig = analyze(Lifted.of(gm, [torch.ones(2)]), [torch.ones(2)], grad=False)
+>>> Runtime(sig, (), lambda x: [x * 2])([torch.ones(2)])
+tensor([2., 2.])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.autograd.function import once_differentiable
+
+from ember.aotgraph.trace import Signature
+
+__all__ = ["CompiledFunction", "Runtime"]
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """A compiled forward graph (and backward graph, when training) and how to call it."""
+
+    signature: Signature
+    mutated: tuple[int, ...]  # tensor inputs whose new values follow the graph outputs
+    forward: Callable[..., Sequence[torch.Tensor]]
+    backward: Callable[..., Sequence[torch.Tensor | None]] | None = None
+    clone_saved: tuple[int, ...] = ()  # saved values that are inputs mutated by this call
+
+    @property
+    def num_forward_outputs(self) -> int:
+        """Graph outputs plus mutation values: what ``CompiledFunction`` returns."""
+        return len(self.signature.graph_outputs) + len(self.mutated)
+
+    def non_differentiable(self) -> tuple[int, ...]:
+        """``CompiledFunction`` outputs that never get a gradient."""
+        grad = set(self.signature.grad_outputs)
+        return tuple(j for j in range(self.num_forward_outputs) if j not in grad)
+
+    def __call__(self, inputs: list[torch.Tensor]) -> Any:
+        if self.backward is not None:
+            outs = CompiledFunction.apply(self, *inputs)
+        else:
+            outs = self.forward(*inputs)
+        n = len(self.signature.graph_outputs)
+        if self.mutated:
+            write_back(inputs, self.mutated, outs[n : n + len(self.mutated)])
+        return assemble(self.signature, inputs, outs)
+
+
+def write_back(
+    inputs: Sequence[torch.Tensor], mutated: Sequence[int], values: Sequence[torch.Tensor]
+) -> None:
+    """Copy each mutation's new value into the caller's tensor, as eager's in-place op did.
+
+    >>> buf = torch.zeros(2)
+    >>> write_back([buf], [0], [torch.ones(2)]); buf
+    tensor([1., 1.])
+    """
+    with torch.no_grad():
+        for i, value in zip(mutated, values, strict=True):
+            inputs[i].copy_(value)
+
+
+def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
+    """The caller's output structure from graph outputs, inputs, views of inputs, constants."""
+    leaves: list[Any] = []
+    for o in sig.outputs:
+        if o.kind == "graph":
+            leaves.append(outs[o.index])
+        elif o.kind == "input":
+            leaves.append(inputs[o.index])
+        elif o.kind == "alias":
+            assert o.meta is not None
+            leaves.append(inputs[o.index].as_strided(o.meta.size, o.meta.stride, o.meta.offset))
+        else:
+            leaves.append(o.value)
+    return pytree.tree_unflatten(leaves, sig.out_spec)
+
+
+class CompiledFunction(torch.autograd.Function):
+    """Runs a :class:`Runtime`'s forward graph; its ``backward`` runs the backward graph.
+
+    ``apply(runtime, *inputs)`` returns the graph outputs followed by the mutation
+    values. The saved values go through ``ctx.save_for_backward``, so a second
+    ``backward()`` without ``retain_graph=True`` fails as in eager. The backward
+    is ``once_differentiable``: double backward raises a clear error.
+
+    >>> import torch
+    >>> from ember.aotgraph import aot_compile
+    >>> f = aot_compile(torch.fx.symbolic_trace(lambda x: x.sin()), [torch.zeros(1)],
+    ...                 fw_compiler=lambda gm, ex: gm)
+    >>> y = f(torch.ones(2, requires_grad=True))
+    >>> y.grad_fn.name()
+    'CompiledFunctionBackward'
+    """
+
+    @staticmethod
+    def forward(ctx: Any, rt: Runtime, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = rt.forward(*inputs)
+        k = rt.num_forward_outputs
+        saved = list(outs[k:])
+        for i in rt.clone_saved:
+            saved[i] = saved[i].clone()
+        ctx.save_for_backward(*saved)
+        ctx.runtime = rt
+        result = tuple(outs[:k])
+        ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable()))
+        return result
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rt: Runtime = ctx.runtime
+        assert rt.backward is not None
+        tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
+        computed = rt.backward(*ctx.saved_tensors, *tangents)
+        result: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
+        for i, g in zip(rt.signature.grad_inputs, computed, strict=True):
+            result[1 + i] = g
+        return tuple(result)

@@ -1,0 +1,337 @@
+"""Tracing: a graph module -> a functional aten-level joint (or forward-only) graph.
+
+The passes, in order (:func:`trace_joint` and :func:`trace_forward` run them):
+
+1. :class:`Lifted`: parameters and buffers of the module become trailing inputs.
+2. :func:`analyze`: one run on fake tensors finds which outputs need gradients,
+   which alias inputs (handed back as views at run time, never computed by the
+   graph) and which are constants.
+3. ``make_fx`` with the decomposition table traces the joint function
+   ``(primals, tangents) -> (outputs, input gradients)``: autograd runs during
+   tracing, so the backward formulas land in the graph as aten ops.
+4. ``make_fx`` over ``torch.func.functionalize`` retraces that graph without
+   mutations: in-place ops become out-of-place ones, and writes to inputs become
+   ``copy_`` nodes at the end.
+5. :func:`lift_mutations` turns those ``copy_`` nodes into extra forward outputs
+   the runtime writes back; :func:`strip_detach` and dead-code elimination tidy up.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(lambda x, w: (x @ w).relu())
+>>> x, w = torch.randn(2, 3), torch.randn(3, 4, requires_grad=True)
+>>> lifted = Lifted.of(gm, [x, w])
+>>> joint = trace_joint(lifted, [x, w], analyze(lifted, [x, w], grad=True), {})
+>>> print(joint.gm.code.strip())  # doctest: +NORMALIZE_WHITESPACE
+def forward(self, primals_1, primals_2, tangents_1):
+    mm = torch.ops.aten.mm.default(primals_1, primals_2);  primals_2 = None
+    relu = torch.ops.aten.relu.default(mm);  mm = None
+    threshold_backward = torch.ops.aten.threshold_backward.default(tangents_1, relu, 0);  tangents_1 = None
+    t = torch.ops.aten.t.default(primals_1);  primals_1 = None
+    mm_1 = torch.ops.aten.mm.default(t, threshold_backward);  t = threshold_backward = None
+    return [relu, mm_1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+__all__ = [
+    "JointGraph",
+    "Lifted",
+    "Output",
+    "Signature",
+    "TensorMeta",
+    "analyze",
+    "trace_forward",
+    "trace_joint",
+]
+
+aten = torch.ops.aten
+Table = dict[Any, Callable[..., Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """Size, stride, storage offset, dtype and device of a traced tensor."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Where one flat output of the compiled function comes from.
+
+    ``kind`` is ``"graph"`` (output ``index`` of the compiled graph), ``"input"``
+    (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
+    with ``meta``'s size, stride and offset) or ``"constant"`` (``value``).
+    """
+
+    kind: str
+    index: int = -1
+    requires_grad: bool = False
+    meta: TensorMeta | None = None
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What :func:`analyze` learned about a function from one fake run."""
+
+    outputs: tuple[Output, ...]  # one per flat output leaf, in order
+    out_spec: pytree.TreeSpec  # how the flat outputs nest (tuple, list, single tensor)
+    graph_outputs: tuple[int, ...]  # for each graph output, its position among the leaves
+    grad_outputs: tuple[int, ...]  # graph outputs that take a tangent (they require grad)
+    grad_inputs: tuple[int, ...]  # tensor inputs that get a gradient
+    training: bool  # traced with autograd (joint graph) rather than forward only
+
+
+@dataclass(frozen=True, slots=True)
+class Lifted:
+    """A graph module as a function of flat tensors: its tensor inputs, then its parameters.
+
+    Graphs from ember's capture already take parameters as inputs and lift nothing;
+    ``torch.fx.symbolic_trace(module)`` keeps them as attributes, which are lifted
+    here so that gradients reach them and buffer updates are written back.
+
+    >>> lin = torch.fx.symbolic_trace(torch.nn.Linear(3, 4))
+    >>> lifted = Lifted.of(lin, [torch.zeros(2, 3)])
+    >>> lifted.names, len(lifted.state())
+    (('weight', 'bias'), 2)
+    """
+
+    module: Callable[..., Any]
+    names: tuple[str, ...]  # parameter and buffer names, lifted to trailing inputs
+    owners: tuple[tuple[Any, str], ...]  # (submodule, attribute) holding each name
+    template: tuple[Any, ...]  # the example inputs; non-tensors are baked in as constants
+    tensor_positions: tuple[int, ...]  # which example inputs are tensors
+
+    @staticmethod
+    def of(module: Callable[..., Any], example_inputs: Sequence[Any]) -> Lifted:
+        names: tuple[str, ...] = ()
+        owners: list[tuple[Any, str]] = []
+        if isinstance(module, torch.nn.Module):
+            params = [n for n, _ in module.named_parameters()]
+            names = (*params, *(n for n, _ in module.named_buffers()))
+            for name in names:
+                path, _, attr = name.rpartition(".")
+                owners.append((module.get_submodule(path), attr))
+        positions = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor))
+        return Lifted(module, names, tuple(owners), tuple(example_inputs), positions)
+
+    def state(self) -> list[torch.Tensor]:
+        """The module's current parameters and buffers, in ``names`` order."""
+        return [getattr(owner, attr) for owner, attr in self.owners]
+
+    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        """The graph's tensor inputs for a call with ``args``."""
+        if not self.owners and len(self.tensor_positions) == len(args):
+            return list(args)
+        return [args[i] for i in self.tensor_positions] + self.state()
+
+    def __call__(self, *tensors: torch.Tensor) -> Any:
+        n = len(self.tensor_positions)
+        args = list(self.template)
+        for pos, t in zip(self.tensor_positions, tensors[:n], strict=True):
+            args[pos] = t
+        if not self.names:
+            return self.module(*args)
+        assert isinstance(self.module, torch.nn.Module)
+        state = dict(zip(self.names, tensors[n:], strict=True))
+        return torch.func.functional_call(self.module, state, tuple(args))
+
+
+def _fakes(mode: FakeTensorMode, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [mode.from_tensor(t) for t in inputs]
+
+
+def _classify(leaf: Any, fakes: list[torch.Tensor], graph_index: int) -> Output:
+    if not isinstance(leaf, torch.Tensor):
+        return Output("constant", value=leaf)
+    for i, f in enumerate(fakes):
+        if leaf is f:
+            return Output("input", i)
+    storage = leaf.untyped_storage()._cdata
+    for i, f in enumerate(fakes):
+        if f.untyped_storage()._cdata == storage:
+            return Output("alias", i, meta=TensorMeta.of(leaf))
+    grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
+    return Output("graph", graph_index, grad, TensorMeta.of(leaf))
+
+
+def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signature:
+    """Run ``fn`` once on fake copies of ``inputs`` and describe its outputs.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x, y: (x.t(), x * y, 3))
+    >>> x = torch.randn(2, 3, requires_grad=True)
+    >>> sig = analyze(Lifted.of(gm, [x, x]), [x, x], grad=True)
+    >>> [(o.kind, o.index, o.requires_grad) for o in sig.outputs]
+    [('alias', 0, False), ('graph', 0, True), ('constant', -1, False)]
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = _fakes(mode, inputs)
+    with mode, torch.set_grad_enabled(grad):
+        leaves, spec = pytree.tree_flatten(fn(*fakes))
+    outputs: list[Output] = []
+    positions: list[int] = []
+    for pos, leaf in enumerate(leaves):
+        out = _classify(leaf, fakes, len(positions))
+        outputs.append(out)
+        if out.kind == "graph":
+            positions.append(pos)
+    grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
+    grad_inputs = tuple(i for i, t in enumerate(inputs) if t.requires_grad) if grad else ()
+    training = bool(grad_outputs) and bool(grad_inputs)
+    return Signature(tuple(outputs), spec, tuple(positions), grad_outputs, grad_inputs, training)
+
+
+@dataclass(frozen=True, slots=True)
+class JointGraph:
+    """A functional aten graph ``(*primals, *tangents) -> [*outputs, *mutations, *grads]``.
+
+    With ``num_tangents == num_grads == 0`` it is a forward-only (inference) graph.
+    ``mutations`` are the new values of the tensor inputs listed in ``mutated``,
+    which the runtime copies back into the caller's tensors.
+    """
+
+    gm: torch.fx.GraphModule
+    num_primals: int
+    num_tangents: int
+    num_outputs: int  # graph outputs the caller sees (Signature.graph_outputs)
+    mutated: tuple[int, ...]  # primal indices written back, in output order
+    num_grads: int  # one per Signature.grad_inputs entry (None where unused)
+
+    @property
+    def num_forward_outputs(self) -> int:
+        """Outputs the forward graph returns before any saved values."""
+        return self.num_outputs + len(self.mutated)
+
+
+def _graph_outputs(fn: Lifted, sig: Signature) -> Callable[..., list[torch.Tensor]]:
+    def run(*primals: torch.Tensor) -> list[torch.Tensor]:
+        leaves = pytree.tree_leaves(fn(*primals))
+        return [leaves[pos] for pos in sig.graph_outputs]
+
+    return run
+
+
+def _joint_function(fn: Lifted, sig: Signature, n: int) -> Callable[..., list[Any]]:
+    forward = _graph_outputs(fn, sig)
+
+    def joint(*args: torch.Tensor) -> list[Any]:
+        primals, tangents = args[:n], args[n:]
+        outs = forward(*primals)
+        diff = [outs[j] for j in sig.grad_outputs]
+        wrt = [primals[i] for i in sig.grad_inputs]
+        grads = torch.autograd.grad(diff, wrt, list(tangents), allow_unused=True)
+        return [*outs, *grads]
+
+    return joint
+
+
+def _tangents(mode: FakeTensorMode, sig: Signature) -> list[torch.Tensor]:
+    metas = {o.index: o.meta for o in sig.outputs if o.kind == "graph"}
+    out = []
+    with mode:
+        for j in sig.grad_outputs:
+            meta = metas[j]
+            assert meta is not None
+            out.append(torch.empty(meta.size, dtype=meta.dtype, device=meta.device))
+    return out
+
+
+def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> torch.fx.GraphModule:
+    """make_fx then make_fx over functionalize: aten ops, no mutations (passes 3 and 4)."""
+    aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    functional = torch.func.functionalize(aten_gm, remove="mutations")
+    return make_fx(functional, decomposition_table=table, tracing_mode="fake")(*args)
+
+
+def trace_joint(
+    fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
+) -> JointGraph:
+    """The functional joint forward+backward graph of ``fn`` (see the module docstring)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    primals = _fakes(mode, inputs)
+    tangents = _tangents(mode, sig)
+    with torch.enable_grad():
+        gm = _trace(_joint_function(fn, sig, len(primals)), [*primals, *tangents], table)
+    n_outs = len(sig.graph_outputs)
+    mutated = _finish(gm, len(primals), n_outs)
+    return JointGraph(gm, len(primals), len(tangents), n_outs, mutated, len(sig.grad_inputs))
+
+
+def trace_forward(
+    fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
+) -> JointGraph:
+    """The functional forward-only graph of ``fn``, for inference (no tangents, no grads).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x.add_(1).sin())
+    >>> x = torch.zeros(2)
+    >>> fw = trace_forward(Lifted.of(gm, [x]), [x], analyze(Lifted.of(gm, [x]), [x], grad=False), {})
+    >>> fw.mutated, fw.gm(torch.zeros(2))
+    ((0,), [tensor([0.8415, 0.8415]), tensor([1., 1.])])
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    primals = _fakes(mode, inputs)
+    with torch.no_grad():
+        gm = _trace(_graph_outputs(fn, sig), primals, table)
+    n_outs = len(sig.graph_outputs)
+    mutated = _finish(gm, len(primals), n_outs)
+    return JointGraph(gm, len(primals), 0, n_outs, mutated, 0)
+
+
+def _finish(gm: torch.fx.GraphModule, n_primals: int, n_outs: int) -> tuple[int, ...]:
+    """Passes 5: lift input mutations to outputs, drop detaches, DCE, name placeholders."""
+    mutated = lift_mutations(gm, n_outs)
+    strip_detach(gm)
+    gm.graph.eliminate_dead_code()
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        name = f"primals_{i + 1}" if i < n_primals else f"tangents_{i - n_primals + 1}"
+        node.name = node.target = name
+    gm.graph.lint()
+    gm.recompile()
+    return mutated
+
+
+def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
+    """Replace each trailing ``copy_(input, new)`` by ``new`` as an output after the first
+    ``n_outs``; return the indices of the inputs written back."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    output = gm.graph.output_node()
+    mutated: list[int] = []
+    news: list[torch.fx.Node] = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten.copy_.default:
+            dest, new = node.args[0], node.args[1]
+            if dest not in placeholders or node.users:
+                raise AssertionError(f"unexpected copy_ after functionalization: {node}")
+            mutated.append(placeholders.index(dest))
+            news.append(new)
+            gm.graph.erase_node(node)
+    outs = list(output.args[0])
+    output.args = ([*outs[:n_outs], *news, *outs[n_outs:]],)
+    return tuple(mutated)
+
+
+def strip_detach(gm: torch.fx.GraphModule) -> None:
+    """Remove ``detach`` nodes: in a graph without autograd they are the identity."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten.detach.default:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+
