@@ -76,8 +76,8 @@ def unregister_backend(name: str) -> None:
 def list_backends() -> list[str]:
     """The names of every registered backend (entry points included), sorted.
 
-    >>> list_backends()[:1]
-    ['eager']
+    >>> list_backends()[:2]
+    ['aot_eager', 'eager']
     """
     _load_entry_points()
     return sorted(_BACKENDS)
@@ -88,7 +88,7 @@ def lookup_backend(backend: str | Backend) -> Backend:
 
     >>> lookup_backend("nonsense")
     Traceback (most recent call last):
-    ValueError: unknown backend 'nonsense'; registered: eager
+    ValueError: unknown backend 'nonsense'; registered: aot_eager, eager
     """
     if callable(backend):
         return backend
@@ -136,3 +136,23 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Calla
     tensor([1., 1.])
     """
     return gm.forward
+
+
+@register_backend(name="aot_eager")
+def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """Trace forward and backward ahead of time with ``ember.aotgraph``; run the aten graphs as
+    they are (no code generation, no decompositions beyond the ones aotgraph needs for
+    semantics), so results are those of eager's own kernels. A check of the aotgraph layer.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: (x * x).sum())
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> aot_eager(gm, [x])(x).backward()
+    >>> x.grad
+    tensor([2., 2., 2.])
+    """
+    from ember.aotgraph import aot_compile
+
+    def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        return graph
+
+    return aot_compile(gm, example_inputs, fw_compiler=as_is, bw_compiler=as_is, decompositions={})
