@@ -1,16 +1,42 @@
-"""ember.inductor: part of ember, an independent PyTorch 2-style compiler stack.
+"""ember.inductor: fused C++/OpenMP kernels for aten-level graphs.
 
-Lowers aten-level graphs to a loop-level IR, fuses and schedules it, and generates
-C++/OpenMP (CPU) or Triton (GPU) kernels. Its API (`compile_graph`) arrives with
-issue 8.
+:func:`compile_graph` takes an aten-level ``torch.fx`` graph (as ``make_fx`` or
+``ember.aotgraph`` produce) and example inputs, and returns a callable that
+computes the same outputs with generated kernels. On the way the graph is
+lowered to a backend-neutral loop IR (:mod:`ember.inductor.ir`), simplified,
+fused into kernels (:mod:`ember.inductor.scheduler`), printed as one C++
+translation unit (:mod:`ember.inductor.codegen_cpp`), compiled with the system
+compiler and cached on disk (:mod:`ember.inductor.cache`). Matrix multiplies,
+convolutions and every op without a lowering run as aten calls.
 
-Until then the distribution installs, imports and reports its version, and
-exports nothing public:
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from ember.inductor import compile_graph
+>>> def f(x, w):
+...     return torch.nn.functional.gelu(x @ w).sum(-1)
+>>> x, w = torch.randn(16, 32), torch.randn(32, 8)
+>>> compiled = compile_graph(make_fx(f)(x, w), [x, w])
+>>> torch.testing.assert_close(compiled(x, w), f(x, w))
+>>> print(compiled.schedule)  # doctest: +NORMALIZE_WHITESPACE
+buf0 = extern aten.mm.default(x_1, w_1)
+kernel0 over [16]
+  stage [8]: buf2 = SUM(MUL(MUL(buf0[8*x0 + y0], 0.5), ADD(ERF(MUL(buf0[8*x0 + y0], 0.7071067811865476)), 1.0)))
 
->>> import ember.inductor
->>> ember.inductor.__version__
-'0.1.0'
+Set ``EMBER_INDUCTOR_TRACE=1`` to keep each graph's stages in a folder, and
+``EMBER_CACHE_DIR`` to move the kernel cache (see docs/inductor.md).
 """
 
+from ember.inductor.cache import CompileError, CompileOptions, cache_dir
+from ember.inductor.compile import CompiledGraph, compile_graph
+from ember.inductor.lowering import LOWERINGS, lower_graph
+
 __version__ = "0.1.0"
-__all__: list[str] = []
+__all__ = [
+    "LOWERINGS",
+    "CompileError",
+    "CompileOptions",
+    "CompiledGraph",
+    "cache_dir",
+    "compile_graph",
+    "lower_graph",
+]

@@ -1,0 +1,151 @@
+"""Compile C++ with the system compiler, cache the shared library on disk, load it.
+
+Entries live in ``$EMBER_CACHE_DIR/inductor/<key[:2]>/<key>/`` (default
+``~/.cache/ember``), keyed by a hash of the source, the compiler's path and
+version, the flags, the CPU (flags may say ``-march=native``) and the ember
+and torch versions. An entry is built in a private temporary folder and
+renamed into place, so readers never see half an entry; its ``ok`` file
+records the key and the library's checksum, and an entry whose ``ok`` does
+not match (corrupt, truncated, foreign) is deleted and rebuilt, never loaded.
+Builds run on a thread pool, so several graphs compile in parallel.
+
+>>> key = cache_key("int f() { return 1; }", CompileOptions())
+>>> len(key)
+64
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["DEFAULT_CFLAGS", "CompileError", "CompileOptions", "build", "cache_dir", "cache_key",
+           "load"]
+
+# -ffast-math is left out on purpose: it lets the compiler assume no NaN or inf, which breaks
+# isnan, NaN-propagating max/min and inf constants. These two are safe: no errno, no traps.
+DEFAULT_CFLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+    "-fPIC", "-shared", "-std=c++17", "-w",
+)
+
+
+class CompileError(RuntimeError):
+    """The C++ compiler rejected generated code; the message holds its output."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How generated C++ is compiled: the compiler and its flags."""
+
+    cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
+    cflags: tuple[str, ...] = DEFAULT_CFLAGS
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live: ``$EMBER_CACHE_DIR/inductor`` (default ``~/.cache/ember``)."""
+    root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(Path.home(), ".cache", "ember")
+    return Path(root) / "inductor"
+
+
+@functools.cache
+def _compiler_id(cxx: str) -> str:
+    path = shutil.which(cxx) or cxx
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+        version = out.stdout.splitlines()[0] if out.stdout else out.stderr
+    except OSError:
+        version = "missing"
+    return f"{os.path.realpath(path)} {version}"
+
+
+@functools.cache
+def _cpu_id() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
+        return hashlib.sha256("\n".join(sorted(set(lines))).encode()).hexdigest()[:16]
+    except OSError:
+        return platform.processor()
+
+
+def cache_key(source: str, options: CompileOptions) -> str:
+    """The hash that names a compiled library."""
+    from ember.inductor import __version__
+
+    parts = [source, _compiler_id(options.cxx), list(options.cflags), _cpu_id(),
+             platform.machine(), __version__, torch.__version__]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _checksum(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _valid(entry: Path, key: str) -> bool:
+    try:
+        marker = json.loads((entry / "ok").read_text())
+        return bool(marker["key"] == key and marker["sha256"] == _checksum(entry / "kernels.so"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def build(source: str, options: CompileOptions | None = None) -> tuple[Path, str, bool]:
+    """Compile ``source`` (or find it cached): the library's path, the command, cache hit."""
+    options = options or CompileOptions()
+    key = cache_key(source, options)
+    entry = cache_dir() / key[:2] / key
+    command = [options.cxx, *options.cflags, "kernels.cpp", "-o", "kernels.so"]
+    if _valid(entry, key):
+        return entry / "kernels.so", " ".join(command), True
+    if entry.exists():
+        shutil.rmtree(entry, ignore_errors=True)  # corrupt or foreign: rebuild
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
+    try:
+        (tmp / "kernels.cpp").write_text(source)
+        done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise CompileError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
+        marker = {"key": key, "sha256": _checksum(tmp / "kernels.so")}
+        (tmp / "ok").write_text(json.dumps(marker))
+        try:
+            os.rename(tmp, entry)
+        except OSError:  # another process won the race; its entry is as good as ours
+            if not _valid(entry, key):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry / "kernels.so", " ".join(command), False
+
+
+_POOL = ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 2), thread_name_prefix="ember-cxx")
+_LOADED: dict[Path, ctypes.CDLL] = {}
+_LOCK = threading.Lock()
+
+
+def build_async(source: str, options: CompileOptions | None = None) -> Future[tuple[Path, str, bool]]:
+    """:func:`build` on the compile pool."""
+    return _POOL.submit(build, source, options)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Load a compiled library once per process."""
+    with _LOCK:
+        lib = _LOADED.get(path)
+        if lib is None:
+            lib = _LOADED[path] = ctypes.CDLL(str(path))
+        return lib

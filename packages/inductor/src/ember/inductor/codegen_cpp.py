@@ -1,0 +1,349 @@
+"""C++/OpenMP code for a schedule: one translation unit, one ``extern "C"`` function per kernel.
+
+:class:`Printer` turns body expressions into source through tables: ``OPS``
+maps each :class:`~ember.inductor.ops.Op` to a format string, ``TYPES`` each
+dtype to a type name, ``REDUCE`` each reduction to its identity and combine
+step. :class:`CppPrinter` fills them for C++; a Triton printer overrides
+entries, not methods. Kernels parallelise their outer loop with OpenMP when
+the work is large enough to pay for the threads, keep the innermost loop over
+the contiguous index so the compiler vectorises it, and compute half and
+bfloat16 in float.
+
+>>> x = Buffer("x", torch.float32, Layout.contiguous((8,)))
+>>> e = Expr(Op.EXP, torch.float32, (load(x, (I[0],)),))
+>>> p = CppPrinter()
+>>> lines = []
+>>> p.expr(e.args[0], {}, lines), p.expr(e, {}, lines)
+('t0', 't1')
+>>> lines
+['float t0 = x[i0];', 'float t1 = std::exp(t0);']
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, ClassVar
+
+import sympy
+import torch
+
+from ember.inductor.ir import I, Buffer, Expr, Layout, load, walk  # noqa: F401
+from ember.inductor.ops import Op, Reduce
+from ember.inductor.scheduler import X, Y, Kernel, Schedule, Stage
+
+__all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "translation_unit"]
+
+PARALLEL_MIN_WORK = 32768  # elements of work below which a kernel runs on one thread
+
+
+class Printer:
+    """A code printer driven by tables; subclasses override table entries."""
+
+    OPS: ClassVar[dict[Op, str]] = {}
+    TYPES: ClassVar[dict[torch.dtype, str]] = {}
+    CASTS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {}  # (from, to) -> format
+    REDUCE: ClassVar[dict[Reduce, tuple[str, str]]] = {}  # kind -> (identity, combine)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"t{self.count - 1}"
+
+    def type(self, dtype: torch.dtype) -> str:
+        return self.TYPES[dtype]
+
+    def const(self, value: Any, dtype: torch.dtype) -> str:
+        raise NotImplementedError
+
+    def index(self, e: sympy.Expr) -> str:
+        raise NotImplementedError
+
+    def expr(self, e: Expr, memo: dict[Expr, str], lines: list[str]) -> str:
+        """Emit ``e`` (each distinct subexpression once) into ``lines``; return its name."""
+        name = memo.get(e)
+        if name is not None:
+            return name
+        args = [self.expr(a, memo, lines) for a in e.args]
+        if e.op is Op.CONST:
+            return self.const(e.arg, e.dtype)
+        if e.op is Op.LOAD:
+            src, index, indirect = e.arg
+            index = index.xreplace({s: sympy.Symbol(a) for s, a in zip(indirect, args, strict=True)})
+            code = f"{src}[{self.index(index)}]"
+        elif e.op is Op.INDEX:
+            code = self.index(e.arg)
+        elif e.op is Op.CAST:
+            fmt = self.CASTS.get((e.args[0].dtype, e.dtype), self.OPS[Op.CAST])
+            code = fmt.format(*args, T=self.type(e.dtype))
+        else:
+            code = self.OPS[e.op].format(*args, T=self.type(e.dtype))
+        name = self.fresh()
+        lines.append(f"{self.type(e.dtype)} {name} = {code};")
+        memo[e] = name
+        return name
+
+
+def _float(value: float, suffix: str) -> str:
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    return f"{value!r}{suffix}"
+
+
+class CppPrinter(Printer):
+    """C++17 with OpenMP; only ``<cmath>``, ``<cstdint>`` and ``<limits>``."""
+
+    OPS = {
+        Op.NEG: "(-{0})", Op.ABS: "std::abs({0})", Op.EXP: "std::exp({0})",
+        Op.EXPM1: "std::expm1({0})", Op.LOG: "std::log({0})", Op.LOG1P: "std::log1p({0})",
+        Op.SQRT: "std::sqrt({0})", Op.RSQRT: "({T}(1) / std::sqrt({0}))",
+        Op.RECIPROCAL: "({T}(1) / {0})", Op.SIN: "std::sin({0})", Op.COS: "std::cos({0})",
+        Op.TANH: "std::tanh({0})", Op.SIGMOID: "({T}(1) / ({T}(1) + std::exp(-{0})))",
+        Op.ERF: "std::erf({0})", Op.FLOOR: "std::floor({0})", Op.CEIL: "std::ceil({0})",
+        Op.TRUNC: "std::trunc({0})", Op.NOT: "(!{0})", Op.ISNAN: "({0} != {0})",
+        Op.CAST: "static_cast<{T}>({0})",
+        Op.ADD: "({0} + {1})", Op.SUB: "({0} - {1})", Op.MUL: "({0} * {1})",
+        Op.DIV: "({0} / {1})", Op.POW: "std::pow({0}, {1})",
+        Op.MAX: "ember_max({0}, {1})", Op.MIN: "ember_min({0}, {1})",
+        Op.AND: "({0} && {1})", Op.OR: "({0} || {1})", Op.XOR: "({0} != {1})",
+        Op.EQ: "({0} == {1})", Op.NE: "({0} != {1})", Op.LT: "({0} < {1})",
+        Op.LE: "({0} <= {1})", Op.GT: "({0} > {1})", Op.GE: "({0} >= {1})",
+        Op.WHERE: "({0} ? {1} : {2})",
+    }
+    TYPES = {
+        torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
+        torch.bfloat16: "uint16_t", torch.bool: "bool", torch.int8: "int8_t",
+        torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int32_t",
+        torch.int64: "int64_t",
+    }
+    CASTS = {
+        (torch.bfloat16, torch.float32): "ember_bf16_to_float({0})",
+        (torch.float32, torch.bfloat16): "ember_float_to_bf16({0})",
+    }
+    REDUCE = {
+        Reduce.SUM: ("0", "{acc} += {v};"),
+        Reduce.PROD: ("1", "{acc} *= {v};"),
+        Reduce.MAX: ("ember_lowest<{T}>()", "{acc} = ember_max({acc}, {v});"),
+        Reduce.MIN: ("ember_highest<{T}>()", "{acc} = ember_min({acc}, {v});"),
+        Reduce.ANY: ("false", "{acc} = {acc} || {v};"),
+        Reduce.ALL: ("true", "{acc} = {acc} && {v};"),
+        Reduce.ARGMAX: ("0", "if ({v} > {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
+                        "{{ {acc}_v = {v}; {acc} = {i}; }}"),
+        Reduce.ARGMIN: ("0", "if ({v} < {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
+                        "{{ {acc}_v = {v}; {acc} = {i}; }}"),
+    }
+    OMP_REDUCE = {Reduce.SUM: "+", Reduce.PROD: "*", Reduce.ANY: "||", Reduce.ALL: "&&"}
+
+    def const(self, value: Any, dtype: torch.dtype) -> str:
+        if dtype == torch.bool:
+            return "true" if value else "false"
+        if dtype == torch.float32:
+            return _float(float(value), "f")
+        if dtype.is_floating_point:
+            return f"static_cast<{self.type(dtype)}>({_float(float(value), '')})"
+        return f"static_cast<{self.type(dtype)}>({int(value)}LL)"
+
+    def index(self, e: sympy.Expr) -> str:
+        return _cindex(e)
+
+
+def _cindex(e: sympy.Expr) -> str:
+    """A non-negative sympy index as C++ int64 arithmetic."""
+    if e.is_Integer:
+        return f"{int(e)}LL" if abs(int(e)) > 2**31 - 1 else str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(_cindex(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(_cindex(a) for a in e.args) + ")"
+    if isinstance(e, sympy.floor):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"(({_cindex(num)}) / {_cindex(den)})"
+    if isinstance(e, sympy.Mod):
+        return f"(({_cindex(e.args[0])}) % {_cindex(e.args[1])})"
+    if isinstance(e, sympy.Min | sympy.Max):
+        fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
+        out = _cindex(e.args[0])
+        for a in e.args[1:]:
+            out = f"{fn}<int64_t>({out}, {_cindex(a)})"
+        return out
+    raise ValueError(f"cannot print index {e}")
+
+
+PRELUDE = r"""// generated by ember.inductor
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+template <typename T> static inline T ember_max(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+template <typename T> static inline T ember_min(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
+template <typename T> static inline T ember_highest() { return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max(); }
+static inline float ember_bf16_to_float(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t ember_float_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+
+
+def _loops(vars_: list[sympy.Symbol], ranges: tuple[int, ...]) -> list[str]:
+    return [f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {n}")
+            for v, n in zip(vars_, ranges, strict=True)]
+
+
+class _KernelWriter:
+    """The source of one kernel; ``args`` are its buffers in signature order."""
+
+    def __init__(self, sched: Schedule, kernel: Kernel, printer: CppPrinter) -> None:
+        self.prog, self.kernel, self.p = sched.program, kernel, printer
+        self.locals = sched.locals
+        self.lines: list[str] = []
+        self.outer_work = math.prod(kernel.outer)
+        work = self.outer_work * sum(math.prod(st.inner) for st in kernel.stages)
+        self.parallel = work >= PARALLEL_MIN_WORK
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+
+    def emit(self, line: str, depth: int) -> None:
+        self.lines.append("  " * depth + line)
+
+    def write(self) -> str:
+        k = self.kernel
+        depth = 1
+        if k.outer:
+            if self.parallel:
+                collapse = f" collapse({len(k.outer)})" if len(k.outer) > 1 else ""
+                self.emit(f"#pragma omp parallel for{collapse}", depth)
+            for line in _loops(X[: len(k.outer)], k.outer):
+                self.emit(line, depth)
+                depth += 1
+        for st in k.stages:
+            self.stage(st, depth)
+        for d in range(depth - 1, 0, -1):
+            self.emit("}", d)
+        return self.signature() + "\n".join(self.lines) + "\n}\n"
+
+    def signature(self) -> str:
+        params = []
+        for name in self.args:
+            buf = self.prog.buffers[name]
+            const = "const " if name not in self.writes else ""
+            params.append(f"{const}{self.p.type(buf.dtype)}* __restrict__ {name}")
+        return f'extern "C" void {self.kernel.name}({", ".join(params)}) {{\n'
+
+    @property
+    def args(self) -> list[str]:
+        return self.reads + [w for w in self.writes if w not in self.reads]
+
+    def _note_reads(self, e: Expr) -> None:
+        for n in walk(e):
+            if n.op is Op.LOAD and n.arg[0] not in self.locals and n.arg[0] not in self.reads:
+                self.reads.append(n.arg[0])
+
+    def stage(self, st: Stage, depth: int) -> None:
+        for s in st.stores:
+            self._note_reads(s.body)
+            if not s.local and s.name not in self.writes:
+                self.writes.append(s.name)
+        if st.is_reduction:
+            self.reduction(st, depth)
+        else:
+            self.pointwise(st, depth)
+
+    def pointwise(self, st: Stage, depth: int) -> None:
+        outer_parallel = not self.kernel.outer and self.parallel and st.inner
+        if outer_parallel:
+            self.emit("#pragma omp parallel for", depth)
+        for line in _loops(Y[: len(st.inner)], st.inner):
+            self.emit(line, depth)
+            depth += 1
+        memo: dict[Expr, str] = {}
+        lines: list[str] = []
+        for s in st.stores:
+            value = self.p.expr(s.body, memo, lines)
+            buf = self.prog.buffers[s.name]
+            if s.local:
+                lines.append(f"{self.p.type(buf.dtype)} {s.name}_l = {value};")
+            else:
+                lines.append(f"{s.name}[{self.p.index(s.index)}] = {value};")
+            # later stores of this stage read the value without going through memory
+            load_e = Expr(Op.LOAD, buf.dtype, (), (s.name, s.index, ()))
+            memo[load_e] = f"{s.name}_l" if s.local else value
+        for line in lines:
+            self.emit(line, depth)
+        for d in range(depth - 1, depth - 1 - len(st.inner), -1):
+            self.emit("}", d)
+
+    def reduction(self, st: Stage, depth: int) -> None:
+        inits, combines = [], []
+        memo: dict[Expr, str] = {}
+        lines: list[str] = []
+        flat = self.p.index(sympy.expand(Layout.contiguous(st.inner).index(Y[: len(st.inner)])))
+        for s in st.stores:
+            acc_t = self.p.type(s.body.dtype)
+            init, combine = self.p.REDUCE[s.reduce]  # type: ignore[index]
+            acc = f"{s.name}_acc"
+            if s.reduce in (Reduce.ARGMAX, Reduce.ARGMIN):
+                start = "ember_lowest" if s.reduce is Reduce.ARGMAX else "ember_highest"
+                inits.append(f"{acc_t} {acc}_v = {start}<{acc_t}>(); int64_t {acc} = 0;")
+            else:
+                inits.append(f"{acc_t} {acc} = {init.format(T=acc_t)};")
+            value = self.p.expr(s.body, memo, lines)
+            combines.append(combine.format(acc=acc, v=value, i=flat))
+        for line in inits:
+            self.emit(line, depth)
+        omp = [self.p.OMP_REDUCE.get(s.reduce) for s in st.stores]  # type: ignore[arg-type]
+        accs = [f"{s.name}_acc" for s in st.stores]
+        clause = " ".join(f"reduction({o}:{a})" for o, a in zip(omp, accs, strict=True))
+        if st.inner and all(omp):
+            if not self.kernel.outer and self.parallel:
+                self.emit(f"#pragma omp parallel for {clause}", depth)
+            elif len(st.inner) == 1:
+                self.emit(f"#pragma omp simd {clause}", depth)
+        inner_depth = depth
+        for line in _loops(Y[: len(st.inner)], st.inner):
+            self.emit(line, inner_depth)
+            inner_depth += 1
+        for line in lines + combines:
+            self.emit(line, inner_depth)
+        for d in range(inner_depth - 1, depth - 1, -1):
+            self.emit("}", d)
+        for s in st.stores:
+            buf = self.prog.buffers[s.name]
+            value = f"{s.name}_acc"
+            if buf.dtype != s.body.dtype:
+                fmt = self.p.CASTS.get((s.body.dtype, buf.dtype), self.p.OPS[Op.CAST])
+                value = fmt.format(value, T=self.p.type(buf.dtype))
+            if s.local:
+                self.emit(f"{self.p.type(buf.dtype)} {s.name}_l = {value};", depth)
+            else:
+                self.emit(f"{s.name}[{self.p.index(s.index)}] = {value};", depth)
+
+
+def translation_unit(sched: Schedule, printer: CppPrinter | None = None) -> tuple[str, dict[str, list[str]]]:
+    """The C++ source of every kernel of ``sched`` and each kernel's buffer arguments."""
+    p = printer or CppPrinter()
+    parts, args = [PRELUDE], {}
+    for step in sched.steps:
+        if isinstance(step, Kernel):
+            w = _KernelWriter(sched, step, p)
+            parts.append(_resolve_locals(w.write(), sched, step))
+            args[step.name] = w.args
+    return "\n".join(parts), args
+
+
+def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
+    """Reads of a local buffer become reads of its variable."""
+    for st in kernel.stages:
+        for s in st.stores:
+            if s.local:
+                src = re.sub(rf"\b{s.name}\[[^\]]*\]", f"{s.name}_l", src)
+    return src
+

@@ -1,0 +1,196 @@
+"""``compile_graph``: the pipeline from an aten-level fx graph to a compiled callable.
+
+The pipeline is a flat list of named passes (:data:`PASSES`); with
+``EMBER_CHECK=1`` the IR checker runs after each loop-IR pass, and with
+``EMBER_INDUCTOR_TRACE=1`` each graph leaves a folder with every stage's
+output (see docs/inductor.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from ember.inductor import cache
+from ember.inductor.check import check, enabled
+from ember.inductor.codegen_cpp import translation_unit
+from ember.inductor.lowering import Fallback, lower_graph
+from ember.inductor.rewrite import simplify
+from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
+from ember.inductor.wrapper import bind
+
+__all__ = ["DECOMPOSITIONS", "CompiledGraph", "compile_graph"]
+
+aten = torch.ops.aten
+
+# Composite ops rewritten into the ops that have lowerings before lowering.
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    **{k: v for k, v in core_aten_decompositions().items() if "rand" not in str(k)},
+    **get_decompositions([
+        aten.native_layer_norm, aten.native_layer_norm_backward, aten._softmax,
+        aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+        aten.gelu, aten.gelu_backward, aten.var_mean, aten.var, aten.std, aten.silu,
+        aten.silu_backward, aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
+        aten.embedding_dense_backward, aten.native_batch_norm_backward, aten.mse_loss,
+        aten.hardtanh, aten.addcmul, aten.nll_loss_forward, aten.nll_loss_backward,
+        aten._native_batch_norm_legit_functional, aten.native_batch_norm, aten.mean,
+        aten.t, aten.transpose.int, aten.detach,
+    ]),
+}
+KEEP = {aten.addmm.default, aten.mm.default, aten.bmm.default, aten.convolution.default,
+        aten.convolution_backward.default, aten.native_dropout.default, aten.embedding.default,
+        aten.index_select.default}
+for _k in list(DECOMPOSITIONS):
+    if _k in KEEP:
+        del DECOMPOSITIONS[_k]
+
+
+def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """Re-trace ``gm`` with :data:`DECOMPOSITIONS` if it has composite ops or lacks fake values."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if all("val" in n.meta and n.target not in DECOMPOSITIONS for n in calls):
+        return gm
+    return make_fx(gm, decomposition_table=DECOMPOSITIONS, tracing_mode="fake")(*example_inputs)
+
+
+def _trace_dir() -> Path | None:
+    if os.environ.get("EMBER_INDUCTOR_TRACE", "0") in ("", "0"):
+        return None
+    root = Path(os.environ.get("EMBER_INDUCTOR_TRACE_DIR", "ember_inductor_trace"))
+    for n in itertools.count():
+        path = root / f"graph{n:03d}"
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+class _Run:
+    """One compilation: phase times and, when tracing, the files of the trace folder."""
+
+    def __init__(self) -> None:
+        self.trace = _trace_dir()
+        self.times: dict[str, float] = {}
+
+    def phase(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args)
+        self.times[name] = time.perf_counter() - start
+        if enabled() and name in CHECKED:
+            check(out)
+        self.write(f"{len(self.times):02d}_{name}.txt", out)
+        return out
+
+    def write(self, name: str, content: Any) -> None:
+        if self.trace is not None:
+            text = content.code if isinstance(content, torch.fx.GraphModule) else str(content)
+            (self.trace / name).write_text(text)
+
+
+CHECKED = {"lower", "eliminate_dead", "simplify"}
+
+
+class CompiledGraph:
+    """The callable ``compile_graph`` returns; it waits for the C++ build on its first call."""
+
+    def __init__(
+        self, gm: torch.fx.GraphModule, sched: Schedule, source: str, args: dict[str, list[str]],
+        build: Future[tuple[Path, str, bool]] | None, run: _Run,
+    ) -> None:
+        self.gm, self.schedule, self.source, self.kernel_args = gm, sched, source, args
+        self._build, self._run = build, run
+        self._call: Callable[..., Any] | None = None
+        self.wrapper = ""
+        self.cache_hit: bool | None = None
+        self._spec = sched.program.out_spec
+
+    def __call__(self, *args: Any) -> Any:
+        if self._call is None:
+            self._call = self._finish()
+        out = self._call(*args)
+        return out if self._spec is None else pytree.tree_unflatten(list(out), self._spec)
+
+    def _finish(self) -> Callable[..., Any]:
+        start = time.perf_counter()
+        lib = None
+        if self._build is not None:
+            try:
+                path, command, self.cache_hit = self._build.result()
+            except cache.CompileError as e:
+                warnings.warn(f"ember.inductor: C++ build failed, running eagerly: {e}",
+                              stacklevel=3)
+                return self.gm.forward
+            self._run.write("compile_command.txt", f"{command}\n# cache hit: {self.cache_hit}\n"
+                            f"# {path}\n")
+            lib = cache.load(path)
+        call, self.wrapper = bind(self.schedule, self.kernel_args, lib)
+        self._run.times["build_and_load"] = time.perf_counter() - start
+        self._run.write("06_wrapper.py", self.wrapper)
+        self._run.write("times.json", json.dumps(self._run.times, indent=1))
+        return call
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """Compile an aten-level graph into fused C++/OpenMP kernels; return a callable.
+
+    The callable takes the graph's inputs and returns what ``gm`` returns.
+    Ops without a lowering run as aten calls; a graph that cannot be lowered
+    at all runs as ``gm`` itself, so this never fails for want of an op.
+    ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
+    :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     return torch.softmax(x, -1) * 2
+    >>> x = torch.randn(8, 16)
+    >>> compiled = compile_graph(make_fx(f)(x), [x])
+    >>> torch.testing.assert_close(compiled(x), f(x))
+    """
+    opts = options or {}
+    compile_options = cache.CompileOptions(
+        cxx=opts.get("cxx", cache.CompileOptions().cxx),
+        cflags=tuple(opts.get("cflags", cache.DEFAULT_CFLAGS)),
+    )
+    run = _Run()
+    run.write("00_input_graph.txt", gm)
+    try:
+        gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
+        prog = run.phase("lower", lower_graph, gm, example_inputs)  # aten -> loop IR
+        prog.out_spec = _out_spec(gm)
+        prog = run.phase("eliminate_dead", eliminate_dead, prog)  # drop unread nodes
+        prog = run.phase("simplify", simplify, prog)  # algebra, constant folding, index math
+        sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
+        source, args = run.phase("codegen", translation_unit, sched)  # C++ source
+    except Fallback as e:
+        warnings.warn(f"ember.inductor: running the graph eagerly: {e}", stacklevel=2)
+        return gm.forward
+    run.write("05_kernels.cpp", source)
+    has_kernels = any(isinstance(s, Kernel) for s in sched.steps)
+    build = cache.build_async(source, compile_options) if has_kernels else None
+    return CompiledGraph(gm, sched, source, args, build, run)
+
+
+def _out_spec(gm: torch.fx.GraphModule) -> Any:
+    """The output structure ``gm`` returns, for graphs that flatten it (pytree codegen)."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is not None and info.out_spec is not None:
+        return info.out_spec
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    return pytree.tree_flatten(out.args[0])[1]

@@ -1,0 +1,229 @@
+"""The loop IR: buffers with layouts, and the nodes that fill them.
+
+A :class:`Program` is a list of nodes over named :class:`Buffer` s. A
+:class:`Pointwise` node writes one value per point of its ``ranges``; a
+:class:`Reduction` writes one value per point of ``ranges``, combining its
+body over ``reduce_ranges``; an :class:`Extern` calls an aten op. Bodies are
+:class:`Expr` DAGs (op, dtype, args, arg) whose loads name a buffer and a flat
+sympy index over the node's loop variables ``i0, i1, ...`` (and ``r0, ...``
+inside reductions). Nothing here knows about C++ or Triton.
+
+>>> x = Buffer("x", torch.float32, Layout.contiguous((4, 8)))
+>>> body = Expr(Op.EXP, torch.float32, (load(x, (I[0], I[1])),))
+>>> print(Pointwise("buf0", (4, 8), body))
+buf0[4, 8] = EXP(x[8*i0 + i1])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from ember.inductor.ops import Op, Reduce
+
+__all__ = [
+    "I",
+    "R",
+    "Buffer",
+    "Expr",
+    "Extern",
+    "Layout",
+    "Node",
+    "Pointwise",
+    "Program",
+    "Reduction",
+    "Ref",
+    "const",
+    "load",
+    "walk",
+]
+
+
+def _var(prefix: str, n: int) -> list[sympy.Symbol]:
+    return [sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True) for k in range(n)]
+
+
+I = _var("i", 16)  # loop variables of a node's ranges
+R = _var("r", 16)  # loop variables of a reduction's reduce_ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Sizes and strides (in elements) of a tensor, from ``offset`` into its storage."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(sizes: Sequence[int]) -> Layout:
+        strides, step = [], 1
+        for s in reversed(sizes):
+            strides.append(step)
+            step *= max(s, 1)
+        return Layout(tuple(sizes), tuple(reversed(strides)))
+
+    def index(self, idx: Sequence[sympy.Expr]) -> sympy.Expr:
+        """The flat storage index of the point ``idx``."""
+        terms = [i * s for i, s, n in zip(idx, self.strides, self.sizes, strict=True) if n != 1]
+        return sympy.Integer(self.offset) + sympy.Add(*terms)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def extent(self) -> int:
+        """Elements of storage the layout reaches, from index 0."""
+        if self.numel == 0:
+            return 0
+        return self.offset + 1 + sum((n - 1) * s for n, s in zip(self.sizes, self.strides))
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A named tensor of the program: a graph input, a node's output or an extern result."""
+
+    name: str
+    dtype: torch.dtype
+    layout: Layout
+
+
+@dataclass(frozen=True, slots=True)
+class Expr:
+    """One node of a body DAG. ``arg``: LOAD (buffer, index, indirect symbols), CONST value,
+    INDEX sympy expression; ``args`` are the operands (for LOAD, the indirect indices)."""
+
+    op: Op
+    dtype: torch.dtype
+    args: tuple[Expr, ...] = ()
+    arg: Any = None
+    _hash: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.op, self.dtype, self.args, self.arg)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __str__(self) -> str:
+        if self.op is Op.LOAD:
+            return f"{self.arg[0]}[{self.arg[1]}]"
+        if self.op is Op.CONST:
+            return repr(self.arg)
+        if self.op is Op.INDEX:
+            return f"({self.arg})"
+        inner = ", ".join(str(a) for a in self.args)
+        return f"{self.op.name}{'.' + _short(self.dtype) if self.op is Op.CAST else ''}({inner})"
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def load(buf: Buffer, idx: Sequence[sympy.Expr], layout: Layout | None = None) -> Expr:
+    """Load ``buf`` at the point ``idx`` of ``layout`` (default: the buffer's own)."""
+    flat = sympy.expand((layout or buf.layout).index(idx))
+    return Expr(Op.LOAD, buf.dtype, (), (buf.name, flat, ()))
+
+
+def const(value: float | int | bool, dtype: torch.dtype) -> Expr:
+    return Expr(Op.CONST, dtype, (), value)
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every distinct node of the DAG under ``e``, operands before users."""
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in seen:
+            continue
+        if done:
+            seen.add(id(node))
+            yield node
+            continue
+        stack.append((node, True))
+        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+
+
+@dataclass(frozen=True, slots=True)
+class Pointwise:
+    """``name[i] = body(i)`` for every point ``i`` of ``ranges``."""
+
+    name: str
+    ranges: tuple[int, ...]
+    body: Expr
+
+    def __str__(self) -> str:
+        return f"{self.name}{list(self.ranges)} = {self.body}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """``name[i] = kind over r of body(i, r)``; ARGMAX/ARGMIN give the flat index of r."""
+
+    name: str
+    ranges: tuple[int, ...]
+    reduce_ranges: tuple[int, ...]
+    kind: Reduce
+    body: Expr
+
+    def __str__(self) -> str:
+        return f"{self.name}{list(self.ranges)} = {self.kind.name}{list(self.reduce_ranges)}({self.body})"
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A tensor argument of an extern call or an output: ``name`` seen through ``layout``."""
+
+    name: str
+    layout: Layout | None = None  # None: the buffer's own layout
+
+    def __str__(self) -> str:
+        if self.layout is None:
+            return self.name
+        return f"{self.name}<{list(self.layout.sizes)}:{list(self.layout.strides)}+{self.layout.offset}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Extern:
+    """``names = target(*args, **kwargs)`` with :class:`Ref` leaves, run by aten."""
+
+    names: tuple[str, ...]  # output buffers, in the order the result flattens
+    target: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __str__(self) -> str:
+        shown = ", ".join(str(a) for a in self.args)
+        return f"{', '.join(self.names)} = extern {self.target}({shown})"
+
+
+Node = Pointwise | Reduction | Extern
+
+
+@dataclass
+class Program:
+    """A graph lowered to loop IR: buffers, the nodes that fill them, the outputs."""
+
+    buffers: dict[str, Buffer]
+    inputs: list[str]  # one buffer per graph input
+    nodes: list[Node]
+    outputs: list[Any]  # Ref or a Python constant, in the graph's flat output order
+    out_spec: Any = None  # pytree spec that rebuilds the graph's output structure
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr tensors
+
+    def __str__(self) -> str:
+        lines = [f"inputs: {', '.join(self.inputs)}"]
+        for b in self.buffers.values():
+            lines.append(f"  {b.name}: {_short(b.dtype)}{list(b.layout.sizes)}"
+                         f" strides {list(b.layout.strides)}")
+        lines += [str(n) for n in self.nodes]
+        lines.append(f"outputs: {', '.join(str(o) for o in self.outputs)}")
+        return "\n".join(lines)

@@ -1,0 +1,606 @@
+"""Lowerings of pointwise ops, reductions, creation ops, ``cat`` and indexing.
+
+Pointwise ops follow torch's type promotion: operands are cast to the
+computation dtype (half and bfloat16 compute in float32), the op is applied,
+the result is cast to eager's output dtype.
+
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> gm = make_fx(lambda x: torch.where(x > 0, x, 0.5 * x))(torch.randn(4))
+>>> print(lower_graph(gm, [torch.randn(4)]).nodes[0])
+buf0[4] = WHERE(GT(x_1[i0], 0.0), x_1[i0], MUL(x_1[i0], 0.5))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
+from torch._prims_common import elementwise_dtypes
+
+from ember.inductor.ir import I, R, Expr, const
+from ember.inductor.lower_views import broadcast, flatten
+from ember.inductor.lowering import Fallback, Lowerer, Value, lower_graph, lowering
+from ember.inductor.ops import Op, Reduce
+
+__all__ = ["lower_graph"]
+
+aten = torch.ops.aten
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def cast(e: Expr, dtype: torch.dtype) -> Expr:
+    if e.dtype == dtype:
+        return e
+    if e.op is Op.CONST:
+        return const(_convert(e.arg, dtype), dtype)
+    return Expr(Op.CAST, dtype, (e,))
+
+
+def _convert(value: Any, dtype: torch.dtype) -> Any:
+    if dtype == torch.bool:
+        return bool(value)
+    return float(value) if dtype.is_floating_point else int(value)
+
+
+def _compute(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _meta_of(ctx: Lowerer, a: Any) -> Any:
+    """What type promotion sees for a lowering argument: a fake tensor or a Python scalar."""
+    if isinstance(a, Value):
+        return torch.empty((), dtype=a.dtype) if a.ndim == 0 else torch.empty((1,), dtype=a.dtype)
+    return a
+
+
+def pointwise(
+    ctx: Lowerer, fn: Callable[..., Expr], *args: Any, kind: KIND = KIND.DEFAULT,
+    compute: torch.dtype | None = None,
+) -> Value:
+    """Apply ``fn`` (over Exprs in the computation dtype) to tensors and scalars."""
+    out_meta = ctx.meta
+    if not isinstance(out_meta, torch.Tensor):
+        raise Fallback("pointwise op without a tensor result")
+    sizes, out_dtype = tuple(out_meta.shape), out_meta.dtype
+    if compute is None:
+        metas = [_meta_of(ctx, a) for a in args if isinstance(a, Value | int | float | bool)]
+        compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=kind)[0])
+    if compute not in FLOATS and fn in FLOAT_ONLY:
+        raise Fallback(f"{fn.__name__} on {compute}")
+    loaders = [
+        broadcast(a, sizes).loader if isinstance(a, Value) else _scalar(a, compute)
+        for a in args
+    ]
+
+    def loader(idx: Sequence[sympy.Expr]) -> Expr:
+        return cast(fn(*[cast(load(idx), compute) for load in loaders]), out_dtype)
+
+    return Value(sizes, out_dtype, loader)
+
+
+def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr]:
+    if not isinstance(a, int | float | bool):
+        raise Fallback(f"scalar argument {a!r}")
+    if isinstance(a, float) and not dtype.is_floating_point:
+        raise Fallback("float scalar with an integer computation")
+    e = const(_convert(a, dtype), dtype)
+    return lambda idx: e
+
+
+def _un(op: Op) -> Callable[[Expr], Expr]:
+    def fn(a: Expr) -> Expr:
+        return Expr(op, a.dtype, (a,))
+
+    fn.__name__ = op.name.lower()
+    return fn
+
+
+def _bin(op: Op) -> Callable[[Expr, Expr], Expr]:
+    def fn(a: Expr, b: Expr) -> Expr:
+        return Expr(op, torch.bool if op in CMP else a.dtype, (a, b))
+
+    fn.__name__ = op.name.lower()
+    return fn
+
+
+CMP = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}
+FLOAT_ONLY: set[Callable[..., Expr]] = set()
+
+
+def _register_unary(target: Any, op: Op, kind: KIND, float_only: bool = True) -> None:
+    fn = _un(op)
+    if float_only:
+        FLOAT_ONLY.add(fn)
+    lowering(target)(lambda ctx, a: pointwise(ctx, fn, a, kind=kind))
+
+
+for _target, _op in [
+    (aten.exp.default, Op.EXP), (aten.expm1.default, Op.EXPM1), (aten.log.default, Op.LOG),
+    (aten.log1p.default, Op.LOG1P), (aten.sqrt.default, Op.SQRT), (aten.rsqrt.default, Op.RSQRT),
+    (aten.reciprocal.default, Op.RECIPROCAL), (aten.sin.default, Op.SIN),
+    (aten.cos.default, Op.COS), (aten.tanh.default, Op.TANH), (aten.sigmoid.default, Op.SIGMOID),
+    (aten.erf.default, Op.ERF),
+]:
+    _register_unary(_target, _op, KIND.INT_TO_FLOAT)
+for _target, _op in [
+    (aten.floor.default, Op.FLOOR), (aten.ceil.default, Op.CEIL), (aten.trunc.default, Op.TRUNC),
+]:
+    _register_unary(_target, _op, KIND.DEFAULT)
+_register_unary(aten.neg.default, Op.NEG, KIND.DEFAULT, float_only=False)
+_register_unary(aten.abs.default, Op.ABS, KIND.DEFAULT, float_only=False)
+_register_unary(aten.logical_not.default, Op.NOT, KIND.ALWAYS_BOOL, float_only=False)
+_register_unary(aten.isnan.default, Op.ISNAN, KIND.ALWAYS_BOOL)
+
+_ADD, _SUB, _MUL = _bin(Op.ADD), _bin(Op.SUB), _bin(Op.MUL)
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar)
+def add(ctx: Lowerer, a: Any, b: Any, *, alpha: Any = 1) -> Value:
+    if alpha != 1:
+        return pointwise(ctx, lambda x, y, k: _ADD(x, _MUL(y, k)), a, b, alpha)
+    return pointwise(ctx, _ADD, a, b)
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+def sub(ctx: Lowerer, a: Any, b: Any, *, alpha: Any = 1) -> Value:
+    if alpha != 1:
+        return pointwise(ctx, lambda x, y, k: _SUB(x, _MUL(y, k)), a, b, alpha)
+    return pointwise(ctx, _SUB, a, b)
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(ctx: Lowerer, a: Any, b: Any, *, alpha: Any = 1) -> Value:
+    return sub(ctx, b, a, alpha=alpha)
+
+
+_DIV = _bin(Op.DIV)
+FLOAT_ONLY.add(_DIV)
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+def div(ctx: Lowerer, a: Any, b: Any) -> Value:
+    return pointwise(ctx, _DIV, a, b, kind=KIND.INT_TO_FLOAT)
+
+
+def _binary(targets: Sequence[Any], op: Op, kind: KIND = KIND.DEFAULT, floats: bool = False) -> None:
+    fn = _bin(op)
+    if floats:
+        FLOAT_ONLY.add(fn)
+    lowering(*targets)(lambda ctx, a, b: pointwise(ctx, fn, a, b, kind=kind))
+
+
+_binary([aten.mul.Tensor, aten.mul.Scalar], Op.MUL)
+_binary([aten.maximum.default], Op.MAX)
+_binary([aten.minimum.default], Op.MIN)
+_binary([aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar], Op.POW, KIND.BOOL_TO_LONG, True)
+_binary([aten.logical_and.default], Op.AND, KIND.ALWAYS_BOOL)
+_binary([aten.logical_or.default], Op.OR, KIND.ALWAYS_BOOL)
+_binary([aten.logical_xor.default], Op.XOR, KIND.ALWAYS_BOOL)
+for _name, _op in [("eq", Op.EQ), ("ne", Op.NE), ("lt", Op.LT), ("le", Op.LE), ("gt", Op.GT),
+                   ("ge", Op.GE)]:
+    _packet = getattr(aten, _name)
+    _binary([_packet.Tensor, _packet.Scalar], _op, KIND.ALWAYS_BOOL)
+
+
+@lowering(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
+          aten.bitwise_not.default)
+def bitwise(ctx: Lowerer, *args: Any) -> Value:
+    if any(isinstance(a, Value) and a.dtype != torch.bool for a in args):
+        raise Fallback("bitwise ops on integers")
+    assert ctx.node is not None
+    op = {"and": Op.AND, "or": Op.OR, "xor": Op.XOR, "not": Op.NOT}[
+        str(ctx.node.target).split("_")[1].split(".")[0]
+    ]
+    fn = _un(op) if op is Op.NOT else _bin(op)
+    return pointwise(ctx, fn, *args, kind=KIND.ALWAYS_BOOL)
+
+
+_MAX, _MIN, _WHERE = _bin(Op.MAX), _bin(Op.MIN), None
+
+
+def where_(c: Expr, a: Expr, b: Expr) -> Expr:
+    return Expr(Op.WHERE, a.dtype, (cast(c, torch.bool), a, b))
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
+    metas = [_meta_of(ctx, x) for x in (a, b)]
+    compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=KIND.NO_OPMATH)[0])
+    return pointwise(ctx, lambda c, x, y: where_(_as_bool(c), x, y), cond, a, b, compute=compute)
+
+
+def _as_bool(e: Expr) -> Expr:
+    """Undo the computation-dtype cast that ``pointwise`` put on a bool condition."""
+    return e.args[0] if e.op is Op.CAST and e.args[0].dtype == torch.bool else cast(e, torch.bool)
+
+
+@lowering(aten.relu.default)
+def relu(ctx: Lowerer, a: Value) -> Value:
+    return pointwise(ctx, lambda x: _MAX(x, const(_convert(0, x.dtype), x.dtype)), a)
+
+
+@lowering(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+def clamp(ctx: Lowerer, a: Value, lo: Any = None, hi: Any = None) -> Value:
+    assert ctx.node is not None
+    if str(ctx.node.target).startswith("aten.clamp_max"):
+        lo, hi = None, lo
+    bounds = [b for b in (lo, hi) if b is not None]
+
+    def fn(x: Expr, *bs: Expr) -> Expr:
+        it = iter(bs)
+        if lo is not None:
+            x = _MAX(x, next(it))
+        if hi is not None:
+            x = _MIN(x, next(it))
+        return x
+
+    return pointwise(ctx, fn, a, *bounds)
+
+
+@lowering(aten.sign.default, aten.sgn.default)
+def sign(ctx: Lowerer, a: Value) -> Value:
+    def fn(x: Expr) -> Expr:
+        zero, one = const(_convert(0, x.dtype), x.dtype), const(_convert(1, x.dtype), x.dtype)
+        gt, lt = _bin(Op.GT)(x, zero), _bin(Op.LT)(x, zero)
+        return _SUB(cast(gt, x.dtype), cast(lt, x.dtype)) if x.dtype in FLOATS else where_(
+            gt, one, where_(lt, _un(Op.NEG)(one), zero))
+
+    return pointwise(ctx, fn, a)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(ctx: Lowerer, a: Value, mask: Value, value: Any) -> Value:
+    if isinstance(value, Value) and value.ndim != 0:
+        raise Fallback("masked_fill with a non-scalar value")
+    return where(ctx, mask, value, a)
+
+
+@lowering(aten._to_copy.default, aten.clone.default, aten.copy.default,
+          aten.lift_fresh_copy.default)
+def to_copy(ctx: Lowerer, a: Value, *args: Any, **kwargs: Any) -> Value:
+    out = ctx.meta
+    if out.device.type != "cpu" or kwargs.get("layout") not in (None, torch.strided):
+        raise Fallback("a copy to another device or layout")
+    if args and isinstance(args[0], Value):  # aten.copy(self, src): src broadcast to self
+        a = args[0]
+    src = broadcast(a, tuple(out.shape))
+    return Value(src.sizes, out.dtype, lambda idx: cast(src.loader(idx), out.dtype))
+
+
+# ---- creation ------------------------------------------------------------------------------
+
+
+def _filled(ctx: Lowerer, value: Any) -> Value:
+    out = ctx.meta
+    if isinstance(value, Value):
+        raise Fallback("fill with a tensor")
+    e = const(_convert(value, out.dtype), out.dtype)
+    return Value(tuple(out.shape), out.dtype, lambda idx: e)
+
+
+@lowering(aten.full.default, aten.full_like.default, aten.scalar_tensor.default)
+def full(ctx: Lowerer, a: Any, value: Any = None, **kwargs: Any) -> Value:
+    assert ctx.node is not None
+    return _filled(ctx, a if ctx.node.target is aten.scalar_tensor.default else value)
+
+
+@lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default)
+def zeros(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
+    return _filled(ctx, 0)
+
+
+@lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+def ones(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
+    return _filled(ctx, 1)
+
+
+@lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def arange(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
+    start, step = (0, 1) if len(args) < 2 else (args[0], args[2] if len(args) > 2 else 1)
+    out = ctx.meta
+    if not all(isinstance(x, int) for x in (start, step)):
+        raise Fallback("arange over floats")
+    return Value(tuple(out.shape), out.dtype, lambda idx: cast(
+        Expr(Op.INDEX, torch.int64, (), sympy.Integer(start) + step * idx[0]), out.dtype))
+
+
+# ---- reductions ----------------------------------------------------------------------------
+
+
+def _reduce(
+    ctx: Lowerer, kind: Reduce, a: Value, dims: Sequence[int] | int | None, keepdim: bool,
+    acc: torch.dtype,
+) -> Value:
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = sorted({d % max(a.ndim, 1) for d in (dims if dims else range(a.ndim))})
+    kept = [d for d in range(a.ndim) if d not in dims]
+    ranges = tuple(a.sizes[d] for d in kept)
+    reduce_ranges = tuple(a.sizes[d] for d in dims)
+    idx: list[sympy.Expr] = [sympy.Integer(0)] * a.ndim
+    for j, d in enumerate(kept):
+        idx[d] = I[j]
+    for j, d in enumerate(dims):
+        idx[d] = R[j]
+    body = cast(a.loader(idx), acc) if a.ndim else cast(a.loader([]), acc)
+    out = ctx.reduction(kind, ranges, reduce_ranges, body, ctx.meta.dtype)
+    if keepdim and a.ndim:
+        sizes = tuple(1 if d in dims else n for d, n in enumerate(a.sizes))
+        base = out
+
+        def keep(ix: Sequence[sympy.Expr]) -> Expr:
+            return base.loader([ix[d] for d in kept])
+
+        return Value(sizes, out.dtype, keep)
+    return out
+
+
+def _acc(ctx: Lowerer, a: Value) -> torch.dtype:
+    out = ctx.meta.dtype
+    return torch.float32 if out in (torch.float16, torch.bfloat16) else out
+
+
+@lowering(aten.sum.dim_IntList, aten.sum.default)
+def sum_(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False, **kw: Any) -> Value:
+    return _reduce(ctx, Reduce.SUM, a, dims, keepdim, _acc(ctx, a))
+
+
+@lowering(aten.prod.dim_int, aten.prod.default)
+def prod(ctx: Lowerer, a: Value, dim: Any = None, keepdim: bool = False, **kw: Any) -> Value:
+    return _reduce(ctx, Reduce.PROD, a, dim, keepdim, _acc(ctx, a))
+
+
+@lowering(aten.mean.dim, aten.mean.default)
+def mean(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False, **kw: Any) -> Value:
+    out_dtype = ctx.meta.dtype
+    if out_dtype not in FLOATS:
+        raise Fallback("mean of integers")
+    total = _reduce(ctx, Reduce.SUM, a, dims, keepdim, _acc(ctx, a))
+    n = math.prod(a.sizes) // max(math.prod(total.sizes), 1) if a.sizes else 1
+    acc = _acc(ctx, a)
+    return Value(total.sizes, out_dtype, lambda idx: cast(
+        _DIV(cast(total.loader(idx), acc), const(float(n), acc)), out_dtype))
+
+
+@lowering(aten.amax.default, aten.max.dim)
+def amax(ctx: Lowerer, a: Value, dims: Any = (), keepdim: bool = False) -> Any:
+    if ctx.node is not None and ctx.node.target is aten.max.dim:
+        raise Fallback("max.dim returns indices too")
+    return _reduce(ctx, Reduce.MAX, a, dims, keepdim, _acc(ctx, a))
+
+
+@lowering(aten.amin.default)
+def amin(ctx: Lowerer, a: Value, dims: Any = (), keepdim: bool = False) -> Value:
+    return _reduce(ctx, Reduce.MIN, a, dims, keepdim, _acc(ctx, a))
+
+
+@lowering(aten.argmax.default, aten.argmin.default)
+def argmax(ctx: Lowerer, a: Value, dim: int | None = None, keepdim: bool = False) -> Value:
+    assert ctx.node is not None
+    kind = Reduce.ARGMAX if "argmax" in str(ctx.node.target) else Reduce.ARGMIN
+    if a.ndim == 0:
+        raise Fallback("argmax of a scalar")
+    src = a if dim is not None else Value((math.prod(a.sizes),), a.dtype, lambda idx: a.loader(
+        _unflat(idx[0], a.sizes)))
+    return _reduce(ctx, kind, src, 0 if dim is None else dim, keepdim, _compute(a.dtype))
+
+
+def _unflat(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
+    from ember.inductor.lower_views import unflatten
+
+    return unflatten(flat, sizes)
+
+
+@lowering(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
+          aten.all.dims)
+def any_all(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False) -> Value:
+    assert ctx.node is not None
+    kind = Reduce.ANY if str(ctx.node.target).startswith("aten.any") else Reduce.ALL
+    if ctx.meta.dtype != torch.bool:
+        raise Fallback("any/all of uint8")
+    return _reduce(ctx, kind, a, dims, keepdim, torch.bool)
+
+
+# ---- cat, padding, indexing ----------------------------------------------------------------
+
+
+def _clamp(e: sympy.Expr, n: int) -> sympy.Expr:
+    return sympy.Min(sympy.Max(e, 0), n - 1)
+
+
+@lowering(aten.cat.default)
+def cat(ctx: Lowerer, tensors: Sequence[Value], dim: int = 0) -> Value:
+    out = ctx.meta
+    pieces = [t for t in tensors if math.prod(t.sizes) > 0]
+    if not pieces:
+        raise Fallback("cat of empty tensors")
+    d = dim % out.ndim
+    starts = list(__import__("itertools").accumulate([0] + [t.sizes[d] for t in pieces]))
+
+    def loader(idx: Sequence[sympy.Expr]) -> Expr:
+        result = None
+        for t, lo, hi in reversed(list(zip(pieces, starts, starts[1:], strict=False))):
+            at = [*idx[:d], _clamp(idx[d] - lo, hi - lo), *idx[d + 1 :]]
+            e = cast(t.loader(at), out.dtype)
+            if result is None:
+                result = e
+            else:
+                inside = Expr(Op.LT, torch.bool, (_index(idx[d]), _index(sympy.Integer(hi))))
+                result = Expr(Op.WHERE, out.dtype, (inside, e, result))
+        assert result is not None
+        return result
+
+    return Value(tuple(out.shape), out.dtype, loader)
+
+
+def _index(e: sympy.Expr) -> Expr:
+    return Expr(Op.INDEX, torch.int64, (), e)
+
+
+@lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) -> Value:
+    out = ctx.meta
+    if any(p < 0 for p in pad):
+        raise Fallback("negative padding")
+    fill = const(_convert(value, out.dtype), out.dtype)
+
+    def loader(idx: Sequence[sympy.Expr]) -> Expr:
+        at, inside = list(idx), None
+        for k in range(len(pad) // 2):
+            d = a.ndim - 1 - k
+            lo = pad[2 * k]
+            at[d] = _clamp(idx[d] - lo, a.sizes[d])
+            ok = Expr(Op.AND, torch.bool, (
+                Expr(Op.GE, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo)))),
+                Expr(Op.LT, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo + a.sizes[d]))))))
+            inside = ok if inside is None else Expr(Op.AND, torch.bool, (inside, ok))
+        e = a.loader(at)
+        return e if inside is None else Expr(Op.WHERE, out.dtype, (inside, e, fill))
+
+    return Value(tuple(out.shape), out.dtype, loader)
+
+
+def indirect(ctx: Lowerer, table: Value, dim: int, index: Expr) -> Callable[..., Expr]:
+    """A loader of ``table`` whose index along ``dim`` is the value ``index`` (wrapped, clamped)."""
+    ref = ctx.realize(table)
+    buf = ctx.buffers[ref.name]
+    layout = ref.layout or buf.layout
+    pos = wrap_index(index, table.sizes[dim])
+
+    def load_at(idx: Sequence[sympy.Expr]) -> Expr:
+        flat = sympy.expand(layout.index([*idx[:dim], IND, *idx[dim:]]))
+        return Expr(Op.LOAD, buf.dtype, (pos,), (buf.name, flat, (IND,)))
+
+    return load_at
+
+
+IND = sympy.Symbol("ind", integer=True)  # an indirect index inside a LOAD's flat index
+
+
+def wrap_index(index: Expr, n: int) -> Expr:
+    """``index`` as int64, negative values counted from the end, clamped into ``[0, n)``."""
+    i = cast(index, torch.int64)
+    zero, size = const(0, torch.int64), const(n, torch.int64)
+    i = where_(Expr(Op.LT, torch.bool, (i, zero)), _ADD(i, size), i)
+    return _MIN(_MAX(i, zero), const(n - 1, torch.int64))
+
+
+@lowering(aten.index_select.default, aten.embedding.default)
+def index_select(ctx: Lowerer, a: Value, dim_or_idx: Any, idx: Any = None) -> Value:
+    assert ctx.node is not None
+    if ctx.node.target is aten.embedding.default:
+        a, dim, idx = a, 0, dim_or_idx
+    else:
+        dim = dim_or_idx % a.ndim
+    if not isinstance(idx, Value) or idx.dtype not in (torch.int64, torch.int32):
+        raise Fallback("index is not an integer tensor")
+    out = ctx.meta
+    k = idx.ndim
+
+    def loader(ix: Sequence[sympy.Expr]) -> Expr:
+        pos = idx.loader(ix[dim : dim + k]) if k else idx.loader([])
+        rest = [*ix[:dim], *ix[dim + k :]]
+        return indirect(ctx, a, dim, pos)(rest)
+
+    return Value(tuple(out.shape), out.dtype, loader)
+
+
+@lowering(aten.gather.default)
+def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = False) -> Value:
+    d = dim % max(a.ndim, 1)
+    if a.ndim == 0:
+        raise Fallback("gather on a scalar")
+    out = ctx.meta
+    ref = ctx.realize(a)
+    buf = ctx.buffers[ref.name]
+    layout = ref.layout or buf.layout
+
+    def loader(ix: Sequence[sympy.Expr]) -> Expr:
+        pos = wrap_index(idx.loader(ix), a.sizes[d])
+        flat = sympy.expand(layout.index([*ix[:d], IND, *ix[d + 1 :]]))
+        return Expr(Op.LOAD, buf.dtype, (pos,), (buf.name, flat, (IND,)))
+
+    return Value(tuple(out.shape), out.dtype, loader)
+
+
+
+
+# ---- prims that torch's reference decompositions leave behind -------------------------------
+
+prims = torch.ops.prims
+
+
+@lowering(prims.broadcast_in_dim.default)
+def broadcast_in_dim(ctx: Lowerer, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
+    def index(idx: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+        return [sympy.Integer(0) if a.sizes[j] == 1 else idx[d] for j, d in enumerate(dims)]
+
+    return Value(tuple(ctx.meta.shape), a.dtype, lambda idx: a.loader(index(idx)))
+
+
+@lowering(prims.convert_element_type.default)
+def convert_element_type(ctx: Lowerer, a: Value, dtype: torch.dtype) -> Value:
+    return Value(a.sizes, dtype, lambda idx: cast(a.loader(idx), dtype))
+
+
+@lowering(prims.sum.default)
+def prims_sum(ctx: Lowerer, a: Value, dims: Sequence[int], **kw: Any) -> Value:
+    return _reduce(ctx, Reduce.SUM, a, dims, False, _acc(ctx, a))
+
+
+@lowering(prims.amax.default)
+def prims_amax(ctx: Lowerer, a: Value, dims: Sequence[int]) -> Value:
+    return _reduce(ctx, Reduce.MAX, a, dims, False, _acc(ctx, a))
+
+
+@lowering(prims.amin.default)
+def prims_amin(ctx: Lowerer, a: Value, dims: Sequence[int]) -> Value:
+    return _reduce(ctx, Reduce.MIN, a, dims, False, _acc(ctx, a))
+
+
+@lowering(prims.var.default)
+def prims_var(ctx: Lowerer, a: Value, dims: Sequence[int], correction: float, **kw: Any) -> Value:
+    """Two passes: the mean, then the sum of squared deviations (stable, unlike one pass)."""
+    acc = _acc(ctx, a)
+    if acc not in FLOATS:
+        raise Fallback("var of integers")
+    dims = sorted(d % a.ndim for d in dims)
+    n = math.prod(a.sizes[d] for d in dims)
+    total = _reduce(ctx, Reduce.SUM, a, dims, False, acc)
+    mean = ctx.realized(
+        Value(total.sizes, acc, lambda idx: _DIV(total.loader(idx), const(float(n), acc))))
+    kept = [d for d in range(a.ndim) if d not in dims]
+
+    def sq(idx: Sequence[sympy.Expr]) -> Expr:
+        d = _SUB(cast(a.loader(idx), acc), mean.loader([idx[k] for k in kept]))
+        return _MUL(d, d)
+
+    squares = _reduce(ctx, Reduce.SUM, Value(a.sizes, acc, sq), dims, False, acc)
+    denom = const(float(max(n - correction, 0)), acc)
+    out = ctx.meta.dtype
+    return Value(squares.sizes, out, lambda idx: cast(_DIV(squares.loader(idx), denom), out))
+
+
+for _name, _fn in [("add", _ADD), ("sub", _SUB), ("mul", _MUL), ("maximum", _MAX),
+                   ("minimum", _MIN)]:
+    lowering(getattr(prims, _name).default)(
+        lambda ctx, a, b, _f=_fn: pointwise(ctx, _f, a, b))
+for _name, _op in [("exp", Op.EXP), ("log", Op.LOG), ("sqrt", Op.SQRT), ("rsqrt", Op.RSQRT),
+                   ("tanh", Op.TANH), ("erf", Op.ERF), ("neg", Op.NEG), ("abs", Op.ABS)]:
+    _register_unary(getattr(prims, _name).default, _op, KIND.DEFAULT, _op not in (Op.NEG, Op.ABS))
+
+
+@lowering(prims.div.default)
+def prims_div(ctx: Lowerer, a: Any, b: Any) -> Value:
+    if ctx.meta.dtype not in FLOATS:
+        raise Fallback("prims.div of integers truncates")
+    return pointwise(ctx, _DIV, a, b)
+
+
+@lowering(prims.where.default)
+def prims_where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
+    return where(ctx, cond, a, b)

@@ -1,0 +1,184 @@
+"""Views as index transformations.
+
+A view of a buffer window stays a buffer window: its layout is read off the
+fx node's fake output, which has exactly eager's sizes, strides and storage
+offset (valid when the input window has eager's layout). A view of a lazy
+value maps the output index to the input index instead.
+
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> gm = make_fx(lambda x: x.t().exp())(torch.randn(2, 3))
+>>> print(lower_graph(gm, [torch.randn(2, 3)]).nodes[0])
+buf0[3, 2] = EXP(x_1[i0 + 3*i1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ember.inductor.ir import Layout
+from ember.inductor.lowering import Fallback, Lowerer, Value, lower_graph, lowering
+
+__all__ = ["lower_graph"]
+
+aten = torch.ops.aten
+
+
+def _window(ctx: Lowerer, v: Value) -> Value | None:
+    """The view as a new window of ``v``'s buffer, if ``v`` is a window with eager's layout."""
+    if v.ref is None or ctx.node is None:
+        return None
+    src = ctx.node.args[0]
+    in_meta, out = getattr(src, "meta", {}).get("val"), ctx.meta
+    if not isinstance(in_meta, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None
+    buf = ctx.buffers[v.ref.name]
+    have = v.ref.layout or buf.layout
+    if (have.sizes, have.strides) != (tuple(in_meta.shape), tuple(in_meta.stride())):
+        return None
+    offset = have.offset + out.storage_offset() - in_meta.storage_offset()
+    return ctx.buffer_value(buf, Layout(tuple(out.shape), tuple(out.stride()), offset))
+
+
+def _dim(d: int, n: int) -> int:
+    return d + n if d < 0 else d
+
+
+def _lazy(v: Value, sizes: Sequence[int], index: Any) -> Value:
+    """A lazy view: ``index`` maps an output index to an input index."""
+    return Value(tuple(sizes), v.dtype, lambda idx: v.loader(index(list(idx))))
+
+
+@lowering(aten.permute.default)
+def permute(ctx: Lowerer, v: Value, dims: Sequence[int]) -> Value:
+    dims = [_dim(d, v.ndim) for d in dims]
+
+    def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
+        out: list[sympy.Expr] = [sympy.Integer(0)] * v.ndim
+        for j, d in enumerate(dims):
+            out[d] = idx[j]
+        return out
+
+    return _window(ctx, v) or _lazy(v, [v.sizes[d] for d in dims], index)
+
+
+@lowering(aten.t.default)
+def t(ctx: Lowerer, v: Value) -> Value:
+    return permute(ctx, v, list(reversed(range(v.ndim))))
+
+
+@lowering(aten.transpose.int)
+def transpose(ctx: Lowerer, v: Value, a: int, b: int) -> Value:
+    dims = list(range(v.ndim))
+    a, b = _dim(a, v.ndim), _dim(b, v.ndim)
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(ctx, v, dims)
+
+
+def broadcast(v: Value, sizes: Sequence[int]) -> Value:
+    """``v`` expanded to ``sizes`` (numpy broadcasting from the right)."""
+    if tuple(sizes) == v.sizes:
+        return v
+    lead = len(sizes) - v.ndim
+
+    def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
+        return [sympy.Integer(0) if n == 1 else i for i, n in zip(idx[lead:], v.sizes, strict=True)]
+
+    return _lazy(v, sizes, index)
+
+
+@lowering(aten.expand.default)
+def expand(ctx: Lowerer, v: Value, sizes: Sequence[int], *, implicit: bool = False) -> Value:
+    return _window(ctx, v) or broadcast(v, tuple(ctx.meta.shape))
+
+
+@lowering(aten.slice.Tensor)
+def slice_(
+    ctx: Lowerer, v: Value, dim: int = 0, start: int | None = None, end: int | None = None,
+    step: int = 1,
+) -> Value:
+    d = _dim(dim, v.ndim)
+    n = v.sizes[d]
+    lo = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
+    sizes = list(ctx.meta.shape)
+
+    def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
+        return [*idx[:d], lo + idx[d] * step, *idx[d + 1 :]]
+
+    return _window(ctx, v) or _lazy(v, sizes, index)
+
+
+@lowering(aten.select.int)
+def select(ctx: Lowerer, v: Value, dim: int, i: int) -> Value:
+    d = _dim(dim, v.ndim)
+    i = i + v.sizes[d] if i < 0 else i
+
+    def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
+        return [*idx[:d], sympy.Integer(i), *idx[d:]]
+
+    return _window(ctx, v) or _lazy(v, ctx.meta.shape, index)
+
+
+@lowering(aten.unsqueeze.default)
+def unsqueeze(ctx: Lowerer, v: Value, dim: int) -> Value:
+    d = _dim(dim, v.ndim + 1)
+
+    def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
+        return idx[:d] + idx[d + 1 :]
+
+    return _window(ctx, v) or _lazy(v, ctx.meta.shape, index)
+
+
+@lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(ctx: Lowerer, v: Value, dims: int | Sequence[int] | None = None) -> Value:
+    if dims is None:
+        dims = range(v.ndim)
+    dims = [_dim(d, v.ndim) for d in ([dims] if isinstance(dims, int) else dims)]
+    gone = {d for d in dims if v.sizes[d] == 1}
+
+    def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
+        it = iter(idx)
+        return [sympy.Integer(0) if d in gone else next(it) for d in range(v.ndim)]
+
+    return _window(ctx, v) or _lazy(v, ctx.meta.shape, index)
+
+
+@lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(ctx: Lowerer, v: Value, sizes: Sequence[int]) -> Value:
+    window = _window(ctx, v)
+    if window is not None:
+        return window
+    out = tuple(ctx.meta.shape)
+    return _lazy(v, out, lambda idx: unflatten(flatten(idx, out), v.sizes))
+
+
+def flatten(idx: Sequence[sympy.Expr], sizes: Sequence[int]) -> sympy.Expr:
+    flat, step = sympy.Integer(0), 1
+    for i, n in zip(reversed(idx), reversed(sizes), strict=True):
+        flat += i * step
+        step *= n
+    return flat
+
+
+def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
+    out, step = [], 1
+    for n in reversed(sizes):
+        out.append(sympy.Integer(0) if n == 1 else sympy.Mod(sympy.floor(flat / step), n))
+        step *= n
+    return list(reversed(out))
+
+
+@lowering(aten.as_strided.default, aten.diagonal.default, aten.unfold.default)
+def as_strided(ctx: Lowerer, v: Value, *args: Any, **kwargs: Any) -> Value:
+    window = _window(ctx, v)
+    if window is None:
+        raise Fallback("a strided view of a computed value")
+    return window
+
+
+@lowering(aten.alias.default, aten.detach.default)
+def alias(ctx: Lowerer, v: Value) -> Value:
+    return v

@@ -1,0 +1,278 @@
+"""Lower an aten-level fx graph to the loop IR.
+
+Each fx node becomes a :class:`Value`: its sizes, dtype and a *loader* that
+builds the body expression of one point from an index. Pointwise ops and
+views stay lazy (their loaders inline into whoever reads them); a value is
+*realized* into a buffer when a reduction or extern needs it, when several
+users read it, or when it is an output. Lowerings register next to their code
+with ``@lowering(aten.op)``; an op without one, or whose lowering raises
+:class:`Fallback`, becomes an :class:`~ember.inductor.ir.Extern` that calls the
+aten kernel, so a graph never fails to compile for want of an op.
+
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> gm = make_fx(lambda x: (x.exp() + 1).sum(1))(torch.randn(4, 8))
+>>> print(lower_graph(gm, [torch.randn(4, 8)]))
+inputs: x_1
+  x_1: float32[4, 8] strides [8, 1]
+  buf0: float32[4] strides [1]
+buf0[4] = SUM[8](ADD(EXP(x_1[8*i0 + r0]), 1.0))
+outputs: buf0
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch.utils import _pytree as pytree
+
+from ember.inductor.ir import (
+    I,
+    Buffer,
+    Expr,
+    Extern,
+    Layout,
+    Node,
+    Pointwise,
+    Program,
+    Reduction,
+    Ref,
+    load,
+    walk,
+)
+
+__all__ = ["LOWERINGS", "Fallback", "Lowerer", "Value", "lower_graph", "lowering"]
+
+Loader = Callable[[Sequence[sympy.Expr]], Expr]
+Lowering = Callable[..., Any]
+
+LOWERINGS: dict[Any, Lowering] = {}  # aten overload -> fn(ctx, *args, **kwargs) -> Value
+INLINE_LIMIT = 120  # body nodes past which a lazy value is realized rather than inlined
+
+
+class Fallback(Exception):
+    """Raised by a lowering that cannot handle these arguments: run the aten op instead."""
+
+
+def lowering(*targets: Any) -> Callable[[Lowering], Lowering]:
+    """Register ``fn`` as the lowering of each aten overload (or packet: all overloads)."""
+
+    def register(fn: Lowering) -> Lowering:
+        for target in targets:
+            overloads = (
+                [getattr(target, o) for o in target.overloads()]
+                if isinstance(target, torch._ops.OpOverloadPacket)
+                else [target]
+            )
+            for t in overloads:
+                if t in LOWERINGS:
+                    raise KeyError(f"{t} already has a lowering")
+                LOWERINGS[t] = fn
+        return fn
+
+    return register
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor during lowering: sizes, dtype and how to load one point of it."""
+
+    sizes: tuple[int, ...]
+    dtype: torch.dtype
+    loader: Loader
+    ref: Ref | None = None  # set when the value is exactly a strided window of a buffer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+
+class Lowerer:
+    """The state of one lowering: buffers, nodes so far, and each fx node's value."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, Buffer] = {}
+        self.nodes: list[Node] = []
+        self.values: dict[torch.fx.Node, Any] = {}
+        self.node: torch.fx.Node | None = None  # the fx node being lowered
+        self._realized: dict[int, tuple[Value, Ref]] = {}  # holds the value: ids stay unique
+        self._count = 0
+
+    # ---- buffers -------------------------------------------------------------------------
+    def new_buffer(self, dtype: torch.dtype, layout: Layout) -> Buffer:
+        while f"buf{self._count}" in self.buffers:
+            self._count += 1
+        buf = Buffer(f"buf{self._count}", dtype, layout)
+        self.buffers[buf.name] = buf
+        return buf
+
+    def buffer_value(self, buf: Buffer, layout: Layout | None = None) -> Value:
+        view = layout or buf.layout
+        ref = Ref(buf.name, None if view == buf.layout else view)
+        return Value(view.sizes, buf.dtype, lambda idx: load(buf, idx, view), ref)
+
+    @property
+    def meta(self) -> Any:
+        """The fake output of the fx node being lowered (sizes, strides, dtype)."""
+        assert self.node is not None
+        return self.node.meta.get("val")
+
+    # ---- realization ---------------------------------------------------------------------
+    def realize(self, value: Value, strides: Sequence[int] | None = None) -> Ref:
+        """A buffer (or strided window of one) holding ``value``."""
+        if value.ref is not None:
+            return value.ref
+        if id(value) in self._realized:
+            return self._realized[id(value)][1]
+        layout = Layout(value.sizes, tuple(strides)) if strides else Layout.contiguous(value.sizes)
+        buf = self.new_buffer(value.dtype, layout)
+        body = value.loader(I[: value.ndim])
+        if body.dtype != value.dtype:
+            raise AssertionError(f"{buf.name}: body is {body.dtype}, value is {value.dtype}")
+        self.nodes.append(Pointwise(buf.name, value.sizes, body))
+        ref = Ref(buf.name)
+        self._realized[id(value)] = (value, ref)
+        return ref
+
+    def realized(self, value: Value, strides: Sequence[int] | None = None) -> Value:
+        ref = self.realize(value, strides)
+        return self.buffer_value(self.buffers[ref.name], ref.layout)
+
+    def reduction(
+        self, kind: Any, ranges: tuple[int, ...], reduce_ranges: tuple[int, ...], body: Expr,
+        dtype: torch.dtype,
+    ) -> Value:
+        buf = self.new_buffer(dtype, Layout.contiguous(ranges))
+        self.nodes.append(Reduction(buf.name, ranges, reduce_ranges, kind, body))
+        return self.buffer_value(buf)
+
+    # ---- the graph -----------------------------------------------------------------------
+    def lower(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        inputs = []
+        for node, example in zip(placeholders, example_inputs, strict=True):
+            if not isinstance(example, torch.Tensor):
+                raise Fallback(f"input {node.name} is a {type(example).__name__}, not a tensor")
+            buf = Buffer(node.name, example.dtype, Layout(tuple(example.shape), example.stride()))
+            self.buffers[buf.name] = buf
+            inputs.append(buf.name)
+            self.values[node] = self.buffer_value(buf)
+        outputs: list[Any] = []
+        constants: dict[str, torch.Tensor] = {}
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = _fetch(gm, str(node.target))
+                if not isinstance(value, torch.Tensor):
+                    raise Fallback(f"get_attr {node.target} is a {type(value).__name__}")
+                buf = Buffer(node.name, value.dtype, Layout(tuple(value.shape), value.stride()))
+                self.buffers[buf.name] = buf
+                constants[buf.name] = value
+                self.values[node] = self.buffer_value(buf)
+            if node.op == "call_function":
+                self.node = node
+                self.values[node] = self._lower_node(node)
+                self._maybe_realize(node)
+            elif node.op == "output":
+                outputs = [self._output(a) for a in pytree.tree_leaves(node.args[0])]
+            elif node.op not in ("placeholder", "get_attr"):
+                raise Fallback(f"{node.op} nodes are not lowered")
+        return Program(self.buffers, inputs, self.nodes, outputs, constants=constants)
+
+    def _lower_node(self, node: torch.fx.Node) -> Any:
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, self.values.get, (node.args, node.kwargs))
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        fn = LOWERINGS.get(node.target)
+        if fn is not None and _plain_meta(node.meta.get("val")):
+            try:
+                return fn(self, *args, **kwargs)
+            except Fallback:
+                pass
+        return self.extern(node, args, kwargs)
+
+    def _maybe_realize(self, node: torch.fx.Node) -> None:
+        value = self.values[node]
+        if not isinstance(value, Value) or value.ref is not None:
+            return
+        size = sum(1 for _ in walk(value.loader(I[: value.ndim])))
+        readers = sum(1 for u in node.users if u.target in LOWERINGS)
+        if size > INLINE_LIMIT or (len(node.users) > 1 and size > 1) or readers < len(node.users):
+            self.values[node] = self.realized(value, _dense_strides(node.meta.get("val")))
+
+    def _output(self, arg: Any) -> Any:
+        if not isinstance(arg, torch.fx.Node):
+            return arg
+        value = self.values[arg]
+        if isinstance(value, Value):
+            return self.realize(value, _dense_strides(arg.meta.get("val")))
+        return value
+
+    def extern(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+        """Run ``node`` with its aten kernel; its results become extern buffers."""
+        refs = pytree.tree_map_only(Value, self._extern_arg(node), (args, kwargs))
+        meta = node.meta.get("val")
+        leaves, spec = pytree.tree_flatten(meta)
+        if not all(isinstance(m, torch.Tensor | type(None)) for m in leaves):
+            raise Fallback(f"{node.target} returns {type(meta).__name__}")
+        results = []
+        for m in leaves:
+            if m is None:
+                results.append(None)
+                continue
+            buf = self.new_buffer(m.dtype, Layout(tuple(m.shape), m.stride()))
+            results.append(self.buffer_value(buf))
+        names = tuple(v.ref.name for v in results if v is not None)
+        self.nodes.append(Extern(names, node.target, *refs))
+        return pytree.tree_unflatten(results, spec)
+
+    def _extern_arg(self, node: torch.fx.Node) -> Callable[[Value], Ref]:
+        fx_args = {id(self.values[a]): a for a in node.all_input_nodes if a in self.values}
+
+        def to_ref(value: Value) -> Ref:
+            source = fx_args.get(id(value))
+            return self.realize(value, _dense_strides(source.meta.get("val") if source else None))
+
+        return to_ref
+
+
+def _fetch(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _plain_meta(meta: Any) -> bool:
+    """Lowerings handle static, dense-or-view CPU tensors of ordinary dtypes only."""
+    leaves = pytree.tree_leaves(meta)
+    return all(
+        isinstance(m, torch.Tensor) and m.device.type == "cpu" and m.dtype in DTYPES
+        and not m.is_sparse and all(isinstance(s, int) for s in m.shape)
+        for m in leaves
+    ) and bool(leaves)
+
+
+DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.bool}
+    | {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
+)
+
+
+def _dense_strides(meta: Any) -> tuple[int, ...] | None:
+    """Eager's strides for a fresh tensor like ``meta`` when they are dense, else None."""
+    if isinstance(meta, torch.Tensor) and is_non_overlapping_and_dense(meta):
+        return tuple(meta.stride())
+    return None
+
+
+def lower_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program:
+    """Lower an aten-level graph whose nodes carry ``meta['val']`` to a :class:`Program`."""
+    from ember.inductor import lower_ops, lower_views  # noqa: F401  (registers lowerings)
+
+    return Lowerer().lower(gm, example_inputs)

@@ -1,0 +1,389 @@
+"""Group loop-IR nodes into kernels, keep buffers local where possible, plan their memory.
+
+A :class:`Kernel` runs a parallel loop nest over ``outer`` and, inside each
+outer point, its :class:`Stage` s one after another; a stage is one inner
+loop over ``inner`` that computes several pointwise nodes (vertical and
+horizontal fusion) or one or more independent reductions. Nodes join the
+open kernel while their ranges start with its ``outer`` and every value they
+read from it was computed at the same point (same outer point, and same
+inner point unless the value is per outer point). Bodies are rewritten from
+the node's loop variables (``i``, ``r``) to the kernel's (``x`` outer, ``y``
+inner). A buffer read only inside the stage that writes it, at the point it
+was written, never reaches memory.
+
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from ember.inductor.lowering import lower_graph
+>>> def f(x):
+...     m = x.amax(-1, keepdim=True)
+...     e = (x - m).exp()
+...     return e / e.sum(-1, keepdim=True)
+>>> gm = make_fx(f)(torch.randn(4, 8))
+>>> print(schedule(lower_graph(gm, [torch.randn(4, 8)])))
+kernel0 over [4]
+  stage [8]: buf0 = MAX(x_1[8*x0 + y0])
+  stage [8]: buf1 = SUM(EXP(SUB(x_1[8*x0 + y0], buf0[x0])))
+  stage [8]: buf2[8*x0 + y0] = DIV(EXP(SUB(x_1[8*x0 + y0], buf0[x0])), buf1[x0])
+locals: buf0, buf1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch  # noqa: F401  (doctests)
+
+from ember.inductor.ir import I, R, Expr, Extern, Node, Pointwise, Program, Reduction, Ref, walk
+from ember.inductor.ops import Op, Reduce
+
+__all__ = ["X", "Y", "Kernel", "Schedule", "Stage", "Store", "eliminate_dead", "schedule"]
+
+X = [sympy.Symbol(f"x{k}", integer=True, nonnegative=True) for k in range(16)]  # outer loops
+Y = [sympy.Symbol(f"y{k}", integer=True, nonnegative=True) for k in range(16)]  # inner loops
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """One value a stage computes: ``name[index] = body`` (reduced over the stage if ``reduce``)."""
+
+    name: str
+    body: Expr
+    index: sympy.Expr  # flat store index in x/y variables
+    reduce: Reduce | None = None
+    local: bool = False  # never written to memory: read only in its kernel
+
+    def __str__(self) -> str:
+        where = "" if self.reduce else f"[{self.index}]"
+        value = f"{self.reduce.name}({self.body})" if self.reduce else str(self.body)
+        return f"{self.name}{'' if self.local else where} = {value}"
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One inner loop over ``inner`` computing ``stores`` at each point."""
+
+    inner: tuple[int, ...]
+    stores: tuple[Store, ...]
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.stores[0].reduce is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A parallel loop nest over ``outer`` running ``stages`` in order at each outer point."""
+
+    name: str
+    outer: tuple[int, ...]
+    stages: tuple[Stage, ...]
+
+    def __str__(self) -> str:
+        lines = [f"{self.name} over {list(self.outer)}"]
+        for st in self.stages:
+            lines += [f"  stage {list(st.inner)}: {s}" for s in st.stores]
+        return "\n".join(lines)
+
+
+@dataclass
+class Schedule:
+    """Kernels and extern calls in order, and the memory plan for their buffers."""
+
+    program: Program
+    steps: list[Kernel | Extern]
+    locals: set[str] = field(default_factory=set)  # buffers that never reach memory
+    reuse: dict[str, str] = field(default_factory=dict)  # buffer -> dead buffer whose memory it takes
+    frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
+
+    def __str__(self) -> str:
+        out = [str(s) if isinstance(s, Kernel) else str(s) for s in self.steps]
+        if self.locals:
+            out.append(f"locals: {', '.join(sorted(self.locals, key=_order))}")
+        if self.reuse:
+            out.append("reuse: " + ", ".join(f"{a}<-{b}" for a, b in self.reuse.items()))
+        return "\n".join(out)
+
+
+def _order(name: str) -> tuple[int, str]:
+    digits = "".join(c for c in name if c.isdigit())
+    return (int(digits) if digits else -1, name)
+
+
+def reads(node: Node) -> set[str]:
+    """Buffers a node reads."""
+    if isinstance(node, Extern):
+        return {r.name for r in _refs((node.args, node.kwargs))}
+    return {e.arg[0] for e in walk(node.body) if e.op is Op.LOAD}
+
+
+def _refs(tree: Any) -> list[Ref]:
+    if isinstance(tree, Ref):
+        return [tree]
+    if isinstance(tree, list | tuple):
+        return [r for t in tree for r in _refs(t)]
+    if isinstance(tree, dict):
+        return [r for t in tree.values() for r in _refs(t)]
+    return []
+
+
+def writes(node: Node) -> tuple[str, ...]:
+    return node.names if isinstance(node, Extern) else (node.name,)
+
+
+def output_names(prog: Program) -> set[str]:
+    return {o.name for o in prog.outputs if isinstance(o, Ref)}
+
+
+def eliminate_dead(prog: Program) -> Program:
+    """Drop nodes whose results nobody reads (externs that mutate are kept)."""
+    live = output_names(prog)
+    kept: list[Node] = []
+    for node in reversed(prog.nodes):
+        if any(n in live for n in writes(node)) or _mutates(node):
+            kept.append(node)
+            live |= reads(node)
+    kept.reverse()
+    used = set(prog.inputs) | set(prog.constants) | {n for node in kept for n in writes(node)}
+    buffers = {k: v for k, v in prog.buffers.items() if k in used}
+    return dataclasses.replace(prog, nodes=kept, buffers=buffers)
+
+
+def _mutates(node: Node) -> bool:
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+# ---- grouping -----------------------------------------------------------------------------
+
+
+def _split(node: Pointwise | Reduction, outer: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The node's outer ranges if it can run in a kernel over ``outer`` (None: start one)."""
+    if isinstance(node, Reduction):
+        return node.ranges if outer is None or node.ranges == outer else None
+    if outer is None:
+        return node.ranges[:-1] if len(node.ranges) > 1 else ()
+    return outer if node.ranges[: len(outer)] == outer else None
+
+
+def _store(prog: Program, node: Pointwise | Reduction, k: int) -> Store:
+    """``node`` in kernel variables: its first ``k`` loops outer, the rest inner."""
+    inner = node.ranges[k:] if isinstance(node, Pointwise) else node.reduce_ranges
+    sub = {I[j]: X[j] for j in range(k)}
+    sub |= {I[k + j]: Y[j] for j in range(len(inner))} if isinstance(node, Pointwise) else {}
+    sub |= {R[j]: Y[j] for j in range(len(inner))} if isinstance(node, Reduction) else {}
+    body = _subst(node.body, sub)
+    out = prog.buffers[node.name].layout
+    if isinstance(node, Pointwise):
+        index = out.index([sub[i] for i in I[: len(node.ranges)]])
+    else:
+        index = out.index(X[:k])
+    return Store(node.name, body, sympy.expand(index), getattr(node, "kind", None))
+
+
+def _subst(e: Expr, sub: dict[sympy.Symbol, sympy.Symbol]) -> Expr:
+    memo: dict[int, Expr] = {}
+
+    def visit(n: Expr) -> Expr:
+        if id(n) in memo:
+            return memo[id(n)]
+        args = tuple(visit(a) for a in n.args)
+        arg = n.arg
+        if n.op is Op.LOAD:
+            arg = (arg[0], arg[1].xreplace(sub), arg[2])
+        elif n.op is Op.INDEX:
+            arg = arg.xreplace(sub)
+        out = dataclasses.replace(n, args=args, arg=arg)
+        memo[id(n)] = out
+        return out
+
+    return visit(e)
+
+
+@dataclass
+class _Open:
+    """The kernel being built: its outer ranges and stages so far."""
+
+    outer: tuple[int, ...]
+    stages: list[Stage]
+    written: dict[str, tuple[Store, tuple[int, ...]]]  # buffer -> (its store, its stage's inner)
+
+
+def _fits(open_: _Open, store: Store, inner: tuple[int, ...]) -> bool:
+    """Every value ``store`` reads from the open kernel was computed at the point it reads."""
+    for e in walk(store.body):
+        if e.op is not Op.LOAD or e.arg[0] not in open_.written:
+            continue
+        src, src_inner = open_.written[e.arg[0]]
+        if e.args:
+            return False  # an indirect read of a value of this kernel
+        per_outer = src.reduce is not None or math.prod(src_inner) == 1
+        if per_outer:
+            if e.arg[1] != src.index:
+                return False
+        elif e.arg[1] != src.index or src_inner != inner:
+            return False
+    return True
+
+
+def _add(open_: _Open, store: Store, inner: tuple[int, ...]) -> None:
+    last = open_.stages[-1] if open_.stages else None
+    same_loop = last is not None and last.inner == inner
+    if same_loop and store.reduce is None and not last.is_reduction:
+        open_.stages[-1] = dataclasses.replace(last, stores=(*last.stores, store))
+    elif same_loop and store.reduce is not None and last.is_reduction and not (
+        {e.arg[0] for e in walk(store.body) if e.op is Op.LOAD} & {s.name for s in last.stores}
+    ):
+        open_.stages[-1] = dataclasses.replace(last, stores=(*last.stores, store))
+    else:
+        open_.stages.append(Stage(inner, (store,)))
+    open_.written[store.name] = (store, inner)
+
+
+def group(prog: Program) -> list[Kernel | Extern]:
+    """Fuse nodes into kernels in program order (externs end the open kernel)."""
+    steps: list[Kernel | Extern] = []
+    open_: _Open | None = None
+
+    def close() -> None:
+        nonlocal open_
+        if open_ is not None and open_.stages:
+            steps.append(Kernel(f"kernel{sum(isinstance(s, Kernel) for s in steps)}",
+                                open_.outer, tuple(open_.stages)))
+        open_ = None
+
+    for node in prog.nodes:
+        if isinstance(node, Extern):
+            close()
+            steps.append(node)
+            continue
+        outer = _split(node, open_.outer if open_ else None)
+        if open_ is not None and outer is not None:
+            store = _store(prog, node, len(outer))
+            inner = _inner(node, len(outer))
+            if _fits(open_, store, inner):
+                _add(open_, store, inner)
+                continue
+        close()
+        outer = _split(node, None)
+        assert outer is not None
+        open_ = _Open(outer, [], {})
+        _add(open_, _store(prog, node, len(outer)), _inner(node, len(outer)))
+    close()
+    return steps
+
+
+def _inner(node: Pointwise | Reduction, k: int) -> tuple[int, ...]:
+    return node.ranges[k:] if isinstance(node, Pointwise) else node.reduce_ranges
+
+
+# ---- memory ------------------------------------------------------------------------------
+
+
+def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> set[str]:
+    """Buffers read only in the stage that writes them (pointwise) or only in their kernel."""
+    readers: dict[str, set[int]] = {}
+    stage_of: dict[str, tuple[int, int]] = {}
+    for k, step in enumerate(steps):
+        stages = step.stages if isinstance(step, Kernel) else ()
+        for s, st in enumerate(stages):
+            for store in st.stores:
+                stage_of[store.name] = (k, s)
+                for e in walk(store.body):
+                    if e.op is Op.LOAD:
+                        readers.setdefault(e.arg[0], set()).add(k * 1000 + s)
+        if isinstance(step, Extern):
+            for name in reads(step):
+                readers.setdefault(name, set()).add(-1)
+    out = output_names(prog)
+    local = set()
+    for name, (k, s) in stage_of.items():
+        kernel = steps[k]
+        assert isinstance(kernel, Kernel)
+        store = next(x for x in kernel.stages[s].stores if x.name == name)
+        who = readers.get(name, set())
+        if name in out or -1 in who:
+            continue
+        if store.reduce is not None or math.prod(kernel.stages[s].inner) == 1:
+            ok = all(r // 1000 == k for r in who)
+        else:
+            ok = who <= {k * 1000 + s}
+        if ok:
+            local.add(name)
+    return local
+
+
+def plan_memory(sched: Schedule) -> None:
+    """Mark local buffers; let a buffer take the memory of a dead one of the same layout."""
+    prog = sched.program
+    sched.locals = _kernel_locals(prog, sched.steps)
+    last_use: dict[str, int] = {}
+    pinned = set(prog.inputs) | set(prog.constants) | output_names(prog)
+    for k, step in enumerate(sched.steps):
+        for name in _step_reads(step):
+            last_use[name] = k
+        if isinstance(step, Extern):
+            pinned |= set(step.names) | (reads(step) if _may_alias(step) else set())
+    free: dict[tuple[Any, ...], list[str]] = {}
+    for k, step in enumerate(sched.steps):
+        if isinstance(step, Kernel):
+            for name in (s.name for st in step.stages for s in st.stores):
+                if name in sched.locals or name in pinned and name not in output_names(prog):
+                    continue
+                buf = prog.buffers[name]
+                pool = free.get((buf.dtype, buf.layout))
+                if pool and not _reads_in(step, pool[-1]):
+                    sched.reuse[name] = pool.pop()
+        dead = [n for n, last in last_use.items() if last == k and n not in pinned]
+        dead = [n for n in dead if n not in sched.locals]
+        sched.frees[k] = dead
+        for name in dead:
+            buf = prog.buffers[name]
+            free.setdefault((buf.dtype, buf.layout), []).append(_root(sched, name))
+
+
+def _root(sched: Schedule, name: str) -> str:
+    while name in sched.reuse:
+        name = sched.reuse[name]
+    return name
+
+
+def _reads_in(kernel: Kernel, name: str) -> bool:
+    return any(e.op is Op.LOAD and e.arg[0] == name for st in kernel.stages for s in st.stores
+               for e in walk(s.body))
+
+
+def _step_reads(step: Kernel | Extern) -> set[str]:
+    if isinstance(step, Extern):
+        return reads(step)
+    return {e.arg[0] for st in step.stages for s in st.stores for e in walk(s.body)
+            if e.op is Op.LOAD}
+
+
+def _may_alias(step: Extern) -> bool:
+    schema = getattr(step.target, "_schema", None)
+    if schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns) or schema.is_mutable
+
+
+def schedule(prog: Program) -> Schedule:
+    """Group ``prog`` into kernels and plan its memory."""
+    sched = Schedule(prog, group(prog))
+    plan_memory(sched)
+    sched.steps = [_mark_locals(s, sched.locals) for s in sched.steps]
+    return sched
+
+
+def _mark_locals(step: Kernel | Extern, local: set[str]) -> Kernel | Extern:
+    if isinstance(step, Extern):
+        return step
+    stages = tuple(
+        dataclasses.replace(st, stores=tuple(
+            dataclasses.replace(s, local=s.name in local) for s in st.stores))
+        for st in step.stages
+    )
+    return dataclasses.replace(step, stages=stages)
+

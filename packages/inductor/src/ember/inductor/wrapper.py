@@ -1,0 +1,177 @@
+"""The Python that runs a schedule: allocate buffers, call kernels and extern ops in order.
+
+The wrapper is generated source, so a call does only the work the schedule
+needs: no interpretation, no dictionary lookups. Everything it uses (kernel
+functions, aten ops, constants) is bound as a global of the generated
+function.
+
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from ember.inductor.lowering import lower_graph
+>>> from ember.inductor.scheduler import schedule
+>>> gm = make_fx(lambda x, y: (x + y).relu())(torch.randn(4), torch.randn(4))
+>>> sched = schedule(lower_graph(gm, [torch.randn(4), torch.randn(4)]))
+>>> print(wrapper_source(sched, {"kernel0": ["x_1", "y_1", "buf0"]})[0])
+def call(x_1, y_1):
+    if x_1.stride() != (1,): x_1 = _restride(x_1, (4,), (1,))
+    if y_1.stride() != (1,): y_1 = _restride(y_1, (4,), (1,))
+    buf0 = _empty((4,), (1,), dtype=_float32)
+    kernel0(x_1.data_ptr(), y_1.data_ptr(), buf0.data_ptr())
+    return (buf0,)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ember.inductor.ir import Extern, Ref
+from ember.inductor.scheduler import Kernel, Schedule
+
+__all__ = ["bind", "wrapper_source"]
+
+
+def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
+    """``t`` copied into the layout the kernels were generated for."""
+    if tuple(t.shape) != sizes:
+        raise ValueError(f"compiled for size {list(sizes)}, called with {list(t.shape)}")
+    out = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+class _Source:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.consts: dict[str, Any] = {}
+
+    def const(self, value: Any) -> str:
+        if value is None or isinstance(value, bool | int) or (
+            isinstance(value, float) and value == value and abs(value) != float("inf")
+        ):
+            return repr(value)
+        for name, v in self.consts.items():
+            if v is value:
+                return name
+        name = f"_c{len(self.consts)}"
+        self.consts[name] = value
+        return name
+
+
+def _ref(sched: Schedule, ref: Ref, computed: set[str]) -> str:
+    if ref.layout is None:
+        return ref.name
+    lay = ref.layout
+    base = str(lay.offset) if ref.name in computed else f"{ref.name}.storage_offset() + {lay.offset}"
+    return f"_as_strided({ref.name}, {lay.sizes}, {lay.strides}, {base})"
+
+
+def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
+    if isinstance(tree, Ref):
+        return _ref(sched, tree, computed)
+    if isinstance(tree, list | tuple):
+        inner = ", ".join(_arg(src, sched, t, computed) for t in tree)
+        return f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
+    return src.const(tree)
+
+
+def wrapper_source(sched: Schedule, kernel_args: dict[str, list[str]]) -> tuple[str, dict[str, Any]]:
+    """The source of ``call(*inputs)`` and the globals it needs (besides kernels)."""
+    prog, src = sched.program, _Source()
+    kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
+    src.lines.append(f"def call({', '.join(prog.inputs)}):")
+    src.consts.update(prog.constants)
+    for name in prog.inputs:
+        lay = prog.buffers[name].layout
+        if name in kernel_reads:
+            src.lines.append(f"    if {name}.stride() != {lay.strides}: "
+                             f"{name} = _restride({name}, {lay.sizes}, {lay.strides})")
+    computed: set[str] = set()
+    donors = set(sched.reuse.values())
+    for k, step in enumerate(sched.steps):
+        if isinstance(step, Kernel):
+            _kernel_call(src, sched, step, kernel_args[step.name], computed)
+        else:
+            _extern_call(src, sched, step, kernel_reads, computed)
+        dead = [n for n in sched.frees.get(k, []) if n not in donors and n not in prog.inputs
+                and n not in prog.constants]
+        if dead:
+            src.lines.append(f"    del {', '.join(dead)}")
+    outs = [_ref(sched, o, computed) if isinstance(o, Ref) else src.const(o) for o in prog.outputs]
+    src.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    return "\n".join(src.lines), src.consts
+
+
+def _kernel_call(
+    src: _Source, sched: Schedule, kernel: Kernel, args: list[str], computed: set[str]
+) -> None:
+    for st in kernel.stages:
+        for store in st.stores:
+            if store.local or store.name in computed:
+                continue
+            computed.add(store.name)
+            donor = sched.reuse.get(store.name)
+            if donor is not None:
+                src.lines.append(f"    {store.name} = {donor}")
+                continue
+            buf = sched.program.buffers[store.name]
+            src.lines.append(f"    {store.name} = _empty({buf.layout.sizes}, {buf.layout.strides}, "
+                             f"dtype={_dtype_name(buf.dtype, src)})")
+    ptrs = ", ".join(f"{a}.data_ptr()" for a in args)
+    src.lines.append(f"    {kernel.name}({ptrs})")
+
+
+def _dtype_name(dtype: torch.dtype, src: _Source) -> str:
+    name = "_" + str(dtype).removeprefix("torch.")
+    src.consts[name] = dtype
+    return name
+
+
+def _extern_call(
+    src: _Source, sched: Schedule, step: Extern, kernel_reads: set[str], computed: set[str]
+) -> None:
+    target = src.const(step.target)
+    args = _arg(src, sched, list(step.args), computed)[1:-1]
+    kwargs = ", ".join(f"{n}={_arg(src, sched, v, computed)}" for n, v in step.kwargs.items())
+    call = f"{target}({', '.join(a for a in (args, kwargs) if a)})"
+    if len(step.names) == 1 and _single(step):
+        src.lines.append(f"    {step.names[0]} = {call}")
+    else:
+        src.lines.append(f"    {', '.join(step.names)}{',' if len(step.names) == 1 else ''} "
+                         f"= _leaves({call})")
+    for name in step.names:
+        if name in kernel_reads:
+            lay = sched.program.buffers[name].layout
+            src.lines.append(f"    if {name}.stride() != {lay.strides}: "
+                             f"{name} = _restride({name}, {lay.sizes}, {lay.strides})")
+
+
+def _single(step: Extern) -> bool:
+    schema = getattr(step.target, "_schema", None)
+    return schema is not None and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
+
+
+def _leaves(result: Any) -> list[Any]:
+    return [t for t in pytree.tree_leaves(result) if t is not None]
+
+
+def bind(
+    sched: Schedule, kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
+) -> tuple[Callable[..., Any], str]:
+    """Compile the wrapper source against loaded kernels; return ``call`` and its source."""
+    source, consts = wrapper_source(sched, kernel_args)
+    env: dict[str, Any] = {
+        "_empty": torch.empty_strided, "_as_strided": torch.as_strided,
+        "_restride": _restride, "_leaves": _leaves, **consts,
+    }
+    for name, args in kernel_args.items():
+        assert lib is not None
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * len(args)
+        fn.restype = None
+        env[name] = fn
+    exec(compile(source, "<ember.inductor wrapper>", "exec"), env)
+    return env["call"], source
+
