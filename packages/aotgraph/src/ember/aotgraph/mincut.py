@@ -28,7 +28,7 @@ Four steps, one function each:
 
 from __future__ import annotations
 
-import networkx as nx
+import networkx as nx  # type: ignore[import-untyped]
 import torch
 import torch.fx
 
@@ -75,9 +75,7 @@ def flow_network(joint: JointGraph) -> tuple[nx.DiGraph, list[Node]]:
     """The flow network over the tangent-independent nodes, and those nodes."""
     _, tangents, _, grads = joint_parts(joint)
     backward_only = descendants(tangents)
-    candidates = [
-        n for n in joint.gm.graph.nodes if n.op != "output" and n not in backward_only
-    ]
+    candidates = [n for n in joint.gm.graph.nodes if n.op != "output" and n not in backward_only]
     net = nx.DiGraph()
     net.add_node(SOURCE)
     net.add_node(SINK)

@@ -9,8 +9,8 @@ partitioner may recompute a node in the backward graph only if its class is in
 >>> aten = torch.ops.aten
 >>> [op_class(op).name for op in (aten.relu.default, aten.mm.default, aten.bernoulli.p)]
 ['POINTWISE', 'COMPUTE', 'RANDOM']
->>> op_class(aten.sum.dim_IntList, input_numel=64).name, op_class(aten.sum.default, input_numel=10**6).name
-('SMALL_REDUCTION', 'LARGE_REDUCTION')
+>>> [op_class(aten.sum.default, input_numel=n).name for n in (64, 10**6)]
+['SMALL_REDUCTION', 'LARGE_REDUCTION']
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ class Partition:
         saves 1 tensors, 64 bytes (64 bytes of activations)
         """
         n = len(self.saved)
-        return f"saves {n} tensors, {self.saved_bytes} bytes ({self.activation_bytes} bytes of activations)"
+        activations = f"{self.activation_bytes} bytes of activations"
+        return f"saves {n} tensors, {self.saved_bytes} bytes ({activations})"
 
 
 Partitioner = Callable[[JointGraph], Partition]
@@ -76,7 +77,9 @@ def joint_parts(joint: JointGraph) -> tuple[list[Node], list[Node], list[Node], 
     return primals, tangents, outs[:k], outs[k:]
 
 
-def ancestors(roots: Iterable[Node | None], stop: set[Node] | frozenset[Node] = frozenset()) -> set[Node]:
+def ancestors(
+    roots: Iterable[Node | None], stop: set[Node] | frozenset[Node] = frozenset()
+) -> set[Node]:
     """``roots`` and every node they read, not looking past nodes in ``stop``."""
     seen: set[Node] = set()
     todo = [r for r in roots if r is not None]
@@ -117,7 +120,9 @@ def extract(
         if node not in needed or node in env:
             continue
         if node.op == "placeholder":
-            raise ValueError(f"the {what} graph reads {node.name}, which is neither saved nor an input")
+            raise ValueError(
+                f"the {what} graph reads {node.name}, which is neither saved nor an input"
+            )
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output([env[o] if o is not None else None for o in outputs])
     gm = torch.fx.GraphModule(joint, graph, class_name=what.capitalize())

@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch.autograd.function import once_differentiable
 
 from ember.aotgraph.trace import Signature
 
@@ -57,7 +56,7 @@ class Runtime:
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         if self.backward is not None:
-            outs = CompiledFunction.apply(self, *inputs)
+            outs = CompiledFunction.apply(self, *inputs)  # type: ignore[no-untyped-call]
         else:
             outs = self.forward(*inputs)
         n = len(self.signature.graph_outputs)
@@ -102,7 +101,8 @@ class CompiledFunction(torch.autograd.Function):
     ``apply(runtime, *inputs)`` returns the graph outputs followed by the mutation
     values. The saved values go through ``ctx.save_for_backward``, so a second
     ``backward()`` without ``retain_graph=True`` fails as in eager. The backward
-    is ``once_differentiable``: double backward raises a clear error.
+    graph is not differentiable itself: under ``create_graph=True`` the gradients
+    carry a node that raises a clear error if a second backward reaches it.
 
     >>> import torch
     >>> from ember.aotgraph import aot_compile
@@ -127,13 +127,39 @@ class CompiledFunction(torch.autograd.Function):
         return result
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         rt: Runtime = ctx.runtime
         assert rt.backward is not None
-        tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
-        computed = rt.backward(*ctx.saved_tensors, *tangents)
+        create_graph = torch.is_grad_enabled()
+        with torch.no_grad():
+            tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
+            computed = list(rt.backward(*ctx.saved_tensors, *tangents))
+        if create_graph:
+            computed = no_double_backward(computed)
         result: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
         for i, g in zip(rt.signature.grad_inputs, computed, strict=True):
             result[1 + i] = g
         return tuple(result)
+
+
+DOUBLE_BACKWARD = (
+    b"double backward through an aot_compile.d function is not supported: its backward graph "
+    b"is compiled and not differentiable; run the function eagerly to differentiate twice"
+)
+
+
+def no_double_backward(grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Gradients that raise a clear error if a second backward pass reaches them.
+
+    >>> (g,) = no_double_backward([torch.ones(3)])
+    >>> g.sum().backward()
+    Traceback (most recent call last):
+    RuntimeError: double backward through an aot_compile.d function is not supported: ...
+    """
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    delayed = torch._C._functions.DelayedError(DOUBLE_BACKWARD, len(present))
+    out = delayed(*(g.detach().requires_grad_() for g in present))
+    wrapped = iter((out,) if isinstance(out, torch.Tensor) else out)
+    return [next(wrapped) if g is not None else None for g in grads]

@@ -24,7 +24,7 @@ The passes, in order (:func:`trace_joint` and :func:`trace_forward` run them):
 def forward(self, primals_1, primals_2, tangents_1):
     mm = torch.ops.aten.mm.default(primals_1, primals_2);  primals_2 = None
     relu = torch.ops.aten.relu.default(mm);  mm = None
-    threshold_backward = torch.ops.aten.threshold_backward.default(tangents_1, relu, 0);  tangents_1 = None
+    threshold_backward = torch.ops.aten.threshold_backward.default(tangents_1, relu, 0);  ...
     t = torch.ops.aten.t.default(primals_1);  primals_1 = None
     mm_1 = torch.ops.aten.mm.default(t, threshold_backward);  t = threshold_backward = None
     return [relu, mm_1]
@@ -69,7 +69,7 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
-        return TensorMeta(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
+        return TensorMeta(tuple(t.shape), t.stride(), int(t.storage_offset()), t.dtype, t.device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +282,8 @@ def trace_forward(
 
     >>> gm = torch.fx.symbolic_trace(lambda x: x.add_(1).sin())
     >>> x = torch.zeros(2)
-    >>> fw = trace_forward(Lifted.of(gm, [x]), [x], analyze(Lifted.of(gm, [x]), [x], grad=False), {})
+    >>> lifted = Lifted.of(gm, [x])
+    >>> fw = trace_forward(lifted, [x], analyze(lifted, [x], grad=False), {})
     >>> fw.mutated, fw.gm(torch.zeros(2))
     ((0,), [tensor([0.8415, 0.8415]), tensor([1., 1.])])
     """
@@ -323,7 +324,7 @@ def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
             mutated.append(placeholders.index(dest))
             news.append(new)
             gm.graph.erase_node(node)
-    outs = list(output.args[0])
+    outs = list(output.args[0])  # type: ignore[arg-type]
     output.args = ([*outs[:n_outs], *news, *outs[n_outs:]],)
     return tuple(mutated)
 
@@ -334,4 +335,3 @@ def strip_detach(gm: torch.fx.GraphModule) -> None:
         if node.op == "call_function" and node.target is aten.detach.default:
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
-

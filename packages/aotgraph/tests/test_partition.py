@@ -1,0 +1,93 @@
+"""Partitioners: what they save, what min-cut recomputes, and the checkers that hold them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember.aotgraph import (
+    CheckError,
+    default_decompositions,
+    default_partition,
+    min_cut_partition,
+    partition_from_saved,
+)
+from ember.aotgraph.check import check_joint, check_partition
+from ember.aotgraph.ops import OpClass, node_class
+from ember.aotgraph.partition import descendants, joint_parts
+from ember.aotgraph.trace import JointGraph, Lifted, analyze, trace_joint
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.down(F.gelu(self.up(x)).tanh())) + x
+
+
+def joint_of(fn, *inputs) -> JointGraph:
+    lifted = Lifted.of(torch.fx.symbolic_trace(fn), list(inputs))
+    flat = lifted.flat_inputs(list(inputs))
+    signature = analyze(lifted, flat, grad=True)
+    return trace_joint(lifted, flat, signature, default_decompositions())
+
+
+@pytest.fixture
+def mlp_joint() -> JointGraph:
+    return joint_of(Mlp().train(), torch.randn(8, 16, requires_grad=True))
+
+
+def test_min_cut_saves_fewer_bytes_than_default(mlp_joint):
+    default, min_cut = default_partition(mlp_joint), min_cut_partition(mlp_joint)
+    check_partition(mlp_joint, default)
+    check_partition(mlp_joint, min_cut)
+    assert min_cut.saved_bytes < default.saved_bytes
+    assert min_cut.activation_bytes < default.activation_bytes
+
+
+def test_min_cut_never_recomputes_random_ops_or_matmuls(mlp_joint):
+    part = min_cut_partition(mlp_joint)
+    for node in part.backward.graph.nodes:
+        kind = node_class(node)
+        assert kind is not OpClass.RANDOM
+        if kind is OpClass.COMPUTE:  # only the gradient matmuls, which read a tangent
+            tangents = [n for n in part.backward.graph.nodes if n.name.startswith("tangents")]
+            assert node in descendants(tangents)
+
+
+def test_min_cut_recomputes_pointwise_ops(mlp_joint):
+    part = min_cut_partition(mlp_joint)
+    assert "aten.tanh.default" in part.backward.code  # recomputed from the saved matmul output
+    assert "tanh" not in part.saved
+
+
+def test_extract_refuses_a_backward_that_reads_an_unsaved_value():
+    joint = joint_of(lambda x: x.sin(), torch.randn(3, requires_grad=True))
+    with pytest.raises(ValueError, match="backward graph reads primals_1, which is neither saved"):
+        partition_from_saved(joint, [])
+
+
+def test_checker_catches_random_op_in_backward():
+    joint = joint_of(lambda x: x.exp(), torch.randn(3, requires_grad=True))
+    part = default_partition(joint)
+    graph = part.backward.graph
+    out = graph.output_node()
+    with graph.inserting_before(out):
+        first = next(iter(graph.nodes))
+        graph.call_function(torch.ops.aten.bernoulli.p, (first, 0.5))
+    with pytest.raises(CheckError, match="backward graph: bernoulli_p draws random numbers"):
+        check_partition(joint, part)
+
+
+def test_checker_catches_wrong_output_count():
+    joint = joint_of(lambda x: x.exp(), torch.randn(3, requires_grad=True))
+    _, _, fw_outs, _ = joint_parts(joint)
+    broken = JointGraph(joint.gm, joint.num_primals, joint.num_tangents, 2, (), joint.num_grads)
+    with pytest.raises(CheckError, match="joint graph: 2 outputs, expected forward outputs"):
+        check_joint(broken)
+    assert len(fw_outs) == 1

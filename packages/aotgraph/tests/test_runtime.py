@@ -1,0 +1,123 @@
+"""The runtime: inference and training paths, RNG, backward twice, double backward, options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ember.aotgraph import aot_compile, default_partition
+
+
+def counting(log: list[str], name: str) -> Callable[..., Any]:
+    def compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        log.append(name)
+        return gm
+
+    return compiler
+
+
+def compile_logged(fn: Any, args: list[Any], log: list[str], **kw: Any) -> Any:
+    return aot_compile(
+        torch.fx.symbolic_trace(fn),
+        args,
+        fw_compiler=counting(log, "fw"),
+        bw_compiler=counting(log, "bw"),
+        inference_compiler=counting(log, "inference"),
+        **kw,
+    )
+
+
+def test_inference_compiler_when_grad_is_off_then_training_on_demand():
+    log: list[str] = []
+    x = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        f = compile_logged(lambda x: x.sin(), [x], log)
+        assert not f(x).requires_grad
+    assert log == ["inference"] and f.training is None
+    y = f(x)  # grad mode on, x requires grad: the training path is built now
+    y.sum().backward()
+    assert log == ["inference", "fw", "bw"]
+    torch.testing.assert_close(x.grad, x.detach().cos())
+
+
+def test_inference_compiler_when_no_input_requires_grad():
+    log: list[str] = []
+    f = compile_logged(lambda x: x * 2, [torch.ones(2)], log)
+    assert log == ["inference"]
+    assert f.partition is None and f.inference_graph is not None
+
+
+def test_dropout_same_seed_same_mask_as_eager_and_consistent_gradient():
+    drop = nn.Sequential(nn.Dropout(0.5)).train()
+    x = torch.randn(64, requires_grad=True)
+    f = aot_compile(torch.fx.symbolic_trace(drop), [x], fw_compiler=lambda gm, ex: gm)
+    torch.manual_seed(3)
+    got = f(x)
+    torch.manual_seed(3)
+    want = drop(x)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    kept = (got != 0).float()  # the gradient uses the mask the forward drew
+    torch.testing.assert_close(x.grad, kept * 2)
+    assert "bernoulli" not in f.partition.backward.code
+
+
+def test_second_backward_errors_like_eager():
+    w = torch.randn(4, 4, requires_grad=True)
+    f = aot_compile(torch.fx.symbolic_trace(lambda x, w: (x @ w).tanh()), [torch.randn(2, 4), w],
+                    fw_compiler=lambda gm, ex: gm)  # fmt: skip
+    y = f(torch.randn(2, 4), w)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
+def test_double_backward_raises_a_clear_error():
+    x = torch.randn(3, requires_grad=True)
+    f = aot_compile(torch.fx.symbolic_trace(lambda x: x.sin()), [x], fw_compiler=lambda gm, ex: gm)
+    (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"double backward through an aot_compile\.d function"):
+        g.sum().backward()
+
+
+def test_partition_by_name_or_callable():
+    x = torch.randn(3, requires_grad=True)
+    seen = []
+
+    def mine(joint):
+        seen.append(joint.num_primals)
+        return default_partition(joint)
+
+    gm = torch.fx.symbolic_trace(lambda x: x.exp())
+    aot_compile(gm, [x], fw_compiler=lambda gm, ex: gm, partition=mine)
+    assert seen == [1]
+    with pytest.raises(ValueError, match="unknown partition 'nope'; known: default, min_cut"):
+        aot_compile(gm, [x], fw_compiler=lambda gm, ex: gm, partition="nope")
+
+
+def test_graphs_are_functional_aten():
+    bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU()).train()
+    f = aot_compile(torch.fx.symbolic_trace(bn), [torch.randn(8, 4)], fw_compiler=lambda gm, ex: gm)
+    assert f.partition is not None
+    for gm in (f.partition.forward, f.partition.backward):
+        for node in gm.graph.nodes:
+            op = node.target
+            assert not (isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable), node
+    assert f.joint is not None and f.joint.mutated  # running stats are written back
+
+
+def test_backward_graph_gets_fake_example_inputs():
+    kinds = []
+
+    def bw(gm, example_inputs):
+        kinds.extend(type(t).__name__ for t in example_inputs)
+        return gm
+
+    x = torch.randn(3, requires_grad=True)
+    gm = torch.fx.symbolic_trace(lambda x: x.exp())
+    aot_compile(gm, [x], fw_compiler=lambda g, e: g, bw_compiler=bw)
+    assert kinds and set(kinds) == {"FakeTensor"}
