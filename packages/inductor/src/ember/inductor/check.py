@@ -118,7 +118,7 @@ def _check_bounds(
     """Check linear indices against the buffer's extent (others are taken on trust)."""
     if not index.is_polynomial(*bounds) or sympy.Poly(index, *bounds).total_degree() > 1:
         return
-    if index.free_symbols - set(bounds):
+    if index.free_symbols - set(bounds) or any(n == 0 for n in bounds.values()):
         return
     lo = hi = index.subs({s: 0 for s in bounds})
     for s, n in bounds.items():
@@ -126,8 +126,6 @@ def _check_bounds(
         lo += min(0, c * (n - 1))
         hi += max(0, c * (n - 1))
     extent = prog.buffers[src].layout.extent
-    if any(n == 0 for n in bounds.values()):
-        return
     if lo < 0:
         raise IRError(f"{name}: load of {src} reaches index {lo}, before its start")
     if hi >= extent:

@@ -93,7 +93,7 @@ def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr
 
 def _un(op: Op) -> Callable[[Expr], Expr]:
     def fn(a: Expr) -> Expr:
-        return Expr(op, a.dtype, (a,))
+        return Expr(op, torch.bool if op in (Op.ISNAN, Op.NOT) else a.dtype, (a,))
 
     fn.__name__ = op.name.lower()
     return fn
@@ -447,6 +447,8 @@ def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) 
     if any(p < 0 for p in pad):
         raise Fallback("negative padding")
     fill = const(_convert(value, out.dtype), out.dtype)
+    if 0 in a.sizes:
+        return Value(tuple(out.shape), out.dtype, lambda idx: fill)
 
     def loader(idx: Sequence[sympy.Expr]) -> Expr:
         at, inside = list(idx), None

@@ -164,6 +164,8 @@ def flatten(idx: Sequence[sympy.Expr], sizes: Sequence[int]) -> sympy.Expr:
 
 
 def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
+    if 0 in sizes:  # nothing is ever loaded from an empty tensor
+        return [sympy.Integer(0)] * len(sizes)
     out, step = [], 1
     for n in reversed(sizes):
         out.append(sympy.Integer(0) if n == 1 else sympy.Mod(sympy.floor(flat / step), n))
