@@ -235,6 +235,7 @@ def test_fetching_every_source() -> None:
         TypeOf(Local("x")): torch.Tensor,
         eg.TorchState("grad_mode"): True,
         eg.Backend(): None,
+        eg.Computed(max, (Cell("n"), Item(TensorAttr(Local("x"), "shape"), 0), 1)): 3,
     }
     for source, expected in cases.items():
         compiled = GuardSet([eg.id_match(source, object())]).compile(frame)
@@ -370,3 +371,21 @@ def test_base_exceptions_propagate() -> None:
 
 def test_guard_kinds_round_trip_through_str() -> None:
     assert {kind.value for kind in GuardKind} == {kind.name for kind in GuardKind}
+
+
+def test_computed_sources_guard_a_condition_on_numbers() -> None:
+    import operator
+
+    frame = eg.FrameSpec("f", ("loss", "scale"), {}, {})
+    above = eg.Computed(
+        operator.gt, (eg.Computed(operator.mul, (Local("loss"), Local("scale"))), 1.0)
+    )
+    guards = GuardSet([eg.type_match(Local("loss"), 0.0), eg.equals(above, True)])
+    assert [str(g.source) for g in guards.guards] == ["loss", "gt(mul(loss, scale), 1.0)"]
+    compiled = guards.compile(frame)
+    assert compiled.check(2.0, 1.0) and compiled.check(0.6, 2.0)
+    assert not compiled.check(0.2, 2.0)
+    assert not compiled.check("a", 2.0)  # the type guard fails first; nothing raises
+    assert (
+        compiled.explain_failure(0.2, 2.0) == "gt(mul(loss, scale), 1.0): expected True, got False"
+    )

@@ -29,6 +29,7 @@ from ember.capture.values import (
     ModuleV,
     ObjV,
     SuperV,
+    SymV,
     TensorV,
     TupleV,
     Value,
@@ -167,8 +168,15 @@ def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
     raise Unsupported(f"super() has no attribute {name!r}", "attribute")
 
 
+def _number_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """``s.real``, ``s.is_integer``: the number is needed, so it is specialized."""
+    assert isinstance(v, SymV)
+    return _const_attr(fs, Const(fs.tracer.specialize(v)), name)
+
+
 ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     SuperV: _super_attr,
+    SymV: _number_attr,
     TensorV: _tensor_attr,
     ModuleV: _module_attr,
     ObjV: _object_attr,

@@ -83,9 +83,23 @@ def _wrap_tensor(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 
 def _wrap_constant(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if type(obj) is float and _argument_source(source):
+        return tracer.input_scalar(obj, source)  # a graph input, not a constant
     if source is not None:
         tracer.guards.equals(source, obj)
     return Const(obj, source=source)
+
+
+def _argument_source(source: Any) -> bool:
+    """Whether ``source`` is an argument of the frame or an item of one (``L['xs'][2]``).
+
+    Floats reached this way are graph inputs (as in Dynamo, floats are not specialized):
+    a value ``.item()`` hands to a resume function changes every call. Floats reached
+    through attributes, globals and closures are configuration and stay constants.
+    """
+    while isinstance(source, guarding.sources.Item):
+        source = source.base
+    return isinstance(source, guarding.sources.Local)
 
 
 def _wrap_module(tracer: Tracer, obj: Any, source: Any) -> Value:

@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ember.capture.tracer import FrameState, Unsupported
-from ember.capture.values import Const, DictV, ListV, TensorV, TupleV, Value
+from ember.capture.values import Const, DictV, ListV, SymV, TensorV, TupleV, Value
 
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
@@ -34,11 +34,11 @@ def as_node_arg(fs: FrameState, v: Value) -> Any:
 
 def as_fake_arg(fs: FrameState, v: Value) -> Any:
     """The fake-mode argument for ``v``: the fake tensor for a tensor, the value for a constant."""
-    return _convert(fs, v, lambda t: t.fake)
+    return _convert(fs, v, lambda t: t.fake if isinstance(t, TensorV) else t.example)
 
 
 def _convert(fs: FrameState, v: Value, leaf: Any) -> Any:
-    if isinstance(v, TensorV):
+    if isinstance(v, TensorV | SymV):
         return leaf(v)
     if isinstance(v, Const):
         return v.value
@@ -55,6 +55,9 @@ def graph_call(
     fs: FrameState, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     """Record ``target(*args, **kwargs)`` as a ``call_function``/``call_method`` node."""
+    if _has_symbol([*args, *kwargs.values()]) and not _value_free(fs, kind, target, args, kwargs):
+        args = [specialized(fs, a) for a in args]
+        kwargs = {k: specialized(fs, v) for k, v in kwargs.items()}
     fake_args = [as_fake_arg(fs, a) for a in args]
     fake_kwargs = {k: as_fake_arg(fs, v) for k, v in kwargs.items()}
     node_args = tuple(as_node_arg(fs, a) for a in args)
@@ -78,6 +81,92 @@ def graph_call(
         return Const(fake)  # sizes, bools, numbers computed from static metadata
     node = fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
     return wrap_output(fs, node, fake)
+
+
+def scalar_call(fs: FrameState, fn: Any, args: list[Value]) -> Value:
+    """``fn(*args)`` on Python numbers, some of them graph inputs: a node whose result is a
+    number too (``1.0 / (1.0 + s)``, ``max(xs)``, ``math.sqrt(s)``)."""
+    examples = [a.example if isinstance(a, SymV) else a.value for a in args]  # type: ignore[attr-defined]
+    try:
+        example = fn(*examples)
+    except Exception as e:
+        raise Unsupported(f"{_name(fn)}() raised {type(e).__name__}: {e}") from e
+    if type(example) not in (int, float, bool):
+        return Const(fn(*(specialized(fs, a).value for a in args)))  # type: ignore[attr-defined]
+    node_args = tuple(a.node if isinstance(a, SymV) else a.value for a in args)  # type: ignore[attr-defined]
+    node = fs.tracer.add_node("call_function", fn, node_args, {}, example)
+    fs.tracer.scalar_nodes.append(node)
+    return SymV(node, example)
+
+
+def specialized(fs: FrameState, v: Value) -> Value:
+    """``v`` with every graph-input number in it replaced by its (now guarded) value."""
+    if isinstance(v, SymV):
+        return Const(fs.tracer.specialize(v))
+    if isinstance(v, TupleV):
+        return TupleV(tuple(specialized(fs, x) for x in v.items))
+    if isinstance(v, ListV) and _has_symbol([v], fs):
+        return ListV(fs.tracer.heap.new([specialized(fs, x) for x in fs.tracer.heap.get(v.ref)]))
+    return v
+
+
+def _has_symbol(values: list[Value], fs: FrameState | None = None) -> bool:
+    for v in values:
+        if isinstance(v, SymV):
+            return True
+        if isinstance(v, TupleV) and _has_symbol(list(v.items), fs):
+            return True
+        if isinstance(v, ListV) and fs is not None and _has_symbol(fs.tracer.heap.get(v.ref), fs):
+            return True
+    return False
+
+
+def _value_free(
+    fs: FrameState, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
+) -> bool:
+    """Whether the result's metadata does not depend on the numbers' values.
+
+    The operation runs on fake tensors a second time with every graph-input number
+    moved (``arange(0, n)`` or ``interpolate(scale_factor=s)`` change shape; ``x * s``
+    does not). When the metadata differs, or the moved run fails, the numbers are
+    specialized instead.
+    """
+
+    if mutates(target, kwargs):
+        return True  # in-place ops taking numbers (mul_, add_(alpha=), clamp_) keep metadata
+
+    def moved(v: Value) -> Any:
+        if isinstance(v, SymV):
+            return Const(type(v.example)(v.example * 0.5 + 0.25) if v.example else 0.5)
+        return v
+
+    try:
+        first = _fake_run(fs, kind, target, args, kwargs)
+        second = _fake_run(
+            fs, kind, target, [moved(a) for a in args], {k: moved(v) for k, v in kwargs.items()}
+        )
+    except Exception:
+        return False
+    return bool(_metadata(first) == _metadata(second))
+
+
+def _fake_run(
+    fs: FrameState, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
+) -> Any:
+    fake_args = [as_fake_arg(fs, a) for a in args]
+    fake_kwargs = {k: as_fake_arg(fs, v) for k, v in kwargs.items()}
+    fn = getattr(fake_args[0], target) if kind == "call_method" else target
+    call_args = fake_args[1:] if kind == "call_method" else fake_args
+    with fs.tracer.fake_mode:
+        return fn(*call_args, **fake_kwargs)
+
+
+def _metadata(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
+    if isinstance(x, tuple | list):
+        return tuple(_metadata(i) for i in x)
+    return type(x)
 
 
 def mutates(target: Any, kwargs: dict[str, Any]) -> bool:

@@ -72,6 +72,11 @@ def module_global(module: str, name: str) -> Source | None:
     return None
 
 
+def computed(fn: Callable[..., Any], args: tuple[Any, ...]) -> Source:
+    """``fn(*args)`` over sources and constants (a condition on the frame's numbers)."""
+    return sources.Computed(fn, args)
+
+
 def source_key(source: Source) -> str:
     """A key equal for two sources exactly when they reach the value the same way."""
     return repr(source)
@@ -184,6 +189,7 @@ __all__ = [
     "attr",
     "cell",
     "closure_cell",
+    "computed",
     "global_",
     "item",
     "local",

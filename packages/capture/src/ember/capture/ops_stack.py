@@ -8,9 +8,16 @@ from typing import Any
 
 import torch
 
-from ember.capture.graphops import graph_call
+from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.interpreter import handler
-from ember.capture.pyrules import binary, constant_of, store_subscript, subscript, truth
+from ember.capture.pyrules import (
+    binary,
+    constant_of,
+    is_numeric,
+    store_subscript,
+    subscript,
+    truth,
+)
 from ember.capture.tracer import FrameState, Instr, Unsupported
 from ember.capture.values import Const, DictV, ListV, ModuleV, ObjV, TensorV, TupleV, Value
 
@@ -77,6 +84,8 @@ def COMPARE_OP(fs: FrameState, inst: Instr) -> None:
     op = COMPARE_OPS[inst.argval]
     if isinstance(a, TensorV) or isinstance(b, TensorV):
         fs.push(graph_call(fs, "call_function", op, [a, b], {}))
+    elif is_numeric([a, b]):
+        fs.push(scalar_call(fs, op, [a, b]))
     elif op in (operator.eq, operator.ne) and _identity_comparable(a, b):
         same = _same_object(a, b)
         fs.push(Const(same if op is operator.eq else not same))
@@ -147,6 +156,8 @@ def UNARY(fs: FrameState, inst: Instr) -> None:
     op = UNARY_OPS[inst.opname]
     if isinstance(v, TensorV):
         fs.push(graph_call(fs, "call_function", op, [v], {}))
+    elif is_numeric([v]):
+        fs.push(scalar_call(fs, op, [v]))
     else:
         fs.push(Const(op(constant_of(fs, v))))
 

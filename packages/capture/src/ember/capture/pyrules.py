@@ -10,6 +10,7 @@ values a ``for`` loop will see, so loops unroll.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 
 from ember.capture import guarding, markers
 from ember.capture.builder import is_constant, wrap
-from ember.capture.graphops import graph_call
+from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
     CellV,
@@ -34,6 +35,7 @@ from ember.capture.values import (
     ObjV,
     PartialV,
     SuperV,
+    SymV,
     TensorV,
     TupleV,
     Value,
@@ -63,9 +65,15 @@ def rule(*objs: Any) -> Callable[[Rule], Rule]:
 
 
 def constant_of(fs: FrameState, v: Value) -> Any:
-    """The Python value of a fully constant ``v``; :class:`Unsupported` if it holds tensors."""
+    """The Python value of a fully constant ``v``; :class:`Unsupported` if it holds tensors.
+
+    A number the graph takes as an input is specialized: from here on the
+    translation assumes its value, and guards it.
+    """
     if isinstance(v, Const):
         return v.value
+    if isinstance(v, SymV):
+        return fs.tracer.specialize(v)
     if isinstance(v, TupleV):
         return tuple(constant_of(fs, x) for x in v.items)
     if isinstance(v, ListV):
@@ -109,6 +117,8 @@ def truth(fs: FrameState, v: Value) -> bool:
         return bool(fs.tracer.heap.get(v.ref))
     if isinstance(v, TensorV):
         raise Unsupported("branching on a tensor's value", "data-dependent")
+    if isinstance(v, SymV):  # guard the condition (``loss > 0``), not the number
+        return bool(fs.tracer.specialize(v, None if type(v.example) is bool else operator.truth))
     if isinstance(v, FuncV | MethodV | IterV):
         return True
     obj = v.module if isinstance(v, ModuleV) else getattr(v, "obj", None)
@@ -210,6 +220,7 @@ def python_type(fs: FrameState, v: Value) -> type:
         ObjV: lambda x: type(x.obj),
         FuncV: lambda x: type(x.fn) if x.fn is not None else type(python_type),
         IterV: lambda x: type(iter(())),
+        SymV: lambda x: type(x.example),
     }
     if type(v) not in table:
         raise Unsupported(f"the type of a {type(v).__name__}", "call")
@@ -342,6 +353,8 @@ def _min_max(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
             "min()/max() over tensors compares values (use torch.minimum)", "data-dependent"
         )
     fn = min if _called_name(fs) == "min" else max
+    if is_numeric(values) and not kwargs and len(values) > 1:
+        return scalar_call(fs, fn, values)
     return Const(
         fn(
             *(constant_of(fs, v) for v in values),
@@ -355,6 +368,8 @@ def _abs(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     (v,) = args
     if isinstance(v, TensorV):
         return graph_call(fs, "call_function", torch.abs, [v], {})
+    if is_numeric([v]):
+        return scalar_call(fs, abs, [v])
     return Const(abs(constant_of(fs, v)))
 
 
@@ -399,6 +414,8 @@ def _convert(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         raise Unsupported(f"{fn.__name__}() of a tensor reads its value", "data-dependent")
     if fn is bool and args:
         return Const(truth(fs, args[0]))
+    if fn in (float, int) and len(args) == 1 and not kwargs and is_numeric(args):
+        return scalar_call(fs, fn, args)
     return Const(fn(*(constant_of(fs, a) for a in args)))
 
 
@@ -501,6 +518,8 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
     module = getattr(obj, "__module__", None) or ""
     if isinstance(obj, type) and obj in (torch.Size, slice, complex):
         module = "builtins"
+    if obj in SCALAR_FUNCTIONS and is_numeric(args) and not kwargs:
+        return scalar_call(fs, obj, args)  # math on numbers the graph takes as inputs
     if module.split(".")[0] in FOLDABLE_MODULES and all(
         is_const_value(fs, a) for a in [*args, *kwargs.values()]
     ):
@@ -519,6 +538,22 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         return graph_call(fs, "call_function", obj, args, kwargs)
     name = getattr(obj, "__qualname__", None) or repr(obj)
     raise Unsupported(f"calling {name} (not a torch operation ember can record)", "call")
+
+
+# Functions of numbers that stay in the graph when an argument is a graph input.
+SCALAR_FUNCTIONS = frozenset(
+    [abs, float, int, round, pow]
+    + [getattr(math, n) for n in dir(math) if callable(getattr(math, n))]
+    + [getattr(operator, n) for n in dir(operator) if not n.startswith("_")]
+)
+
+
+def is_numeric(values: Args) -> bool:
+    """Some of ``values`` are numbers the graph takes as inputs, the rest plain numbers."""
+    return any(isinstance(v, SymV) for v in values) and all(
+        isinstance(v, SymV) or (isinstance(v, Const) and type(v.value) in (int, float, bool))
+        for v in values
+    )
 
 
 def _fold(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
@@ -553,6 +588,8 @@ def binary(fs: FrameState, op: Callable[[Any, Any], Any], a: Value, b: Value) ->
     """``op(a, b)`` for a binary operator."""
     if isinstance(a, TensorV) or isinstance(b, TensorV):
         return graph_call(fs, "call_function", op, [a, b], {})
+    if is_numeric([a, b]):
+        return scalar_call(fs, op, [a, b])
     if isinstance(a, TupleV | ListV) or isinstance(b, TupleV | ListV):
         structured = _sequence_binary(fs, op, a, b)
         if structured is not None:

@@ -24,7 +24,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.capture import bytecode_311, guarding
-from ember.capture.values import NULL, Heap, TensorV, Value
+from ember.capture.values import NULL, Heap, SymV, TensorV, Value
 
 MAX_INLINE_DEPTH = 64
 
@@ -139,6 +139,9 @@ class Tracer:
     example_inputs: list[torch.Tensor] = field(default_factory=list)
     _inputs_by_key: dict[str, TensorV] = field(default_factory=dict)
     _inputs_by_id: dict[int, TensorV] = field(default_factory=dict)
+    _scalars_by_key: dict[str, SymV] = field(default_factory=dict)
+    scalar_nodes: list[torch.fx.Node] = field(default_factory=list)  # pure number arithmetic
+    _scalar_sources: dict[torch.fx.Node, Any] = field(default_factory=dict)  # placeholder: source
     _last_placeholder: torch.fx.Node | None = None
     ops: int = 0  # call_function/call_method nodes added
     # the Python type of each input tensor (a Parameter, a subclass), for isinstance()
@@ -170,6 +173,47 @@ class Tracer:
             self._inputs_by_key[key] = first
             return first
         self.guards.tensor(source, real)
+        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        node = self._placeholder(source, real, fake)
+        self.real_types[node] = type(real)
+        value = TensorV(node, fake, source=source)
+        self._inputs_by_key[key] = value
+        self._inputs_by_id[id(real)] = value
+        return value
+
+    def input_scalar(self, real: float, source: Any) -> SymV:
+        """The graph input for the float reached by ``source``: guarded on its type only."""
+        key = guarding.source_key(source)
+        if key in self._scalars_by_key:
+            return self._scalars_by_key[key]
+        self.guards.type_of(source, real)
+        node = self._placeholder(source, real, real)
+        value = SymV(node, real, source=source)
+        self._scalars_by_key[key] = value
+        self._scalar_sources[node] = source
+        return value
+
+    def specialize(self, v: SymV, fn: Any = None) -> Any:
+        """The number ``v`` stands for (or ``fn`` of it), now assumed constant: a guard checks
+        that the frame's numbers still give the same result (``gt(loss, 0.0) == True``)."""
+        source = self.scalar_source(v.node)
+        value = v.example
+        if fn is not None:
+            source, value = guarding.computed(fn, (source,)), fn(value)
+        self.guards.equals(source, value)
+        return value
+
+    def scalar_source(self, node: torch.fx.Node) -> Any:
+        """A source computing ``node`` from the frame's numbers, for guards."""
+        if node in self._scalar_sources:
+            return self._scalar_sources[node]
+        args = tuple(
+            self.scalar_source(a) if isinstance(a, torch.fx.Node) else a for a in node.args
+        )
+        assert callable(node.target)
+        return guarding.computed(node.target, args)
+
+    def _placeholder(self, source: Any, real: Any, example: Any) -> torch.fx.Node:
         name = guarding.source_name(source)
         if self._last_placeholder is None:
             ctx = self.graph.inserting_before(next(iter(self.graph.nodes), None))
@@ -178,15 +222,17 @@ class Tracer:
         with ctx:
             node = self.graph.placeholder(_identifier(name, len(self.input_sources)))
         self._last_placeholder = node
-        fake = self.fake_mode.from_tensor(real, static_shapes=True)
-        node.meta["example_value"] = fake
-        self.real_types[node] = type(real)
-        value = TensorV(node, fake, source=source)
+        node.meta["example_value"] = example
         self.input_sources.append(source)
         self.example_inputs.append(real)
-        self._inputs_by_key[key] = value
-        self._inputs_by_id[id(real)] = value
-        return value
+        return node
+
+    def drop_unused_scalars(self) -> None:
+        """Remove number arithmetic nothing uses (a condition that only a guard needed)."""
+        for node in reversed(self.scalar_nodes):
+            if not node.users:
+                self.graph.erase_node(node)
+                self.ops -= 1
 
     def set_grad_enabled(self, enabled: bool) -> None:
         """Switch grad mode in the graph (a node) and while tracing (for the fake tensors)."""

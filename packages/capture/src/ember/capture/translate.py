@@ -37,6 +37,7 @@ from ember.capture.values import (
     ModuleV,
     NewV,
     ObjV,
+    SymV,
     TensorV,
     TupleV,
     Value,
@@ -82,6 +83,7 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
         output = _output_part(fs, result, tensors)  # how to rebuild the return value
     effects = _effect_parts(fs, tensors)  # side effects, replayed after the graph
     tracer.graph.output(tuple(tensors))  # graph outputs: every tensor in it
+    tracer.drop_unused_scalars()  # number arithmetic only guards needed
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
@@ -178,6 +180,12 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("out", tensors.index(v.node))
     if isinstance(v, Const):
         return ("const", v.value)
+    if isinstance(v, SymV):
+        if v.node.op == "placeholder" and v.source is not None:
+            return ("source", v.source)
+        if v.node not in tensors:
+            tensors.append(v.node)
+        return ("out", tensors.index(v.node))
     if isinstance(v, TupleV):
         return ("tuple", [_output_part(fs, x, tensors) for x in v.items])
     if isinstance(v, ListV | DictV):

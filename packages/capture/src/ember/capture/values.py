@@ -52,6 +52,7 @@ __all__ = [
     "ObjV",
     "PartialV",
     "SuperV",
+    "SymV",
     "TensorV",
     "TupleV",
     "Value",
@@ -90,6 +91,21 @@ class TensorV(Value):
 
     node: torch.fx.Node
     fake: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class SymV(Value):
+    """A Python number the graph takes as an input, or computes from such inputs.
+
+    A float argument of the frame (``loss.item()`` passed on to a resume function,
+    a learning rate) is not baked into the graph: it becomes a placeholder, so a new
+    value reuses the same graph. ``example`` is its value at compile time. It is
+    guarded by value only if something needs the number itself (a size, a library
+    call), and a branch on it guards the condition (``loss > 0.0``), not the value.
+    """
+
+    node: torch.fx.Node
+    example: Any  # int, float or bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ __all__ = [
     "Attr",
     "Backend",
     "Cell",
+    "Computed",
     "Default",
     "Emitter",
     "Global",
@@ -291,6 +292,31 @@ class Backend(Source):
         return "backend"
 
 
+@dataclass(frozen=True, slots=True)
+class Computed(Source):
+    """``fn(*args)``, where each argument is a source or a constant: a number derived
+    from the frame's numbers, so that a guard can check a condition on them
+    (``loss > 0.0``) instead of their exact values.
+
+    >>> import operator
+    >>> print(Computed(operator.gt, (Local("loss"), 0.0)))
+    gt(loss, 0.0)
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def depth(self) -> int:
+        """One more than its deepest argument: checked after the arguments' own guards."""
+        return 1 + max((a.depth() for a in self.args if isinstance(a, Source)), default=0)
+
+    def __str__(self) -> str:
+        name = getattr(self.fn, "__name__", repr(self.fn))
+        return (
+            f"{name}({', '.join(str(a) if isinstance(a, Source) else repr(a) for a in self.args)})"
+        )
+
+
 S = TypeVar("S", bound=Source)
 Fetch = Callable[[Any, Emitter], str]
 
@@ -362,6 +388,12 @@ def _fetch_default(src: Default, em: Emitter) -> str:
 @fetcher(TypeOf)
 def _fetch_type(src: TypeOf, em: Emitter) -> str:
     return f"type({em.value(src.base)})"
+
+
+@fetcher(Computed)
+def _fetch_computed(src: Computed, em: Emitter) -> str:
+    args = [em.value(a) if isinstance(a, Source) else em.bind(a) for a in src.args]
+    return f"{em.bind(src.fn)}({', '.join(args)})"
 
 
 @fetcher(TorchState)
