@@ -51,7 +51,7 @@ class Partition:
     backward: torch.fx.GraphModule
     saved: tuple[str, ...]  # names of the saved joint-graph nodes, in forward-output order
     saved_bytes: int  # bytes of every saved tensor, primals included
-    activation_bytes: int  # bytes of the saved tensors that are not graph inputs
+    activation_bytes: int  # bytes of the saved tensors that are not inputs or views of inputs
     num_forward_outputs: int  # forward outputs before the saved values
 
     def summary(self) -> str:
@@ -148,7 +148,7 @@ def partition_from_saved(joint: JointGraph, saved: Iterable[Node]) -> Partition:
     forward = extract(joint.gm, primals, [*fw_outs, *saved_nodes], "forward")
     backward = extract(joint.gm, [*saved_nodes, *tangents], grads, "backward")
     sizes = [tensor_bytes(n.meta.get("val")) for n in saved_nodes]
-    inputs = [s for s, n in zip(sizes, saved_nodes, strict=True) if n.op == "placeholder"]
+    inputs = [s for s, n in zip(sizes, saved_nodes, strict=True) if _view_of_input(n)]
     return Partition(
         forward,
         backward,
@@ -157,6 +157,13 @@ def partition_from_saved(joint: JointGraph, saved: Iterable[Node]) -> Partition:
         sum(sizes) - sum(inputs),
         joint.num_forward_outputs,
     )
+
+
+def _view_of_input(node: Node) -> bool:
+    """Whether ``node`` is a graph input or a chain of views of one (it costs no memory)."""
+    while node_class(node) is OpClass.VIEW and isinstance(node.args[0], Node):
+        node = node.args[0]
+    return node.op == "placeholder"
 
 
 def forward_nodes(joint: JointGraph) -> set[Node]:
