@@ -116,7 +116,8 @@ def _check_bounds(
     prog: Program, name: str, src: str, index: sympy.Expr, bounds: dict[sympy.Symbol, int]
 ) -> None:
     """Check linear indices against the buffer's extent (others are taken on trust)."""
-    if not index.is_polynomial(*bounds) or sympy.Poly(index, *bounds).total_degree() > 1:
+    syms = sorted(index.free_symbols & set(bounds), key=str)
+    if syms and (not index.is_polynomial(*syms) or sympy.Poly(index, *syms).total_degree() > 1):
         return
     if index.free_symbols - set(bounds) or any(n == 0 for n in bounds.values()):
         return

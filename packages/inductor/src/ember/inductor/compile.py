@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
@@ -63,7 +64,10 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     if all("val" in n.meta and n.target not in DECOMPOSITIONS for n in calls):
         return gm
-    return make_fx(gm, decomposition_table=DECOMPOSITIONS, tracing_mode="fake")(*example_inputs)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # get_attr tensors stay real
+    fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    with mode:
+        return make_fx(gm, decomposition_table=DECOMPOSITIONS, tracing_mode="real")(*fakes)
 
 
 def _trace_dir() -> Path | None:
@@ -156,7 +160,8 @@ def compile_graph(
     ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
     :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
 
-    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
     >>> def f(x):
     ...     return torch.softmax(x, -1) * 2
     >>> x = torch.randn(8, 16)

@@ -1,0 +1,62 @@
+"""The disk cache: a second process hits it; corrupt or foreign entries are rebuilt, not loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ember.inductor.cache import CompileOptions, build, cache_dir, cache_key
+
+SOURCE = 'extern "C" int ember_test_answer() { return 42; }\n'
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from ember.inductor import compile_graph
+    x = torch.randn(8, 8)
+    c = compile_graph(make_fx(lambda x: (x.sin() * 3).sum(0))(x), [x])
+    torch.testing.assert_close(c(x), (x.sin() * 3).sum(0))
+    print("HIT" if c.cache_hit else "MISS")
+""")
+
+
+@pytest.mark.slow
+def test_second_process_hits_the_cache() -> None:
+    env = dict(os.environ)
+    runs = [
+        subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                       check=True).stdout.strip()
+        for _ in range(2)
+    ]
+    assert runs[1] == "HIT", runs
+    assert str(cache_dir()).startswith(os.environ["EMBER_CACHE_DIR"])
+
+
+def test_corrupt_entry_is_rebuilt() -> None:
+    options = CompileOptions()
+    path, _, hit = build(SOURCE, options)
+    path.write_bytes(b"not a shared library")
+    path2, _, hit2 = build(SOURCE, options)
+    assert (path2, hit2) == (path, False)
+    assert path2.read_bytes().startswith(b"\x7fELF")
+    assert build(SOURCE, options)[2] is True
+
+
+def test_foreign_entry_is_rebuilt() -> None:
+    options = CompileOptions()
+    path, _, _ = build(SOURCE, options)
+    marker = path.parent / "ok"
+    marker.write_text(json.dumps({"key": "someone else", "sha256": "0"}))
+    assert build(SOURCE, options)[2] is False
+    assert json.loads(marker.read_text())["key"] == cache_key(SOURCE, options)
+
+
+def test_key_depends_on_flags_and_source() -> None:
+    a = cache_key(SOURCE, CompileOptions())
+    assert a != cache_key(SOURCE, CompileOptions(cflags=("-O1", "-fPIC", "-shared")))
+    assert a != cache_key(SOURCE + "\n", CompileOptions())
