@@ -51,6 +51,17 @@ def _inplace_view_of_input(x, buf):
     return x + buf.sum()
 
 
+def _mutate_after_use(x, buf):
+    y = x * buf.sum()  # min-cut saves buf itself and recomputes the sum in backward
+    buf.add_(1)
+    return y
+
+
+def _same_output_twice(x):
+    y = x * 2
+    return y, y, y.view(-1)
+
+
 def needs_grad(*shapes: tuple[int, ...]) -> Callable[[], list[Any]]:
     return lambda: [randn(*shape, grad=True) for shape in shapes]
 
@@ -80,6 +91,8 @@ CASES: dict[str, Case] = {
     "inplace-on-view-of-input": Case(
         _inplace_view_of_input, lambda: [randn(3, grad=True), torch.ones(2, 3)]
     ),
+    "inplace-after-use": Case(_mutate_after_use, lambda: [randn(3, grad=True), torch.ones(3)]),
+    "same-output-twice": Case(_same_output_twice, needs_grad((2, 3))),
     "inplace-on-intermediate": Case(_inplace_intermediate, needs_grad((4,))),
     "int-input": Case(lambda x, n: x * n, lambda: [randn(3, grad=True), 3]),
     "no-grad-inputs": Case(lambda x: x.sin(), lambda: [randn(3)]),

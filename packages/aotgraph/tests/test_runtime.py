@@ -66,6 +66,14 @@ def test_dropout_same_seed_same_mask_as_eager_and_consistent_gradient():
     assert "bernoulli" not in f.partition.backward.code
 
 
+def test_compiling_draws_no_random_numbers():
+    drop = nn.Sequential(nn.Dropout(0.5)).train()
+    x = torch.randn(8, requires_grad=True)
+    before = torch.get_rng_state()
+    aot_compile(torch.fx.symbolic_trace(drop), [x], fw_compiler=lambda gm, ex: gm)
+    assert torch.equal(torch.get_rng_state(), before)  # tracing runs on fake tensors
+
+
 def test_second_backward_errors_like_eager():
     w = torch.randn(4, 4, requires_grad=True)
     f = aot_compile(torch.fx.symbolic_trace(lambda x, w: (x @ w).tanh()), [torch.randn(2, 4), w],
