@@ -11,7 +11,8 @@ quick GPT workload draws labels past its quick vocabulary).
    ember's default decomposition table and with none (what ``aot_eager`` uses).
    ``saved`` counts every tensor the forward graph hands to the backward graph;
    ``activations`` leaves out graph inputs (parameters and the batch) and views
-   of them, which are alive anyway.
+   of them, which are alive anyway. Rows ``torch:default`` and ``torch:min_cut``
+   run torch's own partitioners on the same captured graph, for reference.
 2. Training step time (forward, loss, backward, optimizer step; one thread,
    median over rounds in which the configurations take turns): eager, ember's ``aot_eager``
    backend, and ``torch.compile(backend="aot_eager")``, the peer.
@@ -32,6 +33,7 @@ from workloads import WORKLOADS
 
 import ember.compiler
 from ember.aotgraph import aot_compile, default_decompositions
+from ember.aotgraph.ops import OpClass, node_class, tensor_bytes
 
 SAVED_WORKLOADS = ["gpt-train", "resnet-train", "mlp-train"]
 STEP_WORKLOADS = ["mlp-train", "resnet-train", "gpt-train", "rnn-train"]
@@ -41,8 +43,40 @@ def _as_is(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[...,
     return gm
 
 
+def _view_of_input(node: torch.fx.Node) -> bool:
+    while node_class(node) is OpClass.VIEW and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node.op == "placeholder"
+
+
+def torch_saved(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], partition: str, table: dict[Any, Any]
+) -> tuple[int, int, int]:
+    """(tensors, bytes, bytes not of primals) torch's own partitioner saves, for reference."""
+    from torch._functorch import partitioners
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    torch_fn = {"default": partitioners.default_partition,
+                "min_cut": partitioners.min_cut_rematerialization_partition}[partition]  # fmt: skip
+    found: list[tuple[int, int, int]] = []
+
+    def record(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        fw, bw = torch_fn(joint, joint_inputs, **kwargs)
+        nodes = {n.name: n for n in joint.graph.nodes}
+        saved = [n for n in bw.graph.find_nodes(op="placeholder") if "tangents" not in n.name]
+        sizes = [(n.name, tensor_bytes(n.meta.get("val"))) for n in saved]
+        activations = sum(b for name, b in sizes if not _view_of_input(nodes[name]))
+        found.append((len(saved), sum(b for _, b in sizes), activations))
+        return fw, bw
+
+    aot_module_simplified(gm, example_inputs, fw_compiler=_as_is, partition_fn=record,
+                          decompositions=table)  # fmt: skip
+    return found[0]
+
+
 def saved_bytes(name: str) -> list[tuple[str, str, int, int, int]]:
-    """(table, partition, tensors, bytes, activation bytes) for each graph of one workload."""
+    """(table, partition, tensors, bytes, activation bytes) for each graph of one workload;
+    partition names starting with ``torch:`` are torch's partitioners on the same graph."""
     rows: list[tuple[str, str, int, int, int]] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -57,6 +91,8 @@ def saved_bytes(name: str) -> list[tuple[str, str, int, int, int]]:
                 assert part is not None
                 n = len(part.saved)
                 rows.append((table_name, partition, n, part.saved_bytes, part.activation_bytes))
+                peer = torch_saved(gm, example_inputs, partition, table)
+                rows.append((table_name, f"torch:{partition}", *peer))
         return gm.forward
 
     run = WORKLOADS[name].prepare()
@@ -113,11 +149,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, 1 thread, {'few' if args.quick else 'more'} steps\n")
     print("Saved for backward (per captured graph)")
     print(
-        f"{'workload':<14}{'decomps':<9}{'partition':<10}{'tensors':>8}{'saved':>12}{'activations':>13}"
+        f"{'workload':<14}{'decomps':<9}{'partition':<16}{'tensors':>8}{'saved':>12}{'activations':>13}"
     )
     for name in SAVED_WORKLOADS:
         for table, partition, n, total, activations in saved_bytes(name):
-            print(f"{name:<14}{table:<9}{partition:<10}{n:>8}{total:>12,}{activations:>13,}")
+            print(f"{name:<14}{table:<9}{partition:<16}{n:>8}{total:>12,}{activations:>13,}")
     print("\nTraining step (forward, loss, backward, optimizer step)")
     header = "".join(f"{c:>18}" for c in CONFIGS)
     print(f"{'workload':<14}{header}   (ms per step; first step incl. compile in s)")
