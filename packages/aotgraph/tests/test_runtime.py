@@ -129,3 +129,27 @@ def test_backward_graph_gets_fake_example_inputs():
     gm = torch.fx.symbolic_trace(lambda x: x.exp())
     aot_compile(gm, [x], fw_compiler=lambda g, e: g, bw_compiler=bw)
     assert kinds and set(kinds) == {"FakeTensor"}
+
+
+def _transpose_input(x):
+    x.t_()
+    return x * 2
+
+
+def test_metadata_mutation_of_an_input_is_refused_clearly():
+    gm = torch.fx.symbolic_trace(_transpose_input)
+    with pytest.raises(NotImplementedError, match="changes to an input's metadata"):
+        aot_compile(gm, [torch.randn(2, 3)], fw_compiler=lambda g, e: g)
+
+
+def _mutate_leaf(x):
+    x.mul_(2)
+    return x.sin()
+
+
+def test_mutating_an_input_that_requires_grad_errors_as_in_eager():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        _mutate_leaf(x)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        aot_compile(torch.fx.symbolic_trace(_mutate_leaf), [x], fw_compiler=lambda g, e: g)

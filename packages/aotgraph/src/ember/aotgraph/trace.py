@@ -320,7 +320,10 @@ def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
         if node.op == "call_function" and node.target is aten.copy_.default:
             dest, new = node.args[0], node.args[1]
             if dest not in placeholders or node.users:
-                raise AssertionError(f"unexpected copy_ after functionalization: {node}")
+                raise NotImplementedError(
+                    f"aot_compile: {node.format_node()} survived functionalization; in-place "
+                    "changes to an input's metadata (t_, transpose_, resize_) are not supported"
+                )
             mutated.append(placeholders.index(dest))
             news.append(new)
             gm.graph.erase_node(node)
