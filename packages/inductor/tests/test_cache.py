@@ -29,8 +29,9 @@ SCRIPT = textwrap.dedent("""
 def test_second_process_hits_the_cache() -> None:
     env = dict(os.environ)
     runs = [
-        subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                       check=True).stdout.strip()
+        subprocess.run(
+            [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
         for _ in range(2)
     ]
     assert runs[1] == "HIT", runs
@@ -39,7 +40,7 @@ def test_second_process_hits_the_cache() -> None:
 
 def test_corrupt_entry_is_rebuilt() -> None:
     options = CompileOptions()
-    path, _, hit = build(SOURCE, options)
+    path, _, _ = build(SOURCE, options)
     path.write_bytes(b"not a shared library")
     path2, _, hit2 = build(SOURCE, options)
     assert (path2, hit2) == (path, False)

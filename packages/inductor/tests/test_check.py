@@ -1,4 +1,4 @@
-"""The IR checker: a well-formed program passes; corrupted ones fail with a message naming the node."""
+"""The IR checker: well-formed programs pass; corrupted ones fail naming the node."""
 
 from __future__ import annotations
 
@@ -43,14 +43,20 @@ def test_out_of_bounds_load() -> None:
     name, index, ind = load.arg
     bad = dataclasses.replace(load, arg=(name, index + 40, ind))
     with pytest.raises(IRError, match="buf1: load of x_1 reaches index 71, past its 32 elements"):
-        check(_swap_body(prog, 1, dataclasses.replace(prog.nodes[1].body, args=(bad, prog.nodes[1].body.args[1]))))
+        check(
+            _swap_body(
+                prog,
+                1,
+                dataclasses.replace(prog.nodes[1].body, args=(bad, prog.nodes[1].body.args[1])),
+            )
+        )
 
 
 def test_mixed_dtypes() -> None:
     prog = _program()
     body = prog.nodes[1].body
     bad = dataclasses.replace(body, args=(body.args[0], Expr(Op.CONST, torch.float64, (), 2.0)))
-    with pytest.raises(IRError, match="buf1: MUL mixes torch.float32 and torch.float64"):
+    with pytest.raises(IRError, match=r"buf1: MUL mixes torch.float32 and torch.float64"):
         check(_swap_body(prog, 1, bad))
 
 

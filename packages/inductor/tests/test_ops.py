@@ -18,44 +18,91 @@ from ember.inductor.scheduler import Extern
 
 T = torch.Tensor
 UNARY: dict[str, Callable[[T], T]] = {
-    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "expm1": torch.expm1,
-    "log": lambda x: torch.log(x.abs() + 0.5), "log1p": lambda x: torch.log1p(x.abs()),
-    "sqrt": lambda x: torch.sqrt(x.abs()), "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.1),
-    "reciprocal": lambda x: torch.reciprocal(x + 10), "sin": torch.sin, "cos": torch.cos,
-    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf, "floor": torch.floor,
-    "ceil": torch.ceil, "trunc": torch.trunc, "relu": torch.relu, "sign": torch.sign,
-    "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
-    "isnan": torch.isnan, "clamp": lambda x: x.clamp(-0.5, 0.5), "pow2": lambda x: x**2,
-    "pow": lambda x: x.abs() ** 1.5, "square_scalar": lambda x: x * 3 - 1,
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "exp": torch.exp,
+    "expm1": torch.expm1,
+    "log": lambda x: torch.log(x.abs() + 0.5),
+    "log1p": lambda x: torch.log1p(x.abs()),
+    "sqrt": lambda x: torch.sqrt(x.abs()),
+    "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.1),
+    "reciprocal": lambda x: torch.reciprocal(x + 10),
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+    "trunc": torch.trunc,
+    "relu": torch.relu,
+    "sign": torch.sign,
+    "gelu": torch.nn.functional.gelu,
+    "silu": torch.nn.functional.silu,
+    "isnan": torch.isnan,
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "pow2": lambda x: x**2,
+    "pow": lambda x: x.abs() ** 1.5,
+    "square_scalar": lambda x: x * 3 - 1,
 }
 BINARY: dict[str, Callable[[T, T], T]] = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": lambda a, b: a / (b.abs() + 1),
-    "maximum": torch.maximum, "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne,
-    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "where": lambda a, b: torch.where(a > b, a, b), "add_alpha": lambda a, b: torch.add(a, b, alpha=2),
-    "and": lambda a, b: (a > 0) & (b > 0), "or": lambda a, b: (a > 0) | (b > 0),
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": lambda a, b: a / (b.abs() + 1),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=2),
+    "and": lambda a, b: (a > 0) & (b > 0),
+    "or": lambda a, b: (a > 0) | (b > 0),
 }
 REDUCE: dict[str, Callable[[T], Any]] = {
-    "sum": lambda x: x.sum(-1), "sum0": lambda x: x.sum(0), "sum_all": lambda x: x.sum(),
-    "sum_keep": lambda x: x.sum(-1, keepdim=True), "mean": lambda x: x.mean(-1),
-    "amax": lambda x: x.amax(-1), "amin": lambda x: x.amin(0), "prod": lambda x: x.prod(-1),
-    "argmax": lambda x: x.argmax(-1), "argmin": lambda x: x.argmin(0),
-    "argmax_all": lambda x: x.argmax(), "any": lambda x: (x > 0.5).any(-1),
-    "all": lambda x: (x > -2).all(0), "var": lambda x: x.var(-1), "var0": lambda x: x.var(0),
+    "sum": lambda x: x.sum(-1),
+    "sum0": lambda x: x.sum(0),
+    "sum_all": lambda x: x.sum(),
+    "sum_keep": lambda x: x.sum(-1, keepdim=True),
+    "mean": lambda x: x.mean(-1),
+    "amax": lambda x: x.amax(-1),
+    "amin": lambda x: x.amin(0),
+    "prod": lambda x: x.prod(-1),
+    "argmax": lambda x: x.argmax(-1),
+    "argmin": lambda x: x.argmin(0),
+    "argmax_all": lambda x: x.argmax(),
+    "any": lambda x: (x > 0.5).any(-1),
+    "all": lambda x: (x > -2).all(0),
+    "var": lambda x: x.var(-1),
+    "var0": lambda x: x.var(0),
     "var_mean": lambda x: torch.var_mean(x, -1, correction=0),
-    "softmax": lambda x: x.softmax(-1), "log_softmax": lambda x: x.log_softmax(0),
+    "softmax": lambda x: x.softmax(-1),
+    "log_softmax": lambda x: x.log_softmax(0),
     "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
 }
 VIEWS: dict[str, Callable[[T], T]] = {
-    "t": lambda x: x.t() * 1, "permute": lambda x: x.permute(1, 0).exp(),
-    "view": lambda x: (x + 1).reshape(-1), "view2": lambda x: x.reshape(-1).exp().view(x.shape),
-    "slice": lambda x: x[1:, ::2] + 1, "select": lambda x: x[1] * 2,
-    "unsqueeze": lambda x: x.unsqueeze(1) + 1, "expand": lambda x: x[:1].expand(x.shape) * 2,
-    "cat": lambda x: torch.cat([x, x * 2], 0), "cat1": lambda x: torch.cat([x.exp(), x], -1),
-    "pad": lambda x: torch.nn.functional.pad(x, (1, 2)) * 1, "flip_t": lambda x: x.t().contiguous(),
-    "full": lambda x: x + torch.full(x.shape, 2.0), "arange": lambda x: x + torch.arange(x.shape[-1]),
-    "zeros_like": lambda x: torch.zeros_like(x) + x, "to_double": lambda x: x.double() * 2,
-    "to_int": lambda x: (x * 3).to(torch.int32), "masked_fill": lambda x: x.masked_fill(x > 0, -1),
+    "t": lambda x: x.t() * 1,
+    "permute": lambda x: x.permute(1, 0).exp(),
+    "view": lambda x: (x + 1).reshape(-1),
+    "view2": lambda x: x.reshape(-1).exp().view(x.shape),
+    "slice": lambda x: x[1:, ::2] + 1,
+    "select": lambda x: x[1] * 2,
+    "unsqueeze": lambda x: x.unsqueeze(1) + 1,
+    "expand": lambda x: x[:1].expand(x.shape) * 2,
+    "cat": lambda x: torch.cat([x, x * 2], 0),
+    "cat1": lambda x: torch.cat([x.exp(), x], -1),
+    "pad": lambda x: torch.nn.functional.pad(x, (1, 2)) * 1,
+    "flip_t": lambda x: x.t().contiguous(),
+    "full": lambda x: x + torch.full(x.shape, 2.0),
+    "arange": lambda x: x + torch.arange(x.shape[-1]),
+    "zeros_like": lambda x: torch.zeros_like(x) + x,
+    "to_double": lambda x: x.double() * 2,
+    "to_int": lambda x: (x * 3).to(torch.int32),
+    "masked_fill": lambda x: x.masked_fill(x > 0, -1),
 }
 
 FLOAT_SUITES = {**UNARY, **REDUCE, **VIEWS}
@@ -94,7 +141,9 @@ def _run(fns: dict[str, Callable[..., Any]], arity: int, inputs: list[T], **tol:
     got, want = compiled(*inputs), f(*inputs)
     for name, g, w in zip(fns, got, want, strict=True):
         torch.testing.assert_close(g, w, equal_nan=True, msg=lambda m, n=name: f"{n}: {m}", **tol)
-        for gt, wt in zip(torch.utils._pytree.tree_leaves(g), torch.utils._pytree.tree_leaves(w), strict=True):
+        for gt, wt in zip(
+            torch.utils._pytree.tree_leaves(g), torch.utils._pytree.tree_leaves(w), strict=True
+        ):
             if wt.numel() > 1 and wt.is_contiguous():
                 assert gt.is_contiguous(), f"{name}: eager gives a contiguous result"
 
@@ -112,13 +161,19 @@ def test_binary_float32(kind: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_other_float_dtypes(dtype: torch.dtype) -> None:
-    fns = {**{k: UNARY[k] for k in ("exp", "tanh", "sigmoid", "relu", "neg")},
-           **{k: REDUCE[k] for k in ("sum", "amax", "softmax", "mean")},
-           **{k: VIEWS[k] for k in ("t", "cat")}}
+    fns = {
+        **{k: UNARY[k] for k in ("exp", "tanh", "sigmoid", "relu", "neg")},
+        **{k: REDUCE[k] for k in ("sum", "amax", "softmax", "mean")},
+        **{k: VIEWS[k] for k in ("t", "cat")},
+    }
     tol = {} if dtype == torch.float64 else {"atol": 2e-2, "rtol": 2e-2}
     _run(fns, 1, _inputs("contiguous", dtype, 1), **tol)
-    _run({k: BINARY[k] for k in ("add", "mul", "maximum", "lt", "where")}, 2,
-         _inputs("broadcast", dtype, 2), **tol)
+    _run(
+        {k: BINARY[k] for k in ("add", "mul", "maximum", "lt", "where")},
+        2,
+        _inputs("broadcast", dtype, 2),
+        **tol,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.bool])
@@ -126,16 +181,32 @@ def test_integer_and_bool(dtype: torch.dtype) -> None:
     x = (torch.arange(48).view(6, 8) % 7 - 3).to(dtype)
     y = (torch.arange(48).view(6, 8) % 5 - 2).to(dtype)
     fns: dict[str, Callable[..., Any]] = {
-        "eq": torch.eq, "lt": torch.lt, "maximum": torch.maximum, "where": lambda a, b: torch.where(a > b, a, b),
-        "sum": lambda a, b: a.sum(-1), "amax": lambda a, b: a.amax(0),
-        "t": lambda a, b: a.t().contiguous(), "cat": lambda a, b: torch.cat([a, b], 1),
+        "eq": torch.eq,
+        "lt": torch.lt,
+        "maximum": torch.maximum,
+        "where": lambda a, b: torch.where(a > b, a, b),
+        "sum": lambda a, b: a.sum(-1),
+        "amax": lambda a, b: a.amax(0),
+        "t": lambda a, b: a.t().contiguous(),
+        "cat": lambda a, b: torch.cat([a, b], 1),
         "to_float": lambda a, b: a.float() / 2,
     }
     if dtype != torch.bool:
-        fns |= {"argmax": lambda a, b: a.argmax(-1), "add": torch.add, "mul": torch.mul, "neg": lambda a, b: -a, "abs": lambda a, b: a.abs()}
+        fns |= {
+            "argmax": lambda a, b: a.argmax(-1),
+            "add": torch.add,
+            "mul": torch.mul,
+            "neg": lambda a, b: -a,
+            "abs": lambda a, b: a.abs(),
+        }
     else:
-        fns |= {"and": torch.logical_and, "or": torch.logical_or, "not": lambda a, b: ~a,
-                "any": lambda a, b: a.any(-1), "all": lambda a, b: a.all(0)}
+        fns |= {
+            "and": torch.logical_and,
+            "or": torch.logical_or,
+            "not": lambda a, b: ~a,
+            "any": lambda a, b: a.any(-1),
+            "all": lambda a, b: a.all(0),
+        }
     _run(fns, 2, [x, y])
 
 
@@ -163,8 +234,16 @@ def test_reference_interpreter_agrees_with_eager() -> None:
 
 def test_common_ops_have_lowerings() -> None:
     aten = torch.ops.aten
-    for op in [aten.add.Tensor, aten.exp.default, aten.sum.dim_IntList, aten.view.default,
-               aten.cat.default, aten.where.self, aten.amax.default, aten.full.default]:
+    for op in [
+        aten.add.Tensor,
+        aten.exp.default,
+        aten.sum.dim_IntList,
+        aten.view.default,
+        aten.cat.default,
+        aten.where.self,
+        aten.amax.default,
+        aten.full.default,
+    ]:
         assert op in LOWERINGS, op
 
 

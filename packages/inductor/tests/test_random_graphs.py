@@ -13,18 +13,39 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ember.inductor import compile_graph
 
 T = torch.Tensor
-UNARY: list[Callable[[T], T]] = [torch.exp, torch.tanh, torch.sigmoid, torch.relu, torch.neg,
-                                 lambda x: x * 0.5 + 1, lambda x: torch.sqrt(x.abs())]
-BINARY: list[Callable[[T, T], T]] = [torch.add, torch.mul, torch.maximum, torch.sub,
-                                     lambda a, b: torch.where(a > b, a, b * 2)]
-REDUCE: list[Callable[[T], T]] = [lambda x: x.sum(-1, keepdim=True), lambda x: x.amax(-1, keepdim=True),
-                                  lambda x: x.mean(0, keepdim=True), lambda x: x.amin(0, keepdim=True)]
+UNARY: list[Callable[[T], T]] = [
+    torch.exp,
+    torch.tanh,
+    torch.sigmoid,
+    torch.relu,
+    torch.neg,
+    lambda x: x * 0.5 + 1,
+    lambda x: torch.sqrt(x.abs()),
+]
+BINARY: list[Callable[[T, T], T]] = [
+    torch.add,
+    torch.mul,
+    torch.maximum,
+    torch.sub,
+    lambda a, b: torch.where(a > b, a, b * 2),
+]
+REDUCE: list[Callable[[T], T]] = [
+    lambda x: x.sum(-1, keepdim=True),
+    lambda x: x.amax(-1, keepdim=True),
+    lambda x: x.mean(0, keepdim=True),
+    lambda x: x.amin(0, keepdim=True),
+]
 
 
 @st.composite
 def programs(draw: st.DrawFn) -> tuple[list[tuple[int, int, int, int]], tuple[int, int], bool]:
-    steps = draw(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(0, 99),
-                                    st.integers(0, 99)), min_size=1, max_size=8))
+    steps = draw(
+        st.lists(
+            st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(0, 99), st.integers(0, 99)),
+            min_size=1,
+            max_size=8,
+        )
+    )
     shape = draw(st.sampled_from([(5, 7), (16, 33), (1, 9), (64, 128)]))
     return steps, shape, draw(st.booleans())
 
@@ -48,7 +69,9 @@ def _build(steps: list[tuple[int, int, int, int]]) -> Callable[[T, T], tuple[T, 
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
-def test_random_graph_matches_eager(program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool]) -> None:
+def test_random_graph_matches_eager(
+    program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool],
+) -> None:
     steps, shape, transposed = program
     g = torch.Generator().manual_seed(len(steps))
     x = torch.randn(shape[::-1] if transposed else shape, generator=g)

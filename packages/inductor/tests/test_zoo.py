@@ -8,8 +8,8 @@ import pytest
 import torch
 from models import ZOO
 from torch import nn
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph
 

@@ -17,10 +17,10 @@ convolutions and every op without a lowering run as aten calls.
 >>> x, w = torch.randn(16, 32), torch.randn(32, 8)
 >>> compiled = compile_graph(make_fx(f)(x, w), [x, w])
 >>> torch.testing.assert_close(compiled(x, w), f(x, w))
->>> print(compiled.schedule)  # doctest: +NORMALIZE_WHITESPACE
-buf0 = extern aten.mm.default(x_1, w_1)
+>>> for step in compiled.schedule.steps:  # mm runs in aten; gelu and sum are one kernel
+...     print(str(step).splitlines()[0])
+buf0 = extern aten.mm.default(arg0_1, arg1_1)
 kernel0 over [16]
-  stage [8]: buf2 = SUM(MUL(MUL(buf0[8*x0 + y0], 0.5), ADD(ERF(MUL(buf0[8*x0 + y0], 0.7071067811865476)), 1.0)))
 
 Set ``EMBER_INDUCTOR_TRACE=1`` to keep each graph's stages in a folder, and
 ``EMBER_CACHE_DIR`` to move the kernel cache (see docs/inductor.md).

@@ -32,14 +32,28 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DEFAULT_CFLAGS", "CompileError", "CompileOptions", "build", "cache_dir", "cache_key",
-           "load"]
+__all__ = [
+    "DEFAULT_CFLAGS",
+    "CompileError",
+    "CompileOptions",
+    "build",
+    "cache_dir",
+    "cache_key",
+    "load",
+]
 
 # -ffast-math is left out on purpose: it lets the compiler assume no NaN or inf, which breaks
 # isnan, NaN-propagating max/min and inf constants. These two are safe: no errno, no traps.
 DEFAULT_CFLAGS = (
-    "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
-    "-fPIC", "-shared", "-std=c++17", "-w",
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+    "-std=c++17",
+    "-w",
 )
 
 
@@ -86,8 +100,15 @@ def cache_key(source: str, options: CompileOptions) -> str:
     """The hash that names a compiled library."""
     from ember.inductor import __version__
 
-    parts = [source, _compiler_id(options.cxx), list(options.cflags), _cpu_id(),
-             platform.machine(), __version__, torch.__version__]
+    parts = [
+        source,
+        _compiler_id(options.cxx),
+        list(options.cflags),
+        _cpu_id(),
+        platform.machine(),
+        __version__,
+        torch.__version__,
+    ]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -137,7 +158,9 @@ _LOADED: dict[Path, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
 
-def build_async(source: str, options: CompileOptions | None = None) -> Future[tuple[Path, str, bool]]:
+def build_async(
+    source: str, options: CompileOptions | None = None
+) -> Future[tuple[Path, str, bool]]:
     """:func:`build` on the compile pool."""
     return _POOL.submit(build, source, options)
 

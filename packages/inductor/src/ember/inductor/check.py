@@ -1,5 +1,6 @@
 """The loop IR's invariants, stated once and checked after each pass (``EMBER_CHECK=1``).
 
+>>> from ember.inductor.ir import I, Buffer, Layout, Pointwise, Program, Ref, load
 >>> x = Buffer("x", torch.float32, Layout.contiguous((4,)))
 >>> bad = Pointwise("buf0", (8,), load(x, (I[0],)))
 >>> prog = Program({"x": x, "buf0": Buffer("buf0", torch.float32, Layout.contiguous((8,)))},
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import os
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor.ir import I, R, Expr, Extern, Node, Pointwise, Program, Ref, walk
+from ember.inductor.ir import Expr, Extern, I, Node, Pointwise, Program, R, Ref, walk
 from ember.inductor.ops import BINARY, COMPARE, Op
 
 __all__ = ["IRError", "check", "enabled"]
@@ -66,7 +67,9 @@ def _check_node(prog: Program, node: Node, defined: set[str]) -> None:
     if buf is None:
         raise IRError(f"{name}: written but never declared")
     if isinstance(node, Pointwise) and tuple(node.ranges) != buf.layout.sizes:
-        raise IRError(f"{name}: ranges {list(node.ranges)} differ from sizes {list(buf.layout.sizes)}")
+        raise IRError(
+            f"{name}: ranges {list(node.ranges)} differ from sizes {list(buf.layout.sizes)}"
+        )
     reduce_ranges = () if isinstance(node, Pointwise) else node.reduce_ranges
     allowed = set(I[: len(node.ranges)]) | set(R[: len(reduce_ranges)])
     bounds = dict(zip(I, node.ranges, strict=False)) | dict(zip(R, reduce_ranges, strict=False))
@@ -97,13 +100,17 @@ def _check_expr(
         if src not in defined:
             raise IRError(f"{name}: load of {src} before it is defined")
         if prog.buffers[src].dtype != e.dtype:
-            raise IRError(f"{name}: load of {src} as {e.dtype}, but it holds {prog.buffers[src].dtype}")
+            raise IRError(
+                f"{name}: load of {src} as {e.dtype}, but it holds {prog.buffers[src].dtype}"
+            )
         free = index.free_symbols - allowed - set(indirect)
         if free:
             raise IRError(f"{name}: load of {src} uses unbound {sorted(map(str, free))}")
         _check_bounds(prog, name, src, index, bounds)
     elif e.op is Op.INDEX and e.arg.free_symbols - allowed:
-        raise IRError(f"{name}: index uses unbound {sorted(map(str, e.arg.free_symbols - allowed))}")
+        raise IRError(
+            f"{name}: index uses unbound {sorted(map(str, e.arg.free_symbols - allowed))}"
+        )
     elif e.op in BINARY and e.args[0].dtype != e.args[1].dtype:
         raise IRError(f"{name}: {e.op.name} mixes {e.args[0].dtype} and {e.args[1].dtype}")
     if e.op in COMPARE | {Op.ISNAN} and e.dtype != torch.bool:

@@ -9,11 +9,12 @@ the work is large enough to pay for the threads, keep the innermost loop over
 the contiguous index so the compiler vectorises it, and compute half and
 bfloat16 in float.
 
+>>> from ember.inductor.ir import I, Buffer, Layout, load
 >>> x = Buffer("x", torch.float32, Layout.contiguous((8,)))
 >>> e = Expr(Op.EXP, torch.float32, (load(x, (I[0],)),))
 >>> p = CppPrinter()
->>> lines = []
->>> p.expr(e.args[0], {}, lines), p.expr(e, {}, lines)
+>>> lines, memo = [], {}
+>>> p.expr(e.args[0], memo, lines), p.expr(e, memo, lines)
 ('t0', 't1')
 >>> lines
 ['float t0 = x[i0];', 'float t1 = std::exp(t0);']
@@ -25,12 +26,12 @@ import math
 import re
 from typing import Any, ClassVar
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor.ir import I, Buffer, Expr, Layout, load, walk  # noqa: F401
+from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.ops import Op, Reduce
-from ember.inductor.scheduler import X, Y, Kernel, Schedule, Stage
+from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
 
 __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "translation_unit"]
 
@@ -71,7 +72,9 @@ class Printer:
             return self.const(e.arg, e.dtype)
         if e.op is Op.LOAD:
             src, index, indirect = e.arg
-            index = index.xreplace({s: sympy.Symbol(a) for s, a in zip(indirect, args, strict=True)})
+            index = index.xreplace(
+                {s: sympy.Symbol(a) for s, a in zip(indirect, args, strict=True)}
+            )
             code = f"{src}[{self.index(index)}]"
         elif e.op is Op.INDEX:
             code = self.index(e.arg)
@@ -98,26 +101,54 @@ class CppPrinter(Printer):
     """C++17 with OpenMP; only ``<cmath>``, ``<cstdint>`` and ``<limits>``."""
 
     OPS = {
-        Op.NEG: "(-{0})", Op.ABS: "std::abs({0})", Op.EXP: "std::exp({0})",
-        Op.EXPM1: "std::expm1({0})", Op.LOG: "std::log({0})", Op.LOG1P: "std::log1p({0})",
-        Op.SQRT: "std::sqrt({0})", Op.RSQRT: "({T}(1) / std::sqrt({0}))",
-        Op.RECIPROCAL: "({T}(1) / {0})", Op.SIN: "std::sin({0})", Op.COS: "std::cos({0})",
-        Op.TANH: "std::tanh({0})", Op.SIGMOID: "({T}(1) / ({T}(1) + std::exp(-{0})))",
-        Op.ERF: "std::erf({0})", Op.FLOOR: "std::floor({0})", Op.CEIL: "std::ceil({0})",
-        Op.TRUNC: "std::trunc({0})", Op.NOT: "(!{0})", Op.ISNAN: "({0} != {0})",
+        Op.NEG: "(-{0})",
+        Op.ABS: "std::abs({0})",
+        Op.EXP: "std::exp({0})",
+        Op.EXPM1: "std::expm1({0})",
+        Op.LOG: "std::log({0})",
+        Op.LOG1P: "std::log1p({0})",
+        Op.SQRT: "std::sqrt({0})",
+        Op.RSQRT: "({T}(1) / std::sqrt({0}))",
+        Op.RECIPROCAL: "({T}(1) / {0})",
+        Op.SIN: "std::sin({0})",
+        Op.COS: "std::cos({0})",
+        Op.TANH: "std::tanh({0})",
+        Op.SIGMOID: "({T}(1) / ({T}(1) + std::exp(-{0})))",
+        Op.ERF: "std::erf({0})",
+        Op.FLOOR: "std::floor({0})",
+        Op.CEIL: "std::ceil({0})",
+        Op.TRUNC: "std::trunc({0})",
+        Op.NOT: "(!{0})",
+        Op.ISNAN: "({0} != {0})",
         Op.CAST: "static_cast<{T}>({0})",
-        Op.ADD: "({0} + {1})", Op.SUB: "({0} - {1})", Op.MUL: "({0} * {1})",
-        Op.DIV: "({0} / {1})", Op.POW: "std::pow({0}, {1})",
-        Op.MAX: "ember_max({0}, {1})", Op.MIN: "ember_min({0}, {1})",
-        Op.AND: "({0} && {1})", Op.OR: "({0} || {1})", Op.XOR: "({0} != {1})",
-        Op.EQ: "({0} == {1})", Op.NE: "({0} != {1})", Op.LT: "({0} < {1})",
-        Op.LE: "({0} <= {1})", Op.GT: "({0} > {1})", Op.GE: "({0} >= {1})",
+        Op.ADD: "({0} + {1})",
+        Op.SUB: "({0} - {1})",
+        Op.MUL: "({0} * {1})",
+        Op.DIV: "({0} / {1})",
+        Op.POW: "std::pow({0}, {1})",
+        Op.MAX: "ember_max({0}, {1})",
+        Op.MIN: "ember_min({0}, {1})",
+        Op.AND: "({0} && {1})",
+        Op.OR: "({0} || {1})",
+        Op.XOR: "({0} != {1})",
+        Op.EQ: "({0} == {1})",
+        Op.NE: "({0} != {1})",
+        Op.LT: "({0} < {1})",
+        Op.LE: "({0} <= {1})",
+        Op.GT: "({0} > {1})",
+        Op.GE: "({0} >= {1})",
         Op.WHERE: "({0} ? {1} : {2})",
     }
     TYPES = {
-        torch.float32: "float", torch.float64: "double", torch.float16: "_Float16",
-        torch.bfloat16: "uint16_t", torch.bool: "bool", torch.int8: "int8_t",
-        torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int32_t",
+        torch.float32: "float",
+        torch.float64: "double",
+        torch.float16: "_Float16",
+        torch.bfloat16: "uint16_t",
+        torch.bool: "bool",
+        torch.int8: "int8_t",
+        torch.uint8: "uint8_t",
+        torch.int16: "int16_t",
+        torch.int32: "int32_t",
         torch.int64: "int64_t",
     }
     CASTS = {
@@ -131,10 +162,16 @@ class CppPrinter(Printer):
         Reduce.MIN: ("ember_highest<{T}>()", "{acc} = ember_min({acc}, {v});"),
         Reduce.ANY: ("false", "{acc} = {acc} || {v};"),
         Reduce.ALL: ("true", "{acc} = {acc} && {v};"),
-        Reduce.ARGMAX: ("0", "if ({v} > {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
-                        "{{ {acc}_v = {v}; {acc} = {i}; }}"),
-        Reduce.ARGMIN: ("0", "if ({v} < {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
-                        "{{ {acc}_v = {v}; {acc} = {i}; }}"),
+        Reduce.ARGMAX: (
+            "0",
+            "if ({v} > {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
+            "{{ {acc}_v = {v}; {acc} = {i}; }}",
+        ),
+        Reduce.ARGMIN: (
+            "0",
+            "if ({v} < {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
+            "{{ {acc}_v = {v}; {acc} = {i}; }}",
+        ),
     }
     OMP_REDUCE = {Reduce.SUM: "+", Reduce.PROD: "*", Reduce.ANY: "||", Reduce.ALL: "&&"}
 
@@ -156,7 +193,7 @@ def _cindex(e: sympy.Expr) -> str:
     if e.is_Integer:
         return f"{int(e)}LL" if abs(int(e)) > 2**31 - 1 else str(int(e))
     if e.is_Symbol:
-        return e.name
+        return str(e.name)
     if isinstance(e, sympy.Add):
         return "(" + " + ".join(_cindex(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
@@ -190,12 +227,14 @@ static inline uint16_t ember_float_to_bf16(float f) {
   if (f != f) return 0x7fc0;
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-"""
+"""  # noqa: E501
 
 
 def _loops(vars_: list[sympy.Symbol], ranges: tuple[int, ...]) -> list[str]:
-    return [f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {n}")
-            for v, n in zip(vars_, ranges, strict=True)]
+    return [
+        f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {n}")
+        for v, n in zip(vars_, ranges, strict=True)
+    ]
 
 
 class _KernelWriter:
@@ -327,7 +366,9 @@ class _KernelWriter:
                 self.emit(f"{s.name}[{self.p.index(s.index)}] = {value};", depth)
 
 
-def translation_unit(sched: Schedule, printer: CppPrinter | None = None) -> tuple[str, dict[str, list[str]]]:
+def translation_unit(
+    sched: Schedule, printer: CppPrinter | None = None
+) -> tuple[str, dict[str, list[str]]]:
     """The C++ source of every kernel of ``sched`` and each kernel's buffer arguments."""
     p = printer or CppPrinter()
     parts, args = [PRELUDE], {}
@@ -346,4 +387,3 @@ def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
             if s.local:
                 src = re.sub(rf"\b{s.name}\[[^\]]*\]", f"{s.name}_l", src)
     return src
-

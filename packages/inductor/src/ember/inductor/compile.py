@@ -39,21 +39,55 @@ aten = torch.ops.aten
 
 # Composite ops rewritten into the ops that have lowerings before lowering.
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    **{k: v for k, v in core_aten_decompositions().items() if "rand" not in str(k)},
-    **get_decompositions([
-        aten.native_layer_norm, aten.native_layer_norm_backward, aten._softmax,
-        aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
-        aten.gelu, aten.gelu_backward, aten.var_mean, aten.var, aten.std, aten.silu,
-        aten.silu_backward, aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
-        aten.embedding_dense_backward, aten.native_batch_norm_backward, aten.mse_loss,
-        aten.hardtanh, aten.addcmul, aten.nll_loss_forward, aten.nll_loss_backward,
-        aten._native_batch_norm_legit_functional, aten.native_batch_norm, aten.mean,
-        aten.t, aten.transpose.int, aten.detach,
-    ]),
+    **{
+        k: v
+        for k, v in core_aten_decompositions().items()  # type: ignore[no-untyped-call]
+        if "rand" not in str(k)
+    },
+    **get_decompositions(
+        [
+            aten.native_layer_norm,
+            aten.native_layer_norm_backward,
+            aten._softmax,
+            aten._log_softmax,
+            aten._softmax_backward_data,
+            aten._log_softmax_backward_data,
+            aten.gelu,
+            aten.gelu_backward,
+            aten.var_mean,
+            aten.var,
+            aten.std,
+            aten.silu,
+            aten.silu_backward,
+            aten.tanh_backward,
+            aten.sigmoid_backward,
+            aten.threshold_backward,
+            aten.embedding_dense_backward,
+            aten.native_batch_norm_backward,
+            aten.mse_loss,
+            aten.hardtanh,
+            aten.addcmul,
+            aten.nll_loss_forward,
+            aten.nll_loss_backward,
+            aten._native_batch_norm_legit_functional,
+            aten.native_batch_norm,
+            aten.mean,
+            aten.t,
+            aten.transpose.int,
+            aten.detach,
+        ]
+    ),
 }
-KEEP = {aten.addmm.default, aten.mm.default, aten.bmm.default, aten.convolution.default,
-        aten.convolution_backward.default, aten.native_dropout.default, aten.embedding.default,
-        aten.index_select.default}
+KEEP = {
+    aten.addmm.default,
+    aten.mm.default,
+    aten.bmm.default,
+    aten.convolution.default,
+    aten.convolution_backward.default,
+    aten.native_dropout.default,
+    aten.embedding.default,
+    aten.index_select.default,
+}
 for _k in list(DECOMPOSITIONS):
     if _k in KEEP:
         del DECOMPOSITIONS[_k]
@@ -113,8 +147,13 @@ class CompiledGraph:
     """The callable ``compile_graph`` returns; it waits for the C++ build on its first call."""
 
     def __init__(
-        self, gm: torch.fx.GraphModule, sched: Schedule, source: str, args: dict[str, list[str]],
-        build: Future[tuple[Path, str, bool]] | None, run: _Run,
+        self,
+        gm: torch.fx.GraphModule,
+        sched: Schedule,
+        source: str,
+        args: dict[str, list[str]],
+        build: Future[tuple[Path, str, bool]] | None,
+        run: _Run,
     ) -> None:
         self.gm, self.schedule, self.source, self.kernel_args = gm, sched, source, args
         self._build, self._run = build, run
@@ -136,11 +175,13 @@ class CompiledGraph:
             try:
                 path, command, self.cache_hit = self._build.result()
             except cache.CompileError as e:
-                warnings.warn(f"ember.inductor: C++ build failed, running eagerly: {e}",
-                              stacklevel=3)
+                warnings.warn(
+                    f"ember.inductor: C++ build failed, running eagerly: {e}", stacklevel=3
+                )
                 return self.gm.forward
-            self._run.write("compile_command.txt", f"{command}\n# cache hit: {self.cache_hit}\n"
-                            f"# {path}\n")
+            self._run.write(
+                "compile_command.txt", f"{command}\n# cache hit: {self.cache_hit}\n# {path}\n"
+            )
             lib = cache.load(path)
         call, self.wrapper = bind(self.schedule, self.kernel_args, lib)
         self._run.times["build_and_load"] = time.perf_counter() - start
@@ -154,19 +195,19 @@ def compile_graph(
 ) -> Callable[..., Any]:
     """Compile an aten-level graph into fused C++/OpenMP kernels; return a callable.
 
-    The callable takes the graph's inputs and returns what ``gm`` returns.
-    Ops without a lowering run as aten calls; a graph that cannot be lowered
-    at all runs as ``gm`` itself, so this never fails for want of an op.
-    ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
-    :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
+        The callable takes the graph's inputs and returns what ``gm`` returns.
+        Ops without a lowering run as aten calls; a graph that cannot be lowered
+        at all runs as ``gm`` itself, so this never fails for want of an op.
+        ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
+        :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
 
-    >>> from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-    >>> def f(x):
-    ...     return torch.softmax(x, -1) * 2
-    >>> x = torch.randn(8, 16)
-    >>> compiled = compile_graph(make_fx(f)(x), [x])
-    >>> torch.testing.assert_close(compiled(x), f(x))
+        >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+        >>> def f(x):
+        ...     return torch.softmax(x, -1) * 2
+        >>> x = torch.randn(8, 16)
+        >>> compiled = compile_graph(make_fx(f)(x), [x])
+        >>> torch.testing.assert_close(compiled(x), f(x))
     """
     opts = options or {}
     compile_options = cache.CompileOptions(

@@ -17,10 +17,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor.ir import I, R, Expr, Extern, Pointwise, Program, Ref
+from ember.inductor.ir import Expr, Extern, I, Pointwise, Program, R, Ref
 from ember.inductor.ops import REDUCE_INIT, SEMANTICS, Op, Reduce
 
 __all__ = ["interpret"]
@@ -51,8 +51,12 @@ def _index(e: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch.Tensor
     raise ValueError(f"cannot evaluate index {e}")
 
 
-def _eval(e: Expr, env: dict[sympy.Symbol, torch.Tensor], store: dict[str, torch.Tensor],
-          memo: dict[int, torch.Tensor]) -> torch.Tensor:
+def _eval(
+    e: Expr,
+    env: dict[sympy.Symbol, torch.Tensor],
+    store: dict[str, torch.Tensor],
+    memo: dict[int, torch.Tensor],
+) -> torch.Tensor:
     if id(e) in memo:
         return memo[id(e)]
     args = [_eval(a, env, store, memo) for a in e.args]
@@ -108,8 +112,13 @@ def interpret(prog: Program, inputs: Sequence[torch.Tensor]) -> list[Any]:
     return [_view(o, tensors) for o in prog.outputs]
 
 
-def _reduce(kind: Reduce, body: Expr, ranges: tuple[int, ...], reduce_ranges: tuple[int, ...],
-            store: dict[str, torch.Tensor]) -> torch.Tensor:
+def _reduce(
+    kind: Reduce,
+    body: Expr,
+    ranges: tuple[int, ...],
+    reduce_ranges: tuple[int, ...],
+    store: dict[str, torch.Tensor],
+) -> torch.Tensor:
     syms = list(I[: len(ranges)]) + list(R[: len(reduce_ranges)])
     full = (*ranges, *reduce_ranges)
     value = _eval(body, _grid(full, syms), store, {}).expand(full)
@@ -117,7 +126,9 @@ def _reduce(kind: Reduce, body: Expr, ranges: tuple[int, ...], reduce_ranges: tu
     return REDUCE_INIT[kind][0](value)
 
 
-def _run_extern(node: Extern, tensors: dict[str, torch.Tensor], store: dict[str, torch.Tensor]) -> None:
+def _run_extern(
+    node: Extern, tensors: dict[str, torch.Tensor], store: dict[str, torch.Tensor]
+) -> None:
     def arg(a: Any) -> Any:
         if isinstance(a, Ref):
             return _view(a, tensors)

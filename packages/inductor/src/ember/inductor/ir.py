@@ -21,21 +21,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor.ops import Op, Reduce
 
 __all__ = [
-    "I",
-    "R",
     "Buffer",
     "Expr",
     "Extern",
+    "I",
     "Layout",
     "Node",
     "Pointwise",
     "Program",
+    "R",
     "Reduction",
     "Ref",
     "const",
@@ -48,7 +48,7 @@ def _var(prefix: str, n: int) -> list[sympy.Symbol]:
     return [sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True) for k in range(n)]
 
 
-I = _var("i", 16)  # loop variables of a node's ranges
+I = _var("i", 16)  # noqa: E741  loop variables of a node's ranges
 R = _var("r", 16)  # loop variables of a reduction's reduce_ranges
 
 
@@ -82,7 +82,11 @@ class Layout:
         """Elements of storage the layout reaches, from index 0."""
         if self.numel == 0:
             return 0
-        return self.offset + 1 + sum((n - 1) * s for n, s in zip(self.sizes, self.strides))
+        return (
+            self.offset
+            + 1
+            + sum((n - 1) * s for n, s in zip(self.sizes, self.strides, strict=True))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +179,8 @@ class Reduction:
     body: Expr
 
     def __str__(self) -> str:
-        return f"{self.name}{list(self.ranges)} = {self.kind.name}{list(self.reduce_ranges)}({self.body})"
+        reduce = f"{self.kind.name}{list(self.reduce_ranges)}"
+        return f"{self.name}{list(self.ranges)} = {reduce}({self.body})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +193,8 @@ class Ref:
     def __str__(self) -> str:
         if self.layout is None:
             return self.name
-        return f"{self.name}<{list(self.layout.sizes)}:{list(self.layout.strides)}+{self.layout.offset}>"
+        lay = self.layout
+        return f"{self.name}<{list(lay.sizes)}:{list(lay.strides)}+{lay.offset}>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +228,10 @@ class Program:
     def __str__(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]
         for b in self.buffers.values():
-            lines.append(f"  {b.name}: {_short(b.dtype)}{list(b.layout.sizes)}"
-                         f" strides {list(b.layout.strides)}")
+            lines.append(
+                f"  {b.name}: {_short(b.dtype)}{list(b.layout.sizes)}"
+                f" strides {list(b.layout.strides)}"
+            )
         lines += [str(n) for n in self.nodes]
         lines.append(f"outputs: {', '.join(str(o) for o in self.outputs)}")
         return "\n".join(lines)

@@ -5,6 +5,7 @@ computation dtype (half and bfloat16 compute in float32), the op is applied,
 the result is cast to eager's output dtype.
 
 >>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from ember.inductor.lowering import lower_graph
 >>> gm = make_fx(lambda x: torch.where(x > 0, x, 0.5 * x))(torch.randn(4))
 >>> print(lower_graph(gm, [torch.randn(4)]).nodes[0])
 buf0[4] = WHERE(GT(x_1[i0], 0.0), x_1[i0], MUL(x_1[i0], 0.5))
@@ -16,13 +17,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
 
-from ember.inductor.ir import I, R, Expr, const
-from ember.inductor.lower_views import broadcast, flatten
+from ember.inductor.ir import Expr, I, R, const
+from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import Fallback, Lowerer, Value, lower_graph, lowering
 from ember.inductor.ops import Op, Reduce
 
@@ -58,7 +59,10 @@ def _meta_of(ctx: Lowerer, a: Any) -> Any:
 
 
 def pointwise(
-    ctx: Lowerer, fn: Callable[..., Expr], *args: Any, kind: KIND = KIND.DEFAULT,
+    ctx: Lowerer,
+    fn: Callable[..., Expr],
+    *args: Any,
+    kind: KIND = KIND.DEFAULT,
     compute: torch.dtype | None = None,
 ) -> Value:
     """Apply ``fn`` (over Exprs in the computation dtype) to tensors and scalars."""
@@ -72,8 +76,7 @@ def pointwise(
     if compute not in FLOATS and fn in FLOAT_ONLY:
         raise Fallback(f"{fn.__name__} on {compute}")
     loaders = [
-        broadcast(a, sizes).loader if isinstance(a, Value) else _scalar(a, compute)
-        for a in args
+        broadcast(a, sizes).loader if isinstance(a, Value) else _scalar(a, compute) for a in args
     ]
 
     def loader(idx: Sequence[sympy.Expr]) -> Expr:
@@ -119,15 +122,24 @@ def _register_unary(target: Any, op: Op, kind: KIND, float_only: bool = True) ->
 
 
 for _target, _op in [
-    (aten.exp.default, Op.EXP), (aten.expm1.default, Op.EXPM1), (aten.log.default, Op.LOG),
-    (aten.log1p.default, Op.LOG1P), (aten.sqrt.default, Op.SQRT), (aten.rsqrt.default, Op.RSQRT),
-    (aten.reciprocal.default, Op.RECIPROCAL), (aten.sin.default, Op.SIN),
-    (aten.cos.default, Op.COS), (aten.tanh.default, Op.TANH), (aten.sigmoid.default, Op.SIGMOID),
+    (aten.exp.default, Op.EXP),
+    (aten.expm1.default, Op.EXPM1),
+    (aten.log.default, Op.LOG),
+    (aten.log1p.default, Op.LOG1P),
+    (aten.sqrt.default, Op.SQRT),
+    (aten.rsqrt.default, Op.RSQRT),
+    (aten.reciprocal.default, Op.RECIPROCAL),
+    (aten.sin.default, Op.SIN),
+    (aten.cos.default, Op.COS),
+    (aten.tanh.default, Op.TANH),
+    (aten.sigmoid.default, Op.SIGMOID),
     (aten.erf.default, Op.ERF),
 ]:
     _register_unary(_target, _op, KIND.INT_TO_FLOAT)
 for _target, _op in [
-    (aten.floor.default, Op.FLOOR), (aten.ceil.default, Op.CEIL), (aten.trunc.default, Op.TRUNC),
+    (aten.floor.default, Op.FLOOR),
+    (aten.ceil.default, Op.CEIL),
+    (aten.trunc.default, Op.TRUNC),
 ]:
     _register_unary(_target, _op, KIND.DEFAULT)
 _register_unary(aten.neg.default, Op.NEG, KIND.DEFAULT, float_only=False)
@@ -166,7 +178,9 @@ def div(ctx: Lowerer, a: Any, b: Any) -> Value:
     return pointwise(ctx, _DIV, a, b, kind=KIND.INT_TO_FLOAT)
 
 
-def _binary(targets: Sequence[Any], op: Op, kind: KIND = KIND.DEFAULT, floats: bool = False) -> None:
+def _binary(
+    targets: Sequence[Any], op: Op, kind: KIND = KIND.DEFAULT, floats: bool = False
+) -> None:
     fn = _bin(op)
     if floats:
         FLOAT_ONLY.add(fn)
@@ -180,14 +194,24 @@ _binary([aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar], Op.POW, KIND.BOOL_TO_L
 _binary([aten.logical_and.default], Op.AND, KIND.ALWAYS_BOOL)
 _binary([aten.logical_or.default], Op.OR, KIND.ALWAYS_BOOL)
 _binary([aten.logical_xor.default], Op.XOR, KIND.ALWAYS_BOOL)
-for _name, _op in [("eq", Op.EQ), ("ne", Op.NE), ("lt", Op.LT), ("le", Op.LE), ("gt", Op.GT),
-                   ("ge", Op.GE)]:
+for _name, _op in [
+    ("eq", Op.EQ),
+    ("ne", Op.NE),
+    ("lt", Op.LT),
+    ("le", Op.LE),
+    ("gt", Op.GT),
+    ("ge", Op.GE),
+]:
     _packet = getattr(aten, _name)
     _binary([_packet.Tensor, _packet.Scalar], _op, KIND.ALWAYS_BOOL)
 
 
-@lowering(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
-          aten.bitwise_not.default)
+@lowering(
+    aten.bitwise_and.Tensor,
+    aten.bitwise_or.Tensor,
+    aten.bitwise_xor.Tensor,
+    aten.bitwise_not.default,
+)
 def bitwise(ctx: Lowerer, *args: Any) -> Value:
     if any(isinstance(a, Value) and a.dtype != torch.bool for a in args):
         raise Fallback("bitwise ops on integers")
@@ -246,8 +270,11 @@ def sign(ctx: Lowerer, a: Value) -> Value:
     def fn(x: Expr) -> Expr:
         zero, one = const(_convert(0, x.dtype), x.dtype), const(_convert(1, x.dtype), x.dtype)
         gt, lt = _bin(Op.GT)(x, zero), _bin(Op.LT)(x, zero)
-        return _SUB(cast(gt, x.dtype), cast(lt, x.dtype)) if x.dtype in FLOATS else where_(
-            gt, one, where_(lt, _un(Op.NEG)(one), zero))
+        return (
+            _SUB(cast(gt, x.dtype), cast(lt, x.dtype))
+            if x.dtype in FLOATS
+            else where_(gt, one, where_(lt, _un(Op.NEG)(one), zero))
+        )
 
     return pointwise(ctx, fn, a)
 
@@ -259,8 +286,9 @@ def masked_fill(ctx: Lowerer, a: Value, mask: Value, value: Any) -> Value:
     return where(ctx, mask, value, a)
 
 
-@lowering(aten._to_copy.default, aten.clone.default, aten.copy.default,
-          aten.lift_fresh_copy.default)
+@lowering(
+    aten._to_copy.default, aten.clone.default, aten.copy.default, aten.lift_fresh_copy.default
+)
 def to_copy(ctx: Lowerer, a: Value, *args: Any, **kwargs: Any) -> Value:
     out = ctx.meta
     if out.device.type != "cpu" or kwargs.get("layout") not in (None, torch.strided):
@@ -304,15 +332,24 @@ def arange(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
     out = ctx.meta
     if not all(isinstance(x, int) for x in (start, step)):
         raise Fallback("arange over floats")
-    return Value(tuple(out.shape), out.dtype, lambda idx: cast(
-        Expr(Op.INDEX, torch.int64, (), sympy.Integer(start) + step * idx[0]), out.dtype))
+    return Value(
+        tuple(out.shape),
+        out.dtype,
+        lambda idx: cast(
+            Expr(Op.INDEX, torch.int64, (), sympy.Integer(start) + step * idx[0]), out.dtype
+        ),
+    )
 
 
 # ---- reductions ----------------------------------------------------------------------------
 
 
 def _reduce(
-    ctx: Lowerer, kind: Reduce, a: Value, dims: Sequence[int] | int | None, keepdim: bool,
+    ctx: Lowerer,
+    kind: Reduce,
+    a: Value,
+    dims: Sequence[int] | int | None,
+    keepdim: bool,
     acc: torch.dtype,
 ) -> Value:
     if isinstance(dims, int):
@@ -362,8 +399,11 @@ def mean(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False, **kw: 
     total = _reduce(ctx, Reduce.SUM, a, dims, keepdim, _acc(ctx, a))
     n = math.prod(a.sizes) // max(math.prod(total.sizes), 1) if a.sizes else 1
     acc = _acc(ctx, a)
-    return Value(total.sizes, out_dtype, lambda idx: cast(
-        _DIV(cast(total.loader(idx), acc), const(float(n), acc)), out_dtype))
+    return Value(
+        total.sizes,
+        out_dtype,
+        lambda idx: cast(_DIV(cast(total.loader(idx), acc), const(float(n), acc)), out_dtype),
+    )
 
 
 @lowering(aten.amax.default, aten.max.dim)
@@ -384,8 +424,11 @@ def argmax(ctx: Lowerer, a: Value, dim: int | None = None, keepdim: bool = False
     kind = Reduce.ARGMAX if "argmax" in str(ctx.node.target) else Reduce.ARGMIN
     if a.ndim == 0:
         raise Fallback("argmax of a scalar")
-    src = a if dim is not None else Value((math.prod(a.sizes),), a.dtype, lambda idx: a.loader(
-        _unflat(idx[0], a.sizes)))
+    src = (
+        a
+        if dim is not None
+        else Value((math.prod(a.sizes),), a.dtype, lambda idx: a.loader(_unflat(idx[0], a.sizes)))
+    )
     return _reduce(ctx, kind, src, 0 if dim is None else dim, keepdim, _compute(a.dtype))
 
 
@@ -395,8 +438,9 @@ def _unflat(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
     return unflatten(flat, sizes)
 
 
-@lowering(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
-          aten.all.dims)
+@lowering(
+    aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims
+)
 def any_all(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False) -> Value:
     assert ctx.node is not None
     kind = Reduce.ANY if str(ctx.node.target).startswith("aten.any") else Reduce.ALL
@@ -456,9 +500,16 @@ def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) 
             d = a.ndim - 1 - k
             lo = pad[2 * k]
             at[d] = _clamp(idx[d] - lo, a.sizes[d])
-            ok = Expr(Op.AND, torch.bool, (
-                Expr(Op.GE, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo)))),
-                Expr(Op.LT, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo + a.sizes[d]))))))
+            ok = Expr(
+                Op.AND,
+                torch.bool,
+                (
+                    Expr(Op.GE, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo)))),
+                    Expr(
+                        Op.LT, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo + a.sizes[d])))
+                    ),
+                ),
+            )
             inside = ok if inside is None else Expr(Op.AND, torch.bool, (inside, ok))
         e = a.loader(at)
         return e if inside is None else Expr(Op.WHERE, out.dtype, (inside, e, fill))
@@ -529,8 +580,6 @@ def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = 
     return Value(tuple(out.shape), out.dtype, loader)
 
 
-
-
 # ---- prims that torch's reference decompositions leave behind -------------------------------
 
 prims = torch.ops.prims
@@ -574,7 +623,8 @@ def prims_var(ctx: Lowerer, a: Value, dims: Sequence[int], correction: float, **
     n = math.prod(a.sizes[d] for d in dims)
     total = _reduce(ctx, Reduce.SUM, a, dims, False, acc)
     mean = ctx.realized(
-        Value(total.sizes, acc, lambda idx: _DIV(total.loader(idx), const(float(n), acc))))
+        Value(total.sizes, acc, lambda idx: _DIV(total.loader(idx), const(float(n), acc)))
+    )
     kept = [d for d in range(a.ndim) if d not in dims]
 
     def sq(idx: Sequence[sympy.Expr]) -> Expr:
@@ -587,12 +637,24 @@ def prims_var(ctx: Lowerer, a: Value, dims: Sequence[int], correction: float, **
     return Value(squares.sizes, out, lambda idx: cast(_DIV(squares.loader(idx), denom), out))
 
 
-for _name, _fn in [("add", _ADD), ("sub", _SUB), ("mul", _MUL), ("maximum", _MAX),
-                   ("minimum", _MIN)]:
-    lowering(getattr(prims, _name).default)(
-        lambda ctx, a, b, _f=_fn: pointwise(ctx, _f, a, b))
-for _name, _op in [("exp", Op.EXP), ("log", Op.LOG), ("sqrt", Op.SQRT), ("rsqrt", Op.RSQRT),
-                   ("tanh", Op.TANH), ("erf", Op.ERF), ("neg", Op.NEG), ("abs", Op.ABS)]:
+for _name, _fn in [
+    ("add", _ADD),
+    ("sub", _SUB),
+    ("mul", _MUL),
+    ("maximum", _MAX),
+    ("minimum", _MIN),
+]:
+    lowering(getattr(prims, _name).default)(lambda ctx, a, b, _f=_fn: pointwise(ctx, _f, a, b))
+for _name, _op in [
+    ("exp", Op.EXP),
+    ("log", Op.LOG),
+    ("sqrt", Op.SQRT),
+    ("rsqrt", Op.RSQRT),
+    ("tanh", Op.TANH),
+    ("erf", Op.ERF),
+    ("neg", Op.NEG),
+    ("abs", Op.ABS),
+]:
     _register_unary(getattr(prims, _name).default, _op, KIND.DEFAULT, _op not in (Op.NEG, Op.ABS))
 
 

@@ -6,6 +6,7 @@ offset (valid when the input window has eager's layout). A view of a lazy
 value maps the output index to the input index instead.
 
 >>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from ember.inductor.lowering import lower_graph
 >>> gm = make_fx(lambda x: x.t().exp())(torch.randn(2, 3))
 >>> print(lower_graph(gm, [torch.randn(2, 3)]).nodes[0])
 buf0[3, 2] = EXP(x_1[i0 + 3*i1])
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor.ir import Layout
@@ -40,7 +41,7 @@ def _window(ctx: Lowerer, v: Value) -> Value | None:
     if (have.sizes, have.strides) != (tuple(in_meta.shape), tuple(in_meta.stride())):
         return None
     offset = have.offset + out.storage_offset() - in_meta.storage_offset()
-    return ctx.buffer_value(buf, Layout(tuple(out.shape), tuple(out.stride()), offset))
+    return ctx.buffer_value(buf, Layout(tuple(out.shape), tuple(out.stride()), int(offset)))
 
 
 def _dim(d: int, n: int) -> int:
@@ -97,7 +98,11 @@ def expand(ctx: Lowerer, v: Value, sizes: Sequence[int], *, implicit: bool = Fal
 
 @lowering(aten.slice.Tensor)
 def slice_(
-    ctx: Lowerer, v: Value, dim: int = 0, start: int | None = None, end: int | None = None,
+    ctx: Lowerer,
+    v: Value,
+    dim: int = 0,
+    start: int | None = None,
+    end: int | None = None,
     step: int = 1,
 ) -> Value:
     d = _dim(dim, v.ndim)

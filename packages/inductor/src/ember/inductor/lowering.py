@@ -24,19 +24,21 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._prims_common import (
+    is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense,
+)
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import (
-    I,
     Buffer,
     Expr,
     Extern,
+    I,
     Layout,
     Node,
     Pointwise,
@@ -60,13 +62,16 @@ class Fallback(Exception):
     """Raised by a lowering that cannot handle these arguments: run the aten op instead."""
 
 
-def lowering(*targets: Any) -> Callable[[Lowering], Lowering]:
+F = TypeVar("F", bound=Lowering)
+
+
+def lowering(*targets: Any) -> Callable[[F], F]:
     """Register ``fn`` as the lowering of each aten overload (or packet: all overloads)."""
 
-    def register(fn: Lowering) -> Lowering:
+    def register(fn: F) -> F:
         for target in targets:
             overloads = (
-                [getattr(target, o) for o in target.overloads()]
+                [getattr(target, o) for o in target.overloads()]  # type: ignore[no-untyped-call]
                 if isinstance(target, torch._ops.OpOverloadPacket)
                 else [target]
             )
@@ -145,7 +150,11 @@ class Lowerer:
         return self.buffer_value(self.buffers[ref.name], ref.layout)
 
     def reduction(
-        self, kind: Any, ranges: tuple[int, ...], reduce_ranges: tuple[int, ...], body: Expr,
+        self,
+        kind: Any,
+        ranges: tuple[int, ...],
+        reduce_ranges: tuple[int, ...],
+        body: Expr,
         dtype: torch.dtype,
     ) -> Value:
         buf = self.new_buffer(dtype, Layout.contiguous(ranges))
@@ -185,7 +194,9 @@ class Lowerer:
         return Program(self.buffers, inputs, self.nodes, outputs, constants=constants)
 
     def _lower_node(self, node: torch.fx.Node) -> Any:
-        args, kwargs = pytree.tree_map_only(torch.fx.Node, self.values.get, (node.args, node.kwargs))
+        args, kwargs = pytree.tree_map_only(
+            torch.fx.Node, self.values.get, (node.args, node.kwargs)
+        )
         if node.target is operator.getitem:
             return args[0][args[1]]
         fn = LOWERINGS.get(node.target)
@@ -220,14 +231,14 @@ class Lowerer:
         leaves, spec = pytree.tree_flatten(meta)
         if not all(isinstance(m, torch.Tensor | type(None)) for m in leaves):
             raise Fallback(f"{node.target} returns {type(meta).__name__}")
-        results = []
+        results: list[Value | None] = []
         for m in leaves:
             if m is None:
                 results.append(None)
                 continue
             buf = self.new_buffer(m.dtype, Layout(tuple(m.shape), m.stride()))
             results.append(self.buffer_value(buf))
-        names = tuple(v.ref.name for v in results if v is not None)
+        names = tuple(v.ref.name for v in results if v is not None and v.ref is not None)
         self.nodes.append(Extern(names, node.target, *refs))
         return pytree.tree_unflatten(results, spec)
 
@@ -252,8 +263,11 @@ def _plain_meta(meta: Any) -> bool:
     """Lowerings handle static, dense-or-view CPU tensors of ordinary dtypes only."""
     leaves = pytree.tree_leaves(meta)
     return all(
-        isinstance(m, torch.Tensor) and m.device.type == "cpu" and m.dtype in DTYPES
-        and not m.is_sparse and all(isinstance(s, int) for s in m.shape)
+        isinstance(m, torch.Tensor)
+        and m.device.type == "cpu"
+        and m.dtype in DTYPES
+        and not m.is_sparse
+        and all(isinstance(s, int) for s in m.shape)
         for m in leaves
     ) and bool(leaves)
 

@@ -6,6 +6,7 @@ whose op is in ``ops``, or ``None``. Rule lists compose with ``+``.
 every index with the loop bounds of its node (``Mod(i1, 8) -> i1`` when
 ``i1 < 8``).
 
+>>> from ember.inductor.ir import I, Buffer, Layout, const, load
 >>> x = Buffer("x", torch.float32, Layout.contiguous((8,)))
 >>> e = Expr(Op.MUL, torch.float32, (load(x, (I[0],)), const(1.0, torch.float32)))
 >>> print(rewrite(e, ALGEBRA + FOLD))
@@ -17,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor.ir import I, R, Buffer, Expr, Extern, Layout, Node, Program, const, load
+from ember.inductor.ir import Expr, Extern, I, Node, Program, R, const
 from ember.inductor.ops import LEAF, SEMANTICS, Op
 
 __all__ = ["ALGEBRA", "FOLD", "Rule", "rewrite", "simplify", "simplify_index"]
@@ -169,7 +170,9 @@ def _index_leaf(bounds: dict[sympy.Symbol, int]) -> Callable[[Expr], Expr]:
             return e if new == index else dataclasses.replace(e, arg=(name, new, indirect))
         if e.op is Op.INDEX:
             new = simplify_index(e.arg, bounds)
-            return const(int(new), torch.int64) if new.is_Integer else dataclasses.replace(e, arg=new)
+            return (
+                const(int(new), torch.int64) if new.is_Integer else dataclasses.replace(e, arg=new)
+            )
         return e
 
     return fix
@@ -187,5 +190,3 @@ def simplify(prog: Program) -> Program:
         body = rewrite(node.body, ALGEBRA + FOLD, _index_leaf(bounds))
         nodes.append(dataclasses.replace(node, body=body))
     return dataclasses.replace(prog, nodes=nodes)
-
-

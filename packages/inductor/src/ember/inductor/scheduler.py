@@ -11,6 +11,7 @@ the node's loop variables (``i``, ``r``) to the kernel's (``x`` outer, ``y``
 inner). A buffer read only inside the stage that writes it, at the point it
 was written, never reaches memory.
 
+>>> import torch
 >>> from torch.fx.experimental.proxy_tensor import make_fx
 >>> from ember.inductor.lowering import lower_graph
 >>> def f(x):
@@ -21,9 +22,10 @@ was written, never reaches memory.
 >>> print(schedule(lower_graph(gm, [torch.randn(4, 8)])))
 kernel0 over [4]
   stage [8]: buf0 = MAX(x_1[8*x0 + y0])
-  stage [8]: buf1 = SUM(EXP(SUB(x_1[8*x0 + y0], buf0[x0])))
-  stage [8]: buf2[8*x0 + y0] = DIV(EXP(SUB(x_1[8*x0 + y0], buf0[x0])), buf1[x0])
-locals: buf0, buf1
+  stage [8]: buf1[8*x0 + y0] = EXP(SUB(x_1[8*x0 + y0], buf0[x0]))
+  stage [8]: buf2 = SUM(buf1[8*x0 + y0])
+  stage [8]: buf3[8*x0 + y0] = DIV(buf1[8*x0 + y0], buf2[x0])
+locals: buf0, buf2
 """
 
 from __future__ import annotations
@@ -33,13 +35,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
-import torch  # noqa: F401  (doctests)
+import sympy  # type: ignore[import-untyped]
 
-from ember.inductor.ir import I, R, Expr, Extern, Node, Pointwise, Program, Reduction, Ref, walk
+from ember.inductor.ir import Expr, Extern, I, Node, Pointwise, Program, R, Reduction, Ref, walk
 from ember.inductor.ops import Op, Reduce
 
-__all__ = ["X", "Y", "Kernel", "Schedule", "Stage", "Store", "eliminate_dead", "schedule"]
+__all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
 
 X = [sympy.Symbol(f"x{k}", integer=True, nonnegative=True) for k in range(16)]  # outer loops
 Y = [sympy.Symbol(f"y{k}", integer=True, nonnegative=True) for k in range(16)]  # inner loops
@@ -95,11 +96,13 @@ class Schedule:
     program: Program
     steps: list[Kernel | Extern]
     locals: set[str] = field(default_factory=set)  # buffers that never reach memory
-    reuse: dict[str, str] = field(default_factory=dict)  # buffer -> dead buffer whose memory it takes
+    reuse: dict[str, str] = field(
+        default_factory=dict
+    )  # buffer -> dead buffer whose memory it takes
     frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
 
     def __str__(self) -> str:
-        out = [str(s) if isinstance(s, Kernel) else str(s) for s in self.steps]
+        out = [str(s) for s in self.steps]
         if self.locals:
             out.append(f"locals: {', '.join(sorted(self.locals, key=_order))}")
         if self.reuse:
@@ -229,17 +232,18 @@ def _fits(open_: _Open, store: Store, inner: tuple[int, ...]) -> bool:
 
 
 def _add(open_: _Open, store: Store, inner: tuple[int, ...]) -> None:
-    last = open_.stages[-1] if open_.stages else None
-    same_loop = last is not None and last.inner == inner
-    if same_loop and store.reduce is None and not last.is_reduction:
-        open_.stages[-1] = dataclasses.replace(last, stores=(*last.stores, store))
-    elif same_loop and store.reduce is not None and last.is_reduction and not (
-        {e.arg[0] for e in walk(store.body) if e.op is Op.LOAD} & {s.name for s in last.stores}
-    ):
-        open_.stages[-1] = dataclasses.replace(last, stores=(*last.stores, store))
-    else:
-        open_.stages.append(Stage(inner, (store,)))
     open_.written[store.name] = (store, inner)
+    last = open_.stages[-1] if open_.stages else None
+    if last is not None and last.inner == inner:
+        reads_last = {e.arg[0] for e in walk(store.body) if e.op is Op.LOAD} & {
+            s.name for s in last.stores
+        }
+        pointwise = store.reduce is None and not last.is_reduction
+        independent = store.reduce is not None and last.is_reduction and not reads_last
+        if pointwise or independent:  # one loop computes both
+            open_.stages[-1] = dataclasses.replace(last, stores=(*last.stores, store))
+            return
+    open_.stages.append(Stage(inner, (store,)))
 
 
 def group(prog: Program) -> list[Kernel | Extern]:
@@ -250,8 +254,13 @@ def group(prog: Program) -> list[Kernel | Extern]:
     def close() -> None:
         nonlocal open_
         if open_ is not None and open_.stages:
-            steps.append(Kernel(f"kernel{sum(isinstance(s, Kernel) for s in steps)}",
-                                open_.outer, tuple(open_.stages)))
+            steps.append(
+                Kernel(
+                    f"kernel{sum(isinstance(s, Kernel) for s in steps)}",
+                    open_.outer,
+                    tuple(open_.stages),
+                )
+            )
         open_ = None
 
     for node in prog.nodes:
@@ -330,7 +339,7 @@ def plan_memory(sched: Schedule) -> None:
     for k, step in enumerate(sched.steps):
         if isinstance(step, Kernel):
             for name in (s.name for st in step.stages for s in st.stores):
-                if name in sched.locals or name in pinned and name not in output_names(prog):
+                if name in sched.locals or (name in pinned and name not in output_names(prog)):
                     continue
                 buf = prog.buffers[name]
                 pool = free.get((buf.dtype, buf.layout))
@@ -351,15 +360,20 @@ def _root(sched: Schedule, name: str) -> str:
 
 
 def _reads_in(kernel: Kernel, name: str) -> bool:
-    return any(e.op is Op.LOAD and e.arg[0] == name for st in kernel.stages for s in st.stores
-               for e in walk(s.body))
+    return any(
+        e.op is Op.LOAD and e.arg[0] == name
+        for st in kernel.stages
+        for s in st.stores
+        for e in walk(s.body)
+    )
 
 
 def _step_reads(step: Kernel | Extern) -> set[str]:
     if isinstance(step, Extern):
         return reads(step)
-    return {e.arg[0] for st in step.stages for s in st.stores for e in walk(s.body)
-            if e.op is Op.LOAD}
+    return {
+        e.arg[0] for st in step.stages for s in st.stores for e in walk(s.body) if e.op is Op.LOAD
+    }
 
 
 def _may_alias(step: Extern) -> bool:
@@ -381,9 +395,9 @@ def _mark_locals(step: Kernel | Extern, local: set[str]) -> Kernel | Extern:
     if isinstance(step, Extern):
         return step
     stages = tuple(
-        dataclasses.replace(st, stores=tuple(
-            dataclasses.replace(s, local=s.name in local) for s in st.stores))
+        dataclasses.replace(
+            st, stores=tuple(dataclasses.replace(s, local=s.name in local) for s in st.stores)
+        )
         for st in step.stages
     )
     return dataclasses.replace(step, stages=stages)
-

@@ -48,8 +48,10 @@ class _Source:
         self.consts: dict[str, Any] = {}
 
     def const(self, value: Any) -> str:
-        if value is None or isinstance(value, bool | int) or (
-            isinstance(value, float) and value == value and abs(value) != float("inf")
+        if (
+            value is None
+            or isinstance(value, bool | int)
+            or (isinstance(value, float) and value == value and abs(value) != float("inf"))
         ):
             return repr(value)
         for name, v in self.consts.items():
@@ -64,7 +66,9 @@ def _ref(sched: Schedule, ref: Ref, computed: set[str]) -> str:
     if ref.layout is None:
         return ref.name
     lay = ref.layout
-    base = str(lay.offset) if ref.name in computed else f"{ref.name}.storage_offset() + {lay.offset}"
+    base = (
+        str(lay.offset) if ref.name in computed else f"{ref.name}.storage_offset() + {lay.offset}"
+    )
     return f"_as_strided({ref.name}, {lay.sizes}, {lay.strides}, {base})"
 
 
@@ -73,11 +77,15 @@ def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
         return _ref(sched, tree, computed)
     if isinstance(tree, list | tuple):
         inner = ", ".join(_arg(src, sched, t, computed) for t in tree)
-        return f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
+        return (
+            f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
+        )
     return src.const(tree)
 
 
-def wrapper_source(sched: Schedule, kernel_args: dict[str, list[str]]) -> tuple[str, dict[str, Any]]:
+def wrapper_source(
+    sched: Schedule, kernel_args: dict[str, list[str]]
+) -> tuple[str, dict[str, Any]]:
     """The source of ``call(*inputs)`` and the globals it needs (besides kernels)."""
     prog, src = sched.program, _Source()
     kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
@@ -86,8 +94,10 @@ def wrapper_source(sched: Schedule, kernel_args: dict[str, list[str]]) -> tuple[
     for name in prog.inputs:
         lay = prog.buffers[name].layout
         if name in kernel_reads:
-            src.lines.append(f"    if {name}.stride() != {lay.strides}: "
-                             f"{name} = _restride({name}, {lay.sizes}, {lay.strides})")
+            src.lines.append(
+                f"    if {name}.stride() != {lay.strides}: "
+                f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
+            )
     computed: set[str] = set()
     donors = set(sched.reuse.values())
     for k, step in enumerate(sched.steps):
@@ -95,8 +105,11 @@ def wrapper_source(sched: Schedule, kernel_args: dict[str, list[str]]) -> tuple[
             _kernel_call(src, sched, step, kernel_args[step.name], computed)
         else:
             _extern_call(src, sched, step, kernel_reads, computed)
-        dead = [n for n in sched.frees.get(k, []) if n not in donors and n not in prog.inputs
-                and n not in prog.constants]
+        dead = [
+            n
+            for n in sched.frees.get(k, [])
+            if n not in donors and n not in prog.inputs and n not in prog.constants
+        ]
         if dead:
             src.lines.append(f"    del {', '.join(dead)}")
     outs = [_ref(sched, o, computed) if isinstance(o, Ref) else src.const(o) for o in prog.outputs]
@@ -117,8 +130,10 @@ def _kernel_call(
                 src.lines.append(f"    {store.name} = {donor}")
                 continue
             buf = sched.program.buffers[store.name]
-            src.lines.append(f"    {store.name} = _empty({buf.layout.sizes}, {buf.layout.strides}, "
-                             f"dtype={_dtype_name(buf.dtype, src)})")
+            src.lines.append(
+                f"    {store.name} = _empty({buf.layout.sizes}, {buf.layout.strides}, "
+                f"dtype={_dtype_name(buf.dtype, src)})"
+            )
     ptrs = ", ".join(f"{a}.data_ptr()" for a in args)
     src.lines.append(f"    {kernel.name}({ptrs})")
 
@@ -139,18 +154,23 @@ def _extern_call(
     if len(step.names) == 1 and _single(step):
         src.lines.append(f"    {step.names[0]} = {call}")
     else:
-        src.lines.append(f"    {', '.join(step.names)}{',' if len(step.names) == 1 else ''} "
-                         f"= _leaves({call})")
+        src.lines.append(
+            f"    {', '.join(step.names)}{',' if len(step.names) == 1 else ''} = _leaves({call})"
+        )
     for name in step.names:
         if name in kernel_reads:
             lay = sched.program.buffers[name].layout
-            src.lines.append(f"    if {name}.stride() != {lay.strides}: "
-                             f"{name} = _restride({name}, {lay.sizes}, {lay.strides})")
+            src.lines.append(
+                f"    if {name}.stride() != {lay.strides}: "
+                f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
+            )
 
 
 def _single(step: Extern) -> bool:
     schema = getattr(step.target, "_schema", None)
-    return schema is not None and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
+    return (
+        schema is not None and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
+    )
 
 
 def _leaves(result: Any) -> list[Any]:
@@ -163,8 +183,11 @@ def bind(
     """Compile the wrapper source against loaded kernels; return ``call`` and its source."""
     source, consts = wrapper_source(sched, kernel_args)
     env: dict[str, Any] = {
-        "_empty": torch.empty_strided, "_as_strided": torch.as_strided,
-        "_restride": _restride, "_leaves": _leaves, **consts,
+        "_empty": torch.empty_strided,
+        "_as_strided": torch.as_strided,
+        "_restride": _restride,
+        "_leaves": _leaves,
+        **consts,
     }
     for name, args in kernel_args.items():
         assert lib is not None
@@ -174,4 +197,3 @@ def bind(
         env[name] = fn
     exec(compile(source, "<ember.inductor wrapper>", "exec"), env)
     return env["call"], source
-
