@@ -201,8 +201,7 @@ def compile_graph(
         ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
         :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
 
-        >>> from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
         >>> def f(x):
         ...     return torch.softmax(x, -1) * 2
         >>> x = torch.randn(8, 16)
