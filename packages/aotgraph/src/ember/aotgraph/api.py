@@ -12,6 +12,12 @@ The pipeline, one pass per line (:meth:`AOTCompiled.build`):
 When no input requires grad, or grad mode is off, the forward-only graph goes to
 ``inference_compiler`` instead. The callable picks the path on every call, and
 builds the other one the first time it is needed.
+
+``Compiler`` is the type of a compiler, the ``torch.compile`` backend contract;
+``PARTITIONERS`` maps the names ``partition=`` accepts to partitioners:
+
+>>> sorted(PARTITIONERS)
+['default', 'min_cut']
 """
 
 from __future__ import annotations
@@ -59,6 +65,15 @@ class AOTCompiled:
     It also keeps what it built, for inspection: ``joint`` and ``partition`` for
     training calls (``partition.saved_bytes`` is the memory the forward graph keeps
     alive for the backward graph), ``inference_graph`` for forward-only calls.
+
+    >>> f = aot_compile(torch.fx.symbolic_trace(lambda x: x.cos()), [torch.zeros(2)],
+    ...                 fw_compiler=lambda gm, ex: gm)
+    >>> f.inference is not None, f.training is None  # no input requires grad
+    (True, True)
+    >>> x = torch.zeros(2, requires_grad=True)
+    >>> f(x).sum().backward()  # the training path is built on this first call
+    >>> f.training is not None, f.partition.saved
+    (True, ('primals_1',))
     """
 
     lifted: Lifted

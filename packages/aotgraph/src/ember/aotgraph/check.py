@@ -33,7 +33,12 @@ __all__ = ["CheckError", "check_joint", "check_partition", "enabled"]
 
 
 class CheckError(Exception):
-    """An aotgraph IR broke one of its invariants (a bug in aotgraph, not in user code)."""
+    """An aotgraph IR broke one of its invariants (a bug in aotgraph, not in user code).
+
+    >>> raise CheckError("joint graph: 3 placeholders, expected primals + tangents")
+    Traceback (most recent call last):
+    ember.aotgraph.check.CheckError: joint graph: 3 placeholders, expected primals + tangents
+    """
 
 
 def enabled() -> bool:

@@ -45,6 +45,15 @@ class Partition:
 
     ``forward``: ``(*primals) -> [*outputs, *mutations, *saved]``.
     ``backward``: ``(*saved, *tangents) -> [*grads]`` (``None`` for unused inputs).
+
+    >>> from ember.aotgraph.trace import Lifted, analyze, trace_joint
+    >>> x = torch.randn(4, requires_grad=True)
+    >>> lifted = Lifted.of(torch.fx.symbolic_trace(lambda x: x.exp().sum()), [x])
+    >>> part = default_partition(trace_joint(lifted, [x], analyze(lifted, [x], grad=True), {}))
+    >>> part.saved, part.num_forward_outputs
+    (('exp',), 1)
+    >>> [n.name for n in part.backward.graph.find_nodes(op="placeholder")]
+    ['exp', 'tangents_1']
     """
 
     forward: torch.fx.GraphModule

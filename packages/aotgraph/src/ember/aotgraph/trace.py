@@ -59,7 +59,11 @@ Table = dict[Any, Callable[..., Any]]
 
 @dataclass(frozen=True, slots=True)
 class TensorMeta:
-    """Size, stride, storage offset, dtype and device of a traced tensor."""
+    """Size, stride, storage offset, dtype and device of a traced tensor.
+
+    >>> TensorMeta.of(torch.zeros(2, 3).t())
+    TensorMeta(size=(3, 2), stride=(1, 3), offset=0, dtype=torch.float32, device=device(type='cpu'))
+    """
 
     size: tuple[int, ...]
     stride: tuple[int, ...]
@@ -79,6 +83,9 @@ class Output:
     ``kind`` is ``"graph"`` (output ``index`` of the compiled graph), ``"input"``
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
     with ``meta``'s size, stride and offset) or ``"constant"`` (``value``).
+
+    >>> Output("constant", value=None)
+    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None)
     """
 
     kind: str
@@ -90,7 +97,13 @@ class Output:
 
 @dataclass(frozen=True, slots=True)
 class Signature:
-    """What :func:`analyze` learned about a function from one fake run."""
+    """What :func:`analyze` learned about a function from one fake run.
+
+    >>> x = torch.randn(2, requires_grad=True)
+    >>> sig = analyze(Lifted.of(torch.fx.symbolic_trace(lambda x: (x * 2, x)), [x]), [x], grad=True)
+    >>> sig.graph_outputs, sig.grad_outputs, sig.grad_inputs, sig.training
+    ((0,), (0,), (0,), True)
+    """
 
     outputs: tuple[Output, ...]  # one per flat output leaf, in order
     out_spec: pytree.TreeSpec  # how the flat outputs nest (tuple, list, single tensor)
@@ -206,6 +219,21 @@ class JointGraph:
     With ``num_tangents == num_grads == 0`` it is a forward-only (inference) graph.
     ``mutations`` are the new values of the tensor inputs listed in ``mutated``,
     which the runtime copies back into the caller's tensors.
+
+    >>> def f(x, buf):
+    ...     buf.add_(1)
+    ...     return x * buf
+    >>> x, buf = torch.randn(3, requires_grad=True), torch.zeros(3)
+    >>> lifted = Lifted.of(torch.fx.symbolic_trace(f), [x, buf])
+    >>> joint = trace_joint(lifted, [x, buf], analyze(lifted, [x, buf], grad=True), {})
+    >>> joint.num_primals, joint.num_tangents, joint.num_outputs, joint.mutated, joint.num_grads
+    (2, 1, 1, (1,), 1)
+    >>> print(joint.gm.code.strip())  # doctest: +NORMALIZE_WHITESPACE
+    def forward(self, primals_1, primals_2, tangents_1):
+        add = torch.ops.aten.add.Tensor(primals_2, 1);  primals_2 = None
+        mul = torch.ops.aten.mul.Tensor(primals_1, add);  primals_1 = None
+        mul_1 = torch.ops.aten.mul.Tensor(tangents_1, add);  tangents_1 = None
+        return [mul, add, mul_1]
     """
 
     gm: torch.fx.GraphModule
