@@ -1,0 +1,100 @@
+"""ember.inductor's compile_graph against eager and torch.compile(backend="inductor").
+
+Each workload's forward is traced to an aten graph with make_fx (no grad). For
+each we measure steady-state time per call (median of repeats) of eager, of
+``compile_graph``'s callable and of ``torch.compile`` (the peer), and the cold
+compile time (empty caches) of both, each in a fresh process.
+
+    python benchmarks/bench_inductor.py            # full sizes
+    python benchmarks/bench_inductor.py --quick    # small sizes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+WORKLOADS = ["pointwise", "softmax-ln", "mlp", "gpt"]
+
+
+def _prepare(name: str, quick: bool) -> tuple[Any, tuple[Any, ...]]:
+    from workloads import FAMILIES  # noqa: PLC0415  (benchmarks/ is on sys.path)
+
+    program, args = FAMILIES[name].build(quick)
+    if isinstance(program, torch.nn.Module):
+        program.eval()
+    return program, args
+
+
+def _time(fn: Any, args: tuple[Any, ...], repeats: int = 20) -> float:
+    for _ in range(3):
+        fn(*args)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def child(name: str, which: str, quick: bool) -> dict[str, float]:
+    """One measurement in this (fresh) process."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    program, args = _prepare(name, quick)
+    with torch.no_grad():
+        if which == "eager":
+            return {"steady": _time(program, args)}
+        start = time.perf_counter()
+        if which == "ember":
+            from ember.inductor import compile_graph
+
+            gm = make_fx(program)(*args)
+            fn = compile_graph(gm, list(args))
+        else:
+            fn = torch.compile(program, backend="inductor")  # the peer, measured only
+        fn(*args)
+        cold = time.perf_counter() - start
+        return {"cold": cold, "steady": _time(fn, args)}
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    if "--child" in sys.argv:
+        _, _, name, which = sys.argv[:4]
+        print(json.dumps(child(name, which, quick)))
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    rows = []
+    for name in WORKLOADS:
+        row: dict[str, Any] = {"workload": name}
+        for which in ("eager", "ember", "torch"):
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, EMBER_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=cache,
+                           PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                cmd = [sys.executable, __file__, "--child", name, which]
+                out = subprocess.run(cmd + (["--quick"] if quick else []), env=env,
+                                     capture_output=True, text=True, check=True)
+                row[which] = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+    print("| workload | eager ms | ember ms | torch.compile ms | ember/torch speed | "
+          "ember cold s | torch cold s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        e, m, t = r["eager"]["steady"], r["ember"]["steady"], r["torch"]["steady"]
+        print(f"| {r['workload']} | {e * 1e3:.3f} | {m * 1e3:.3f} | {t * 1e3:.3f} | "
+              f"{t / m:.2f}x | {r['ember']['cold']:.2f} | {r['torch']['cold']:.2f} |")
+    geo = statistics.geometric_mean(r["torch"]["steady"] / r["ember"]["steady"] for r in rows)
+    print(f"\ngeometric mean speed vs torch.compile: {geo:.2f}x (>1: ember faster)")
+
+
+if __name__ == "__main__":
+    main()
