@@ -26,7 +26,7 @@ WORKLOADS = ["pointwise", "softmax-ln", "mlp", "gpt"]
 
 
 def _prepare(name: str, quick: bool) -> tuple[Any, tuple[Any, ...]]:
-    from workloads import FAMILIES  # noqa: PLC0415  (benchmarks/ is on sys.path)
+    from workloads import FAMILIES
 
     program, args = FAMILIES[name].build(quick)
     if isinstance(program, torch.nn.Module):
@@ -78,20 +78,33 @@ def main() -> None:
         row: dict[str, Any] = {"workload": name}
         for which in ("eager", "ember", "torch"):
             with tempfile.TemporaryDirectory() as cache:
-                env = dict(os.environ, EMBER_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=cache,
-                           PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                env = dict(
+                    os.environ,
+                    EMBER_CACHE_DIR=cache,
+                    TORCHINDUCTOR_CACHE_DIR=cache,
+                    PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                )
                 cmd = [sys.executable, __file__, "--child", name, which]
-                out = subprocess.run(cmd + (["--quick"] if quick else []), env=env,
-                                     capture_output=True, text=True, check=True)
+                out = subprocess.run(
+                    cmd + (["--quick"] if quick else []),
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 row[which] = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(row)
-    print("| workload | eager ms | ember ms | torch.compile ms | ember/torch speed | "
-          "ember cold s | torch cold s |")
+    print(
+        "| workload | eager ms | ember ms | torch.compile ms | ember/torch speed | "
+        "ember cold s | torch cold s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         e, m, t = r["eager"]["steady"], r["ember"]["steady"], r["torch"]["steady"]
-        print(f"| {r['workload']} | {e * 1e3:.3f} | {m * 1e3:.3f} | {t * 1e3:.3f} | "
-              f"{t / m:.2f}x | {r['ember']['cold']:.2f} | {r['torch']['cold']:.2f} |")
+        print(
+            f"| {r['workload']} | {e * 1e3:.3f} | {m * 1e3:.3f} | {t * 1e3:.3f} | "
+            f"{t / m:.2f}x | {r['ember']['cold']:.2f} | {r['torch']['cold']:.2f} |"
+        )
     geo = statistics.geometric_mean(r["torch"]["steady"] / r["ember"]["steady"] for r in rows)
     print(f"\ngeometric mean speed vs torch.compile: {geo:.2f}x (>1: ember faster)")
 

@@ -195,18 +195,18 @@ def compile_graph(
 ) -> Callable[..., Any]:
     """Compile an aten-level graph into fused C++/OpenMP kernels; return a callable.
 
-        The callable takes the graph's inputs and returns what ``gm`` returns.
-        Ops without a lowering run as aten calls; a graph that cannot be lowered
-        at all runs as ``gm`` itself, so this never fails for want of an op.
-        ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
-        :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
+    The callable takes the graph's inputs and returns what ``gm`` returns.
+    Ops without a lowering run as aten calls; a graph that cannot be lowered
+    at all runs as ``gm`` itself, so this never fails for want of an op.
+    ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
+    :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
 
-        >>> from torch.fx.experimental.proxy_tensor import make_fx
-        >>> def f(x):
-        ...     return torch.softmax(x, -1) * 2
-        >>> x = torch.randn(8, 16)
-        >>> compiled = compile_graph(make_fx(f)(x), [x])
-        >>> torch.testing.assert_close(compiled(x), f(x))
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     return torch.softmax(x, -1) * 2
+    >>> x = torch.randn(8, 16)
+    >>> compiled = compile_graph(make_fx(f)(x), [x])
+    >>> torch.testing.assert_close(compiled(x), f(x))
     """
     opts = options or {}
     compile_options = cache.CompileOptions(
