@@ -167,7 +167,21 @@ def test_fullgraph_refuses_to_break(capsys):
         ember.compiler.compile(f, fullgraph=True)(torch.ones(1))
 
 
-def test_frames_with_cells_run_eagerly_with_the_reason(capsys):
+def test_frames_with_cells_break_and_carry_the_cells_contents(capsys):
+    def f(x, ws):
+        scaled = [x * w for w in ws]  # x and k are cells: the comprehension reads them
+        k = x.sum()
+        print("break here")
+        k = k + 1  # the resumed frame rebinds the cell; the closure below sees it
+        shifted = [s + k for s in scaled]
+        return torch.stack(shifted)
+
+    compiled, counter = run(f, torch.ones(2), [1.0, 2.0])
+    assert compiled.stats.failures == [] and len(compiled.stats.breaks) == 1
+    assert counter.frame_count == 2
+
+
+def test_a_closure_alive_at_the_break_runs_the_frame_eagerly_with_the_reason(capsys):
     def f(x):
         k = x.sum()
 
@@ -179,7 +193,7 @@ def test_frames_with_cells_run_eagerly_with_the_reason(capsys):
 
     compiled, _ = run(f, torch.ones(2))
     (failure,) = compiled.stats.failures
-    assert "cell variables" in failure.reason
+    assert "cannot be rebuilt" in failure.reason
 
 
 def test_break_inside_try_runs_eagerly_with_the_reason(capsys):
@@ -381,3 +395,20 @@ def test_generated_code_is_immune_to_shadowed_builtins(capsys):
     torch.testing.assert_close(compiled(torch.ones(2), box), f(torch.ones(2), eager_box))
     torch.testing.assert_close(box.value, eager_box.value)
     assert compiled.stats.failures == []
+
+
+def test_a_break_with_a_pending_call_below_it(capsys):
+    def f(x):
+        print(x.sum().item())  # NULL, print below the break at item()
+        vals = []
+        vals.append(x.max().item())  # a bound list.append below the break
+        return x * vals[0] + len(sorted(["bb", "a"], key=len)[0])
+
+    compiled, counter = run(f, torch.ones(3))
+    assert compiled.stats.failures == []
+    assert [b.reason.split(" with")[0] for b in compiled.stats.breaks] == [
+        "reading a tensor's value",
+        "call to builtin print",
+        "reading a tensor's value",
+    ]
+    assert counter.frame_count == 3

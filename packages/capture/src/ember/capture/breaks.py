@@ -18,9 +18,14 @@ a fresh code object, so the hook compiles it when it is first called, and so on
 after each break. Resume code is cached per (code, target, stack, locals), so
 recompiling a frame reuses it and its cache.
 
+The frame's cell variables travel like its locals: the resume function makes its
+own cells and stores their contents (a closure made before the break and still
+alive would need the very same cells: it cannot be rebuilt, so that frame runs
+eagerly). NULLs below the break (``print(t.item())``) are not passed: the resume
+function pushes them again.
+
 What cannot break (the frame then runs eagerly, with the reason recorded):
-frames with cell variables, instructions inside ``try``/``with`` blocks, NULLs
-left on the stack below the break, values that cannot be rebuilt.
+instructions inside ``try``/``with`` blocks, values that cannot be rebuilt.
 
 >>> sorted(BREAKABLE)[:3]
 ['BINARY_OP', 'BINARY_SUBSCR', 'BUILD_STRING']
@@ -97,8 +102,6 @@ class Span:
 
 def find_span(code: types.CodeType, index: int) -> Span:
     """The span to run natively when translation stopped at instruction ``index``."""
-    if code.co_cellvars:
-        raise CannotBreak("the frame has cell variables (captured by inner functions)")
     instrs, entries = bc.decode(code)
     op = _opname(code, instrs[index])
     if op in CONDITIONAL:
@@ -140,18 +143,23 @@ _RESUME_ORIGIN: dict[types.CodeType, tuple[types.CodeType, int]] = {}
 
 
 def resume_code(
-    code: types.CodeType, target: int, kinds: tuple[int, ...], live: tuple[str, ...]
+    code: types.CodeType,
+    target: int,
+    kinds: tuple[int, ...],
+    live: tuple[str, ...],
+    cells: tuple[str, ...] = (),
 ) -> types.CodeType:
     """The code that continues ``code`` at instruction ``target`` (cached).
 
     Its arguments are the stack values (bottom first; ``kinds`` says which are
-    iterators, passed as lists) then the ``live`` locals.
+    iterators, passed as lists, and where NULLs go, not passed), the ``live``
+    locals, then the contents of the bound cell variables ``cells``.
     """
     origin = _RESUME_ORIGIN.get(code)
     if origin is not None:  # a resume function breaking again: continue the original code
         original, shift = origin
-        return resume_code(original, target - shift, kinds, live)
-    key = (code, target, kinds, live)
+        return resume_code(original, target - shift, kinds, live, cells)
+    key = (code, target, kinds, live, cells)
     cached = _RESUME_CACHE.get(key)
     if cached is not None:
         return cached
@@ -165,11 +173,18 @@ def resume_code(
     if target_instr.label is None:
         replaced = dataclasses.replace(target_instr, label=label)
         body = [replaced if i is target_instr else i for i in body]
-    stack_names = tuple(f"{PREFIX}s{k}" for k in range(len(kinds)))
-    args = stack_names + live
-    prologue = _prologue(code)
-    for name, kind in zip(stack_names, kinds, strict=True):
-        prologue += [Instr("LOAD_FAST", name)] + ([Instr("GET_ITER")] if kind == ITER_SLOT else [])
+    stack_names = tuple(f"{PREFIX}s{k}" for k, kind in enumerate(kinds) if kind != NULL_SLOT)
+    args = stack_names + live + tuple(cell_argument(n) for n in cells)
+    prologue = _prologue(code, with_cells=True)
+    for name in cells:
+        prologue += [Instr("LOAD_FAST", cell_argument(name)), Instr("STORE_DEREF", name)]
+    names = iter(stack_names)
+    for kind in kinds:
+        if kind == NULL_SLOT:
+            prologue.append(Instr("PUSH_NULL"))
+            continue
+        prologue.append(Instr("LOAD_FAST", next(names)))
+        prologue += [Instr("GET_ITER")] if kind == ITER_SLOT else []
     prologue.append(Instr("JUMP_FORWARD", label))
     rest = tuple(n for n in code.co_varnames if n not in args)
     spec = CodeSpec.of(
@@ -193,8 +208,14 @@ def _is_first_resume(ins: Instr, instrs: list[Instr]) -> bool:
     return ins is first
 
 
-def _prologue(code: types.CodeType) -> list[Instr]:
-    out = [Instr("COPY_FREE_VARS", len(code.co_freevars))] if code.co_freevars else []
+def cell_argument(name: str) -> str:
+    """The argument (of a resume function) or local (of a replacement) holding a cell's content."""
+    return f"{PREFIX}c_{name}"
+
+
+def _prologue(code: types.CodeType, with_cells: bool = False) -> list[Instr]:
+    out = [Instr("MAKE_CELL", n) for n in code.co_cellvars] if with_cells else []
+    out += [Instr("COPY_FREE_VARS", len(code.co_freevars))] if code.co_freevars else []
     return [*out, Instr("RESUME", 0)]
 
 
@@ -219,6 +240,7 @@ class Layout:
 
     stack: tuple[int, ...]
     live: tuple[str, ...]
+    cells: tuple[str, ...] = ()  # bound cell variables, their contents after the locals
 
 
 def replacement_code(
@@ -245,7 +267,8 @@ def replacement_code(
         out += [Instr("LOAD_FAST", temp), Instr("LOAD_CONST", k), Instr("BINARY_SUBSCR")]
         out += [Instr("GET_ITER")] if slot == ITER_SLOT else []
         k += 1
-    for name in layout.live:
+    carried = layout.live + tuple(cell_argument(n) for n in layout.cells)
+    for name in carried:
         out += [Instr("LOAD_FAST", temp), Instr("LOAD_CONST", k), Instr("BINARY_SUBSCR")]
         out.append(Instr("STORE_FAST", name))
         k += 1
@@ -257,19 +280,21 @@ def replacement_code(
     elif span.conditional:
         other = Label("other_branch")
         native[-1] = dataclasses.replace(native[-1], argval=other)
-        jumped = _call_resume(resumes[1], kinds, layout.live)
+        jumped = _call_resume(resumes[1], kinds, carried)
         jumped[0] = dataclasses.replace(jumped[0], label=other)
-        out += native + _call_resume(resumes[0], kinds, layout.live) + jumped
+        out += native + _call_resume(resumes[0], kinds, carried) + jumped
     else:
-        out += native + _call_resume(resumes[0], kinds, layout.live)
+        out += native + _call_resume(resumes[0], kinds, carried)
     out = [dataclasses.replace(i, positions=i.positions or where) for i in out]
     temps = tuple(f"{PREFIX}r{j}" for j in range(len(kinds)))
+    cell_temps = tuple(cell_argument(n) for n in layout.cells)
     spec = CodeSpec.of(
         code,  # every argument slot positional, as the hook passes them
         argcount=len(args),
         posonlyargcount=0,
         kwonlyargcount=0,
-        varnames=(*code.co_varnames, temp, *temps),
+        varnames=(*code.co_varnames, temp, *temps, *cell_temps),
+        cellvars=(),  # cell contents are plain locals here; the resume function has the cells
         flags=code.co_flags & ~CO_FLAGS_DROPPED,
     )
     return assemble(out, [], spec)
@@ -279,8 +304,8 @@ def slots_after(instrs: list[Instr], span: Span, layout: Layout) -> tuple[int, .
     """The kinds of the stack slots after the span ran (no NULL may remain: it would
     crash the tuple the resume function's arguments are built in)."""
     below = len(layout.stack) - span.operands(instrs)
-    if below < 0 or NULL_SLOT in layout.stack[:below]:
-        raise CannotBreak("a pending call (a NULL) sits on the stack below the break")
+    if below < 0:
+        raise CannotBreak("the break consumes more stack values than the frame has")
     results = () if span.conditional else (VALUE_SLOT,) * _results(instrs[span.end])
     return layout.stack[:below] + results
 
@@ -311,14 +336,16 @@ def _call_resume(
     """
     out: list[Instr] = []
     temps = [f"{PREFIX}r{j}" for j in range(len(kinds))]
-    out += [Instr("STORE_FAST", t) for t in reversed(temps)]
+    out += [Instr("STORE_FAST", t) for t in reversed(temps)]  # a NULL stored unbinds its temp
     for kind, t in zip(kinds, temps, strict=True):
+        if kind == NULL_SLOT:
+            continue  # the resume function pushes it again
         if kind == ITER_SLOT:
             out += [Instr("PUSH_NULL"), Instr("LOAD_CONST", list), Instr("LOAD_FAST", t)]
             out += [Instr("PRECALL", 1), Instr("CALL", 1)]
         else:
             out.append(Instr("LOAD_FAST", t))
-    out.append(Instr("BUILD_TUPLE", len(kinds)))
+    out.append(Instr("BUILD_TUPLE", sum(kind != NULL_SLOT for kind in kinds)))
     out += [Instr("LOAD_FAST", n) for n in live]
     out += [Instr("BUILD_TUPLE", len(live)), Instr("BINARY_OP", 0)]  # stack + locals
     out += [Instr("PUSH_NULL"), Instr("SWAP", 2), Instr("LOAD_CONST", resume), Instr("SWAP", 2)]

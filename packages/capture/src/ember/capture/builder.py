@@ -30,6 +30,7 @@ from ember.capture.values import (
     DictV,
     FuncV,
     ListV,
+    MethodV,
     ModuleV,
     ObjV,
     PartialV,
@@ -158,6 +159,12 @@ def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 
 def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if type(getattr(obj, "__self__", None)) in (list, dict) and source is not None:
+        # ``lst.append`` handed to a resume function (a call pending at a break)
+        tracer.guards.type_of(source, obj)
+        tracer.guards.equals(guarding.attr(source, "__name__"), obj.__name__)
+        owner = wrap(tracer, obj.__self__, guarding.attr(source, "__self__"))
+        return MethodV(owner, obj.__name__)
     if source is not None and not _trusted(obj):
         tracer.guards.identity(source, obj)
     if isinstance(obj, types.FunctionType) and not _trusted(obj):

@@ -35,7 +35,32 @@ from ember.capture.hook import argument_names
 #   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
 #   ("shared", (ref, part)) a list or dict built once however many names refer to it
 #   ("new", (cls, [..]))   cls(*parts), made afresh on every run (an exception to raise)
+#   ("function", (code, globals, [defaults], [(k, kwdefault)], [cell content | None]))
+#                          a function made inside the frame (a comprehension at a break),
+#                          with new cells holding the contents its closure had
 Part = tuple[str, Any]
+
+_UNBOUND = object()  # an empty closure cell
+
+
+def make_function(
+    code: types.CodeType,
+    globals_: dict[str, Any],
+    defaults: tuple[Any, ...],
+    kwdefaults: dict[str, Any],
+    contents: tuple[Any, ...],
+) -> types.FunctionType:
+    """A function made inside a frame, rebuilt with fresh cells holding ``contents``.
+
+    >>> f = make_function((lambda a, b=1: a + b).__code__, {}, (2,), {}, ())
+    >>> f(1)
+    3
+    """
+    cells = tuple(types.CellType() if c is _UNBOUND else types.CellType(c) for c in contents)
+    fn = types.FunctionType(code, globals_, code.co_name, defaults or None, cells or None)
+    fn.__kwdefaults__ = kwdefaults or None
+    return fn
+
 
 PREFIX = "__ember_"
 
@@ -109,6 +134,17 @@ def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[s
         cls, args = payload
         constants.append(cls)
         return f"{PREFIX}c[{len(constants) - 1}]({', '.join(sub(p) for p in args)})"
+    if kind == "function":
+        code, globals_, defaults, kwdefaults, contents = payload
+        constants.extend([make_function, code, globals_, _UNBOUND])
+        k = len(constants) - 4
+        cells = [f"{PREFIX}c[{k + 3}]" if p is None else sub(p) for p in contents]
+        return (
+            f"{PREFIX}c[{k}]({PREFIX}c[{k + 1}], {PREFIX}c[{k + 2}], "
+            f"({''.join(sub(p) + ', ' for p in defaults)}), "
+            f"{{{', '.join(f'{n!r}: {sub(p)}' for n, p in kwdefaults)}}}, "
+            f"({''.join(c + ', ' for c in cells)}))"
+        )
     if kind == "iter":  # an iterator over the remaining items of a static sequence
         return f"{PREFIX}B.iter([{', '.join(sub(p) for p in payload)}])"
     raise AssertionError(kind)

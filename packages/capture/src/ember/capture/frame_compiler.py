@@ -175,12 +175,13 @@ class FrameCompiler:
         t = translate(frame, self.backend_name, stop_at=span.start)
         assert t.layout is not None
         instrs, _ = bytecode_311.decode(code)
-        after = breaks.slots_after(instrs, span, t.layout)  # refuses NULLs left below
+        after = breaks.slots_after(instrs, span, t.layout)
         prefix = self._prefix(frame, t)
         hook.skip(prefix.__code__)  # the prefix is ember's: never intercepted
         resumes = tuple(
             hook.function_like(
-                breaks.resume_code(code, target, after, t.layout.live), frame.function
+                breaks.resume_code(code, target, after, t.layout.live, t.layout.cells),
+                frame.function,
             )
             for target in breaks.resume_targets(code, span)
         )

@@ -474,6 +474,27 @@ def _map(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     return make_iter(fs, [call_value(fs, fn, list(row), {}) for row in rows])
 
 
+@rule(sorted)
+def _sorted(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``sorted(items, key=..., reverse=...)`` over a static sequence: the keys must be known
+    while tracing (``key=len`` on strings, a lambda reading constants); the items may be
+    anything, tensors included."""
+    from ember.capture.calls import call_value
+
+    (items_value,) = args
+    if set(kwargs) - {"key", "reverse"}:
+        raise Unsupported(f"sorted() with keyword arguments {sorted(kwargs)}", "call")
+    items = iterate(fs, items_value)
+    key = kwargs.get("key")
+    if key is not None and not (isinstance(key, Const) and key.value is None):
+        keys = [constant_of(fs, call_value(fs, key, [item], {})) for item in items]
+    else:
+        keys = [constant_of(fs, item) for item in items]
+    reverse = bool(constant_of(fs, kwargs.get("reverse", Const(False))))
+    order = sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
+    return ListV(fs.tracer.heap.new([items[i] for i in order]))
+
+
 @rule(filter)
 def _filter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     from ember.capture.calls import call_value

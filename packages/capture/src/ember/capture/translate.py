@@ -8,6 +8,7 @@ frame eagerly and records the reason (or, under ``fullgraph=True``, raises).
 
 from __future__ import annotations
 
+import dis
 import time
 import types
 from dataclasses import dataclass, field
@@ -132,8 +133,10 @@ def _break_state(fs: FrameState, tensors: list[torch.fx.Node]) -> tuple[Part, La
         elif v is not NULL:
             parts.append(_output_part(fs, v, tensors))
     live = tuple(n for n in fs.locals if not n.startswith(breaks.PREFIX))
-    for name in live:
-        value = fs.locals[name]
+    bound = {n: _cell_content(fs, n) for n in fs.code.co_cellvars}
+    cells = tuple(n for n, content in bound.items() if content is not EMPTY)
+    contents = [fs.locals[n] for n in live] + [bound[n] for n in cells]
+    for value in contents:
         parts.append(
             ("source", value.source)
             if isinstance(value, Lazy)
@@ -147,7 +150,12 @@ def _break_state(fs: FrameState, tensors: list[torch.fx.Node]) -> tuple[Part, La
         else breaks.VALUE_SLOT
         for v in fs.stack
     )
-    return ("tuple", parts), Layout(kinds, live)
+    return ("tuple", parts), Layout(kinds, live, cells)
+
+
+def _cell_content(fs: FrameState, name: str) -> Any:
+    cell = fs.cells.get(name)
+    return fs.tracer.heap.get(cell.ref) if isinstance(cell, CellV) else EMPTY
 
 
 def _top_frame(tracer: Tracer, frame: Frame) -> FrameState:
@@ -171,9 +179,50 @@ def _top_frame(tracer: Tracer, frame: Frame) -> FrameState:
     return fs
 
 
+# Functions CPython makes for comprehensions: called at once, never stored anywhere.
+COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+
+
+def _function_part(fs: FrameState, f: FuncV, tensors: list[torch.fx.Node]) -> Part:
+    """A comprehension's function at a break (``[print(i) or x for i in ...]``), rebuilt
+    with new cells holding its closure's contents.
+
+    Only when nothing could tell the new cells from the frame's: the function is a
+    comprehension's (it runs at once and is gone), defines no function of its own (that
+    could outlive it holding the cells), never rebinds a free variable, and no cell is a
+    real one of the frame's closure. Any other closure alive at a break would need the
+    frame's very cells, so that frame runs eagerly.
+    """
+    heap = fs.tracer.heap
+    if (
+        f.code.co_name not in COMPREHENSIONS
+        or any(isinstance(c, types.CodeType) for c in f.code.co_consts)
+        or any(c.ref in heap.from_frame for c in f.closure)
+        or _rebinds_free_variables(f.code)
+    ):
+        raise Unsupported("a closure made inside compiled code cannot be rebuilt", "output")
+    contents = []
+    for cell in f.closure:
+        content = heap.get(cell.ref)
+        contents.append(None if content is EMPTY else _output_part(fs, content, tensors))
+    defaults = [_output_part(fs, d, tensors) for d in f.defaults]
+    kwdefaults = [(k, _output_part(fs, d, tensors)) for k, d in f.kwdefaults]
+    return ("function", (f.code, f.globals, defaults, kwdefaults, contents))
+
+
+def _rebinds_free_variables(code: types.CodeType) -> bool:
+    free = set(code.co_freevars)
+    return any(
+        ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free
+        for ins in dis.get_instructions(code)
+    )
+
+
 def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part:
     """The rebuild spec of the returned value; tensors are appended to ``tensors``."""
     heap = fs.tracer.heap
+    if isinstance(v, Lazy) and v.source is not None:
+        return ("source", v.source)  # never read while tracing: passed on as it is
     if isinstance(v, TensorV):
         if v.node not in tensors:
             tensors.append(v.node)
@@ -203,6 +252,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("const", v.obj)  # a torch function, a builtin, a class, a Python module
     if isinstance(v, FuncV) and v.fn is not None and not v.closure:
         return ("const", v.fn)  # a method's function, reached through its (guarded) class
+    if isinstance(v, FuncV) and v.fn is None:
+        return _function_part(fs, v, tensors)
     if isinstance(v, MethodV):
         return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
     if isinstance(v, IterV):
