@@ -17,6 +17,7 @@ Builds run on a thread pool, so several graphs compile in parallel.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
 import hashlib
 import json
@@ -55,6 +56,8 @@ DEFAULT_CFLAGS = (
     "-std=c++17",
     "-w",
 )
+if ctypes.util.find_library("mvec"):  # glibc's vector math: see PRELUDE in codegen_cpp
+    DEFAULT_CFLAGS = (*DEFAULT_CFLAGS, "-DEMBER_MVEC", "-lmvec")
 
 
 class CompileError(RuntimeError):

@@ -48,6 +48,7 @@ from ember.inductor.ir import (
     load,
     walk,
 )
+from ember.inductor.ops import COMPARE, SEMANTICS, Op
 
 __all__ = ["LOWERINGS", "Fallback", "Lowerer", "Value", "lower_graph", "lowering"]
 
@@ -56,6 +57,8 @@ Lowering = Callable[..., Any]
 
 LOWERINGS: dict[Any, Lowering] = {}  # aten overload -> fn(ctx, *args, **kwargs) -> Value
 INLINE_LIMIT = 120  # body nodes past which a lazy value is realized rather than inlined
+CHEAP = {Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAX, Op.MIN, Op.WHERE, Op.NOT, Op.ISNAN}
+HEAVY = frozenset(SEMANTICS) - CHEAP - COMPARE - {Op.AND, Op.OR, Op.XOR}  # worth storing
 
 
 class Fallback(Exception):
@@ -108,6 +111,7 @@ class Lowerer:
         self.node: torch.fx.Node | None = None  # the fx node being lowered
         self._realized: dict[int, tuple[Value, Ref]] = {}  # holds the value: ids stay unique
         self._count = 0
+        self._reductions: dict[tuple[Any, ...], Value] = {}
 
     # ---- buffers -------------------------------------------------------------------------
     def new_buffer(self, dtype: torch.dtype, layout: Layout) -> Buffer:
@@ -157,9 +161,13 @@ class Lowerer:
         body: Expr,
         dtype: torch.dtype,
     ) -> Value:
+        key = (kind, ranges, reduce_ranges, body, dtype)
+        if key in self._reductions:  # the same reduction twice (layer norm's mean and var)
+            return self._reductions[key]
         buf = self.new_buffer(dtype, Layout.contiguous(ranges))
         self.nodes.append(Reduction(buf.name, ranges, reduce_ranges, kind, body))
-        return self.buffer_value(buf)
+        self._reductions[key] = self.buffer_value(buf)
+        return self._reductions[key]
 
     # ---- the graph -----------------------------------------------------------------------
     def lower(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program:
@@ -211,9 +219,11 @@ class Lowerer:
         value = self.values[node]
         if not isinstance(value, Value) or value.ref is not None:
             return
-        size = sum(1 for _ in walk(value.loader(I[: value.ndim])))
+        body = list(walk(value.loader(I[: value.ndim])))
         readers = sum(1 for u in node.users if u.target in LOWERINGS)
-        if size > INLINE_LIMIT or (len(node.users) > 1 and size > 1) or readers < len(node.users):
+        heavy = len(body) > 8 or any(e.op in HEAVY for e in body)
+        shared = len(node.users) > 1 and heavy  # recompute cheap values, store costly ones
+        if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
             self.values[node] = self.realized(value, _dense_strides(node.meta.get("val")))
 
     def _output(self, arg: Any) -> Any:

@@ -22,10 +22,11 @@ was written, never reaches memory.
 >>> print(schedule(lower_graph(gm, [torch.randn(4, 8)])))
 kernel0 over [4]
   stage [8]: buf0 = MAX(x_1[8*x0 + y0])
-  stage [8]: buf1[8*x0 + y0] = EXP(SUB(x_1[8*x0 + y0], buf0[x0]))
+  stage [8]: buf1 = EXP(SUB(x_1[8*x0 + y0], buf0[x0]))
   stage [8]: buf2 = SUM(buf1[8*x0 + y0])
   stage [8]: buf3[8*x0 + y0] = DIV(buf1[8*x0 + y0], buf2[x0])
 locals: buf0, buf2
+scratch: buf1
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class Schedule:
     program: Program
     steps: list[Kernel | Extern]
     locals: set[str] = field(default_factory=set)  # buffers that never reach memory
+    scratch: set[str] = field(default_factory=set)  # locals kept in a per-row array
     reuse: dict[str, str] = field(
         default_factory=dict
     )  # buffer -> dead buffer whose memory it takes
@@ -103,8 +105,10 @@ class Schedule:
 
     def __str__(self) -> str:
         out = [str(s) for s in self.steps]
-        if self.locals:
-            out.append(f"locals: {', '.join(sorted(self.locals, key=_order))}")
+        if self.locals - self.scratch:
+            out.append(f"locals: {', '.join(sorted(self.locals - self.scratch, key=_order))}")
+        if self.scratch:
+            out.append(f"scratch: {', '.join(sorted(self.scratch, key=_order))}")
         if self.reuse:
             out.append("reuse: " + ", ".join(f"{a}<-{b}" for a, b in self.reuse.items()))
         return "\n".join(out)
@@ -291,8 +295,12 @@ def _inner(node: Pointwise | Reduction, k: int) -> tuple[int, ...]:
 # ---- memory ------------------------------------------------------------------------------
 
 
-def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> set[str]:
-    """Buffers read only in the stage that writes them (pointwise) or only in their kernel."""
+SCRATCH_MAX = 8192  # elements of a per-row scratch array (on the stack)
+
+
+def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> tuple[set[str], set[str]]:
+    """Buffers that never reach memory: variables (read only in the stage that writes them,
+    or per outer point) and per-row scratch arrays (pointwise, read only in their kernel)."""
     readers: dict[str, set[int]] = {}
     stage_of: dict[str, tuple[int, int]] = {}
     for k, step in enumerate(steps):
@@ -307,7 +315,7 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> set[str]:
             for name in reads(step):
                 readers.setdefault(name, set()).add(-1)
     out = output_names(prog)
-    local = set()
+    local, scratch = set(), set()
     for name, (k, s) in stage_of.items():
         kernel = steps[k]
         assert isinstance(kernel, Kernel)
@@ -321,13 +329,17 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> set[str]:
             ok = who <= {k * 1000 + s}
         if ok:
             local.add(name)
-    return local
+        elif all(r // 1000 == k for r in who) and kernel.outer:
+            if math.prod(kernel.stages[s].inner) <= SCRATCH_MAX:
+                local.add(name)
+                scratch.add(name)
+    return local, scratch
 
 
 def plan_memory(sched: Schedule) -> None:
     """Mark local buffers; let a buffer take the memory of a dead one of the same layout."""
     prog = sched.program
-    sched.locals = _kernel_locals(prog, sched.steps)
+    sched.locals, sched.scratch = _kernel_locals(prog, sched.steps)
     last_use: dict[str, int] = {}
     pinned = set(prog.inputs) | set(prog.constants) | output_names(prog)
     for k, step in enumerate(sched.steps):
