@@ -45,7 +45,7 @@ __all__ = [
 
 # -ffast-math is left out on purpose: it lets the compiler assume no NaN or inf, which breaks
 # isnan, NaN-propagating max/min and inf constants. These two are safe: no errno, no traps.
-DEFAULT_CFLAGS = (
+DEFAULT_CFLAGS: tuple[str, ...] = (
     "-O3",
     "-march=native",
     "-fopenmp",
