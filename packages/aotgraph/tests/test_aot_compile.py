@@ -170,3 +170,14 @@ def test_matches_eager(name, partition):
             torch.testing.assert_close(p.grad, q.grad, msg=key)
         for key, value in module_state(eager_fn).items():
             torch.testing.assert_close(module_state(fn)[key], value, msg=key)
+
+
+def test_number_inputs_take_each_calls_value():
+    # ember's capture passes floats (e.g. from .item()) as graph inputs that change per call
+    x = randn(3, grad=True)
+    f = aot_compile(torch.fx.symbolic_trace(lambda x, k: x * k), [x, 2.0], fw_compiler=as_is)
+    for k in (2.0, 3.0, -1.5, 2.0):
+        y = f(x, k)
+        torch.testing.assert_close(y, x * k)
+        (g,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(g, torch.full((3,), k))

@@ -40,6 +40,9 @@ __all__ = ["PARTITIONERS", "AOTCompiled", "Compiler", "aot_compile"]
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
+# How many other sets of values of the non-tensor inputs one AOTCompiled keeps compiled.
+MAX_VARIANTS = 8
+
 # The partitioners aot_compile knows by name.
 PARTITIONERS: dict[str, Partitioner] = {
     "default": default_partition,
@@ -83,15 +86,36 @@ class AOTCompiled:
     joint: JointGraph | None = None
     partition: Partition | None = None
     inference_graph: torch.fx.GraphModule | None = None
+    # numbers are compiled in as constants: one AOTCompiled per other set of values
+    variants: dict[tuple[Any, ...], AOTCompiled] = field(default_factory=dict)
     _check: bool = field(default_factory=check.enabled)
 
     def __call__(self, *args: Any) -> Any:
+        if self.lifted.constant_positions and not self.lifted.constants_match(args):
+            return self.variant(args)(*args)
         inputs = self.lifted.flat_inputs(args)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             runtime = self.training or self.build(inputs, grad=True)
         else:
             runtime = self.inference or self.build(inputs, grad=False)
         return runtime(inputs)
+
+    def variant(self, args: Sequence[Any]) -> AOTCompiled:
+        """The compiled function for other values of the non-tensor inputs (built on demand).
+
+        >>> f = aot_compile(torch.fx.symbolic_trace(lambda x, k: x * k), [torch.ones(2), 2.0],
+        ...                 fw_compiler=lambda gm, ex: gm)
+        >>> f(torch.ones(2), 2.0), f(torch.ones(2), 3.0), len(f.variants)
+        (tensor([2., 2.]), tensor([3., 3.]), 1)
+        """
+        key = tuple(args[i] for i in self.lifted.constant_positions)
+        found = self.variants.get(key)
+        if found is None:
+            found = AOTCompiled(Lifted.of(self.lifted.module, args), self.settings)
+            if len(self.variants) >= MAX_VARIANTS:
+                del self.variants[next(iter(self.variants))]  # the oldest
+            self.variants[key] = found
+        return found
 
     def build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime:
         """Trace, partition and compile the training (``grad``) or inference path."""

@@ -132,6 +132,7 @@ class Lifted:
     owners: tuple[tuple[Any, str], ...]  # (submodule, attribute) holding each name
     template: tuple[Any, ...]  # the example inputs; non-tensors are baked in as constants
     tensor_positions: tuple[int, ...]  # which example inputs are tensors
+    constant_positions: tuple[int, ...]  # which are not (numbers): compiled for their values
 
     @staticmethod
     def of(module: Callable[..., Any], example_inputs: Sequence[Any]) -> Lifted:
@@ -144,7 +145,23 @@ class Lifted:
                 path, _, attr = name.rpartition(".")
                 owners.append((module.get_submodule(path), attr))
         positions = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor))
-        return Lifted(module, names, tuple(owners), tuple(example_inputs), positions)
+        others = tuple(i for i in range(len(example_inputs)) if i not in positions)
+        return Lifted(module, names, tuple(owners), tuple(example_inputs), positions, others)
+
+    def constants_match(self, args: Sequence[Any]) -> bool:
+        """Whether the non-tensor inputs of a call are the ones this was traced with.
+
+        >>> lifted = Lifted.of(torch.fx.symbolic_trace(lambda x, k: x * k), [torch.ones(1), 2.0])
+        >>> match = lifted.constants_match
+        >>> match([torch.ones(1), 2.0]), match([torch.ones(1), 3.0])
+        (True, False)
+        """
+        template = self.template
+        for i in self.constant_positions:
+            a, b = args[i], template[i]
+            if not (a is b or (type(a) is type(b) and a == b)):
+                return False
+        return True
 
     def state(self) -> list[torch.Tensor]:
         """The module's current parameters and buffers, in ``names`` order."""
