@@ -2094,20 +2094,9 @@ COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
         "an assert on a tensor's value breaks (Dynamo captures it as torch._assert)",
     ),
     "caught_key_error": ("0/0", "an exception raised and caught inside the frame runs it eagerly"),
-    "break_inside_no_grad": (
-        "0/0",
-        (
-            "a break inside a with block runs the frame eagerly (Dynamo re-enters "
-            "torch.no_grad() in the resume function)"
-        ),
-    ),
     "no_grad_decorated_helper": (
         "2/1",
         "a call of a function decorated with @torch.no_grad() breaks",
-    ),
-    "branch_on_grad_enabled": (
-        "1/1",
-        "torch.is_grad_enabled() is not read at trace time: the call breaks",
     ),
 }
 

@@ -412,3 +412,88 @@ def test_a_break_with_a_pending_call_below_it(capsys):
         "reading a tensor's value",
     ]
     assert counter.frame_count == 3
+
+
+def test_a_break_inside_a_grad_mode_block_resumes_inside_it(capsys):
+    def f(x, w):
+        y = x @ w
+        with torch.no_grad():
+            z = y * 2
+            print("inside")  # the block is exited before, and re-entered after, the print
+            z = z + torch.is_grad_enabled()
+        return y.sum() + z.sum()
+
+    x = torch.randn(3, 3, requires_grad=True)
+    w = torch.randn(3, 3)
+    compiled, counter = run(f, x, w)
+    assert compiled.stats.failures == [] and counter.frame_count == 2
+    compiled(x, w).backward()
+    assert torch.is_grad_enabled()
+    expected = x.grad.clone()
+    x.grad = None
+    f(x, w).backward()
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_a_data_dependent_jump_inside_a_grad_mode_block(capsys):
+    def f(x):
+        with torch.enable_grad():
+            z = x * 2
+            if z.sum() > 0:
+                z = z + 1
+            else:
+                z = z - 1
+        return z, torch.is_grad_enabled()
+
+    with torch.no_grad():
+        compiled, counter = run(f, torch.ones(3))
+        assert counter.frame_count == 2
+        assert not torch.is_grad_enabled()
+    assert compiled.stats.failures == [] and len(compiled.stats.breaks) == 1
+
+
+def _raises(y):
+    raise ValueError("from the native call")
+
+
+def test_an_exception_at_a_break_inside_a_grad_mode_block_restores_the_mode(capsys):
+    def f(x):
+        with torch.no_grad():
+            y = x * 3
+            _raises(y)  # a break: the call runs natively and raises
+        return y
+
+    compiled = ember.compiler.compile(f, backend=CompileCounter())
+    for _ in range(2):
+        with pytest.raises(ValueError, match="from the native call"):
+            compiled(torch.ones(2))
+        assert torch.is_grad_enabled()
+    assert compiled.stats.breaks and compiled.stats.failures == []
+
+
+class _Managed:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_breaks_inside_other_blocks_run_the_frame_eagerly_with_the_reason(capsys):
+    def in_try_with(x):
+        try:
+            with torch.no_grad():
+                print("inside")
+                return x + 1
+        except ValueError:
+            return x
+
+    def in_user_block(x):
+        with _Managed():
+            print("inside")
+            return x + 1
+
+    for fn, words in [(in_try_with, "try block"), (in_user_block, "with-block over")]:
+        compiled, _ = run(fn, torch.ones(2))
+        (failure,) = compiled.stats.failures
+        assert words in failure.reason, failure.reason

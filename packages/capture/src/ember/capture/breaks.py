@@ -79,6 +79,9 @@ class Span:
     end: int
     conditional: bool
     terminal: bool = False
+    # inside a ``with`` block: the block's exit sits at this stack index (its handler
+    # restores the block's state if the span raises)
+    block_exit: int | None = None
 
     def operands(self, instrs: list[Instr]) -> int:
         """How many stack values the span consumes."""
@@ -118,9 +121,12 @@ def find_span(code: types.CodeType, index: int) -> Span:
         span = Span(index, index, conditional=False, terminal=True)
     else:
         raise CannotBreak(f"{op} cannot run on its own between two graphs")
-    if _in_exception_range(instrs, entries, span):
-        raise CannotBreak("the break is inside a try or with block")
-    return span
+    covering = _covering(instrs, entries, span)
+    if covering is None:
+        return span
+    if not _with_handler(instrs, entries, covering):
+        raise CannotBreak("the break is inside a try block (or a with block inside one)")
+    return dataclasses.replace(span, block_exit=covering.depth - 1)
 
 
 def _opname(code: types.CodeType, ins: Instr) -> str:
@@ -128,9 +134,34 @@ def _opname(code: types.CodeType, ins: Instr) -> str:
     return dis.opname[code.co_code[ins.offset]]
 
 
-def _in_exception_range(instrs: list[Instr], entries: list[bc.ExceptionEntry], span: Span) -> bool:
+def _covering(
+    instrs: list[Instr], entries: list[bc.ExceptionEntry], span: Span
+) -> bc.ExceptionEntry | None:
+    """The exception entry that handles the span (the innermost; later entries win)."""
     where = bc.label_index(instrs)
-    return any(where[e.start] <= span.end and span.start <= where[e.end] for e in entries)
+    found = [e for e in entries if where[e.start] <= span.end and span.start <= where[e.end]]
+    if not found:
+        return None
+    if any(not (where[e.start] <= span.start and span.end <= where[e.end]) for e in found):
+        raise CannotBreak("the break straddles the edge of a try or with block")
+    return found[-1]
+
+
+def _with_handler(
+    instrs: list[Instr], entries: list[bc.ExceptionEntry], entry: bc.ExceptionEntry
+) -> bool:
+    """Whether ``entry`` is a top-level ``with`` block's handler: ``PUSH_EXC_INFO;
+    WITH_EXCEPT_START`` at its target, and no other handler around that handler's code
+    but its own cleanup (so that only the block's exit runs when the block raises)."""
+    where = bc.label_index(instrs)
+    target = where[entry.target]
+    if [i.opname for i in instrs[target : target + 2]] != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+        return False
+    around = [e for e in entries if where[e.start] <= target <= where[e.end]]
+    if len(around) != 1:  # the handler's own cleanup entry (COPY 3; POP_EXCEPT; RERAISE 1)
+        return False
+    cleanup = where[around[0].target]
+    return not any(where[e.start] <= cleanup <= where[e.end] for e in entries)
 
 
 # -- resume functions --------------------------------------------------------------------------
@@ -260,12 +291,14 @@ def replacement_code(
     out += [Instr("LOAD_FAST", a) for a in args]
     out += [Instr("PRECALL", len(args)), Instr("CALL", len(args)), Instr("STORE_FAST", temp)]
     k = 0
-    for slot in layout.stack:
+    for index, slot in enumerate(layout.stack):
         if slot == NULL_SLOT:
             out.append(Instr("PUSH_NULL"))
             continue
         out += [Instr("LOAD_FAST", temp), Instr("LOAD_CONST", k), Instr("BINARY_SUBSCR")]
         out += [Instr("GET_ITER")] if slot == ITER_SLOT else []
+        if index == span.block_exit:  # kept apart for the handler below
+            out += [Instr("COPY", 1), Instr("STORE_FAST", BLOCK_EXIT)]
         k += 1
     carried = layout.live + tuple(cell_argument(n) for n in layout.cells)
     for name in carried:
@@ -274,6 +307,7 @@ def replacement_code(
         k += 1
     out.append(Instr("DELETE_FAST", temp))  # do not keep the graph's outputs alive meanwhile
     native = [dataclasses.replace(i, label=None) for i in instrs[span.start : span.end + 1]]
+    handler, entries = _block_handler(native) if span.block_exit is not None else ([], [])
     kinds = () if span.terminal else slots_after(instrs, span, layout)
     if span.terminal:
         out += native
@@ -285,7 +319,7 @@ def replacement_code(
         out += native + _call_resume(resumes[0], kinds, carried) + jumped
     else:
         out += native + _call_resume(resumes[0], kinds, carried)
-    out = [dataclasses.replace(i, positions=i.positions or where) for i in out]
+    out = [dataclasses.replace(i, positions=i.positions or where) for i in out + handler]
     temps = tuple(f"{PREFIX}r{j}" for j in range(len(kinds)))
     cell_temps = tuple(cell_argument(n) for n in layout.cells)
     spec = CodeSpec.of(
@@ -293,11 +327,46 @@ def replacement_code(
         argcount=len(args),
         posonlyargcount=0,
         kwonlyargcount=0,
-        varnames=(*code.co_varnames, temp, *temps, *cell_temps),
+        varnames=(*code.co_varnames, temp, *temps, *cell_temps, BLOCK_EXIT),
         cellvars=(),  # cell contents are plain locals here; the resume function has the cells
         flags=code.co_flags & ~CO_FLAGS_DROPPED,
     )
-    return assemble(out, [], spec)
+    return assemble(out, entries, spec)
+
+
+BLOCK_EXIT = f"{PREFIX}exit"
+
+
+def _block_handler(native: list[Instr]) -> tuple[list[Instr], list[bc.ExceptionEntry]]:
+    """Protect the native span inside a ``with`` block as the block would: on an exception,
+    call the block's exit, then raise again (``try: span finally: exit(None, None, None)``).
+
+    Labels the span's first and last instructions in place; returns the handler's
+    instructions (placed after the code, never fallen into) and its exception entries.
+    """
+    first, last, handler, reraise, cleanup = (
+        Label(f"block_{n}") for n in ("first", "last", "handler", "reraise", "cleanup")
+    )
+    if len(native) == 1:
+        last = first
+    native[0] = dataclasses.replace(native[0], label=first)
+    native[-1] = dataclasses.replace(native[-1], label=last)
+    code = [
+        Instr("PUSH_EXC_INFO", label=handler),
+        Instr("PUSH_NULL"),
+        Instr("LOAD_FAST", BLOCK_EXIT),
+        *(Instr("LOAD_CONST", None) for _ in range(3)),
+        Instr("PRECALL", 3),
+        Instr("CALL", 3),
+        Instr("POP_TOP"),
+        Instr("RERAISE", 0, label=reraise),
+        Instr("COPY", 3, label=cleanup),
+        Instr("POP_EXCEPT"),
+        Instr("RERAISE", 1),
+    ]
+    protected = bc.ExceptionEntry(first, last, handler, depth=0)
+    cleaned = bc.ExceptionEntry(handler, reraise, cleanup, depth=1, lasti=True)
+    return code, [protected, cleaned]
 
 
 def slots_after(instrs: list[Instr], span: Span, layout: Layout) -> tuple[int, ...]:

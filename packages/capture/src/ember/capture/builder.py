@@ -23,12 +23,14 @@ from typing import Any
 import torch
 
 from ember.capture import guarding
+from ember.capture.codegen import GradModeExit
 from ember.capture.tracer import Tracer, Unsupported
 from ember.capture.values import (
     BoundV,
     Const,
     DictV,
     FuncV,
+    GradExitV,
     ListV,
     MethodV,
     ModuleV,
@@ -101,6 +103,14 @@ def _argument_source(source: Any) -> bool:
     while isinstance(source, guarding.sources.Item):
         source = source.base
     return isinstance(source, guarding.sources.Local)
+
+
+def _wrap_grad_exit(tracer: Tracer, obj: Any, source: Any) -> Value:
+    """The exit of a grad-mode block a graph break split, handed to the resume function."""
+    if source is not None:
+        tracer.guards.type_of(source, obj)
+        tracer.guards.equals(guarding.attr(source, "previous"), obj.previous)
+    return GradExitV(obj.previous, source=source)
 
 
 def _wrap_module(tracer: Tracer, obj: Any, source: Any) -> Value:
@@ -221,6 +231,7 @@ def _wrap_partial(tracer: Tracer, obj: Any, source: Any) -> Value:
 # (type, rule), tried in order: the first whose type matches wins.
 WRAP_RULES: list[tuple[type | tuple[type, ...], Callable[[Tracer, Any, Any], Value]]] = [
     (torch.Tensor, _wrap_tensor),
+    (GradModeExit, _wrap_grad_exit),
     (torch.nn.Module, _wrap_module),
     (tuple, _wrap_tuple),
     (CONSTANT_TYPES, _wrap_constant),

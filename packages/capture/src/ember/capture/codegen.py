@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ember.capture import _eval_frame, guarding
 from ember.capture.hook import argument_names
 
@@ -41,6 +43,30 @@ from ember.capture.hook import argument_names
 Part = tuple[str, Any]
 
 _UNBOUND = object()  # an empty closure cell
+
+
+class GradModeExit:
+    """The ``__exit__`` of a grad-mode ``with`` block that a graph break splits: the frame's
+    replacement and the resume function hold this in its place, and calling it (at the
+    block's end, or on an exception) restores the grad mode from before the block.
+
+    >>> import torch
+    >>> with torch.no_grad():
+    ...     GradModeExit(True)(None, None, None)
+    ...     torch.is_grad_enabled()
+    True
+    """
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: bool) -> None:
+        self.previous = previous
+
+    def __call__(self, *exc_info: object) -> None:
+        torch._C._set_grad_enabled(self.previous)  # None: an exception propagates
+
+    def __repr__(self) -> str:
+        return f"GradModeExit(previous={self.previous})"
 
 
 def make_function(

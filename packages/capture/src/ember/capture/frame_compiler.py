@@ -176,6 +176,8 @@ class FrameCompiler:
         assert t.layout is not None
         instrs, _ = bytecode_311.decode(code)
         after = breaks.slots_after(instrs, span, t.layout)
+        if span.block_exit is not None and not _grad_block(t, span.block_exit):
+            raise breaks.CannotBreak("the break is inside a with block of a context manager")
         prefix = self._prefix(frame, t)
         hook.skip(prefix.__code__)  # the prefix is ember's: never intercepted
         resumes = tuple(
@@ -224,6 +226,16 @@ class FrameCompiler:
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
         )
         return entry
+
+
+def _grad_block(t: Translation, block_exit: int) -> bool:
+    """Whether the with block around the break is a grad-mode one ember rebuilds."""
+    assert t.layout is not None
+    if t.layout.stack[block_exit] == breaks.NULL_SLOT:
+        return False
+    index = sum(slot != breaks.NULL_SLOT for slot in t.layout.stack[:block_exit])
+    kind, payload = t.output[1][index]
+    return kind == "new" and payload[0] is codegen.GradModeExit
 
 
 # Entries whose identity guards name objects that may be freed (a model, a user object):

@@ -434,6 +434,14 @@ def _grad_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     return GradModeV(enabled, fs.tracer.grad_enabled, applied=False)
 
 
+@rule(torch.is_grad_enabled)
+def _is_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """Known while tracing: the frame's guards fix the mode it starts in, and the graph's
+    own mode changes are tracked (``Tracer.grad_enabled``)."""
+    _no_kwargs("is_grad_enabled", kwargs)
+    return Const(fs.tracer.grad_enabled)
+
+
 @rule(torch.set_grad_enabled)
 def _set_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     (mode,) = [*args, *kwargs.values()]

@@ -20,7 +20,7 @@ import torch.fx
 from ember.capture import breaks, guarding
 from ember.capture.breaks import Layout
 from ember.capture.builder import _trusted, is_constant
-from ember.capture.codegen import Part
+from ember.capture.codegen import GradModeExit, Part
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
@@ -31,6 +31,7 @@ from ember.capture.values import (
     Const,
     DictV,
     FuncV,
+    GradExitV,
     IterV,
     Lazy,
     ListV,
@@ -258,6 +259,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
     if isinstance(v, IterV):
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
+    if isinstance(v, GradExitV):  # a grad-mode block split by a break
+        return ("new", (GradModeExit, [("const", v.previous)]))
     if isinstance(v, NewV):
         return ("new", (v.cls, [_output_part(fs, x, tensors) for x in v.args]))
     raise Unsupported(f"a {type(v).__name__} made inside compiled code cannot be rebuilt", "output")
