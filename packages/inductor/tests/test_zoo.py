@@ -52,3 +52,30 @@ def test_backward(name: str) -> None:
     got = compiled(*[t.detach() for t in inputs])
     want = step(*inputs)
     torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "cnn-train"])
+def test_as_aotgraph_compiler(name: str) -> None:
+    """compile_graph as the forward and backward compiler of ember.aotgraph."""
+    from ember.aotgraph import aot_compile
+
+    model, args = _model(name)
+    reference, _ = _model(name)
+    compiled = aot_compile(
+        torch.fx.symbolic_trace(model),
+        list(args),
+        fw_compiler=compile_graph,
+        bw_compiler=compile_graph,
+    )
+
+    def loss_and_grads(fn: Any, module: nn.Module) -> tuple[Any, ...]:
+        out = fn(*args)
+        loss = sum(o.pow(2).mean() for o in torch.utils._pytree.tree_leaves(out))
+        return (out, *torch.autograd.grad(loss, list(module.parameters())))
+
+    torch.testing.assert_close(
+        loss_and_grads(compiled, model), loss_and_grads(reference, reference), **TOL
+    )
+    for a, b in zip(model.buffers(), reference.buffers(), strict=True):  # BatchNorm statistics
+        torch.testing.assert_close(a, b, **TOL)
