@@ -8,6 +8,8 @@ must match.
 from __future__ import annotations
 
 import copy
+import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -181,3 +183,41 @@ def test_number_inputs_take_each_calls_value():
         torch.testing.assert_close(y, x * k)
         (g,) = torch.autograd.grad(y.sum(), x)
         torch.testing.assert_close(g, torch.full((3,), k))
+
+
+def _needs_the_value(x, k):
+    return x * math.exp(k)  # no symbolic rule for math.exp: tracing fixes k's value
+
+
+def test_float_inputs_are_graph_inputs_unless_tracing_needs_their_value():
+    x = randn(3, grad=True)
+    f = aot_compile(torch.fx.symbolic_trace(lambda x, k: x * k), [x, 2.0], fw_compiler=as_is)
+    assert f.partition is not None and f.fallback is None
+    assert f.variants == {}  # one graph for every value of k
+    g = aot_compile(torch.fx.symbolic_trace(_needs_the_value), [x, 0.5], fw_compiler=as_is)
+    assert g.lifted.constant_positions == (1,)  # k compiled in: recompiled per value
+    for k in (0.5, 1.5):
+        torch.testing.assert_close(g(x, k), x * math.exp(k))
+
+
+def _max_and_sqrt(x, a, b):
+    return x * math.sqrt(max(a, b))
+
+
+def test_max_and_sqrt_of_float_inputs_stay_symbolic():
+    x = randn(3, grad=True)
+    gm = torch.fx.symbolic_trace(lambda x, a, b: x * a + b)  # structure only
+    graph = torch.fx.Graph()
+    px, pa, pb = (graph.placeholder(n) for n in "xab")
+    biggest = graph.call_function(max, (pa, pb))
+    graph.output(
+        graph.call_function(operator.mul, (px, graph.call_function(math.sqrt, (biggest,))))
+    )
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    f = aot_compile(gm, [x, 4.0, 1.0], fw_compiler=as_is)
+    assert f.lifted.constant_positions == () and f.fallback is None
+    for a, b in ((4.0, 1.0), (1.0, 9.0)):
+        y = f(x, a, b)
+        torch.testing.assert_close(y, _max_and_sqrt(x, a, b))
+        (g,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(g, torch.full((3,), math.sqrt(max(a, b))))

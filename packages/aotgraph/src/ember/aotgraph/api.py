@@ -34,7 +34,15 @@ from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
-from ember.aotgraph.trace import JointGraph, Lifted, Signature, analyze, trace_forward, trace_joint
+from ember.aotgraph.trace import (
+    JointGraph,
+    Lifted,
+    Signature,
+    Specialized,
+    analyze,
+    trace_forward,
+    trace_joint,
+)
 
 __all__ = ["PARTITIONERS", "AOTCompiled", "Compiler", "aot_compile"]
 
@@ -88,24 +96,33 @@ class AOTCompiled:
     inference_graph: torch.fx.GraphModule | None = None
     # numbers are compiled in as constants: one AOTCompiled per other set of values
     variants: dict[tuple[Any, ...], AOTCompiled] = field(default_factory=dict)
+    # set when tracing needed a float input's value: the version with floats as constants
+    fallback: AOTCompiled | None = None
     _check: bool = field(default_factory=check.enabled)
 
     def __call__(self, *args: Any) -> Any:
+        if self.fallback is not None:
+            return self.fallback(*args)
         if self.lifted.constant_positions and not self.lifted.constants_match(args):
             return self.variant(args)(*args)
         inputs = self.lifted.flat_inputs(args)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            runtime = self.training or self.build(inputs, grad=True)
-        else:
-            runtime = self.inference or self.build(inputs, grad=False)
+        grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in inputs if not self.lifted.floats or isinstance(t, torch.Tensor)
+        )
+        runtime = (self.training if grad else self.inference) or self.build(inputs, grad=grad)
+        if runtime is None:
+            assert self.fallback is not None
+            return self.fallback(*args)
         return runtime(inputs)
 
     def variant(self, args: Sequence[Any]) -> AOTCompiled:
-        """The compiled function for other values of the non-tensor inputs (built on demand).
+        """The compiled function for other values of the constant inputs (built on demand).
 
-        >>> f = aot_compile(torch.fx.symbolic_trace(lambda x, k: x * k), [torch.ones(2), 2.0],
+        Floats are graph inputs; ints (sizes, indices, in ember's capture) are constants.
+
+        >>> f = aot_compile(torch.fx.symbolic_trace(lambda x, k: x * k), [torch.ones(2), 2],
         ...                 fw_compiler=lambda gm, ex: gm)
-        >>> f(torch.ones(2), 2.0), f(torch.ones(2), 3.0), len(f.variants)
+        >>> f(torch.ones(2), 2), f(torch.ones(2), 3), len(f.variants)
         (tensor([2., 2.]), tensor([3., 3.]), 1)
         """
         key = tuple(args[i] for i in self.lifted.constant_positions)
@@ -117,8 +134,16 @@ class AOTCompiled:
             self.variants[key] = found
         return found
 
-    def build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime:
-        """Trace, partition and compile the training (``grad``) or inference path."""
+    def build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime | None:
+        """Trace, partition and compile the training (``grad``) or inference path; ``None``
+        if tracing needed a float input's value (``fallback`` is then set)."""
+        try:
+            return self._build(inputs, grad=grad)
+        except Specialized:
+            self.fallback = AOTCompiled(self.lifted.specialized(), self.settings)
+            return None
+
+    def _build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime:
         signature = analyze(self.lifted, inputs, grad=grad)
         if signature.training:
             runtime = self._build_training(inputs, signature)
@@ -154,11 +179,17 @@ class AOTCompiled:
             check.check_partition(joint, part)
         self.joint, self.partition = joint, part
         fw = self.settings.fw_compiler(part.forward, list(inputs))
-        bw_inputs = [n.meta.get("val") for n in part.backward.graph.find_nodes(op="placeholder")]
+        bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
         bw = self.settings.bw_compiler(part.backward, bw_inputs)
         mutated_saved = {f"primals_{i + 1}" for i in joint.mutated}
         clone = tuple(k for k, name in enumerate(part.saved) if name in mutated_saved)
-        return Runtime(signature, joint.mutated, fw, bw, clone)
+        saved_values = [n.meta.get("val") for n in bw_inputs_nodes(part)[: len(part.saved)]]
+        numbers = tuple(k for k, v in enumerate(saved_values) if not isinstance(v, torch.Tensor))
+        return Runtime(signature, joint.mutated, fw, bw, clone, numbers)
+
+
+def bw_inputs_nodes(part: Partition) -> list[torch.fx.Node]:
+    return list(part.backward.graph.find_nodes(op="placeholder"))
 
 
 def _partitioner(partition: str | Partitioner) -> Partitioner:
@@ -217,6 +248,11 @@ def aot_compile(
     )
     compiled = AOTCompiled(Lifted.of(gm, example_inputs), settings)
     inputs = compiled.lifted.flat_inputs(example_inputs)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    compiled.build(inputs, grad=grad)
+    grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+    )
+    if compiled.build(inputs, grad=grad) is None:
+        assert compiled.fallback is not None
+        compiled = compiled.fallback
+        compiled.build(compiled.lifted.flat_inputs(example_inputs), grad=grad)
     return compiled

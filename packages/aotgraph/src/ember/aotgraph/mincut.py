@@ -56,10 +56,10 @@ def _out(node: Node) -> str:
 
 
 def capacity(node: Node) -> float:
-    """Cost of saving ``node``: its bytes (plus one, so fewer tensors win a tie); 0 for a
-    graph input; infinite for a value that is not a tensor."""
+    """Cost of saving ``node``: its bytes (plus one, so fewer tensors win a tie), 1 for a
+    number; 0 for a graph input; infinite for a tuple, which cannot be saved."""
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
+    if not isinstance(val, torch.Tensor | torch.SymFloat | torch.SymInt | torch.SymBool):
         return float("inf")
     if node.op == "placeholder":
         return 0.0

@@ -182,7 +182,7 @@ def forward_nodes(joint: JointGraph) -> set[Node]:
     random = [n for n in joint.gm.graph.nodes if node_class(n) is OpClass.RANDOM]
     nodes = ancestors([*fw_outs, *random, *primals])
     for node in list(nodes):
-        if not isinstance(node.meta.get("val"), torch.Tensor):
+        if isinstance(node.meta.get("val"), tuple | list):
             nodes.update(u for u in node.users if u.op == "call_function")
     return nodes
 

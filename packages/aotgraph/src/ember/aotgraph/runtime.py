@@ -43,6 +43,7 @@ class Runtime:
     forward: Callable[..., Sequence[torch.Tensor]]
     backward: Callable[..., Sequence[torch.Tensor | None]] | None = None
     clone_saved: tuple[int, ...] = ()  # saved values that are inputs mutated by this call
+    number_saved: tuple[int, ...] = ()  # saved values that are numbers, not tensors
 
     @property
     def num_forward_outputs(self) -> int:
@@ -52,7 +53,8 @@ class Runtime:
     def non_differentiable(self) -> tuple[int, ...]:
         """``CompiledFunction`` outputs that never get a gradient."""
         grad = set(self.signature.grad_outputs)
-        return tuple(j for j in range(self.num_forward_outputs) if j not in grad)
+        numbers = {o.index for o in self.signature.outputs if o.kind == "graph" and o.meta is None}
+        return tuple(j for j in range(self.num_forward_outputs) if j not in grad | numbers)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         if self.backward is not None:
@@ -120,6 +122,9 @@ class CompiledFunction(torch.autograd.Function):
         saved = list(outs[k:])
         for i in rt.clone_saved:
             saved[i] = saved[i].clone()
+        if rt.number_saved:  # save_for_backward takes tensors only
+            ctx.numbers = [saved[i] for i in rt.number_saved]
+            saved = [v for i, v in enumerate(saved) if i not in rt.number_saved]
         ctx.save_for_backward(*saved)
         ctx.runtime = rt
         result = tuple(outs[:k])
@@ -133,7 +138,10 @@ class CompiledFunction(torch.autograd.Function):
         create_graph = torch.is_grad_enabled()
         with torch.no_grad():
             tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
-            computed = list(rt.backward(*ctx.saved_tensors, *tangents))
+            saved = list(ctx.saved_tensors)
+            for i, number in zip(rt.number_saved, getattr(ctx, "numbers", ()), strict=True):
+                saved.insert(i, number)
+            computed = list(rt.backward(*saved, *tangents))
         if create_graph:
             computed = no_double_backward(computed)
         result: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)

@@ -32,6 +32,7 @@ def forward(self, primals_1, primals_2, tangents_1):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,14 +40,19 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch._guards import GuardSource, Source
 from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from ember.aotgraph.numbers import symbolic_numbers
 
 __all__ = [
     "JointGraph",
     "Lifted",
     "Output",
     "Signature",
+    "Specialized",
     "TensorMeta",
     "analyze",
     "trace_forward",
@@ -130,12 +136,24 @@ class Lifted:
     module: Callable[..., Any]
     names: tuple[str, ...]  # parameter and buffer names, lifted to trailing inputs
     owners: tuple[tuple[Any, str], ...]  # (submodule, attribute) holding each name
-    template: tuple[Any, ...]  # the example inputs; non-tensors are baked in as constants
-    tensor_positions: tuple[int, ...]  # which example inputs are tensors
-    constant_positions: tuple[int, ...]  # which are not (numbers): compiled for their values
+    template: tuple[Any, ...]  # the example inputs; constants are baked in from here
+    tensor_positions: tuple[int, ...]  # which example inputs are graph inputs (tensors, floats)
+    constant_positions: tuple[int, ...]  # which are not: compiled in for their values
+    floats: bool  # whether float inputs are graph inputs (symbolic) or constants
 
     @staticmethod
-    def of(module: Callable[..., Any], example_inputs: Sequence[Any]) -> Lifted:
+    def of(
+        module: Callable[..., Any], example_inputs: Sequence[Any], *, floats: bool = True
+    ) -> Lifted:
+        positions = tuple(
+            i
+            for i, a in enumerate(example_inputs)
+            if isinstance(a, torch.Tensor) or (floats and type(a) is float)
+        )
+        others = tuple(i for i in range(len(example_inputs)) if i not in positions)
+        floats = any(type(example_inputs[i]) is float for i in positions)
+        if floats and isinstance(module, torch.fx.GraphModule):
+            module = symbolic_numbers(module)
         names: tuple[str, ...] = ()
         owners: list[tuple[Any, str]] = []
         if isinstance(module, torch.nn.Module):
@@ -144,16 +162,24 @@ class Lifted:
             for name in names:
                 path, _, attr = name.rpartition(".")
                 owners.append((module.get_submodule(path), attr))
-        positions = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor))
-        others = tuple(i for i in range(len(example_inputs)) if i not in positions)
-        return Lifted(module, names, tuple(owners), tuple(example_inputs), positions, others)
+        template = tuple(example_inputs)
+        return Lifted(module, names, tuple(owners), template, positions, others, floats)
+
+    def specialized(self) -> Lifted:
+        """The same function with its float inputs compiled in as constants.
+
+        >>> gm = torch.fx.symbolic_trace(lambda x, k: x * k)
+        >>> Lifted.of(gm, [torch.ones(1), 2.0]).specialized().constant_positions
+        (1,)
+        """
+        return Lifted.of(self.module, self.template, floats=False)
 
     def constants_match(self, args: Sequence[Any]) -> bool:
-        """Whether the non-tensor inputs of a call are the ones this was traced with.
+        """Whether the constant inputs of a call are the ones this was traced with.
 
-        >>> lifted = Lifted.of(torch.fx.symbolic_trace(lambda x, k: x * k), [torch.ones(1), 2.0])
+        >>> lifted = Lifted.of(torch.fx.symbolic_trace(lambda x, k: x * k), [torch.ones(1), 2])
         >>> match = lifted.constants_match
-        >>> match([torch.ones(1), 2.0]), match([torch.ones(1), 3.0])
+        >>> match([torch.ones(1), 2]), match([torch.ones(1), 3])
         (True, False)
         """
         template = self.template
@@ -185,11 +211,55 @@ class Lifted:
         return torch.func.functional_call(self.module, state, tuple(args))
 
 
-def _fakes(mode: FakeTensorMode, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [mode.from_tensor(t) for t in inputs]
+class Specialized(Exception):
+    """Tracing needed the value of a float input (``math.sqrt(k)``, ``if k > 0``): compile
+    the function again with its floats as constants."""
 
 
-def _classify(leaf: Any, fakes: list[torch.Tensor], graph_index: int) -> Output:
+@dataclass(frozen=True)
+class _FloatInput(Source):
+    """Names a float graph input for the shape environment's symbols."""
+
+    index: int
+
+    @functools.cached_property
+    def guard_source(self) -> GuardSource:
+        return GuardSource.LOCAL
+
+    @property
+    def _name_template(self) -> str:
+        return f"input{self.index}"
+
+
+def _fake_mode() -> FakeTensorMode:
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+
+
+def _fakes(mode: FakeTensorMode, inputs: Sequence[Any]) -> list[Any]:
+    """Fake tensors for tensors; for floats, symbolic floats with the value as hint."""
+    out: list[Any] = []
+    env = mode.shape_env
+    assert env is not None
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor):
+            out.append(mode.from_tensor(value))
+        else:
+            source = _FloatInput(i)
+            sym = env.create_unspecified_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+            out.append(env.create_symfloatnode(sym, hint=value, source=source))
+    return out
+
+
+def _unspecialized(mode: FakeTensorMode) -> None:
+    """Raise :class:`Specialized` if tracing guarded on a float input's value."""
+    env = mode.shape_env
+    if env is not None and (env.guards or env.replacements):
+        raise Specialized(f"tracing needed the value of a float input: {env.guards}")
+
+
+def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
+    if isinstance(leaf, torch.SymFloat | torch.SymInt | torch.SymBool):
+        return Output("graph", graph_index)  # computed from float inputs: the graph returns it
     if not isinstance(leaf, torch.Tensor):
         return Output("constant", value=leaf)
     for i, f in enumerate(fakes):
@@ -197,7 +267,7 @@ def _classify(leaf: Any, fakes: list[torch.Tensor], graph_index: int) -> Output:
             return Output("input", i)
     storage = leaf.untyped_storage()._cdata
     for i, f in enumerate(fakes):
-        if f.untyped_storage()._cdata == storage:
+        if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
             return Output("alias", i, meta=TensorMeta.of(leaf))
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
@@ -212,10 +282,11 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     >>> [(o.kind, o.index, o.requires_grad) for o in sig.outputs]
     [('alias', 0, False), ('graph', 0, True), ('constant', -1, False)]
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = _fake_mode()
     fakes = _fakes(mode, inputs)
     with mode, torch.set_grad_enabled(grad):
         leaves, spec = pytree.tree_flatten(fn(*fakes))
+    _unspecialized(mode)
     outputs: list[Output] = []
     positions: list[int] = []
     for pos, leaf in enumerate(leaves):
@@ -224,9 +295,13 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
         if out.kind == "graph":
             positions.append(pos)
     grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
-    grad_inputs = tuple(i for i, t in enumerate(inputs) if t.requires_grad) if grad else ()
+    grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t)) if grad else ()
     training = bool(grad_outputs) and bool(grad_inputs)
     return Signature(tuple(outputs), spec, tuple(positions), grad_outputs, grad_inputs, training)
+
+
+def _requires_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,11 +385,12 @@ def trace_joint(
     fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
     """The functional joint forward+backward graph of ``fn`` (see the module docstring)."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = _fake_mode()
     primals = _fakes(mode, inputs)
     tangents = _tangents(mode, sig)
     with torch.enable_grad():
         gm = _trace(_joint_function(fn, sig, len(primals)), [*primals, *tangents], table)
+    _unspecialized(mode)
     n_outs = len(sig.graph_outputs)
     mutated = _finish(gm, len(primals), n_outs)
     return JointGraph(gm, len(primals), len(tangents), n_outs, mutated, len(sig.grad_inputs))
@@ -332,10 +408,11 @@ def trace_forward(
     >>> fw.mutated, fw.gm(torch.zeros(2))
     ((0,), [tensor([0.8415, 0.8415]), tensor([1., 1.])])
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = _fake_mode()
     primals = _fakes(mode, inputs)
     with torch.no_grad():
         gm = _trace(_graph_outputs(fn, sig), primals, table)
+    _unspecialized(mode)
     n_outs = len(sig.graph_outputs)
     mutated = _finish(gm, len(primals), n_outs)
     return JointGraph(gm, len(primals), 0, n_outs, mutated, 0)
