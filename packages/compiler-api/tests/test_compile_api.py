@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import traceback
 import warnings
@@ -311,3 +312,41 @@ def test_models_compiled_in_a_loop_are_freed_and_never_fill_the_cache():
     gc.collect()
     assert not any(ref() for ref in alive), "a cache entry kept a model alive"
     assert hook.entries(Net.forward.__code__) == []
+
+
+_GETTER = operator.itemgetter(0)
+
+
+def _picks(xs):
+    return _GETTER(xs) * 2
+
+
+def test_a_rebound_global_getter_recompiles():
+    global _GETTER
+    compiled = ember.compiler.compile(_picks)
+    xs = [torch.ones(2), torch.zeros(2)]
+    torch.testing.assert_close(compiled(xs), torch.ones(2) * 2)
+    _GETTER = operator.itemgetter(1)
+    try:
+        torch.testing.assert_close(compiled(xs), torch.zeros(2))
+    finally:
+        _GETTER = operator.itemgetter(0)
+    assert compiled.stats.breaks == [] and len(compiled.stats.compiled) == 2
+
+
+@torch.no_grad()
+def _no_grad_step(p, g):
+    p.sub_(0.1 * g)
+    return p * 2
+
+
+def test_a_grad_decorated_helper_is_inlined_in_its_mode():
+    def f(p, g):
+        return _no_grad_step(p, g), torch.is_grad_enabled()
+
+    p = torch.ones(3, requires_grad=True)
+    compiled = ember.compiler.compile(f, backend=CompileCounter())
+    out, enabled = compiled(p, torch.ones(3))
+    assert enabled and not out.requires_grad and torch.is_grad_enabled()
+    torch.testing.assert_close(p.detach(), torch.full((3,), 0.9))
+    assert compiled.stats.breaks == [] and compiled.stats.failures == []

@@ -2024,8 +2024,6 @@ _REBUILD = (
 )
 _CELLS = "a closure made in the frame and alive at the break needs the frame's very cells: eager"
 _USER_CLASS = "calling a user class (instance creation) or an instance's __call__ breaks the graph"
-_NAMEDTUPLE = "namedtuple construction and field access break the graph"
-_OPERATOR = "operator.itemgetter/attrgetter/methodcaller and functools.reduce are not inlined"
 _COMPREHENSION_FRAME = (
     "the frame breaks at the comprehension's call; the comprehension then runs as a frame of "
     "its own, whose argument is a real iterator ember does not read ahead: it runs eagerly"
@@ -2059,14 +2057,6 @@ COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
     "instance_made_inside": ("2/1", _USER_CLASS),
     "dataclass_made_inside": ("2/1", _USER_CLASS),
     "callable_instance": ("2/1", _USER_CLASS),
-    "namedtuple_returned": ("1/2", _NAMEDTUPLE),
-    "namedtuple_fields": ("1/1", _NAMEDTUPLE),
-    "namedtuple_and_break": ("1/4", _NAMEDTUPLE),
-    "collections_namedtuple": ("3/3", _NAMEDTUPLE),
-    "operator_itemgetter": ("2/1", _OPERATOR),
-    "operator_attrgetter": ("1/1", _OPERATOR),
-    "operator_methodcaller": ("1/1", _OPERATOR),
-    "operator_reduce": ("1/1", _OPERATOR),
     "classmethod_through_instance": (
         "3/1",
         (
@@ -2094,10 +2084,6 @@ COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
         "an assert on a tensor's value breaks (Dynamo captures it as torch._assert)",
     ),
     "caught_key_error": ("0/0", "an exception raised and caught inside the frame runs it eagerly"),
-    "no_grad_decorated_helper": (
-        "2/1",
-        "a call of a function decorated with @torch.no_grad() breaks",
-    ),
 }
 
 

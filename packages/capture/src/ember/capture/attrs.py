@@ -9,6 +9,7 @@ objects; methods become :class:`MethodV`, called later.
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import torch
 
 from ember.capture import guarding
-from ember.capture.builder import wrap
+from ember.capture.builder import is_constant, wrap
+from ember.capture.calls import is_library_file
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
@@ -144,6 +146,23 @@ def _container_attr(fs: FrameState, v: Value, name: str) -> Value:
     return MethodV(v, name)
 
 
+def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """A namedtuple's field, class attribute or method; a plain tuple's method."""
+    assert isinstance(v, TupleV)
+    cls = v.cls
+    if cls is None:
+        return MethodV(v, name)
+    fields: tuple[str, ...] = cls._fields
+    if name in fields:
+        return v.items[fields.index(name)]
+    found = inspect.getattr_static(cls, name, None)
+    if isinstance(found, types.FunctionType) and not is_library_file(found.__code__.co_filename):
+        return BoundV(FuncV(found.__code__, found.__globals__, fn=found), v)  # a user method
+    if name in ("_fields", "_field_defaults") or is_constant(found):
+        return Const(getattr(cls, name))
+    return MethodV(v, name)
+
+
 def _function_attr(fs: FrameState, v: Value, name: str) -> Value:
     assert isinstance(v, FuncV)
     if v.fn is not None and name in ("__name__", "__qualname__", "__module__", "__doc__"):
@@ -183,7 +202,7 @@ ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     Const: _const_attr,
     ListV: _container_attr,
     DictV: _container_attr,
-    TupleV: _container_attr,
+    TupleV: _tuple_attr,
     FuncV: _function_attr,
 }
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 import types
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,7 @@ from ember.capture.values import (
     PartialV,
     TupleV,
     Value,
+    is_namedtuple_class,
 )
 
 # Python values compared by equality in guards and folded as constants.
@@ -74,7 +76,7 @@ def is_constant(obj: Any) -> bool:
     >>> is_constant((1, 2.0, None)), is_constant([1]), is_constant(torch.float32)
     (True, False, True)
     """
-    if isinstance(obj, tuple | frozenset):
+    if type(obj) in (tuple, frozenset):
         return all(is_constant(x) for x in obj)
     return isinstance(obj, CONSTANT_TYPES)
 
@@ -129,7 +131,9 @@ def _wrap_tuple(tracer: Tracer, obj: Any, source: Any) -> Value:
         wrap(tracer, x, guarding.item(source, i) if source is not None else None)
         for i, x in enumerate(obj)
     )
-    if type(obj) is not tuple:  # namedtuple, torch.Size: keep the object for attribute access
+    if is_namedtuple_class(type(obj)):
+        return TupleV(items, cls=type(obj), source=source)
+    if type(obj) is not tuple:  # torch.Size, other tuple subclasses: kept as objects
         if isinstance(obj, torch.Size):
             return Const(obj, source=source)
         return ObjV(obj, source=source)
@@ -184,10 +188,16 @@ def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
     return ObjV(obj, source=source)
 
 
+# Callable objects whose behaviour is state no source reaches (an itemgetter's keys):
+# guarded by identity, so rebinding the name to another one recompiles.
+OPAQUE_CALLABLES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
+IDENTITY_GUARDED = (type, types.ModuleType, types.BuiltinFunctionType, *OPAQUE_CALLABLES)
+
+
 def _wrap_object(tracer: Tracer, obj: Any, source: Any) -> Value:
     """Python modules, classes, builtins, torch functions, user objects: kept as objects."""
     if source is not None and not _trusted(obj):
-        if isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
+        if isinstance(obj, IDENTITY_GUARDED):
             tracer.guards.identity(source, obj)
         else:
             tracer.guards.type_of(source, obj)
@@ -195,6 +205,8 @@ def _wrap_object(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 
 def _trusted(obj: Any) -> bool:
+    if not isinstance(obj, type | types.ModuleType) and not hasattr(obj, "__qualname__"):
+        return False  # an instance (an itemgetter in a global): guarded like any object
     module = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
     if isinstance(obj, types.ModuleType):
         module = obj.__name__

@@ -218,7 +218,41 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
         return call_python_object(fs, f.fn, args, kwargs)
     if hook.is_skipped(f.code):  # disable(fn, recursive=False) or a SKIP decision
         raise Unsupported(f"call to {f.code.co_name}, which ember does not capture", "user")
+    if f.fn is not None and _grad_decorated(f.fn) is not None:
+        return _call_grad_decorated(fs, f, args, kwargs)
     return inline(fs, f, args, kwargs)
+
+
+def _grad_decorated(fn: Any) -> bool | None:
+    """For a function decorated with ``@torch.no_grad()``/``@torch.enable_grad()``/
+    ``@torch.set_grad_enabled(b)``: the grad mode it runs in; None for any other."""
+    code = fn.__code__
+    if code.co_name != "decorate_context" or "ctx_factory" not in code.co_freevars:
+        return None
+    factory = fn.__closure__[code.co_freevars.index("ctx_factory")].cell_contents
+    manager = getattr(factory, "__self__", None)
+    if type(manager) in (torch.no_grad, torch.enable_grad):
+        return type(manager) is torch.enable_grad
+    if type(manager) is torch.set_grad_enabled:
+        return bool(manager.mode)
+    return None
+
+
+def _call_grad_decorated(fs: FrameState, f: FuncV, args: Args, kwargs: Kwargs) -> Value:
+    """The decorated function, inlined between two grad-mode switches (the decorator's
+    ``with`` block). The decorator is guarded by identity, so its closure is fixed."""
+    enabled = _grad_decorated(f.fn)
+    assert enabled is not None
+    if f.source is not None:  # torch's code is trusted unguarded; this closure is the user's
+        fs.tracer.guards.identity(f.source, f.fn)
+    index = f.code.co_freevars.index("func")
+    inner_source = guarding.closure_cell(f.source, index) if f.source is not None else None
+    inner = wrap(fs.tracer, f.fn.__closure__[index].cell_contents, inner_source)
+    previous = fs.tracer.grad_enabled
+    fs.tracer.set_grad_enabled(enabled)
+    result = call_value(fs, inner, args, kwargs)
+    fs.tracer.set_grad_enabled(previous)
+    return result
 
 
 def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:

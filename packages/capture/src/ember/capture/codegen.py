@@ -45,6 +45,17 @@ Part = tuple[str, Any]
 _UNBOUND = object()  # an empty closure cell
 
 
+def make_namedtuple(cls: type[tuple[Any, ...]], *items: Any) -> tuple[Any, ...]:
+    """``cls(*items)`` for a namedtuple class, without running its ``__new__`` in Python
+    (which the hook would then compile as a frame of its own).
+
+    >>> import collections
+    >>> make_namedtuple(collections.namedtuple("P", "a b"), 1, 2)
+    P(a=1, b=2)
+    """
+    return tuple.__new__(cls, items)
+
+
 class GradModeExit:
     """The ``__exit__`` of a grad-mode ``with`` block that a graph break splits: the frame's
     replacement and the resume function hold this in its place, and calling it (at the

@@ -39,6 +39,7 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
+    is_namedtuple_class,
 )
 
 Args = list[Value]
@@ -75,7 +76,8 @@ def constant_of(fs: FrameState, v: Value) -> Any:
     if isinstance(v, SymV):
         return fs.tracer.specialize(v)
     if isinstance(v, TupleV):
-        return tuple(constant_of(fs, x) for x in v.items)
+        items = tuple(constant_of(fs, x) for x in v.items)
+        return v.cls(*items) if v.cls is not None else items
     if isinstance(v, ListV):
         return [constant_of(fs, x) for x in fs.tracer.heap.get(v.ref)]
     if isinstance(v, DictV):
@@ -213,7 +215,7 @@ def python_type(fs: FrameState, v: Value) -> type:
         return real if real is not None else torch.Tensor
     table: dict[type, Callable[[Any], type]] = {
         Const: lambda x: type(x.value),
-        TupleV: lambda x: tuple,
+        TupleV: lambda x: x.cls or tuple,
         ListV: lambda x: list,
         DictV: lambda x: dict,
         ModuleV: lambda x: type(x.module),
@@ -533,6 +535,10 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
     """Call a Python callable that is not a torch operation and not inlined user code."""
     if isinstance(obj, type) and issubclass(obj, BaseException) and not kwargs:
         return NewV(obj, tuple(args))  # raised next, most likely: rebuilt at the raise
+    if is_namedtuple_class(obj):
+        return _namedtuple(obj, args, kwargs)
+    if type(obj) in GETTER_RULES and len(args) == 1 and not kwargs:
+        return GETTER_RULES[type(obj)](fs, obj, args[0])
     if isinstance(obj, markers.Disabled):
         raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
     if markers.is_assumed_constant(obj):
@@ -583,6 +589,76 @@ def is_numeric(values: Args) -> bool:
         isinstance(v, SymV) or (isinstance(v, Const) and type(v.value) in (int, float, bool))
         for v in values
     )
+
+
+def _itemgetter(fs: FrameState, getter: Any, target: Value) -> Value:
+    keys = getter.__reduce__()[1]
+    items = [subscript(fs, target, as_value(fs, k)) for k in keys]
+    return items[0] if len(items) == 1 else TupleV(tuple(items))
+
+
+def _attrgetter(fs: FrameState, getter: Any, target: Value) -> Value:
+    from ember.capture.attrs import load_attr
+
+    found = []
+    for dotted in getter.__reduce__()[1]:
+        value = target
+        for name in dotted.split("."):
+            value = load_attr(fs, value, name)
+        found.append(value)
+    return found[0] if len(found) == 1 else TupleV(tuple(found))
+
+
+def _methodcaller(fs: FrameState, caller: Any, target: Value) -> Value:
+    from ember.capture.attrs import load_attr
+    from ember.capture.calls import call_value
+
+    maker, args = caller.__reduce__()
+    spelled: list[Any] = [*getattr(maker, "args", ()), *args]
+    name, rest = spelled[0], spelled[1:]
+    keywords: dict[str, Any] = getattr(maker, "keywords", {})
+    method = load_attr(fs, target, name)
+    values = [as_value(fs, a) for a in rest]
+    return call_value(fs, method, values, {k: as_value(fs, v) for k, v in keywords.items()})
+
+
+# Callable objects of these types are followed: ``itemgetter(0, 2)(xs)`` reads xs[0], xs[2].
+GETTER_RULES: dict[type, Callable[[FrameState, Any, Value], Value]] = {
+    operator.itemgetter: _itemgetter,
+    operator.attrgetter: _attrgetter,
+    operator.methodcaller: _methodcaller,
+}
+
+
+@rule(functools.reduce)
+def _reduce(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``functools.reduce(fn, items[, initial])`` over a static sequence, calls inlined."""
+    from ember.capture.calls import call_value
+
+    _no_kwargs("reduce", kwargs)
+    fn, items_value, *initial = args
+    items = iterate(fs, items_value)
+    if not initial and not items:
+        raise Unsupported("reduce() of an empty sequence with no initial value")
+    acc, rest = (initial[0], items) if initial else (items[0], items[1:])
+    for item in rest:
+        acc = call_value(fs, fn, [acc, item], {})
+    return acc
+
+
+def _namedtuple(cls: Any, args: Args, kwargs: Kwargs) -> Value:
+    """``Pair(a, b=...)``: the fields bound as the class's ``__new__`` binds them."""
+    fields: tuple[str, ...] = cls._fields
+    bound: dict[str, Value] = dict(zip(fields, args, strict=False))
+    for name, value in kwargs.items():
+        if name not in fields or name in bound:
+            raise Unsupported(f"{cls.__name__}() got an unexpected or repeated argument {name!r}")
+        bound[name] = value
+    for name, default in cls._field_defaults.items():
+        bound.setdefault(name, Const(default))
+    if len(args) > len(fields) or set(bound) != set(fields):
+        raise Unsupported(f"{cls.__name__}() called with the wrong arguments")
+    return TupleV(tuple(bound[name] for name in fields), cls=cls)
 
 
 def _fold(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:

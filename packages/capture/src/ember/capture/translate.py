@@ -20,7 +20,7 @@ import torch.fx
 from ember.capture import breaks, guarding
 from ember.capture.breaks import Layout
 from ember.capture.builder import _trusted, is_constant
-from ember.capture.codegen import GradModeExit, Part
+from ember.capture.codegen import GradModeExit, Part, make_namedtuple
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
@@ -236,6 +236,9 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         if v.node not in tensors:
             tensors.append(v.node)
         return ("out", tensors.index(v.node))
+    if isinstance(v, TupleV) and v.cls is not None:  # a namedtuple: made again
+        items = [_output_part(fs, x, tensors) for x in v.items]
+        return ("new", (make_namedtuple, [("const", v.cls), *items]))
     if isinstance(v, TupleV):
         return ("tuple", [_output_part(fs, x, tensors) for x in v.items])
     if isinstance(v, ListV | DictV):

@@ -56,6 +56,7 @@ __all__ = [
     "TensorV",
     "TupleV",
     "Value",
+    "is_namedtuple_class",
 ]
 
 
@@ -110,9 +111,26 @@ class SymV(Value):
 
 @dataclass(frozen=True, slots=True)
 class TupleV(Value):
-    """A tuple of values (immutable, so held inline)."""
+    """A tuple of values (immutable, so held inline); ``cls`` is a namedtuple's class."""
 
     items: tuple[Value, ...]
+    cls: Any = None  # a namedtuple class, or None for a plain tuple
+
+
+def is_namedtuple_class(cls: Any) -> bool:
+    """A class made by ``collections.namedtuple`` or ``typing.NamedTuple`` (or a subclass
+    keeping its ``__new__``): its instances are tuples ember can build and read.
+
+    >>> import collections
+    >>> is_namedtuple_class(collections.namedtuple("P", "a b")), is_namedtuple_class(tuple)
+    (True, False)
+    """
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, tuple)
+        and isinstance(getattr(cls, "_fields", None), tuple)
+        and (getattr(cls.__new__, "__doc__", None) or "").startswith("Create new instance of")
+    )
 
 
 @dataclass(frozen=True, slots=True)
