@@ -61,3 +61,24 @@ def test_key_depends_on_flags_and_source() -> None:
     a = cache_key(SOURCE, CompileOptions())
     assert a != cache_key(SOURCE, CompileOptions(cflags=("-O1", "-fPIC", "-shared")))
     assert a != cache_key(SOURCE + "\n", CompileOptions())
+
+
+def test_graph_cache_skips_lowering_and_survives_a_bad_record() -> None:
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.inductor import compile_graph
+    from ember.inductor.graph_cache import _path, graph_key
+
+    x = torch.randn(5, 6)
+    gm = make_fx(lambda x: (x.cos() - 1).amax(0))(x)
+    first = compile_graph(gm, [x])
+    torch.testing.assert_close(first(x), (x.cos() - 1).amax(0))
+    second = compile_graph(gm, [x])
+    assert second.schedule is None and second.cache_hit  # from the graph cache
+    torch.testing.assert_close(second(x), (x.cos() - 1).amax(0))
+    record = _path(graph_key(gm, [x], CompileOptions()))
+    record.write_text("{not json")
+    third = compile_graph(gm, [x])
+    assert third.schedule is not None
+    torch.testing.assert_close(third(x), (x.cos() - 1).amax(0))

@@ -119,7 +119,8 @@ def _checksum(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _valid(entry: Path, key: str) -> bool:
+def valid(entry: Path, key: str) -> bool:
+    """Whether ``entry`` holds a complete library for ``key`` (checksum checked)."""
     try:
         marker = json.loads((entry / "ok").read_text())
         return bool(marker["key"] == key and marker["sha256"] == _checksum(entry / "kernels.so"))
@@ -133,7 +134,7 @@ def build(source: str, options: CompileOptions | None = None) -> tuple[Path, str
     key = cache_key(source, options)
     entry = cache_dir() / key[:2] / key
     command = [options.cxx, *options.cflags, "kernels.cpp", "-o", "kernels.so"]
-    if _valid(entry, key):
+    if valid(entry, key):
         return entry / "kernels.so", " ".join(command), True
     if entry.exists():
         shutil.rmtree(entry, ignore_errors=True)  # corrupt or foreign: rebuild
@@ -149,7 +150,7 @@ def build(source: str, options: CompileOptions | None = None) -> tuple[Path, str
         try:
             os.rename(tmp, entry)
         except OSError:  # another process won the race; its entry is as good as ours
-            if not _valid(entry, key):
+            if not valid(entry, key):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,13 +25,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import cache
+from ember.inductor import cache, graph_cache
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.lowering import Fallback, lower_graph
 from ember.inductor.rewrite import simplify
 from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
-from ember.inductor.wrapper import bind
+from ember.inductor.wrapper import bind, wrapper_source
 
 __all__ = ["DECOMPOSITIONS", "CompiledGraph", "compile_graph"]
 
@@ -87,10 +87,23 @@ KEEP = {
     aten.native_dropout.default,
     aten.embedding.default,
     aten.index_select.default,
+    aten._unsafe_view.default,
+    aten.clone.default,
 }
 for _k in list(DECOMPOSITIONS):
     if _k in KEEP:
         del DECOMPOSITIONS[_k]
+
+
+def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """Decompositions need not give eager's strides, so a later view may need a copy."""
+    if not a.is_contiguous():
+        a = aten.clone.default(a, memory_format=torch.contiguous_format)
+    out: torch.Tensor = aten._unsafe_view.default(a, size)
+    return out
+
+
+DECOMPOSITIONS[aten.view.default] = _view_as_reshape
 
 
 def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
@@ -144,23 +157,21 @@ CHECKED = {"lower", "eliminate_dead", "simplify"}
 
 
 class CompiledGraph:
-    """The callable ``compile_graph`` returns; it waits for the C++ build on its first call."""
+    """The callable ``compile_graph`` returns; it waits for the C++ build on its first call.
 
-    def __init__(
-        self,
-        gm: torch.fx.GraphModule,
-        sched: Schedule,
-        source: str,
-        args: dict[str, list[str]],
-        build: Future[tuple[Path, str, bool]] | None,
-        run: _Run,
-    ) -> None:
-        self.gm, self.schedule, self.source, self.kernel_args = gm, sched, source, args
-        self._build, self._run = build, run
-        self._call: Callable[..., Any] | None = None
+    ``schedule`` and ``source`` show what was generated; both are None when the graph came
+    from the graph cache (see :mod:`ember.inductor.graph_cache`)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, run: _Run, spec: Any) -> None:
+        self.gm, self._run, self._spec = gm, run, spec
+        self.schedule: Schedule | None = None
+        self.source: str | None = None
+        self.kernel_args: dict[str, list[str]] = {}
         self.wrapper = ""
-        self.cache_hit: bool | None = None
-        self._spec = sched.program.out_spec
+        self.cache_hit: bool | None = None  # the kernels' library came from the disk cache
+        self._build: Future[tuple[Path, str, bool]] | None = None
+        self._call: Callable[..., Any] | None = None
+        self._record: tuple[str, torch.fx.GraphModule] | None = None  # graph key, original gm
 
     def __call__(self, *args: Any) -> Any:
         if self._call is None:
@@ -170,7 +181,7 @@ class CompiledGraph:
 
     def _finish(self) -> Callable[..., Any]:
         start = time.perf_counter()
-        lib = None
+        lib, so_key = None, None
         if self._build is not None:
             try:
                 path, command, self.cache_hit = self._build.result()
@@ -182,12 +193,54 @@ class CompiledGraph:
             self._run.write(
                 "compile_command.txt", f"{command}\n# cache hit: {self.cache_hit}\n# {path}\n"
             )
-            lib = cache.load(path)
-        call, self.wrapper = bind(self.schedule, self.kernel_args, lib)
+            lib, so_key = cache.load(path), path.parent.name
+        assert self.schedule is not None
+        self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args)
+        call = bind(self.wrapper, consts, self.kernel_args, lib)
         self._run.times["build_and_load"] = time.perf_counter() - start
         self._run.write("06_wrapper.py", self.wrapper)
         self._run.write("times.json", json.dumps(self._run.times, indent=1))
+        if self._record is not None:
+            self._save(so_key, consts)
         return call
+
+    def _save(self, so_key: str | None, consts: dict[str, Any]) -> None:
+        assert self._record is not None
+        key, original = self._record
+        paths = graph_cache.tensor_paths(original)
+        try:
+            record = {
+                "wrapper": self.wrapper,
+                "kernel_args": self.kernel_args,
+                "so": so_key,
+                "consts": {n: graph_cache.encode(v, paths) for n, v in consts.items()},
+                "spec": None if self._spec is None else pytree.treespec_dumps(self._spec),
+            }
+        except (graph_cache.Unencodable, TypeError, NotImplementedError):
+            return
+        graph_cache.save(key, record)
+
+    @staticmethod
+    def from_record(gm: torch.fx.GraphModule, record: dict[str, Any], run: _Run) -> Any:
+        """A ready callable from a graph-cache record, or None if its parts are gone."""
+        lib = None
+        so_key = record["so"]
+        if so_key is not None:
+            entry = cache.cache_dir() / so_key[:2] / so_key
+            if not cache.valid(entry, so_key):
+                return None
+            lib = cache.load(entry / "kernels.so")
+        try:
+            consts = {n: graph_cache.decode(v, gm) for n, v in record["consts"].items()}
+        except (graph_cache.Unencodable, AttributeError):
+            return None
+        spec = None if record["spec"] is None else pytree.treespec_loads(record["spec"])
+        compiled = CompiledGraph(gm, run, spec)
+        compiled.kernel_args, compiled.wrapper = record["kernel_args"], record["wrapper"]
+        compiled.cache_hit = True
+        compiled._call = bind(record["wrapper"], consts, record["kernel_args"], lib)
+        run.write("06_wrapper.py", compiled.wrapper + "\n# from the graph cache\n")
+        return compiled
 
 
 def compile_graph(
@@ -199,7 +252,8 @@ def compile_graph(
     Ops without a lowering run as aten calls; a graph that cannot be lowered
     at all runs as ``gm`` itself, so this never fails for want of an op.
     ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
-    :data:`~ember.inductor.cache.DEFAULT_CFLAGS`).
+    :data:`~ember.inductor.cache.DEFAULT_CFLAGS`), ``graph_cache`` (False: lower
+    and generate code even for a graph seen before).
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> def f(x):
@@ -215,6 +269,11 @@ def compile_graph(
     )
     run = _Run()
     run.write("00_input_graph.txt", gm)
+    key = _graph_key(gm, example_inputs, compile_options) if opts.get("graph_cache", 1) else None
+    record = graph_cache.load(key) if key is not None else None
+    if record is not None and (hit := CompiledGraph.from_record(gm, record, run)) is not None:
+        return hit  # type: ignore[no-any-return]
+    original = gm
     try:
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
         prog = run.phase("lower", lower_graph, gm, example_inputs)  # aten -> loop IR
@@ -225,11 +284,28 @@ def compile_graph(
         source, args = run.phase("codegen", translation_unit, sched)  # C++ source
     except Fallback as e:
         warnings.warn(f"ember.inductor: running the graph eagerly: {e}", stacklevel=2)
-        return gm.forward
+        return original.forward
+    except Exception as e:  # a bug of ours must not stop the user's program
+        warnings.warn(
+            f"ember.inductor: internal error, running the graph eagerly: {e!r}", stacklevel=2
+        )
+        return original.forward
     run.write("05_kernels.cpp", source)
-    has_kernels = any(isinstance(s, Kernel) for s in sched.steps)
-    build = cache.build_async(source, compile_options) if has_kernels else None
-    return CompiledGraph(gm, sched, source, args, build, run)
+    compiled = CompiledGraph(gm, run, prog.out_spec)
+    compiled.schedule, compiled.source, compiled.kernel_args = sched, source, args
+    if any(isinstance(s, Kernel) for s in sched.steps):
+        compiled._build = cache.build_async(source, compile_options)
+    compiled._record = None if key is None else (key, original)
+    return compiled
+
+
+def _graph_key(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: cache.CompileOptions
+) -> str | None:
+    try:
+        return graph_cache.graph_key(gm, example_inputs, options)
+    except graph_cache.Unencodable:
+        return None
 
 
 def _out_spec(gm: torch.fx.GraphModule) -> Any:

@@ -178,10 +178,9 @@ def _leaves(result: Any) -> list[Any]:
 
 
 def bind(
-    sched: Schedule, kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
-) -> tuple[Callable[..., Any], str]:
-    """Compile the wrapper source against loaded kernels; return ``call`` and its source."""
-    source, consts = wrapper_source(sched, kernel_args)
+    source: str, consts: dict[str, Any], kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
+) -> Callable[..., Any]:
+    """Compile wrapper ``source`` against loaded kernels and its constants; return ``call``."""
     env: dict[str, Any] = {
         "_empty": torch.empty_strided,
         "_as_strided": torch.as_strided,
@@ -196,4 +195,5 @@ def bind(
         fn.restype = None
         env[name] = fn
     exec(compile(source, "<ember.inductor wrapper>", "exec"), env)
-    return env["call"], source
+    call: Callable[..., Any] = env["call"]
+    return call

@@ -1,0 +1,140 @@
+"""The graph cache: a graph seen before, in any process, skips lowering and code generation.
+
+A record (``$EMBER_CACHE_DIR/inductor/graphs/<key[:2]>/<key>.json``) holds what
+the wrapper needs: its source, the kernels' arguments, the library's cache
+key, the constants it binds (encoded by kind) and the output structure. The
+key hashes the graph's code, the inputs' and constants' sizes, strides and
+dtypes, the compile options, the torch version and the source of this
+package, so any change that could change the result misses. Records are
+written atomically and checked on load (the key inside must match); a record
+that fails to decode is ignored and rewritten.
+
+>>> encode(torch.float16, {}), decode({"dtype": "float16"}, None)
+({'dtype': 'float16'}, torch.float16)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.inductor.cache import CompileOptions, cache_dir
+
+__all__ = ["Unencodable", "decode", "encode", "graph_key", "load", "save"]
+
+
+class Unencodable(Exception):
+    """A wrapper constant that the graph cache cannot write down: the graph is not cached."""
+
+
+@functools.cache
+def _package_hash() -> str:
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(here.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _meta(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        return [list(t.shape), list(t.stride()), str(t.dtype), t.device.type]
+    raise Unencodable(f"a {type(t).__name__} input")
+
+
+def graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], options: CompileOptions) -> str:
+    """The record's name: everything the compiled result depends on."""
+    constants = [_meta(_fetch(gm, str(n.target))) for n in gm.graph.nodes if n.op == "get_attr"]
+    parts = [
+        gm.code,
+        [_meta(t) for t in inputs],
+        constants,
+        options.cxx,
+        list(options.cflags),
+        _package_hash(),
+        torch.__version__,
+    ]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _fetch(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def tensor_paths(gm: torch.fx.GraphModule) -> dict[int, str]:
+    """id of each tensor reachable as a get_attr of ``gm`` -> its attribute path."""
+    out = {id(t): n for n, t in gm.named_parameters(remove_duplicate=False)}
+    out |= {id(t): n for n, t in gm.named_buffers(remove_duplicate=False)}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            out.setdefault(id(_fetch(gm, str(node.target))), str(node.target))
+    return out
+
+
+def encode(value: Any, paths: dict[int, str]) -> dict[str, str]:
+    """One wrapper constant as JSON (``paths``: tensors of the original graph)."""
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch._ops.OpOverload):
+        return {"op": str(value)}
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.memory_format | torch.layout):
+        return {"torch": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.Tensor) and id(value) in paths:
+        return {"attr": paths[id(value)]}
+    raise Unencodable(f"constant {value!r}")
+
+
+def decode(item: dict[str, str], gm: torch.fx.GraphModule | None) -> Any:
+    """The inverse of :func:`encode`, attributes taken from ``gm``."""
+    ((kind, text),) = item.items()
+    if kind in ("dtype", "torch"):
+        return getattr(torch, text)
+    if kind == "op":
+        namespace, name, overload = text.split(".")
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    if kind == "float":
+        return float(text)
+    if kind == "device":
+        return torch.device(text)
+    if kind == "attr" and gm is not None:
+        return _fetch(gm, text)
+    raise Unencodable(f"cannot decode {item}")
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "graphs" / key[:2] / f"{key}.json"
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The record for ``key``, or None (missing, unreadable or not ours)."""
+    try:
+        record = json.loads(_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("key") == key else None
+
+
+def save(key: str, record: dict[str, Any]) -> None:
+    """Write ``record`` atomically (temporary file, then rename)."""
+    path = _path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({**record, "key": key}, f)
+    os.replace(tmp, path)
