@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -153,3 +154,18 @@ def test_mutating_an_input_that_requires_grad_errors_as_in_eager():
         _mutate_leaf(x)
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         aot_compile(torch.fx.symbolic_trace(_mutate_leaf), [x], fw_compiler=lambda g, e: g)
+
+
+def test_outputs_computed_under_no_grad_do_not_require_grad():
+    graph = torch.fx.Graph()  # as ember's capture records `with torch.no_grad(): y = x * 2`
+    x = graph.placeholder("x")
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    y = graph.call_function(operator.mul, (x, 2))
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    graph.output((x, y))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    inp = torch.ones(3, requires_grad=True)
+    f = aot_compile(gm, [inp], fw_compiler=lambda g, e: g)
+    same, doubled = f(inp)
+    assert same is inp and not doubled.requires_grad
+    torch.testing.assert_close(doubled, torch.full((3,), 2.0))

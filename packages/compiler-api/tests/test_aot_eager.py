@@ -148,3 +148,18 @@ def test_second_backward_without_retain_graph_errors_like_eager():
     out.backward(torch.ones_like(out))
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         out.backward(torch.ones_like(out))
+
+
+def _no_grad_then_break(x):
+    with torch.no_grad():
+        y = x * 2
+    print("a graph break")
+    return y + x
+
+
+def test_no_grad_region_across_a_graph_break_matches_eager(capsys):
+    x, x_ref = torch.ones(4, requires_grad=True), torch.ones(4, requires_grad=True)
+    compiled = ember.compiler.compile(_no_grad_then_break, backend="aot_eager")
+    compiled(x).sum().backward()
+    _no_grad_then_break(x_ref).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)  # y carries no gradient in either

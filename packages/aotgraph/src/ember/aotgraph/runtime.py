@@ -59,8 +59,9 @@ class Runtime:
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         if self.backward is not None:
             outs = CompiledFunction.apply(self, *inputs)  # type: ignore[no-untyped-call]
-        else:
-            outs = self.forward(*inputs)
+        else:  # no output needs a gradient (the analysis said so): record no autograd graph
+            with torch.no_grad():
+                outs = self.forward(*inputs)
         n = len(self.signature.graph_outputs)
         if self.mutated:
             write_back(inputs, self.mutated, outs[n : n + len(self.mutated)])
