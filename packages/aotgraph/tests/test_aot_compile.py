@@ -221,3 +221,12 @@ def test_max_and_sqrt_of_float_inputs_stay_symbolic():
         torch.testing.assert_close(y, _max_and_sqrt(x, a, b))
         (g,) = torch.autograd.grad(y.sum(), x)
         torch.testing.assert_close(g, torch.full((3,), math.sqrt(max(a, b))))
+
+
+def test_specialized_floats_compile_one_variant_per_value():
+    x = randn(3)
+    g = aot_compile(torch.fx.symbolic_trace(_needs_the_value), [x, 0.5], fw_compiler=as_is)
+    for k in (0.5, 1.5, 1.5, 0.5):
+        torch.testing.assert_close(g(x, k), x * math.exp(k))
+    assert list(g.variants) == [(1.5,)]
+    assert all(v.fallback is None for v in g.variants.values())  # no symbolic retry per value

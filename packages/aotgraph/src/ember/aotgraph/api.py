@@ -128,7 +128,8 @@ class AOTCompiled:
         key = tuple(args[i] for i in self.lifted.constant_positions)
         found = self.variants.get(key)
         if found is None:
-            found = AOTCompiled(Lifted.of(self.lifted.module, args), self.settings)
+            lifted = Lifted.of(self.lifted.module, args, floats=self.lifted.floats)
+            found = AOTCompiled(lifted, self.settings)
             if len(self.variants) >= MAX_VARIANTS:
                 del self.variants[next(iter(self.variants))]  # the oldest
             self.variants[key] = found
