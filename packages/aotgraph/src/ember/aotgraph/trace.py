@@ -2,7 +2,8 @@
 
 The passes, in order (:func:`trace_joint` and :func:`trace_forward` run them):
 
-1. :class:`Lifted`: parameters and buffers of the module become trailing inputs.
+1. :class:`Lifted`: parameters and buffers of the module become trailing inputs;
+   float inputs stay inputs (traced as symbolic floats), other non-tensors are constants.
 2. :func:`analyze`: one run on fake tensors finds which outputs need gradients,
    which alias inputs (handed back as views at run time, never computed by the
    graph) and which are constants.
@@ -137,7 +138,7 @@ class Lifted:
     names: tuple[str, ...]  # parameter and buffer names, lifted to trailing inputs
     owners: tuple[tuple[Any, str], ...]  # (submodule, attribute) holding each name
     template: tuple[Any, ...]  # the example inputs; constants are baked in from here
-    tensor_positions: tuple[int, ...]  # which example inputs are graph inputs (tensors, floats)
+    input_positions: tuple[int, ...]  # which example inputs are graph inputs (tensors, floats)
     constant_positions: tuple[int, ...]  # which are not: compiled in for their values
     floats: bool  # whether float inputs are graph inputs (symbolic) or constants
 
@@ -195,14 +196,14 @@ class Lifted:
 
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """The graph's tensor inputs for a call with ``args``."""
-        if not self.owners and len(self.tensor_positions) == len(args):
+        if not self.owners and len(self.input_positions) == len(args):
             return list(args)
-        return [args[i] for i in self.tensor_positions] + self.state()
+        return [args[i] for i in self.input_positions] + self.state()
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
-        n = len(self.tensor_positions)
+        n = len(self.input_positions)
         args = list(self.template)
-        for pos, t in zip(self.tensor_positions, tensors[:n], strict=True):
+        for pos, t in zip(self.input_positions, tensors[:n], strict=True):
             args[pos] = t
         if not self.names:
             return self.module(*args)
