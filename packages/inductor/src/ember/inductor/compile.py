@@ -37,12 +37,15 @@ __all__ = ["DECOMPOSITIONS", "CompiledGraph", "compile_graph"]
 
 aten = torch.ops.aten
 
+# Random ops keep torch's own kernels, so they draw the same numbers as eager.
+RANDOM = ("rand", "bernoulli", "normal", "uniform", "exponential", "multinomial", "poisson")
+
 # Composite ops rewritten into the ops that have lowerings before lowering.
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     **{
         k: v
         for k, v in core_aten_decompositions().items()  # type: ignore[no-untyped-call]
-        if "rand" not in str(k)
+        if not any(w in str(k) for w in RANDOM)
     },
     **get_decompositions(
         [
@@ -88,6 +91,8 @@ KEEP = {
     aten.embedding.default,
     aten.index_select.default,
     aten._unsafe_view.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     aten.clone.default,
 }
 for _k in list(DECOMPOSITIONS):
@@ -114,7 +119,20 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # get_attr tensors stay real
     fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
-        return make_fx(gm, decomposition_table=DECOMPOSITIONS, tracing_mode="real")(*fakes)
+        out = make_fx(gm, decomposition_table=DECOMPOSITIONS, tracing_mode="real")(*fakes)
+    if _output_metas(out) != _output_metas(gm) and all("val" in n.meta for n in calls):
+        return gm  # a decomposition disagrees with the kernel it replaces: keep the kernel
+    return out
+
+
+def _output_metas(gm: torch.fx.GraphModule) -> list[Any]:
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    return [
+        (tuple(v.shape), v.dtype)
+        if isinstance(v := getattr(a, "meta", {}).get("val"), torch.Tensor)
+        else type(v)
+        for a in pytree.tree_leaves(out.args[0])
+    ]
 
 
 def _trace_dir() -> Path | None:
@@ -285,7 +303,9 @@ def compile_graph(
     except Fallback as e:
         warnings.warn(f"ember.inductor: running the graph eagerly: {e}", stacklevel=2)
         return original.forward
-    except Exception as e:  # a bug of ours must not stop the user's program
+    except Exception as e:  # a bug of ours must not stop the user's program (tests: it must)
+        if enabled():
+            raise
         warnings.warn(
             f"ember.inductor: internal error, running the graph eagerly: {e!r}", stacklevel=2
         )
