@@ -2023,7 +2023,6 @@ _REBUILD = (
     "the frame runs eagerly"
 )
 _CELLS = "a closure made in the frame and alive at the break needs the frame's very cells: eager"
-_USER_CLASS = "calling a user class (instance creation) or an instance's __call__ breaks the graph"
 _COMPREHENSION_FRAME = (
     "the frame breaks at the comprehension's call; the comprehension then runs as a frame of "
     "its own, whose argument is a real iterator ember does not read ahead: it runs eagerly"
@@ -2054,16 +2053,6 @@ COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
     "setattr_getattr_builtins": ("1/1", _STORES),
     "class_attribute_store": ("1/1", _STORES),
     "list_methods_on_argument": ("1/1", _STORES),
-    "instance_made_inside": ("2/1", _USER_CLASS),
-    "dataclass_made_inside": ("2/1", _USER_CLASS),
-    "callable_instance": ("2/1", _USER_CLASS),
-    "classmethod_through_instance": (
-        "3/1",
-        (
-            "a staticmethod called through an instance is bound like a method ('given too "
-            "many positional arguments'), so it breaks"
-        ),
-    ),
     "setcomp_of_constants": (
         "0/0",
         "set displays (BUILD_SET) are not supported: the frame runs eagerly",

@@ -18,7 +18,7 @@ import torch
 
 from ember.capture import guarding
 from ember.capture.builder import is_constant, wrap
-from ember.capture.calls import is_library_file
+from ember.capture.calls import function_value, is_library_file
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
@@ -26,6 +26,7 @@ from ember.capture.values import (
     Const,
     DictV,
     FuncV,
+    InstanceV,
     ListV,
     MethodV,
     ModuleV,
@@ -35,6 +36,7 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
+    is_frozen_dataclass,
 )
 
 # Tensor attributes that are static metadata of the (guarded) fake tensor.
@@ -123,12 +125,39 @@ def _object_attr(fs: FrameState, v: Value, name: str) -> Value:
     instance_dict = getattr(obj, "__dict__", None)
     if isinstance(instance_dict, dict) and name in instance_dict:
         return wrap(fs.tracer, instance_dict[name], src)
+    static = inspect.getattr_static(type(obj), name, _MISSING)
+    if isinstance(static, staticmethod):  # getattr would hand back the bare function
+        return wrap(fs.tracer, static.__func__, None)
     cls_attr = getattr(type(obj), name, _MISSING)
     if cls_attr is not _MISSING:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field
         return wrap(fs.tracer, getattr(obj, name), src)
     raise Unsupported(f"attribute {name!r} of {type(obj).__name__}", "attribute")
+
+
+def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """An attribute of an instance made while tracing: its own, or its class's."""
+    assert isinstance(v, InstanceV)
+    own = fs.tracer.heap.get(v.ref)
+    if name in own:
+        return own[name]  # type: ignore[no-any-return]
+    found = inspect.getattr_static(v.cls, name, _MISSING)
+    if found is _MISSING:
+        raise Unsupported(f"{v.cls.__name__} object has no attribute {name!r}", "attribute")
+    if isinstance(found, staticmethod):
+        return wrap(fs.tracer, found.__func__, None)
+    if isinstance(found, classmethod):
+        return BoundV(wrap(fs.tracer, found.__func__, None), ObjV(v.cls))
+    if isinstance(found, types.FunctionType):
+        return BoundV(function_value(fs, found, None), v)
+    if isinstance(found, property) and isinstance(found.fget, types.FunctionType):
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, found.fget, None), [v], {})
+    if hasattr(type(found), "__get__"):
+        raise Unsupported(f"the descriptor {v.cls.__name__}.{name}", "attribute")
+    return wrap(fs.tracer, found, None)
 
 
 def _const_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -157,7 +186,7 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
         return v.items[fields.index(name)]
     found = inspect.getattr_static(cls, name, None)
     if isinstance(found, types.FunctionType) and not is_library_file(found.__code__.co_filename):
-        return BoundV(FuncV(found.__code__, found.__globals__, fn=found), v)  # a user method
+        return BoundV(function_value(fs, found, None), v)  # a user method
     if name in ("_fields", "_field_defaults") or is_constant(found):
         return Const(getattr(cls, name))
     return MethodV(v, name)
@@ -196,6 +225,7 @@ def _number_attr(fs: FrameState, v: Value, name: str) -> Value:
 ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     SuperV: _super_attr,
     SymV: _number_attr,
+    InstanceV: _instance_attr,
     TensorV: _tensor_attr,
     ModuleV: _module_attr,
     ObjV: _object_attr,
@@ -216,6 +246,12 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value) -> None:
     nn.Module's, for names that are not parameters, buffers or submodules), a
     descriptor on the class, or an object with no source is a graph break instead.
     """
+    if isinstance(obj, InstanceV):  # made in this trace: no side effect, made whole later
+        found = inspect.getattr_static(obj.cls, name, None)
+        if is_frozen_dataclass(obj.cls) or hasattr(type(found), "__set__"):
+            raise Unsupported(f"setting .{name} on a {obj.cls.__name__}", "side-effect")
+        fs.tracer.heap.get(obj.ref)[name] = value
+        return
     real = obj.module if isinstance(obj, ModuleV) else getattr(obj, "obj", None)
     if not isinstance(obj, ModuleV | ObjV) or obj.source is None or real is None:
         raise Unsupported(f"setting .{name} on a {type(obj).__name__}", "side-effect")

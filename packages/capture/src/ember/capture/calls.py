@@ -29,6 +29,7 @@ from ember.capture.values import (
     DictV,
     FuncV,
     GradExitV,
+    InstanceV,
     Lazy,
     MethodV,
     ModuleV,
@@ -330,6 +331,14 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     obj = f.obj if isinstance(f, ObjV) else f.value
     if in_graph(obj):
         return graph_call(fs, "call_function", obj, args, kwargs)
+    call = inspect.getattr_static(type(obj), "__call__", None)
+    if (
+        isinstance(f, ObjV)
+        and not isinstance(obj, type)
+        and isinstance(call, types.FunctionType)
+        and not is_library_file(call.__code__.co_filename)
+    ):  # a user object with a __call__ method: inlined like any method
+        return inline(fs, function_value(fs, call, None), [f, *args], kwargs)
     return call_python_object(fs, obj, args, kwargs)
 
 
@@ -348,6 +357,15 @@ def _call_partial(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value
     return call_value(fs, f.func, [*f.args, *args], {**dict(f.kwargs), **kwargs})
 
 
+def _call_instance(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    """Calling an instance made while tracing: its class's ``__call__``, inlined."""
+    assert isinstance(f, InstanceV)
+    call = inspect.getattr_static(f.cls, "__call__", None)
+    if not isinstance(call, types.FunctionType) or is_library_file(call.__code__.co_filename):
+        raise Unsupported(f"calling a {f.cls.__name__} (no Python __call__)", "call")
+    return inline(fs, function_value(fs, call, None), [f, *args], kwargs)
+
+
 def _call_grad_exit(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(f, GradExitV)
     fs.tracer.set_grad_enabled(f.previous)  # the block's __exit__(None, None, None)
@@ -361,6 +379,7 @@ CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
     ObjV: _call_object,
     Const: _call_object,
     GradExitV: _call_grad_exit,
+    InstanceV: _call_instance,
     BoundV: _call_bound,
     PartialV: _call_partial,
 }

@@ -37,12 +37,25 @@ from ember.capture.hook import argument_names
 #   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
 #   ("shared", (ref, part)) a list or dict built once however many names refer to it
 #   ("new", (cls, [..]))   cls(*parts), made afresh on every run (an exception to raise)
+#   ("object", (cls, [(name, part)]))  an instance made inside the frame, attributes set
 #   ("function", (code, globals, [defaults], [(k, kwdefault)], [cell content | None]))
 #                          a function made inside the frame (a comprehension at a break),
 #                          with new cells holding the contents its closure had
 Part = tuple[str, Any]
 
 _UNBOUND = object()  # an empty closure cell
+
+
+def make_object(cls: type, attributes: dict[str, Any]) -> Any:
+    """An instance of ``cls`` made in compiled code, with its attributes (no ``__init__``).
+
+    >>> class P: pass
+    >>> make_object(P, {"a": 1}).a
+    1
+    """
+    obj: Any = object.__new__(cls)
+    obj.__dict__.update(attributes)
+    return obj
 
 
 def make_namedtuple(cls: type[tuple[Any, ...]], *items: Any) -> tuple[Any, ...]:
@@ -171,6 +184,12 @@ def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[s
         cls, args = payload
         constants.append(cls)
         return f"{PREFIX}c[{len(constants) - 1}]({', '.join(sub(p) for p in args)})"
+    if kind == "object":
+        cls, attributes = payload
+        constants.extend([make_object, cls])
+        k = len(constants) - 2
+        items = ", ".join(f"{n!r}: {sub(p)}" for n, p in attributes)
+        return f"{PREFIX}c[{k}]({PREFIX}c[{k + 1}], {{{items}}})"
     if kind == "function":
         code, globals_, defaults, kwdefaults, contents = payload
         constants.extend([make_function, code, globals_, _UNBOUND])

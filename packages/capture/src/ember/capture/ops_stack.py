@@ -19,7 +19,17 @@ from ember.capture.pyrules import (
     truth,
 )
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import Const, DictV, ListV, ModuleV, ObjV, TensorV, TupleV, Value
+from ember.capture.values import (
+    Const,
+    DictV,
+    InstanceV,
+    ListV,
+    ModuleV,
+    ObjV,
+    TensorV,
+    TupleV,
+    Value,
+)
 
 # BINARY_OP's oparg indexes this table (mirrors opcode._nb_ops in CPython 3.11).
 BINARY_OPS: tuple[Callable[[Any, Any], Any], ...] = (
@@ -120,6 +130,8 @@ def IS_OP(fs: FrameState, inst: Instr) -> None:
 def _is(fs: FrameState, a: Value, b: Value) -> bool:
     if isinstance(a, TensorV) or isinstance(b, TensorV):
         return isinstance(a, TensorV) and isinstance(b, TensorV) and a.node is b.node
+    if isinstance(a, InstanceV) or isinstance(b, InstanceV):
+        return isinstance(a, InstanceV) and isinstance(b, InstanceV) and a.ref == b.ref
     if isinstance(a, ListV | DictV) and isinstance(b, ListV | DictV):
         return type(a) is type(b) and a.ref == b.ref
     if isinstance(a, ListV | DictV) or isinstance(b, ListV | DictV):

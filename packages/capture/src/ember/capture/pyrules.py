@@ -12,13 +12,14 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ember.capture import guarding, markers
-from ember.capture.builder import is_constant, wrap
+from ember.capture.builder import TRUSTED_MODULE_PREFIXES, is_constant, wrap
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
@@ -27,6 +28,7 @@ from ember.capture.values import (
     DictV,
     FuncV,
     GradModeV,
+    InstanceV,
     IterV,
     ListV,
     MethodV,
@@ -40,6 +42,7 @@ from ember.capture.values import (
     TupleV,
     Value,
     is_namedtuple_class,
+    is_plain_class,
 )
 
 Args = list[Value]
@@ -122,6 +125,10 @@ def truth(fs: FrameState, v: Value) -> bool:
     if isinstance(v, SymV):  # guard the condition (``loss > 0``), not the number
         return bool(fs.tracer.specialize(v, None if type(v.example) is bool else operator.truth))
     if isinstance(v, FuncV | MethodV | IterV):
+        return True
+    if isinstance(v, InstanceV):
+        if hasattr(v.cls, "__bool__") or hasattr(v.cls, "__len__"):
+            raise Unsupported(f"the truth value of a {v.cls.__name__}", "constant")
         return True
     obj = v.module if isinstance(v, ModuleV) else getattr(v, "obj", None)
     cls = type(obj)
@@ -223,6 +230,7 @@ def python_type(fs: FrameState, v: Value) -> type:
         FuncV: lambda x: type(x.fn) if x.fn is not None else type(python_type),
         IterV: lambda x: type(iter(())),
         SymV: lambda x: type(x.example),
+        InstanceV: lambda x: x.cls,
     }
     if type(v) not in table:
         raise Unsupported(f"the type of a {type(v).__name__}", "call")
@@ -551,6 +559,8 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         finally:
             fs.tracer.calling = previous
     module = getattr(obj, "__module__", None) or ""
+    if is_plain_class(obj) and module.split(".")[0] not in TRUSTED_MODULE_PREFIXES:
+        return _instantiate(fs, obj, args, kwargs)
     if isinstance(obj, type) and obj in (torch.Size, slice, complex):
         module = "builtins"
     if obj in SCALAR_FUNCTIONS and is_numeric(args) and not kwargs:
@@ -644,6 +654,39 @@ def _reduce(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     for item in rest:
         acc = call_value(fs, fn, [acc, item], {})
     return acc
+
+
+def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value:
+    """``cls(*args, **kwargs)`` for a plain user class: a new instance, ``__init__`` inlined."""
+    from ember.capture.calls import function_value, inline, is_library_file
+
+    instance = InstanceV(cls, fs.tracer.heap.new({}))
+    init: Any = getattr(cls, "__init__")  # noqa: B009 (mypy: an instance's __init__ is unsound)
+    if init is object.__init__:
+        if args or kwargs:
+            raise Unsupported(f"{cls.__name__}() takes no arguments")
+        return instance
+    if not isinstance(init, types.FunctionType) or is_library_file(init.__code__.co_filename):
+        raise Unsupported(f"{cls.__name__}.__init__ is not Python code ember follows", "call")
+    init_value = function_value(fs, init, None)
+    if not _is_none(inline(fs, init_value, [instance, *args], kwargs)):
+        raise Unsupported(f"{cls.__name__}.__init__ returned a value")
+    return instance
+
+
+def _is_none(v: Value) -> bool:
+    return isinstance(v, Const) and v.value is None
+
+
+@rule(object.__setattr__)
+def _object_setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``object.__setattr__(instance, name, value)``, as a frozen dataclass's ``__init__`` does."""
+    _no_kwargs("object.__setattr__", kwargs)
+    target, name, value = args
+    if not isinstance(target, InstanceV):
+        raise Unsupported("object.__setattr__ on an object not made in compiled code", "call")
+    fs.tracer.heap.get(target.ref)[constant_of(fs, name)] = value
+    return Const(None)
 
 
 def _namedtuple(cls: Any, args: Args, kwargs: Kwargs) -> Value:

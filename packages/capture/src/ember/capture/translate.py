@@ -32,6 +32,7 @@ from ember.capture.values import (
     DictV,
     FuncV,
     GradExitV,
+    InstanceV,
     IterV,
     Lazy,
     ListV,
@@ -262,6 +263,9 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
     if isinstance(v, IterV):
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
+    if isinstance(v, InstanceV):  # made in the trace: made for real, once however shared
+        attrs = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.ref).items()]
+        return ("shared", (v.ref, ("object", (v.cls, attrs))))
     if isinstance(v, GradExitV):  # a grad-mode block split by a break
         return ("new", (GradModeExit, [("const", v.previous)]))
     if isinstance(v, NewV):

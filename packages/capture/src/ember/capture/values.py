@@ -42,6 +42,7 @@ __all__ = [
     "GradExitV",
     "GradModeV",
     "Heap",
+    "InstanceV",
     "IterV",
     "Lazy",
     "ListV",
@@ -57,6 +58,7 @@ __all__ = [
     "TupleV",
     "Value",
     "is_namedtuple_class",
+    "is_plain_class",
 ]
 
 
@@ -152,6 +154,46 @@ class IterV(Value):
     """An iterator over a static sequence; the heap holds ``[remaining values]``."""
 
     ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceV(Value):
+    """An instance of a plain user class made while tracing (``Point(2.0)``, a dataclass);
+    the heap holds its ``{attribute: Value}``. Made for real only if it outlives the graph."""
+
+    cls: type
+    ref: int
+
+
+def is_plain_class(cls: Any) -> bool:
+    """A class ember can instantiate while tracing: made by ``type``, with ``object``'s
+    ``__new__`` and ``__setattr__``, instances with a ``__dict__``, no builtin base.
+
+    >>> class P:
+    ...     def __init__(self, a):
+    ...         self.a = a
+    >>> is_plain_class(P), is_plain_class(dict), is_plain_class(Exception)
+    (True, False, False)
+    """
+    klass: Any = cls
+    return (
+        type(klass) is type
+        and klass.__new__ is _OBJECT_NEW
+        and (klass.__setattr__ is _OBJECT_SETATTR or is_frozen_dataclass(klass))
+        and all(c is object or "__slots__" not in c.__dict__ for c in klass.__mro__)
+        and all(c is object or c.__flags__ & _HEAPTYPE for c in klass.__mro__)
+    )
+
+
+_OBJECT_NEW: Any = object.__new__
+_OBJECT_SETATTR: Any = object.__setattr__
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a builtin
+
+
+def is_frozen_dataclass(cls: Any) -> bool:
+    """A ``@dataclass(frozen=True)``: its ``__setattr__`` refuses every store."""
+    params = cls.__dict__.get("__dataclass_params__")
+    return params is not None and bool(params.frozen)
 
 
 @dataclass(frozen=True, slots=True)
