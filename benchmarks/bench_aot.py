@@ -36,7 +36,7 @@ from ember.aotgraph import aot_compile, default_decompositions
 from ember.aotgraph.ops import OpClass, node_class, tensor_bytes
 
 SAVED_WORKLOADS = ["gpt-train", "resnet-train", "mlp-train"]
-STEP_WORKLOADS = ["mlp-train", "resnet-train", "gpt-train", "rnn-train"]
+STEP_WORKLOADS = ["mlp-train", "resnet-train", "gpt-train", "rnn-train", "graph-breaks-train"]
 
 
 def _as_is(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
