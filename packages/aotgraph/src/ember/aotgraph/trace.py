@@ -376,10 +376,21 @@ def _tangents(mode: FakeTensorMode, sig: Signature) -> list[torch.Tensor]:
 
 
 def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> torch.fx.GraphModule:
-    """make_fx then make_fx over functionalize: aten ops, no mutations (passes 3 and 4)."""
+    """make_fx then make_fx over functionalize: aten ops, no mutations (passes 3 and 4).
+
+    The second trace is skipped when the first graph mutates nothing (no op with a
+    mutable schema): functionalization would give the same graph back.
+    """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    if not any(_mutates(node) for node in aten_gm.graph.nodes):
+        return aten_gm
     functional = torch.func.functionalize(aten_gm, remove="mutations")
     return make_fx(functional, decomposition_table=table, tracing_mode="fake")(*args)
+
+
+def _mutates(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 def trace_joint(
