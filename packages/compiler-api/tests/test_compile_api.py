@@ -350,3 +350,29 @@ def test_a_grad_decorated_helper_is_inlined_in_its_mode():
     assert enabled and not out.requires_grad and torch.is_grad_enabled()
     torch.testing.assert_close(p.detach(), torch.full((3,), 0.9))
     assert compiled.stats.breaks == [] and compiled.stats.failures == []
+
+
+def test_globals_of_another_module_are_guarded_and_read_at_call_time(monkeypatch):
+    import sys
+    import types
+
+    helpers = types.ModuleType("ember_test_helpers")
+    exec(
+        "import torch\nSCALE = 2.0\nW = torch.ones(3)\n"
+        "def helper(x):\n    return x * SCALE + W + len([1, 2])\n",
+        helpers.__dict__,
+    )
+    monkeypatch.setitem(sys.modules, "ember_test_helpers", helpers)
+
+    def f(x):
+        return helpers.helper(x)
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    x = torch.ones(3)
+    torch.testing.assert_close(compiled(x), torch.full((3,), 5.0))
+    helpers.SCALE = 3.0  # a constant of the other module: guarded, so it recompiles
+    torch.testing.assert_close(compiled(x), torch.full((3,), 6.0))
+    helpers.W = torch.zeros(3)  # a tensor of the other module: a graph input, read anew
+    torch.testing.assert_close(compiled(x), torch.full((3,), 5.0))
+    assert counter.frame_count == 2

@@ -235,6 +235,8 @@ def test_fetching_every_source() -> None:
         TypeOf(Local("x")): torch.Tensor,
         eg.TorchState("grad_mode"): True,
         eg.Backend(): None,
+        eg.ModuleGlobal("torch.nn.functional", "torch"): torch,
+        eg.ModuleGlobal("torch.nn.functional", "len"): len,
         eg.Computed(max, (Cell("n"), Item(TensorAttr(Local("x"), "shape"), 0), 1)): 3,
     }
     for source, expected in cases.items():

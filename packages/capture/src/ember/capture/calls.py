@@ -182,10 +182,7 @@ def _globals_source(fs: FrameState, func: FuncV) -> Callable[[str], Any]:
     """How an inlined function's globals are reached: the caller's dict, or its module's."""
     if func.globals is fs.globals:
         return fs.globals_source
-    module = func.globals.get("__name__")
-    if isinstance(module, str):
-        return lambda name: guarding.module_global(module, name)
-    return lambda name: None
+    return lambda name: guarding.module_global(func.globals, name)
 
 
 def _closure_cells(fs: FrameState, func: FuncV) -> dict[str, Value]:

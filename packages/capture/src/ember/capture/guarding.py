@@ -8,6 +8,7 @@ reached again by the generated replacement (:func:`source_expression`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -67,9 +68,14 @@ def closure_cell(function: Source, index: int) -> Source:
     return Attr(Item(Attr(function, "__closure__"), index), "cell_contents")
 
 
-def module_global(module: str, name: str) -> Source | None:
-    """A global of another module: not reachable from the frame, so unguardable (None)."""
-    return None
+def module_global(namespace: dict[str, Any], name: str) -> Source | None:
+    """A global of another module, read through ``sys.modules`` (None when ``namespace`` is
+    not a loaded module's dict, as for code run by ``exec``: then it is unguardable)."""
+    module = namespace.get("__name__")
+    loaded = sys.modules.get(module) if isinstance(module, str) else None
+    if loaded is None or getattr(loaded, "__dict__", None) is not namespace:
+        return None
+    return sources.ModuleGlobal(module, name)  # type: ignore[arg-type]
 
 
 def computed(fn: Callable[..., Any], args: tuple[Any, ...]) -> Source:
@@ -103,6 +109,10 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
     ),
     TensorAttr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
     TypeOf: lambda s, sub, g: f"type({sub(s.base)})",
+    # generated code names builtins like its globals, with a B for the G (codegen's helpers)
+    sources.ModuleGlobal: lambda s, sub, g: (
+        f"{g[:-1]}B.__import__('ember.guards').guards.read_module_global({s.module!r}, {s.name!r})"
+    ),
 }
 
 

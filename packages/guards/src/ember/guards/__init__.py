@@ -98,10 +98,12 @@ from ember.guards.sources import (
     Item,
     Local,
     ModuleChild,
+    ModuleGlobal,
     Source,
     TensorAttr,
     TorchState,
     TypeOf,
+    read_module_global,
 )
 from ember.guards.specs import ModuleSpec, TensorSpec
 from ember.guards.state import (
@@ -143,6 +145,7 @@ __all__ = [
     "KindRule",
     "Local",
     "ModuleChild",
+    "ModuleGlobal",
     "ModuleSpec",
     "RecompileReason",
     "Source",
@@ -168,6 +171,7 @@ __all__ = [
     "module_state",
     "no_aliasing",
     "not_none",
+    "read_module_global",
     "recompile_reasons",
     "reset",
     "reset_backend",

@@ -19,7 +19,10 @@ Local(name='self')
 
 from __future__ import annotations
 
+import builtins
 import keyword
+import os  # noqa: F401  (doctests)
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar
@@ -42,10 +45,12 @@ __all__ = [
     "Item",
     "Local",
     "ModuleChild",
+    "ModuleGlobal",
     "Source",
     "TensorAttr",
     "TorchState",
     "TypeOf",
+    "read_module_global",
 ]
 
 MODULES: Final = "_modules"
@@ -293,6 +298,34 @@ class Backend(Source):
 
 
 @dataclass(frozen=True, slots=True)
+class ModuleGlobal(Source):
+    """A global of another module (a function inlined from it reads it), with
+    ``LOAD_GLOBAL``'s fallback to builtins.
+
+    >>> print(ModuleGlobal("torch.nn.functional", "F"))
+    M['torch.nn.functional'].F
+    """
+
+    module: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"M[{self.module!r}].{self.name}"
+
+
+def read_module_global(module: str, name: str) -> Any:
+    """The value ``LOAD_GLOBAL name`` finds in ``module``'s code (KeyError if none).
+
+    >>> read_module_global("os", "sep") == os.sep, read_module_global("os", "len") is len
+    (True, True)
+    """
+    namespace = sys.modules[module].__dict__
+    if name in namespace:
+        return namespace[name]
+    return builtins.__dict__[name]
+
+
+@dataclass(frozen=True, slots=True)
 class Computed(Source):
     """``fn(*args)``, where each argument is a source or a constant: a number derived
     from the frame's numbers, so that a guard can check a condition on them
@@ -388,6 +421,11 @@ def _fetch_default(src: Default, em: Emitter) -> str:
 @fetcher(TypeOf)
 def _fetch_type(src: TypeOf, em: Emitter) -> str:
     return f"type({em.value(src.base)})"
+
+
+@fetcher(ModuleGlobal)
+def _fetch_module_global(src: ModuleGlobal, em: Emitter) -> str:
+    return f"{em.bind(read_module_global)}({src.module!r}, {src.name!r})"
 
 
 @fetcher(Computed)
