@@ -23,7 +23,7 @@ tensor([2., 2.])
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,17 +44,17 @@ class Runtime:
     backward: Callable[..., Sequence[torch.Tensor | None]] | None = None
     clone_saved: tuple[int, ...] = ()  # saved values that are inputs mutated by this call
     number_saved: tuple[int, ...] = ()  # saved values that are numbers, not tensors
+    num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
+    non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
 
-    @property
-    def num_forward_outputs(self) -> int:
-        """Graph outputs plus mutation values: what ``CompiledFunction`` returns."""
-        return len(self.signature.graph_outputs) + len(self.mutated)
-
-    def non_differentiable(self) -> tuple[int, ...]:
-        """``CompiledFunction`` outputs that never get a gradient."""
-        grad = set(self.signature.grad_outputs)
-        numbers = {o.index for o in self.signature.outputs if o.kind == "graph" and o.meta is None}
-        return tuple(j for j in range(self.num_forward_outputs) if j not in grad | numbers)
+    def __post_init__(self) -> None:
+        sig = self.signature
+        n = len(sig.graph_outputs) + len(self.mutated)
+        grad = set(sig.grad_outputs)
+        numbers = {o.index for o in sig.outputs if o.kind == "graph" and o.meta is None}
+        no_grad = tuple(j for j in range(n) if j not in grad | numbers)
+        object.__setattr__(self, "num_forward_outputs", n)
+        object.__setattr__(self, "non_differentiable", no_grad)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         if self.backward is not None:
@@ -129,7 +129,7 @@ class CompiledFunction(torch.autograd.Function):
         ctx.save_for_backward(*saved)
         ctx.runtime = rt
         result = tuple(outs[:k])
-        ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable()))
+        ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
         return result
 
     @staticmethod
