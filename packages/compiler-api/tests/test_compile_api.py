@@ -376,3 +376,23 @@ def test_globals_of_another_module_are_guarded_and_read_at_call_time(monkeypatch
     helpers.W = torch.zeros(3)  # a tensor of the other module: a graph input, read anew
     torch.testing.assert_close(compiled(x), torch.full((3,), 5.0))
     assert counter.frame_count == 2
+
+
+def test_a_graph_that_raises_inside_a_grad_mode_block_restores_the_mode():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        return y + 1
+
+    def raising_backend(gm, example_inputs):
+        def run(*args):
+            gm(*args)
+            torch._C._set_grad_enabled(False)  # as a graph stopped inside the block would
+            raise RuntimeError("the kernel failed")
+
+        return run
+
+    compiled = ember.compiler.compile(f, backend=raising_backend)
+    with pytest.raises(RuntimeError, match="the kernel failed"):
+        compiled(torch.ones(2))
+    assert torch.is_grad_enabled()

@@ -238,6 +238,15 @@ def _effect_lines(
     return lines
 
 
+def switches_grad_mode(graph: torch.fx.Graph) -> bool:
+    """Whether a captured graph switches grad mode (so a raise inside it must restore it).
+
+    >>> switches_grad_mode(torch.fx.symbolic_trace(lambda x: x + 1).graph)
+    False
+    """
+    return any(node.target is torch._C._set_grad_enabled for node in graph.nodes)
+
+
 def generate(
     code: types.CodeType,
     function: types.FunctionType,
@@ -245,6 +254,7 @@ def generate(
     input_sources: list[Any],
     output: Part,
     effects: list[tuple[Any, ...]] | None = None,
+    restore_grad_mode: bool = False,
 ) -> Replacement:
     """The replacement for frames of ``code`` (as called through ``function``).
 
@@ -270,7 +280,15 @@ def generate(
     if freevars:  # names the same free variables as the original, in the same order
         lines.append(f"        if False: ({', '.join(freevars)},)")
     call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
-    lines.append(f"        {PREFIX}o = {call}")
+    if restore_grad_mode:  # a graph that raises must not leave the mode switched
+        lines.append(f"        {PREFIX}m = {PREFIX}B.__import__('torch').is_grad_enabled()")
+        lines.append("        try:")
+        lines.append(f"            {PREFIX}o = {call}")
+        lines.append("        except BaseException:")
+        lines.append(f"            {PREFIX}B.__import__('torch')._C._set_grad_enabled({PREFIX}m)")
+        lines.append("            raise")
+    else:
+        lines.append(f"        {PREFIX}o = {call}")
     lines += [f"        {line}" for line in replay]
     lines.append(f"        return {result}")
     lines.append(f"    return {PREFIX}fn")

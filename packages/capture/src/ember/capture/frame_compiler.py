@@ -199,13 +199,25 @@ class FrameCompiler:
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
         return codegen.generate(
-            frame.code, frame.function, compiled, t.input_sources, t.output, t.effects
+            frame.code,
+            frame.function,
+            compiled,
+            t.input_sources,
+            t.output,
+            t.effects,
+            restore_grad_mode=codegen.switches_grad_mode(t.graph_module.graph),
         ).fn
 
     def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
         compiled = self.backend(t.graph_module, t.example_inputs)
         replacement = codegen.generate(
-            frame.code, frame.function, compiled, t.input_sources, t.output, t.effects
+            frame.code,
+            frame.function,
+            compiled,
+            t.input_sources,
+            t.output,
+            t.effects,
+            restore_grad_mode=codegen.switches_grad_mode(t.graph_module.graph),
         )
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
 
