@@ -1,23 +1,33 @@
 """ember.capture: turn Python frames into torch.fx graphs.
 
-Today the package holds its lowest layer, the frame hook (:mod:`ember.capture.hook`):
-a PEP 523 eval-frame function that lets ember see every Python function call
-on a thread, keep a per-code cache of ``(check_fn, fn)`` entries, and run
-``fn`` in place of the original frame when ``check_fn`` accepts its arguments.
-The bytecode-to-FX translator built on it arrives with issue 4.
+Two layers, bottom up:
 
->>> from ember.capture import hook
->>> calls = []
->>> def on_miss(frame):
-...     calls.append(frame.code.co_name)
-...     return hook.Decision.RUN          # run normally; a translator would return an entry
->>> def double(x):
-...     return 2 * x
->>> with hook.intercepting(on_miss):
-...     double(21)
-42
->>> calls
-['double']
+* :mod:`ember.capture.hook`, a PEP 523 eval-frame function (a small C extension):
+  it lets ember see every Python call on a thread, keeps a per-code cache of
+  ``(check_fn, fn)`` entries in ``co_extra``, and runs ``fn`` in place of the frame
+  when ``check_fn`` accepts its arguments.
+* The translator: a symbolic interpreter over CPython 3.11 bytecode
+  (``interpreter.py`` and the ``ops_*.py`` handler families) that records torch
+  operations into an FX graph on fake tensors, collects the guards its assumptions
+  need (``ember.guards``), breaks the graph where it cannot follow the Python
+  (``breaks.py``: the rest runs in a generated resume function), and generates the
+  code that replaces the frame (``codegen.py``). ``frame_compiler.FrameCompiler``
+  is the hook callback that ties them together; ``ember.compiler.compile`` is its
+  user-facing front.
+
+>>> import torch
+>>> from ember.capture.frame_compiler import FrameCompiler
+>>> def scaled(x, lr):
+...     return torch.relu(x) * lr
+>>> compiler = FrameCompiler(lambda gm, inputs: gm.forward, "eager", entry_codes=(scaled.__code__,))
+>>> with hook.intercepting(compiler):
+...     scaled(torch.ones(2), 0.5)
+tensor([0.5000, 0.5000])
+>>> print(compiler.stats.compiled[0].graph.code.strip())
+def forward(self, x, lr):
+    relu = torch.relu(x);  x = None
+    mul = relu * lr;  relu = lr = None
+    return (mul,)
 """
 
 from ember.capture import hook

@@ -225,6 +225,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
     heap = fs.tracer.heap
     if isinstance(v, Lazy) and v.source is not None:
         return ("source", v.source)  # never read while tracing: passed on as it is
+    if isinstance(v, TensorV) and v.node.op == "placeholder" and v.source is not None:
+        return ("source", v.source)  # an input handed back: reached again, not a graph output
     if isinstance(v, TensorV):
         if v.node not in tensors:
             tensors.append(v.node)
