@@ -127,39 +127,98 @@ def rewrite(e: Expr, rules: Iterable[Rule], index: Callable[[Expr], Expr] | None
 
 
 def _range(e: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> tuple[sympy.Expr, sympy.Expr] | None:
-    """Lowest and highest value of a linear ``e`` over the box ``bounds``, or None."""
-    e = sympy.expand(e)
-    if not e.free_symbols <= set(bounds) or not e.is_polynomial(*e.free_symbols):
-        return None
-    if e.free_symbols and sympy.Poly(e, *e.free_symbols).total_degree() > 1:
-        return None
-    lo = hi = e.subs({s: 0 for s in e.free_symbols})
-    for s in e.free_symbols:
-        c = e.coeff(s)
-        lo, hi = lo + min(0, c * (bounds[s] - 1)), hi + max(0, c * (bounds[s] - 1))
-    return lo, hi
+    """Lowest and highest value of ``e`` over the box ``bounds`` (interval arithmetic), or None."""
+    if e.is_Number:
+        return e, e
+    if e.is_Symbol:
+        return (sympy.Integer(0), sympy.Integer(bounds[e] - 1)) if e in bounds else None
+    if isinstance(e, sympy.Add):
+        parts = [_range(a, bounds) for a in e.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*[p[0] for p in parts]), sympy.Add(*[p[1] for p in parts])  # type: ignore[index]
+    if isinstance(e, sympy.Mul) and len(e.args) == 2 and e.args[0].is_Number:
+        inner = _range(e.args[1], bounds)
+        if inner is None:
+            return None
+        ends = (e.args[0] * inner[0], e.args[0] * inner[1])
+        return min(ends), max(ends)
+    if isinstance(e, sympy.floor):
+        inner = _range(e.args[0], bounds)
+        return None if inner is None else (sympy.floor(inner[0]), sympy.floor(inner[1]))
+    if isinstance(e, sympy.Mod) and e.args[1].is_Integer:
+        inner = _range(e.args[0], bounds)
+        if inner is not None and inner[0] >= 0 and inner[1] < e.args[1]:
+            return inner
+        return sympy.Integer(0), e.args[1] - 1
+    return None
+
+
+def _split(
+    num: sympy.Expr, d: int, bounds: dict[sympy.Symbol, int]
+) -> tuple[sympy.Expr, sympy.Expr, int]:
+    """``num = m*q + r`` with ``0 <= r < m`` and ``m | d`` (m = 1 when nothing better)."""
+    terms = sorted(sympy.Add.make_args(sympy.expand(num)), key=lambda t: abs(_coeff(t)))
+    for k in range(len(terms), 0, -1):
+        small, rest = sympy.Add(*terms[:k]), terms[k:]
+        m = int(sympy.gcd_list([_coeff(t) for t in rest] + [d])) if rest else d
+        r = _range(small, bounds)
+        if m > 1 and r is not None and r[0] >= 0 and r[1] < m:
+            return sympy.expand(sympy.Add(*rest) / m), small, m
+    return num, sympy.Integer(0), 1
+
+
+def _coeff(term: sympy.Expr) -> int:
+    c = term.as_coeff_Mul()[0]
+    return int(c) if c.is_Integer else 1
 
 
 def simplify_index(e: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Drop ``Mod``/``floor`` that cannot change a value within ``bounds``."""
+    """Drop or shrink ``Mod``/``floor`` using the loop bounds: values that cannot wrap
+    (``Mod(i1, 8) -> i1`` when ``i1 < 8``) and low terms that cannot carry
+    (``floor((512*x0 + y0)/32768) -> floor(x0/64)`` when ``y0 < 512``)."""
 
     def mod(x: sympy.Expr, n: sympy.Expr) -> sympy.Expr:
         r = _range(x, bounds)
-        return x if r is not None and r[0] >= 0 and r[1] < n else sympy.Mod(x, n)
+        if r is not None and r[0] >= 0 and r[1] < n:
+            return x
+        if n.is_Integer:
+            q, rest, m = _split(x, int(n), bounds)
+            if m > 1:  # m*q + r mod n == m*(q mod n/m) + r
+                return m * sympy.Mod(q, int(n) // m) + rest
+        return sympy.Mod(x, n)
 
     def floor(x: sympy.Expr) -> sympy.Expr:
         r = _range(x, bounds)
         if r is not None and sympy.floor(r[0]) == sympy.floor(r[1]):
             return sympy.floor(r[0])
+        num, den = sympy.fraction(sympy.together(x))
+        if den.is_Integer and den > 1:
+            q, _, m = _split(num, int(den), bounds)
+            if m > 1:  # floor((m*q + r)/d) == floor(q/(d/m)) when r < m
+                return sympy.floor(q / (int(den) // m))
         return sympy.floor(x)
 
-    for _ in range(4):
-        new = e.replace(sympy.floor, floor).replace(sympy.Mod, mod)
-        new = sympy.expand(new)
+    for _ in range(6):
+        new = _recombine(sympy.expand(e.replace(sympy.floor, floor).replace(sympy.Mod, mod)))
         if new == e:
             break
         e = new
     return e
+
+
+def _recombine(e: sympy.Expr) -> sympy.Expr:
+    """``a*Mod(x, n) + a*n*floor(x/n) -> a*x`` (a split index put back together)."""
+    terms = {t.as_coeff_Mul()[1]: t.as_coeff_Mul()[0] for t in sympy.Add.make_args(e)}
+    for term, a in list(terms.items()):
+        if not isinstance(term, sympy.Mod) or term not in terms:
+            continue
+        x, n = term.args
+        whole = sympy.floor(x / n)
+        if terms.get(whole) == a * n:
+            del terms[term], terms[whole]
+            terms[x] = terms.get(x, 0) + a
+    return sympy.Add(*[c * t for t, c in terms.items()])
 
 
 def _index_leaf(bounds: dict[sympy.Symbol, int]) -> Callable[[Expr], Expr]:
