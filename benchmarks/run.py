@@ -55,13 +55,15 @@ PROC_SPREAD_OK = 0.10
 EMBER_DISTRIBUTIONS = ("ember-guards", "ember-capture", "ember-aotgraph", "ember-inductor")
 
 
-def default_configs() -> list[str]:
-    """``eager``, ``ember:<b>`` for each registered backend, ``torch:<b>`` for each peer."""
+def default_configs(quick: bool = False) -> list[str]:
+    """``eager``, ``ember:<b>`` for each registered backend, ``torch:<b>`` for each peer
+    (only ``torch:eager`` in a quick run: torch's compiling backends take many seconds)."""
     import ember.compiler
 
     backends = ember.compiler.list_backends()
+    peers = ("eager",) if quick else TORCH_PEERS
     return ["eager", *(f"ember:{b}" for b in backends)] + [
-        f"torch:{b}" for b in backends if b in TORCH_PEERS
+        f"torch:{b}" for b in backends if b in peers
     ]
 
 
@@ -286,7 +288,7 @@ def metadata(args: argparse.Namespace, configs: list[str], seconds: float) -> di
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every selected workload under every configuration; the results with their metadata."""
-    configs = args.configs.split(",") if args.configs else default_configs()
+    configs = args.configs.split(",") if args.configs else default_configs(args.quick)
     names = args.workloads.split(",") if args.workloads else (QUICK if args.quick else WORKLOADS)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
