@@ -396,3 +396,36 @@ def test_a_graph_that_raises_inside_a_grad_mode_block_restores_the_mode():
     with pytest.raises(RuntimeError, match="the kernel failed"):
         compiled(torch.ones(2))
     assert torch.is_grad_enabled()
+
+
+def test_autocast_and_inference_mode_blocks_are_captured():
+    def mixed(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+        with torch.inference_mode():
+            z = y.float() * 2
+        return z, y.dtype, z.is_inference()
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(mixed, backend=counter)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    got, want = compiled(x, w), mixed(x, w)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == (torch.bfloat16, True)
+    assert counter.frame_count == 1 and compiled.stats.breaks == []
+    assert not torch.is_autocast_enabled("cpu") and not torch.is_inference_mode_enabled()
+
+
+def test_a_break_inside_an_autocast_block_runs_the_frame_eagerly(capsys):
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+            print("inside")
+            return y
+
+    compiled = ember.compiler.compile(f, backend=CompileCounter())
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    assert compiled(x, w).dtype == torch.bfloat16
+    (failure,) = compiled.stats.failures
+    assert "with block" in failure.reason or "rebuilt" in failure.reason
+    assert not torch.is_autocast_enabled("cpu")

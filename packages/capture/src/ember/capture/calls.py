@@ -32,6 +32,7 @@ from ember.capture.values import (
     InstanceV,
     Lazy,
     MethodV,
+    ModeExitV,
     ModuleV,
     ObjV,
     PartialV,
@@ -363,6 +364,12 @@ def _call_instance(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
     return inline(fs, function_value(fs, call, None), [f, *args], kwargs)
 
 
+def _call_mode_exit(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
+    assert isinstance(f, ModeExitV)
+    fs.tracer.exit_mode(f.exit, f.token)  # the block's __exit__(None, None, None)
+    return Const(None)
+
+
 def _call_grad_exit(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(f, GradExitV)
     fs.tracer.set_grad_enabled(f.previous)  # the block's __exit__(None, None, None)
@@ -376,6 +383,7 @@ CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
     ObjV: _call_object,
     Const: _call_object,
     GradExitV: _call_grad_exit,
+    ModeExitV: _call_mode_exit,
     InstanceV: _call_instance,
     BoundV: _call_bound,
     PartialV: _call_partial,

@@ -14,6 +14,8 @@ from ember.capture.values import (
     FuncV,
     GradExitV,
     GradModeV,
+    ModeExitV,
+    ModeV,
     ObjV,
     TupleV,
     Value,
@@ -86,6 +88,11 @@ def MAKE_FUNCTION(fs: FrameState, inst: Instr) -> None:
 @handler("BEFORE_WITH")
 def BEFORE_WITH(fs: FrameState, inst: Instr) -> None:
     manager = fs.pop()
+    if isinstance(manager, ModeV):
+        token = fs.tracer.enter_mode(manager.enter, manager.exit, manager.args)
+        fs.push(ModeExitV(manager.exit, token))
+        fs.push(Const(None))  # what __enter__ returned (autocast's self is rarely used)
+        return
     if not isinstance(manager, GradModeV):
         raise Unsupported(f"a with-block over a {type(manager).__name__}", "with")
     if not manager.applied:

@@ -32,6 +32,7 @@ from ember.capture.values import (
     IterV,
     ListV,
     MethodV,
+    ModeV,
     ModuleV,
     NewV,
     ObjV,
@@ -442,6 +443,29 @@ def _grad_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         raise Unsupported("no_grad()/enable_grad() with arguments", "call")
     enabled = fs.tracer.calling is torch.enable_grad
     return GradModeV(enabled, fs.tracer.grad_enabled, applied=False)
+
+
+@rule(torch.autocast)
+def _autocast(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)``."""
+    from torch.amp import autocast_mode
+
+    names = ("device_type", "dtype", "enabled", "cache_enabled")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    if set(given) - set(names) or "device_type" not in given:
+        raise Unsupported("torch.autocast() with these arguments", "call")
+    defaults = {"dtype": None, "enabled": True, "cache_enabled": None}
+    values = tuple(constant_of(fs, given[n]) if n in given else defaults[n] for n in names)
+    return ModeV(autocast_mode._enter_autocast, autocast_mode._exit_autocast, values)
+
+
+@rule(torch.inference_mode)
+def _inference_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from torch.autograd import grad_mode
+
+    (mode,) = [*args, *kwargs.values()] or [Const(True)]
+    enabled = bool(constant_of(fs, mode))
+    return ModeV(grad_mode._enter_inference_mode, grad_mode._exit_inference_mode, (enabled,))
 
 
 @rule(torch.is_grad_enabled)

@@ -141,6 +141,8 @@ class Tracer:
     _inputs_by_id: dict[int, TensorV] = field(default_factory=dict)
     _scalars_by_key: dict[str, SymV] = field(default_factory=dict)
     scalar_nodes: list[torch.fx.Node] = field(default_factory=list)  # pure number arithmetic
+    # autocast / inference-mode blocks entered while tracing: (graph token, exit, real token)
+    modes: list[tuple[torch.fx.Node, Any, Any]] = field(default_factory=list)
     _scalar_sources: dict[torch.fx.Node, Any] = field(default_factory=dict)  # placeholder: source
     _last_placeholder: torch.fx.Node | None = None
     ops: int = 0  # call_function/call_method nodes added
@@ -226,6 +228,31 @@ class Tracer:
         self.input_sources.append(source)
         self.example_inputs.append(real)
         return node
+
+    def enter_mode(self, enter: Any, exit_: Any, args: tuple[Any, ...]) -> torch.fx.Node:
+        """Enter an autocast or inference-mode block: a graph node, and for real while
+        tracing (so fake tensors see it); :meth:`leave_modes` undoes what is left open."""
+        token = self.graph.call_function(enter, args)
+        token.meta["example_value"] = None
+        self.modes.append((token, exit_, enter(*args)))
+        return token
+
+    def exit_mode(self, exit_: Any, token: torch.fx.Node) -> None:
+        """Leave the block entered as ``token``: a graph node, and for real."""
+        node = self.graph.call_function(exit_, (token,))
+        node.meta["example_value"] = None
+        for i in range(len(self.modes) - 1, -1, -1):
+            if self.modes[i][0] is token:
+                _, real_exit, real = self.modes.pop(i)
+                real_exit(real)
+                return
+        raise Unsupported("leaving a mode block that was not entered", "with")
+
+    def leave_modes(self) -> None:
+        """Leave, for real, every block tracing entered and did not leave (a failed trace)."""
+        while self.modes:
+            _, real_exit, real = self.modes.pop()
+            real_exit(real)
 
     def drop_unused_scalars(self) -> None:
         """Remove number arithmetic nothing uses (a condition that only a guard needed)."""

@@ -77,6 +77,7 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     try:
         result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
     finally:
+        tracer.leave_modes()  # autocast and inference-mode blocks entered while tracing
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
     tensors: list[torch.fx.Node] = []
     layout: Layout | None = None

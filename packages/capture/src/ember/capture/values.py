@@ -47,6 +47,8 @@ __all__ = [
     "Lazy",
     "ListV",
     "MethodV",
+    "ModeExitV",
+    "ModeV",
     "ModuleV",
     "NewV",
     "Null",
@@ -282,6 +284,24 @@ class GradExitV(Value):
     """The ``__exit__`` of a grad-mode block: restores ``previous``."""
 
     previous: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModeV(Value):
+    """``torch.autocast(...)`` or ``torch.inference_mode(...)`` before its ``with``: entering
+    it is ``enter(*args)``, a node of the graph that returns the token its exit takes."""
+
+    enter: Any  # torch.amp.autocast_mode._enter_autocast, grad_mode._enter_inference_mode
+    exit: Any
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeExitV(Value):
+    """The ``__exit__`` of an entered :class:`ModeV` block: ``exit(token)`` in the graph."""
+
+    exit: Any
+    token: torch.fx.Node
 
 
 @dataclass(frozen=True, slots=True)
