@@ -43,6 +43,8 @@ class Printer:
 
     OPS: ClassVar[dict[Op, str]] = {}
     TYPES: ClassVar[dict[torch.dtype, str]] = {}
+    MEMORY_TYPES: ClassVar[dict[torch.dtype, str]] = {}  # element types in memory, if different
+    LOADS: ClassVar[dict[torch.dtype, str]] = {}  # dtype -> format of a load from memory
     CASTS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {}  # (from, to) -> format
     REDUCE: ClassVar[dict[Reduce, tuple[str, str]]] = {}  # kind -> (identity, combine)
 
@@ -75,7 +77,7 @@ class Printer:
             index = index.xreplace(
                 {s: sympy.Symbol(a) for s, a in zip(indirect, args, strict=True)}
             )
-            code = f"{src}[{self.index(index)}]"
+            code = self.LOADS.get(e.dtype, "{0}").format(f"{src}[{self.index(index)}]")
         elif e.op is Op.INDEX:
             code = self.index(e.arg)
         elif e.op is Op.CAST:
@@ -139,6 +141,9 @@ class CppPrinter(Printer):
         Op.GE: "({0} >= {1})",
         Op.WHERE: "({0} ? {1} : {2})",
     }
+    # bool lives in memory as uint8_t: gcc vectorises byte loads, not bool loads
+    MEMORY_TYPES = {torch.bool: "uint8_t"}
+    LOADS = {torch.bool: "({0} != 0)"}
     TYPES = {
         torch.float32: "float",
         torch.float64: "double",
@@ -308,7 +313,8 @@ class _KernelWriter:
         for name in self.args:
             buf = self.prog.buffers[name]
             const = "const " if name not in self.writes else ""
-            params.append(f"{const}{self.p.type(buf.dtype)}* __restrict__ {name}")
+            element = self.p.MEMORY_TYPES.get(buf.dtype, self.p.type(buf.dtype))
+            params.append(f"{const}{element}* __restrict__ {name}")
         return f'extern "C" void {self.kernel.name}({", ".join(params)}) {{\n'
 
     @property
@@ -380,14 +386,15 @@ class _KernelWriter:
         clause = " ".join(
             o.format(acc=f"{s.name}_acc") for o, s in zip(omp, st.stores, strict=True) if o
         )
-        if st.inner and all(omp):
+        vectorise = bool(st.inner) and all(omp)
+        if vectorise and not self.kernel.outer and self.parallel:
             collapse = f" collapse({len(st.inner)})" if len(st.inner) > 1 else ""
-            if not self.kernel.outer and self.parallel:
-                self.emit(f"#pragma omp parallel for{collapse} {clause}", depth)
-            else:
-                self.emit(f"#pragma omp simd{collapse} {clause}", depth)
+            self.emit(f"#pragma omp parallel for{collapse} {clause}", depth)
+            vectorise = False
         inner_depth = depth
-        for line in _loops(Y[: len(st.inner)], st.inner):
+        for k, line in enumerate(_loops(Y[: len(st.inner)], st.inner)):
+            if vectorise and k == len(st.inner) - 1:  # the innermost, contiguous loop
+                self.emit(f"#pragma omp simd {clause}", inner_depth)
             self.emit(line, inner_depth)
             inner_depth += 1
         for line in lines + combines:
