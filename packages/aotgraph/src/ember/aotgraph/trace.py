@@ -34,6 +34,7 @@ def forward(self, primals_1, primals_2, tangents_1):
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -431,9 +432,10 @@ def trace_forward(
 
 
 def _finish(gm: torch.fx.GraphModule, n_primals: int, n_outs: int) -> tuple[int, ...]:
-    """Passes 5: lift input mutations to outputs, drop detaches, DCE, name placeholders."""
-    mutated = lift_mutations(gm, n_outs)
-    strip_detach(gm)
+    """Passes 5: lift input mutations to outputs, drop detaches, CSE, DCE, name placeholders."""
+    mutated = lift_mutations(gm, n_outs)  # copy_ into inputs -> extra forward outputs
+    strip_detach(gm)  # detach is the identity once autograd is traced away
+    eliminate_common_subexpressions(gm)  # one t(w) for a weight used at every step of a loop
     gm.graph.eliminate_dead_code()
     for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
         name = f"primals_{i + 1}" if i < n_primals else f"tangents_{i - n_primals + 1}"
@@ -464,6 +466,51 @@ def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
     outs = list(output.args[0])  # type: ignore[arg-type]
     output.args = ([*outs[:n_outs], *news, *outs[n_outs:]],)
     return tuple(mutated)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def _pure(node: torch.fx.Node) -> bool:
+    """A node whose result depends only on its op and arguments: it can be shared."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return False
+    return torch.Tag.nondeterministic_seeded not in target.tags  # two dropouts: two masks
+
+
+def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> None:
+    """Merge nodes that apply the same pure op to the same arguments.
+
+    >>> graph = torch.fx.Graph()
+    >>> w = graph.placeholder("w")
+    >>> a = graph.call_function(torch.ops.aten.t.default, (w,))
+    >>> b = graph.call_function(torch.ops.aten.t.default, (w,))
+    >>> _ = graph.output([a, b])
+    >>> gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    >>> eliminate_common_subexpressions(gm)
+    >>> [n.name for n in gm.graph.nodes]
+    ['w', 't_default', 'output']
+    """
+    seen: dict[Any, torch.fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not _pure(node):
+            continue
+        key = (node.target, _frozen(node.args), _frozen(node.kwargs))
+        try:
+            first = seen.setdefault(key, node)
+        except TypeError:  # an unhashable argument: leave the node alone
+            continue
+        if first is not node:
+            node.replace_all_uses_with(first)
+            gm.graph.erase_node(node)
 
 
 def strip_detach(gm: torch.fx.GraphModule) -> None:
