@@ -2011,10 +2011,6 @@ case(2, 1, t(4))(local_named_by_pytest_rewrite)
 # result found later goes here (strict xfail) until it is fixed.
 WRONG_RESULTS: dict[str, str] = {}
 
-_STORES = (
-    "stores to objects, globals or containers from outside the frame break the graph (no "
-    "side-effect replay)"
-)
 _NONLOCAL = (
     "a nonlocal store (STORE_DEREF) is neither captured nor broken at: the frame runs eagerly"
 )
@@ -2032,7 +2028,6 @@ _LIBRARY = "library functions (dataclasses.fields) are called natively at a brea
 COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
     "listcomp_that_prints": ("1/1", _COMPREHENSION_FRAME),
     "dataclass_fields_loop": ("3/3", _LIBRARY),
-    "dict_mutation_argument": ("1/1", _STORES),
     "print_tensor": (
         "2/2",
         (
@@ -2050,9 +2045,6 @@ COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
     "partial_that_prints": ("1/1", _REBUILD),
     "makes_a_closure_and_breaks": ("1/0", _CELLS),
     "closure_appends_and_breaks": ("2/0", _CELLS),
-    "setattr_getattr_builtins": ("1/1", _STORES),
-    "class_attribute_store": ("1/1", _STORES),
-    "list_methods_on_argument": ("1/1", _STORES),
     "setcomp_of_constants": (
         "0/0",
         "set displays (BUILD_SET) are not supported: the frame runs eagerly",

@@ -260,7 +260,7 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value) -> None:
         tables = [real.__dict__.get(t, {}) for t in ("_parameters", "_buffers", "_modules")]
         if any(name in t for t in tables) or isinstance(value, ModuleV):
             raise Unsupported(f"setting the parameter, buffer or submodule .{name}", "side-effect")
-    elif cls.__setattr__ is not object.__setattr__:
+    elif cls.__setattr__ is not object.__setattr__ and cls is not type:  # classes: type's own
         raise Unsupported(f"setting .{name} on a {cls.__name__} with __setattr__", "side-effect")
     if hasattr(cls, name) and hasattr(getattr(cls, name), "__set__"):
         raise Unsupported(f"setting the descriptor .{name}", "side-effect")

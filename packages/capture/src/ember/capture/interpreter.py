@@ -34,7 +34,6 @@ UNSUPPORTED: dict[str, str] = {
     "LOAD_BUILD_CLASS": "defining a class inside compiled code",
     "DELETE_GLOBAL": "deleting a global inside compiled code (a side effect)",
     "DELETE_ATTR": "deleting an attribute inside compiled code (a side effect)",
-    "DELETE_SUBSCR": "deleting an item inside compiled code",
     "BEFORE_ASYNC_WITH": "async code",
     "WITH_EXCEPT_START": "with-blocks inside compiled code",
     "PUSH_EXC_INFO": "try/except inside compiled code",

@@ -13,6 +13,7 @@ from ember.capture.interpreter import handler
 from ember.capture.pyrules import (
     binary,
     constant_of,
+    delete_subscript,
     is_numeric,
     store_subscript,
     subscript,
@@ -189,6 +190,12 @@ def BINARY_SUBSCR(fs: FrameState, inst: Instr) -> None:
 def STORE_SUBSCR(fs: FrameState, inst: Instr) -> None:
     index, container, value = fs.pop(), fs.pop(), fs.pop()
     store_subscript(fs, container, index, value)
+
+
+@handler("DELETE_SUBSCR")
+def DELETE_SUBSCR(fs: FrameState, inst: Instr) -> None:
+    index, container = fs.pop(), fs.pop()
+    delete_subscript(fs, container, index)
 
 
 @handler("FORMAT_VALUE")

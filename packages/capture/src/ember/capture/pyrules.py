@@ -874,6 +874,27 @@ def store_subscript(fs: FrameState, container: Value, index: Value, value: Value
     raise Unsupported(f"item assignment on a {type(container).__name__}", "side-effect")
 
 
+def delete_subscript(fs: FrameState, container: Value, index: Value) -> None:
+    """``del container[index]`` on a list or dict (an int, a slice, or a key)."""
+    if not isinstance(container, ListV | DictV):
+        raise Unsupported(f"deleting an item of a {type(container).__name__}", "side-effect")
+    key = constant_of(fs, index)
+    try:
+        del _mutate(fs, container)[key]
+    except (KeyError, IndexError, TypeError) as e:
+        raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
+
+
+@rule(setattr)
+def _setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.attrs import store_attr
+
+    _no_kwargs("setattr", kwargs)
+    obj, name, value = args
+    store_attr(fs, obj, constant_of(fs, name), value)
+    return Const(None)
+
+
 # -- methods of Python values ------------------------------------------------------------------
 
 
@@ -913,11 +934,22 @@ def _list_method(fs: FrameState, lst: ListV, name: str, args: Args, kwargs: Kwar
         "pop": lambda it: it.pop(*(constant_of(fs, a) for a in args)),
         "reverse": lambda it: it.reverse(),
         "clear": lambda it: it.clear(),
+        "remove": lambda it: it.pop(_index_of(fs, it, args[0])),
     }
     if name not in mutators:
         raise Unsupported(f"list.{name}() inside compiled code", "call")
     result = mutators[name](_mutate(fs, lst))
     return result if isinstance(result, Value) else Const(None)
+
+
+def _index_of(fs: FrameState, items: list[Value], wanted: Value) -> int:
+    """Where ``list.remove``/``index`` finds ``wanted``: items before it must be comparable
+    while tracing (constants), as the comparison of a tensor would read its values."""
+    target = constant_of(fs, wanted)
+    for i, item in enumerate(items):
+        if constant_of(fs, item) == target:
+            return i
+    raise Unsupported("list.remove(x): x not in list")
 
 
 def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:
