@@ -24,10 +24,10 @@ from torch._prims_common import elementwise_dtypes
 
 from ember.inductor.ir import Expr, I, R, const
 from ember.inductor.lower_views import broadcast
-from ember.inductor.lowering import Fallback, Lowerer, Value, lower_graph, lowering
+from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op, Reduce
 
-__all__ = ["lower_graph"]
+__all__ = ["cast", "pointwise", "wrap_index"]
 
 aten = torch.ops.aten
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})

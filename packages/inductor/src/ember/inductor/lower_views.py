@@ -21,9 +21,9 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor.ir import Layout
-from ember.inductor.lowering import Fallback, Lowerer, Value, lower_graph, lowering
+from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 
-__all__ = ["lower_graph"]
+__all__ = ["broadcast", "flatten", "unflatten"]
 
 aten = torch.ops.aten
 
