@@ -1,0 +1,65 @@
+"""Rewrite rules and index simplification, and the trace folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.inductor import compile_graph
+from ember.inductor.ir import Buffer, Expr, I, Layout, const, load
+from ember.inductor.ops import Op
+from ember.inductor.rewrite import ALGEBRA, FOLD, rewrite, simplify_index
+
+x0, x1, y0 = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("x0", "x1", "y0"))
+
+
+@pytest.mark.parametrize(
+    ("index", "bounds", "want"),
+    [
+        (sympy.Mod(y0, 8), {y0: 8}, y0),  # cannot wrap
+        (sympy.floor(y0 / 8), {y0: 8}, 0),  # cannot reach the next multiple
+        (sympy.floor((512 * x0 + y0) / 32768), {x0: 256, y0: 512}, sympy.floor(x0 / 64)),
+        (sympy.Mod(512 * x0 + y0, 32768), {x0: 256, y0: 512}, 512 * sympy.Mod(x0, 64) + y0),
+        (4 * sympy.Mod(x0, 8) + 32 * sympy.floor(x0 / 8), {x0: 64}, 4 * x0),  # recombined
+        (sympy.Mod(x0, 8), {x0: 9}, sympy.Mod(x0, 8)),  # may wrap: kept
+    ],
+)
+def test_simplify_index(index: sympy.Expr, bounds: dict[sympy.Symbol, int], want: object) -> None:
+    assert simplify_index(index, bounds) == want
+
+
+def test_algebra_and_folding() -> None:
+    x = load(Buffer("x", torch.float32, Layout.contiguous((8,))), (I[0],))
+    f32 = torch.float32
+    two = Expr(Op.ADD, f32, (const(1.0, f32), const(1.0, f32)))
+    assert rewrite(Expr(Op.POW, f32, (x, two)), ALGEBRA + FOLD) == Expr(Op.MUL, f32, (x, x))
+    neg = Expr(Op.NEG, f32, (Expr(Op.NEG, f32, (x,)),))
+    assert rewrite(neg, ALGEBRA) == x
+    plus_zero = Expr(Op.ADD, f32, (x, const(0.0, f32)))
+    assert rewrite(plus_zero, ALGEBRA) == plus_zero  # -0.0 + 0.0 is 0.0: not an identity
+
+
+def test_trace_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_INDUCTOR_TRACE", "1")
+    monkeypatch.setenv("EMBER_INDUCTOR_TRACE_DIR", str(tmp_path))
+    x = torch.randn(4, 4)
+    compiled = compile_graph(make_fx(lambda x: x.tanh().sum(0) * 3)(x), [x])
+    compiled(x)
+    (folder,) = tmp_path.iterdir()
+    names = sorted(p.name for p in folder.iterdir())
+    assert {
+        "00_input_graph.txt",
+        "02_lower.txt",
+        "05_schedule.txt",
+        "05_kernels.cpp",
+        "06_wrapper.py",
+        "compile_command.txt",
+        "times.json",
+    } <= set(names), names
+    assert 'extern "C" void kernel0' in (folder / "05_kernels.cpp").read_text()
+    assert "lower" in json.loads((folder / "times.json").read_text())
