@@ -73,8 +73,10 @@ class CompileOptions:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels live: ``$EMBER_CACHE_DIR/inductor`` (default ``~/.cache/ember``)."""
-    root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(Path.home(), ".cache", "ember")
+    """Where compiled kernels live: ``$EMBER_CACHE_DIR/inductor``; without it, ``ember`` in
+    the user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
+    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(user, "ember")
     return Path(root) / "inductor"
 
 
