@@ -2028,13 +2028,6 @@ _LIBRARY = "library functions (dataclasses.fields) are called natively at a brea
 COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
     "listcomp_that_prints": ("1/1", _COMPREHENSION_FRAME),
     "dataclass_fields_loop": ("3/3", _LIBRARY),
-    "print_tensor": (
-        "2/2",
-        (
-            "printing a tensor runs torch code that calls namedtuple __new__ (file "
-            "`<string>`); ember compiles that frame and breaks in it"
-        ),
-    ),
     "generator_that_prints": (
         "1/2",
         "the generator runs natively at the frame's break (list() of it) and then breaks in its"

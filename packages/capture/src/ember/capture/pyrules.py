@@ -702,6 +702,21 @@ def _is_none(v: Value) -> bool:
     return isinstance(v, Const) and v.value is None
 
 
+@rule(tuple.__new__)
+def _tuple_new(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``tuple.__new__(cls, items)``, as a namedtuple's ``__new__`` does."""
+    _no_kwargs("tuple.__new__", kwargs)
+    cls: Any = (
+        constant_of(fs, args[0]) if isinstance(args[0], Const) else getattr(args[0], "obj", None)
+    )
+    items = tuple(iterate(fs, args[1])) if len(args) > 1 else ()
+    if cls is tuple:
+        return TupleV(items)
+    if not is_namedtuple_class(cls) or len(items) != len(cls._fields):
+        raise Unsupported("tuple.__new__ of a class other than a namedtuple's", "call")
+    return TupleV(items, cls=cls)
+
+
 @rule(object.__setattr__)
 def _object_setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     """``object.__setattr__(instance, name, value)``, as a frozen dataclass's ``__init__`` does."""
