@@ -283,11 +283,14 @@ class _KernelWriter:
         self.parallel = work >= PARALLEL_MIN_WORK
         self.reads: list[str] = []
         self.writes: list[str] = []
+        self.tiled = _column_kernel(kernel)
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("  " * depth + line)
 
     def write(self) -> str:
+        if self.tiled:
+            return self.write_tiled()
         k = self.kernel
         depth = 1
         if k.outer:
@@ -307,6 +310,78 @@ class _KernelWriter:
         for d in range(depth - 1, 0, -1):
             self.emit("}", d)
         return self.signature() + "\n".join(self.lines) + "\n}\n"
+
+    def write_tiled(self) -> str:
+        """A column kernel: reductions over rows, vectorised across a tile of the last outer
+        index (which is the contiguous one), instead of one strided inner loop per output."""
+        k, depth = self.kernel, 1
+        n, xk = len(k.outer), f"x{len(k.outer) - 1}"
+        if self.parallel:
+            self.emit(f"#pragma omp parallel for{f' collapse({n})' if n > 1 else ''}", depth)
+        for line in _loops(X[: n - 1], k.outer[:-1]):
+            self.emit(line, depth)
+            depth += 1
+        self.emit(f"for (int64_t xb = 0; xb < {k.outer[-1]}; xb += {TILE}) {{", depth)
+        self.emit(
+            f"const int64_t xe = xb + {TILE} < {k.outer[-1]} ? xb + {TILE} : {k.outer[-1]};",
+            depth + 1,
+        )
+        for st in k.stages:
+            for s in st.stores:
+                self._note_reads(s.body)
+                if not s.local and s.name not in self.writes:
+                    self.writes.append(s.name)
+            self.tiled_stage(st, depth + 1, xk)
+        for d in range(depth, 0, -1):
+            self.emit("}", d)
+        return self.signature() + "\n".join(self.lines) + "\n}\n"
+
+    def tiled_stage(self, st: Stage, depth: int, xk: str) -> None:
+        memo: dict[Expr, str] = {}
+        lines: list[str] = []
+        if st.is_reduction:
+            for s in st.stores:
+                init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
+                self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{TILE}];", depth)
+                self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {s.name}_acc[j] = {init};", depth)
+            inner = depth
+            for line in _loops(Y[: len(st.inner)], st.inner):
+                self.emit(line, inner)
+                inner += 1
+            self.emit("#pragma omp simd", inner)
+            self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", inner)
+            for s in st.stores:
+                value = self.p.expr(s.body, memo, lines)
+                lines.append(
+                    self.p.REDUCE[s.reduce][1].format(  # type: ignore[index]
+                        acc=f"{s.name}_acc[{xk} - xb]", v=value, i=""
+                    )
+                )
+            for line in lines:
+                self.emit(line, inner + 1)
+            for d in range(inner, depth - 1, -1):
+                self.emit("}", d)
+        for s in st.stores:
+            if s.local:
+                self.emit(
+                    f"{self.p.type(self.prog.buffers[s.name].dtype)} {s.name}_l[{TILE}];", depth
+                )
+        self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
+        lines = []
+        for s in st.stores:
+            buf = self.prog.buffers[s.name]
+            value = (
+                f"{s.name}_acc[{xk} - xb]" if st.is_reduction else self.p.expr(s.body, {}, lines)
+            )
+            from_t = s.body.dtype
+            if buf.dtype != from_t:
+                fmt = self.p.CASTS.get((from_t, buf.dtype), self.p.OPS[Op.CAST])
+                value = fmt.format(value, T=self.p.type(buf.dtype))
+            where = f"{s.name}_l[{xk} - xb]" if s.local else f"{s.name}[{self.p.index(s.index)}]"
+            lines.append(f"{where} = {value};")
+        for line in lines:
+            self.emit(line, depth + 1)
+        self.emit("}", depth)
 
     def signature(self) -> str:
         params = []
@@ -432,6 +507,13 @@ def translation_unit(
 
 def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
     """Reads of a local buffer become reads of its variable."""
+    if _column_kernel(kernel):
+        xk = f"x{len(kernel.outer) - 1}"
+        for st in kernel.stages:
+            for s in st.stores:
+                if s.local:
+                    src = re.sub(rf"\b{s.name}\[[^\]]*\]", f"{s.name}_l[{xk} - xb]", src)
+        return src
     for st in kernel.stages:
         for s in st.stores:
             if s.name in sched.scratch:
@@ -439,6 +521,32 @@ def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
             elif s.local:
                 src = re.sub(rf"\b{s.name}\[[^\]]*\]", f"{s.name}_l", src)
     return src
+
+
+TILE = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
+TILEABLE = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL})
+
+
+def _column_kernel(kernel: Kernel) -> bool:
+    """Reductions that read along a strided inner index while the last outer index is the
+    contiguous one (sums over the batch in backward graphs)."""
+    if not kernel.outer or kernel.outer[-1] < 8:
+        return False
+    xk, column = X[len(kernel.outer) - 1], False
+    for st in kernel.stages:
+        for s in st.stores:
+            if s.reduce is None:
+                if st.inner:
+                    return False
+                continue
+            if s.reduce not in TILEABLE or not st.inner:
+                return False
+            yk = Y[len(st.inner) - 1]
+            for e in walk(s.body):
+                if e.op is Op.LOAD and not e.args:
+                    index = e.arg[1]
+                    column |= index.coeff(xk) == 1 and index.coeff(yk) != 1
+    return column
 
 
 def _inner_flat(inner: tuple[int, ...]) -> str:
