@@ -198,27 +198,10 @@ class FrameCompiler:
 
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
-        return codegen.generate(
-            frame.code,
-            frame.function,
-            compiled,
-            t.input_sources,
-            t.output,
-            t.effects,
-            restore_grad_mode=codegen.switches_grad_mode(t.graph_module.graph),
-        ).fn
+        return _replacement(frame, t, compiled).fn
 
     def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
-        compiled = self.backend(t.graph_module, t.example_inputs)
-        replacement = codegen.generate(
-            frame.code,
-            frame.function,
-            compiled,
-            t.input_sources,
-            t.output,
-            t.effects,
-            restore_grad_mode=codegen.switches_grad_mode(t.graph_module.graph),
-        )
+        replacement = _replacement(frame, t, self.backend(t.graph_module, t.example_inputs))
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
 
     def _entry(
@@ -238,6 +221,19 @@ class FrameCompiler:
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
         )
         return entry
+
+
+def _replacement(frame: Frame, t: Translation, compiled: Any) -> codegen.Replacement:
+    """The generated function that runs ``compiled`` in place of the frame (or its prefix)."""
+    return codegen.generate(
+        frame.code,
+        frame.function,
+        compiled,
+        t.input_sources,
+        t.output,
+        t.effects,
+        restore_grad_mode=codegen.switches_grad_mode(t.graph_module.graph),
+    )
 
 
 def _grad_block(t: Translation, block_exit: int) -> bool:
