@@ -182,6 +182,7 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, run: _Run, spec: Any) -> None:
         self.gm, self._run, self._spec = gm, run, spec
+        self._rebuild = _rebuilder(spec)
         self.schedule: Schedule | None = None
         self.source: str | None = None
         self.kernel_args: dict[str, list[str]] = {}
@@ -195,7 +196,7 @@ class CompiledGraph:
         if self._call is None:
             self._call = self._finish()
         out = self._call(*args)
-        return out if self._spec is None else pytree.tree_unflatten(list(out), self._spec)
+        return out if self._rebuild is None else self._rebuild(out)
 
     def _finish(self) -> Callable[..., Any]:
         start = time.perf_counter()
@@ -326,6 +327,18 @@ def _graph_key(
         return graph_cache.graph_key(gm, example_inputs, options)
     except graph_cache.Unencodable:
         return None
+
+
+def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:
+    """How to turn the wrapper's flat tuple into the graph's output (None: it already is)."""
+    if spec is None:
+        return None
+    flat = all(child.num_leaves == 1 and child.is_leaf() for child in spec.children())
+    if flat and spec.type is tuple:
+        return None
+    if flat and spec.type is list:
+        return list
+    return lambda out: pytree.tree_unflatten(list(out), spec)
 
 
 def _out_spec(gm: torch.fx.GraphModule) -> Any:
