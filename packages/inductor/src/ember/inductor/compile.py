@@ -336,7 +336,7 @@ def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:
     flat = all(child.num_leaves == 1 and child.is_leaf() for child in spec.children())
     if flat and spec.type is tuple:
         return None
-    if flat and spec.type is list:
+    if flat and issubclass(spec.type, list):  # fx's immutable_list too: callers get a list
         return list
     return lambda out: pytree.tree_unflatten(list(out), spec)
 
