@@ -23,6 +23,7 @@ Prints; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -142,6 +143,7 @@ def step_times(name: str, quick: bool) -> dict[str, tuple[float, float]]:
 
 
 def main() -> None:
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # the peer's graph-break notes
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, for a smoke run")
     args = parser.parse_args()
@@ -149,18 +151,18 @@ def main() -> None:
     print(f"torch {torch.__version__}, 1 thread, {'few' if args.quick else 'more'} steps\n")
     print("Saved for backward (per captured graph)")
     print(
-        f"{'workload':<14}{'decomps':<9}{'partition':<16}{'tensors':>8}{'saved':>12}{'activations':>13}"
+        f"{'workload':<20}{'decomps':<9}{'partition':<16}{'tensors':>8}{'saved':>12}{'activations':>13}"
     )
     for name in SAVED_WORKLOADS:
         for table, partition, n, total, activations in saved_bytes(name):
-            print(f"{name:<14}{table:<9}{partition:<16}{n:>8}{total:>12,}{activations:>13,}")
+            print(f"{name:<20}{table:<9}{partition:<16}{n:>8}{total:>12,}{activations:>13,}")
     print("\nTraining step (forward, loss, backward, optimizer step)")
     header = "".join(f"{c:>18}" for c in CONFIGS)
-    print(f"{'workload':<14}{header}   (ms per step; first step incl. compile in s)")
+    print(f"{'workload':<20}{header}   (ms per step; first step incl. compile in s)")
     for name in STEP_WORKLOADS:
         times = step_times(name, args.quick)
         cells = "".join(f"{f'{ms:.2f} ({first:.1f}s)':>18}" for first, ms in times.values())
-        print(f"{name:<14}{cells}")
+        print(f"{name:<20}{cells}")
 
 
 if __name__ == "__main__":
