@@ -58,3 +58,11 @@ def test_backward_graph() -> None:
     gm = make_fx(fwd_bwd)(x, w)
     compiled = compile_graph(gm, [x.detach(), w.detach()])
     torch.testing.assert_close(compiled(x.detach(), w.detach()), fwd_bwd(x, w))
+
+
+def test_output_structures() -> None:
+    x = torch.randn(3)
+    for f in [lambda x: x * 2, lambda x: (x * 2,), lambda x: [x * 2, x], lambda x: {"a": [x + 1]}]:
+        got, want = compile_graph(make_fx(f)(x), [x])(x), f(x)
+        assert type(got) is type(want)
+        torch.testing.assert_close(got, want)

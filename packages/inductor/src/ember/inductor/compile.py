@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import os
 import time
 import warnings
@@ -333,12 +334,25 @@ def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:
     """How to turn the wrapper's flat tuple into the graph's output (None: it already is)."""
     if spec is None:
         return None
+    if spec.is_leaf():  # the graph returns one tensor, not a container
+        return operator.itemgetter(0)
     flat = all(child.num_leaves == 1 and child.is_leaf() for child in spec.children())
     if flat and spec.type is tuple:
         return None
     if flat and issubclass(spec.type, list):  # fx's immutable_list too: callers get a list
         return list
-    return lambda out: pytree.tree_unflatten(list(out), spec)
+    return lambda out: _plain(pytree.tree_unflatten(list(out), spec))
+
+
+def _plain(tree: Any) -> Any:
+    """fx's immutable containers (from the output node's arguments) as list and dict."""
+    if isinstance(tree, list):
+        return [_plain(t) for t in tree]
+    if isinstance(tree, tuple) and type(tree) is tuple:
+        return tuple(_plain(t) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    return tree
 
 
 def _out_spec(gm: torch.fx.GraphModule) -> Any:
