@@ -143,7 +143,7 @@ def step_times(name: str, quick: bool) -> dict[str, tuple[float, float]]:
 
 
 def main() -> None:
-    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # the peer's graph-break notes
+    torch._logging.set_logs(dynamo=logging.ERROR)  # the peer's graph-break notes
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, for a smoke run")
     args = parser.parse_args()
