@@ -286,7 +286,7 @@ def _has_hooks(module: torch.nn.Module) -> bool:
 
 def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(m, MethodV)
-    from ember.capture.pyrules import call_python_method
+    from ember.capture.pyobjects import call_python_method
 
     self_value = m.self_value
     if isinstance(self_value, TensorV):

@@ -141,69 +141,74 @@ def _literal(value: Any) -> bool:
     return type(value) is float and math.isfinite(value)
 
 
+@dataclass
+class _Rebuild:
+    """Writes expressions that rebuild parts. Constants that are not literals go to
+    ``constants`` (the generated function's ``c``); a "shared" part (an object several
+    names refer to) is built once, bound with ``:=``, and named afterwards (``shared``
+    holds the ones built); ``names`` maps the frame's argument names to parameters."""
+
+    constants: list[Any]
+    shared: set[int]
+    names: dict[str, str]
+
+    def expr(self, part: Part) -> str:
+        kind, payload = part
+        return PART_RULES[kind](self, payload)
+
+    def const(self, obj: Any) -> str:
+        self.constants.append(obj)
+        return f"{PREFIX}c[{len(self.constants) - 1}]"
+
+    def items(self, parts: list[Part]) -> str:
+        return ", ".join(self.expr(p) for p in parts)
+
+
+def _shared(r: _Rebuild, payload: Any) -> str:
+    ref, inner = payload
+    name = f"{PREFIX}h{ref}"
+    if ref in r.shared:
+        return name
+    r.shared.add(ref)
+    return f"({name} := {r.expr(inner)})"
+
+
+def _function(r: _Rebuild, payload: Any) -> str:
+    code, globals_, defaults, kwdefaults, contents = payload
+    cells = "".join(f"{r.const(_UNBOUND) if p is None else r.expr(p)}, " for p in contents)
+    kw = ", ".join(f"{n!r}: {r.expr(p)}" for n, p in kwdefaults)
+    defaults_expr = "".join(f"{r.expr(p)}, " for p in defaults)
+    return (
+        f"{r.const(make_function)}({r.const(code)}, {r.const(globals_)}, "
+        f"({defaults_expr}), {{{kw}}}, ({cells}))"
+    )
+
+
+# One rule per kind of part (see ``Part``): the expression that rebuilds it.
+PART_RULES: dict[str, Callable[[_Rebuild, Any], str]] = {
+    "shared": _shared,
+    "out": lambda r, i: f"{PREFIX}o[{i}]",
+    "const": lambda r, value: repr(value) if _literal(value) else r.const(value),
+    "source": lambda r, source: source_expr(source, r.names),
+    "tuple": lambda r, parts: f"({r.items(parts)}{',' if len(parts) == 1 else ''})",
+    "list": lambda r, parts: f"[{r.items(parts)}]",
+    "dict": lambda r, pairs: "{" + ", ".join(f"{k!r}: {r.expr(p)}" for k, p in pairs) + "}",
+    "attr": lambda r, p: f"{PREFIX}B.getattr({r.expr(p[0])}, {p[1]!r})",  # a bound method
+    "new": lambda r, p: f"{r.const(p[0])}({r.items(p[1])})",  # made again on every run
+    "object": lambda r, p: (
+        f"{r.const(make_object)}({r.const(p[0])}, "
+        + "{"
+        + ", ".join(f"{n!r}: {r.expr(v)}" for n, v in p[1])
+        + "})"
+    ),
+    "function": _function,
+    "iter": lambda r, parts: f"{PREFIX}B.iter([{r.items(parts)}])",  # what a loop has left
+}
+
+
 def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[str, str]) -> str:
-    """A Python expression that rebuilds ``part``.
-
-    Constants that are not literals are appended to ``constants``; a "shared" part (a
-    list or dict several names refer to) is built once, bound with ``:=``, and
-    referred to by name afterwards (``shared`` holds the ones already built);
-    ``names`` maps the frame's argument names to the generated parameters.
-    """
-    kind, payload = part
-
-    def sub(p: Part) -> str:
-        return _part_expr(p, constants, shared, names)
-
-    if kind == "shared":
-        ref, inner = payload
-        name = f"{PREFIX}h{ref}"
-        if ref in shared:
-            return name
-        shared.add(ref)
-        return f"({name} := {sub(inner)})"
-    if kind == "out":
-        return f"{PREFIX}o[{payload}]"
-    if kind == "const":
-        if _literal(payload):
-            return repr(payload)
-        constants.append(payload)
-        return f"{PREFIX}c[{len(constants) - 1}]"
-    if kind == "source":
-        return source_expr(payload, names)
-    if kind in ("tuple", "list"):
-        inner = ", ".join(sub(p) for p in payload)
-        if kind == "tuple":
-            return f"({inner},)" if len(payload) == 1 else f"({inner})"
-        return f"[{inner}]"
-    if kind == "dict":
-        return "{" + ", ".join(f"{k!r}: {sub(p)}" for k, p in payload) + "}"
-    if kind == "attr":  # a bound method: getattr(object, name)
-        base, name = payload
-        return f"{PREFIX}B.getattr({sub(base)}, {name!r})"
-    if kind == "new":  # an object made again on every run: cls(*args)
-        cls, args = payload
-        constants.append(cls)
-        return f"{PREFIX}c[{len(constants) - 1}]({', '.join(sub(p) for p in args)})"
-    if kind == "object":
-        cls, attributes = payload
-        constants.extend([make_object, cls])
-        k = len(constants) - 2
-        items = ", ".join(f"{n!r}: {sub(p)}" for n, p in attributes)
-        return f"{PREFIX}c[{k}]({PREFIX}c[{k + 1}], {{{items}}})"
-    if kind == "function":
-        code, globals_, defaults, kwdefaults, contents = payload
-        constants.extend([make_function, code, globals_, _UNBOUND])
-        k = len(constants) - 4
-        cells = [f"{PREFIX}c[{k + 3}]" if p is None else sub(p) for p in contents]
-        return (
-            f"{PREFIX}c[{k}]({PREFIX}c[{k + 1}], {PREFIX}c[{k + 2}], "
-            f"({''.join(sub(p) + ', ' for p in defaults)}), "
-            f"{{{', '.join(f'{n!r}: {sub(p)}' for n, p in kwdefaults)}}}, "
-            f"({''.join(c + ', ' for c in cells)}))"
-        )
-    if kind == "iter":  # an iterator over the remaining items of a static sequence
-        return f"{PREFIX}B.iter([{', '.join(sub(p) for p in payload)}])"
-    raise AssertionError(kind)
+    """A Python expression that rebuilds ``part`` (see :class:`_Rebuild`)."""
+    return _Rebuild(constants, shared, names).expr(part)
 
 
 def _effect_lines(
@@ -247,6 +252,21 @@ def switches_grad_mode(graph: torch.fx.Graph) -> bool:
     return any(node.target is torch._C._set_grad_enabled for node in graph.nodes)
 
 
+def _call_lines(call: str, restore_grad_mode: bool) -> list[str]:
+    """``o = call``; with the grad mode put back if the graph raises, when it switches it."""
+    if not restore_grad_mode:
+        return [f"{PREFIX}o = {call}"]
+    torch_c = f"{PREFIX}B.__import__('torch')._C"
+    return [
+        f"{PREFIX}m = {torch_c}.is_grad_enabled()",
+        "try:",
+        f"    {PREFIX}o = {call}",
+        "except BaseException:",
+        f"    {torch_c}._set_grad_enabled({PREFIX}m)",
+        "    raise",
+    ]
+
+
 def generate(
     code: types.CodeType,
     function: types.FunctionType,
@@ -280,15 +300,7 @@ def generate(
     if freevars:  # names the same free variables as the original, in the same order
         lines.append(f"        if False: ({', '.join(freevars)},)")
     call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
-    if restore_grad_mode:  # a graph that raises must not leave the mode switched
-        lines.append(f"        {PREFIX}m = {PREFIX}B.__import__('torch').is_grad_enabled()")
-        lines.append("        try:")
-        lines.append(f"            {PREFIX}o = {call}")
-        lines.append("        except BaseException:")
-        lines.append(f"            {PREFIX}B.__import__('torch')._C._set_grad_enabled({PREFIX}m)")
-        lines.append("            raise")
-    else:
-        lines.append(f"        {PREFIX}o = {call}")
+    lines += [f"        {line}" for line in _call_lines(call, restore_grad_mode)]
     lines += [f"        {line}" for line in replay]
     lines.append(f"        return {result}")
     lines.append(f"    return {PREFIX}fn")

@@ -12,14 +12,13 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ember.capture import guarding, markers
-from ember.capture.builder import TRUSTED_MODULE_PREFIXES, is_constant, wrap
+from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
@@ -32,7 +31,6 @@ from ember.capture.values import (
     IterV,
     ListV,
     MethodV,
-    ModeV,
     ModuleV,
     NewV,
     ObjV,
@@ -42,8 +40,6 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
-    is_namedtuple_class,
-    is_plain_class,
 )
 
 Args = list[Value]
@@ -445,29 +441,6 @@ def _grad_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     return GradModeV(enabled, fs.tracer.grad_enabled, applied=False)
 
 
-@rule(torch.autocast)
-def _autocast(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)``."""
-    from torch.amp import autocast_mode
-
-    names = ("device_type", "dtype", "enabled", "cache_enabled")
-    given = dict(zip(names, args, strict=False)) | kwargs
-    if set(given) - set(names) or "device_type" not in given:
-        raise Unsupported("torch.autocast() with these arguments", "call")
-    defaults = {"dtype": None, "enabled": True, "cache_enabled": None}
-    values = tuple(constant_of(fs, given[n]) if n in given else defaults[n] for n in names)
-    return ModeV(autocast_mode._enter_autocast, autocast_mode._exit_autocast, values)
-
-
-@rule(torch.inference_mode)
-def _inference_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    from torch.autograd import grad_mode
-
-    (mode,) = [*args, *kwargs.values()] or [Const(True)]
-    enabled = bool(constant_of(fs, mode))
-    return ModeV(grad_mode._enter_inference_mode, grad_mode._exit_inference_mode, (enabled,))
-
-
 @rule(torch.is_grad_enabled)
 def _is_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     """Known while tracing: the frame's guards fix the mode it starts in, and the graph's
@@ -562,15 +535,19 @@ def _is_compiling(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 FOLDABLE_MODULES = ("math", "operator", "builtins", "_operator")
 
+# Kinds of callables with a rule of their own, by a test on the callable (a namedtuple
+# class, a user class, an itemgetter): filled by ``pyobjects``; tried in order.
+ObjectRule = Callable[[FrameState, Any, Args, Kwargs], Value]
+OBJECT_KINDS: list[tuple[Callable[[Any], bool], ObjectRule]] = []
+
 
 def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
     """Call a Python callable that is not a torch operation and not inlined user code."""
     if isinstance(obj, type) and issubclass(obj, BaseException) and not kwargs:
         return NewV(obj, tuple(args))  # raised next, most likely: rebuilt at the raise
-    if is_namedtuple_class(obj):
-        return _namedtuple(obj, args, kwargs)
-    if type(obj) in GETTER_RULES and len(args) == 1 and not kwargs:
-        return GETTER_RULES[type(obj)](fs, obj, args[0])
+    for matches, call in OBJECT_KINDS:
+        if matches(obj):
+            return call(fs, obj, args, kwargs)
     if isinstance(obj, markers.Disabled):
         raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
     if markers.is_assumed_constant(obj):
@@ -583,8 +560,6 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         finally:
             fs.tracer.calling = previous
     module = getattr(obj, "__module__", None) or ""
-    if is_plain_class(obj) and module.split(".")[0] not in TRUSTED_MODULE_PREFIXES:
-        return _instantiate(fs, obj, args, kwargs)
     if isinstance(obj, type) and obj in (torch.Size, slice, complex):
         module = "builtins"
     if obj in SCALAR_FUNCTIONS and is_numeric(args) and not kwargs:
@@ -623,124 +598,6 @@ def is_numeric(values: Args) -> bool:
         isinstance(v, SymV) or (isinstance(v, Const) and type(v.value) in (int, float, bool))
         for v in values
     )
-
-
-def _itemgetter(fs: FrameState, getter: Any, target: Value) -> Value:
-    keys = getter.__reduce__()[1]
-    items = [subscript(fs, target, as_value(fs, k)) for k in keys]
-    return items[0] if len(items) == 1 else TupleV(tuple(items))
-
-
-def _attrgetter(fs: FrameState, getter: Any, target: Value) -> Value:
-    from ember.capture.attrs import load_attr
-
-    found = []
-    for dotted in getter.__reduce__()[1]:
-        value = target
-        for name in dotted.split("."):
-            value = load_attr(fs, value, name)
-        found.append(value)
-    return found[0] if len(found) == 1 else TupleV(tuple(found))
-
-
-def _methodcaller(fs: FrameState, caller: Any, target: Value) -> Value:
-    from ember.capture.attrs import load_attr
-    from ember.capture.calls import call_value
-
-    maker, args = caller.__reduce__()
-    spelled: list[Any] = [*getattr(maker, "args", ()), *args]
-    name, rest = spelled[0], spelled[1:]
-    keywords: dict[str, Any] = getattr(maker, "keywords", {})
-    method = load_attr(fs, target, name)
-    values = [as_value(fs, a) for a in rest]
-    return call_value(fs, method, values, {k: as_value(fs, v) for k, v in keywords.items()})
-
-
-# Callable objects of these types are followed: ``itemgetter(0, 2)(xs)`` reads xs[0], xs[2].
-GETTER_RULES: dict[type, Callable[[FrameState, Any, Value], Value]] = {
-    operator.itemgetter: _itemgetter,
-    operator.attrgetter: _attrgetter,
-    operator.methodcaller: _methodcaller,
-}
-
-
-@rule(functools.reduce)
-def _reduce(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    """``functools.reduce(fn, items[, initial])`` over a static sequence, calls inlined."""
-    from ember.capture.calls import call_value
-
-    _no_kwargs("reduce", kwargs)
-    fn, items_value, *initial = args
-    items = iterate(fs, items_value)
-    if not initial and not items:
-        raise Unsupported("reduce() of an empty sequence with no initial value")
-    acc, rest = (initial[0], items) if initial else (items[0], items[1:])
-    for item in rest:
-        acc = call_value(fs, fn, [acc, item], {})
-    return acc
-
-
-def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value:
-    """``cls(*args, **kwargs)`` for a plain user class: a new instance, ``__init__`` inlined."""
-    from ember.capture.calls import function_value, inline, is_library_file
-
-    instance = InstanceV(cls, fs.tracer.heap.new({}))
-    init: Any = getattr(cls, "__init__")  # noqa: B009 (mypy: an instance's __init__ is unsound)
-    if init is object.__init__:
-        if args or kwargs:
-            raise Unsupported(f"{cls.__name__}() takes no arguments")
-        return instance
-    if not isinstance(init, types.FunctionType) or is_library_file(init.__code__.co_filename):
-        raise Unsupported(f"{cls.__name__}.__init__ is not Python code ember follows", "call")
-    init_value = function_value(fs, init, None)
-    if not _is_none(inline(fs, init_value, [instance, *args], kwargs)):
-        raise Unsupported(f"{cls.__name__}.__init__ returned a value")
-    return instance
-
-
-def _is_none(v: Value) -> bool:
-    return isinstance(v, Const) and v.value is None
-
-
-@rule(tuple.__new__)
-def _tuple_new(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    """``tuple.__new__(cls, items)``, as a namedtuple's ``__new__`` does."""
-    _no_kwargs("tuple.__new__", kwargs)
-    cls: Any = (
-        constant_of(fs, args[0]) if isinstance(args[0], Const) else getattr(args[0], "obj", None)
-    )
-    items = tuple(iterate(fs, args[1])) if len(args) > 1 else ()
-    if cls is tuple:
-        return TupleV(items)
-    if not is_namedtuple_class(cls) or len(items) != len(cls._fields):
-        raise Unsupported("tuple.__new__ of a class other than a namedtuple's", "call")
-    return TupleV(items, cls=cls)
-
-
-@rule(object.__setattr__)
-def _object_setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    """``object.__setattr__(instance, name, value)``, as a frozen dataclass's ``__init__`` does."""
-    _no_kwargs("object.__setattr__", kwargs)
-    target, name, value = args
-    if not isinstance(target, InstanceV):
-        raise Unsupported("object.__setattr__ on an object not made in compiled code", "call")
-    fs.tracer.heap.get(target.ref)[constant_of(fs, name)] = value
-    return Const(None)
-
-
-def _namedtuple(cls: Any, args: Args, kwargs: Kwargs) -> Value:
-    """``Pair(a, b=...)``: the fields bound as the class's ``__new__`` binds them."""
-    fields: tuple[str, ...] = cls._fields
-    bound: dict[str, Value] = dict(zip(fields, args, strict=False))
-    for name, value in kwargs.items():
-        if name not in fields or name in bound:
-            raise Unsupported(f"{cls.__name__}() got an unexpected or repeated argument {name!r}")
-        bound[name] = value
-    for name, default in cls._field_defaults.items():
-        bound.setdefault(name, Const(default))
-    if len(args) > len(fields) or set(bound) != set(fields):
-        raise Unsupported(f"{cls.__name__}() called with the wrong arguments")
-    return TupleV(tuple(bound[name] for name in fields), cls=cls)
 
 
 def _fold(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
@@ -910,98 +767,16 @@ def _setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     return Const(None)
 
 
-# -- methods of Python values ------------------------------------------------------------------
-
-
-def call_python_method(
-    fs: FrameState, self_value: Value, name: str, args: Args, kwargs: Kwargs
-) -> Value:
-    """A method of a list, dict, tuple or constant."""
-    heap = fs.tracer.heap
-    if isinstance(self_value, ListV):
-        return _list_method(fs, self_value, name, args, kwargs)
-    if isinstance(self_value, DictV):
-        return _dict_method(fs, self_value, name, args, kwargs)
-    if isinstance(self_value, TupleV) and name in ("index", "count"):
-        return _fold(fs, getattr(tuple, name), [TupleV(self_value.items), *args], kwargs)
-    if isinstance(self_value, Const):
-        method = getattr(type(self_value.value), name, None)
-        if method is not None and all(is_const_value(fs, a) for a in [*args, *kwargs.values()]):
-            return _fold(fs, method, [self_value, *args], kwargs)
-    if isinstance(self_value, ModuleV | ObjV):
-        obj = self_value.module if isinstance(self_value, ModuleV) else self_value.obj
-        return call_python_object(fs, getattr(obj, name), args, kwargs)
-    del heap
-    raise Unsupported(f"method {name}() of a {type(self_value).__name__}", "call")
-
-
-def _list_method(fs: FrameState, lst: ListV, name: str, args: Args, kwargs: Kwargs) -> Value:
-    heap = fs.tracer.heap
-    items: list[Value] = heap.get(lst.ref)
-    if name in ("index", "count", "__len__", "__contains__"):
-        return _fold(fs, getattr(list, name), [lst, *args], kwargs)
-    if name == "copy":
-        return ListV(heap.new(list(items)))
-    mutators: dict[str, Callable[[list[Value]], Any]] = {
-        "append": lambda it: it.append(args[0]),
-        "extend": lambda it: it.extend(iterate(fs, args[0])),
-        "insert": lambda it: it.insert(constant_of(fs, args[0]), args[1]),
-        "pop": lambda it: it.pop(*(constant_of(fs, a) for a in args)),
-        "reverse": lambda it: it.reverse(),
-        "clear": lambda it: it.clear(),
-        "remove": lambda it: it.pop(_index_of(fs, it, args[0])),
-    }
-    if name not in mutators:
-        raise Unsupported(f"list.{name}() inside compiled code", "call")
-    result = mutators[name](_mutate(fs, lst))
-    return result if isinstance(result, Value) else Const(None)
-
-
-def _index_of(fs: FrameState, items: list[Value], wanted: Value) -> int:
-    """Where ``list.remove``/``index`` finds ``wanted``: items before it must be comparable
-    while tracing (constants), as the comparison of a tensor would read its values."""
-    target = constant_of(fs, wanted)
-    for i, item in enumerate(items):
-        if constant_of(fs, item) == target:
-            return i
-    raise Unsupported("list.remove(x): x not in list")
-
-
-def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:
-    heap = fs.tracer.heap
-    items: dict[Any, Value] = heap.get(d.ref)
-    if name == "keys":
-        return make_iter(fs, [Const(k) for k in items])
-    if name == "values":
-        return make_iter(fs, list(items.values()))
-    if name == "items":
-        return make_iter(fs, [TupleV((Const(k), v)) for k, v in items.items()])
-    if name == "get":
-        key = constant_of(fs, args[0])
-        return items.get(key, args[1] if len(args) > 1 else Const(None))
-    if name == "copy":
-        return DictV(heap.new(dict(items)))
-    if name == "update":
-        other = _dict(fs, args, kwargs)
-        assert isinstance(other, DictV)
-        _mutate(fs, d).update(heap.get(other.ref))
-        return Const(None)
-    if name == "pop":
-        return _mutate(fs, d).pop(constant_of(fs, args[0]), *args[1:])  # type: ignore[no-any-return]
-    if name == "setdefault":
-        default = args[1] if len(args) > 1 else Const(None)
-        value: Value = _mutate(fs, d).setdefault(constant_of(fs, args[0]), default)
-        return value
-    raise Unsupported(f"dict.{name}() inside compiled code", "call")
-
-
 __all__ = [
     "BUILTIN_RULES",
+    "OBJECT_KINDS",
     "binary",
-    "call_python_method",
     "call_python_object",
     "constant_of",
     "iterate",
     "subscript",
     "truth",
 ]
+
+# The rules of pyobjects register themselves here (it needs this module's helpers).
+from ember.capture import pyobjects  # noqa: E402, F401
