@@ -429,3 +429,28 @@ def test_a_break_inside_an_autocast_block_runs_the_frame_eagerly(capsys):
     (failure,) = compiled.stats.failures
     assert "with block" in failure.reason or "rebuilt" in failure.reason
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_torch_compile_arguments_are_accepted_and_options_reach_the_backend():
+    seen = []
+
+    def configurable(gm, example_inputs, options=None):
+        seen.append(options)
+        return gm.forward
+
+    def f(x):
+        return x * 2
+
+    x = torch.ones(2)
+    for options in ({"a": 1}, {"a": 2}):
+        compiled = ember.compiler.compile(
+            f, backend=configurable, mode="max-autotune", dynamic=False, options=options
+        )
+        torch.testing.assert_close(compiled(x), x * 2)
+    assert seen == [{"a": 1, "mode": "max-autotune"}, {"a": 2, "mode": "max-autotune"}]
+    with pytest.raises(ValueError, match="unknown mode"):
+        ember.compiler.compile(f, mode="fastest")
+    with pytest.raises(TypeError, match="takes no options"):
+        ember.compiler.compile(f, backend="eager", options={"a": 1})
+    decorated = ember.compiler.compile(mode="default")(f)
+    torch.testing.assert_close(decorated(x), x * 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import weakref
 from collections.abc import Callable
@@ -55,6 +56,27 @@ def _entry_args(compiler: FrameCompiler) -> tuple[Any, ...]:
     """The leading arguments of ``call_with_callback`` for calls compiled by ``compiler``."""
     bound = hook.bound_call(compiler, _unused, BACKEND_VAR, compiler.backend_name)
     return (bound.func, *bound.args[:-1])
+
+
+def _configured(
+    backend: str | Backend, mode: str | None, options: dict[str, Any] | None
+) -> tuple[Backend, str]:
+    """The backend with its options bound, and the name its guard compares (the options are
+    part of it, so callables compiled with other options never share cache entries)."""
+    fn, name = lookup_backend(backend), backend_name(backend)
+    merged = dict(options or {}) | ({"mode": mode} if mode is not None else {})
+    if not merged:
+        return fn, name
+    try:
+        takes_options = "options" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_options = False
+    if not takes_options:
+        if options:
+            raise TypeError(f"backend {name!r} takes no options (got {sorted(options)})")
+        return fn, name  # a mode means nothing to this backend
+    bound: Backend = functools.partial(fn, options=merged)  # type: ignore[call-arg]
+    return bound, f"{name}{sorted(merged.items())!r}"
 
 
 def _unused() -> None:  # pragma: no cover - only a placeholder fn for bound_call's arguments
@@ -130,21 +152,50 @@ def _returning_self(opt: OptimizedModule, method: Callable[..., Any]) -> Callabl
     return delegate
 
 
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @overload
 def compile(  # type: ignore[overload-overlap] # a Module is callable too; it wins
-    model: torch.nn.Module, *, backend: str | Backend = ..., fullgraph: bool = ...
+    model: torch.nn.Module,
+    *,
+    backend: str | Backend = ...,
+    fullgraph: bool = ...,
+    dynamic: bool | None = ...,
+    mode: str | None = ...,
+    options: dict[str, Any] | None = ...,
 ) -> OptimizedModule: ...
 @overload
 def compile(
-    model: F, *, backend: str | Backend = ..., fullgraph: bool = ...
+    model: F,
+    *,
+    backend: str | Backend = ...,
+    fullgraph: bool = ...,
+    dynamic: bool | None = ...,
+    mode: str | None = ...,
+    options: dict[str, Any] | None = ...,
 ) -> CompiledFunction: ...
 @overload
 def compile(
-    model: None = ..., *, backend: str | Backend = ..., fullgraph: bool = ...
+    model: None = ...,
+    *,
+    backend: str | Backend = ...,
+    fullgraph: bool = ...,
+    dynamic: bool | None = ...,
+    mode: str | None = ...,
+    options: dict[str, Any] | None = ...,
 ) -> Callable[[F], CompiledFunction]: ...
 
 
-def compile(model: Any = None, *, backend: str | Backend = "eager", fullgraph: bool = False) -> Any:
+def compile(
+    model: Any = None,
+    *,
+    backend: str | Backend = "eager",
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
     """Compile a function or ``nn.Module`` with ember.
 
     Each call of the result runs the original code with ember's frame hook
@@ -154,6 +205,11 @@ def compile(model: Any = None, *, backend: str | Backend = "eager", fullgraph: b
     capture as one graph runs eagerly, its reason recorded in ``.stats``; with
     ``fullgraph=True`` that raises :class:`ember.compiler.FullGraphError` naming
     the file and line instead.
+
+    The other arguments are ``torch.compile``'s: ``options`` (a dict) goes to a
+    backend that takes an ``options`` argument, with ``mode`` added to it as
+    ``options["mode"]``; ``dynamic`` is accepted, but shapes are always
+    specialized today (a new shape compiles again; floats are graph inputs).
 
     >>> import torch, ember.compiler
     >>> def f(x, y):
@@ -166,9 +222,12 @@ def compile(model: Any = None, *, backend: str | Backend = "eager", fullgraph: b
     1
     """
     if model is None:
-        return lambda m: compile(m, backend=backend, fullgraph=fullgraph)
-    fn = lookup_backend(backend)
-    name = backend_name(backend)
+        return lambda m: compile(
+            m, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options
+        )
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+    fn, name = _configured(backend, mode, options)
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
