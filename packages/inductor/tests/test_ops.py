@@ -253,3 +253,19 @@ def test_pointwise_chain_fuses_into_one_kernel() -> None:
     compiled = compile_graph(gm, [x])
     kernels = [s for s in compiled.schedule.steps if not isinstance(s, Extern)]
     assert len(kernels) == 1, compiled.schedule
+
+
+def test_only_column_reductions_are_tiled() -> None:
+    from ember.inductor.codegen_cpp import _column_kernel
+    from ember.inductor.scheduler import Kernel
+
+    x = torch.randn(37, 5, 43)
+    for f, column in [
+        (lambda x: x.var(0), True),
+        (lambda x: x.var(-1), False),
+        (lambda x: torch.nn.functional.layer_norm(x, (43,)), False),
+    ]:
+        compiled = compile_graph(make_fx(f)(x), [x], {"graph_cache": False})
+        torch.testing.assert_close(compiled(x), f(x), atol=1e-4, rtol=1e-4)
+        kernels = [s for s in compiled.schedule.steps if isinstance(s, Kernel)]
+        assert [_column_kernel(k) for k in kernels][:1] == [column], compiled.schedule

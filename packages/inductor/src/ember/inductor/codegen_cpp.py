@@ -35,7 +35,8 @@ from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
 
 __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "translation_unit"]
 
-PARALLEL_MIN_WORK = 32768  # elements of work below which a kernel runs on one thread
+PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread (a parallel
+# region costs a wake-up, and on a busy machine a wait for a descheduled thread)
 
 
 class Printer:
@@ -543,9 +544,10 @@ def _column_kernel(kernel: Kernel) -> bool:
                 return False
             yk = Y[len(st.inner) - 1]
             for e in walk(s.body):
-                if e.op is Op.LOAD and not e.args:
-                    index = e.arg[1]
-                    column |= index.coeff(xk) == 1 and index.coeff(yk) != 1
+                if e.op is Op.LOAD and yk in e.arg[1].free_symbols:
+                    if e.args or e.arg[1].coeff(yk) == 1:
+                        return False  # the inner loop already runs along memory
+                    column |= e.arg[1].coeff(xk) == 1
     return column
 
 
