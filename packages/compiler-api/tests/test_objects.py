@@ -116,3 +116,17 @@ def test_a_frozen_dataclass_is_made_inside():
     compiled, counter = _compiled(f)
     torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
     assert counter.frame_count == 1 and compiled.stats.breaks == []
+
+
+def test_sets_of_constants_are_built_inside():
+    def f(x, n):
+        s = {1, 2}
+        s.add(n)
+        t = set(range(3)) | s
+        u = {i % 2 for i in range(5)}
+        return x * len(s) + len(t) + len(u), s, 2 in s, t
+
+    compiled, counter = _compiled(f)
+    got, want = compiled(torch.ones(1), 3), f(torch.ones(1), 3)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] and counter.frame_count == 1 and compiled.stats.breaks == []

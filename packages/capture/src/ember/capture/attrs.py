@@ -31,6 +31,7 @@ from ember.capture.values import (
     MethodV,
     ModuleV,
     ObjV,
+    SetV,
     SuperV,
     SymV,
     TensorV,
@@ -232,6 +233,7 @@ ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     Const: _const_attr,
     ListV: _container_attr,
     DictV: _container_attr,
+    SetV: _container_attr,
     TupleV: _tuple_attr,
     FuncV: _function_attr,
 }

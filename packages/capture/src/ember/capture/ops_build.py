@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import constant_of, iterate, make_iter
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import Const, DictV, IterV, ListV, TupleV, Value
+from ember.capture.values import Const, DictV, IterV, ListV, SetV, TupleV, Value
 
 
 @handler("BUILD_TUPLE")
@@ -41,6 +43,31 @@ def BUILD_SLICE(fs: FrameState, inst: Instr) -> None:
     assert inst.arg is not None
     parts = fs.popn(inst.arg)
     fs.push(Const(slice(*(constant_of(fs, p) for p in parts))))
+
+
+@handler("BUILD_SET")
+def BUILD_SET(fs: FrameState, inst: Instr) -> None:
+    assert inst.arg is not None
+    items = [constant_of(fs, v) for v in fs.popn(inst.arg)]
+    fs.push(SetV(fs.tracer.heap.new(_hashed(set(), items))))
+
+
+@handler("SET_ADD", "SET_UPDATE")
+def SET_ADD(fs: FrameState, inst: Instr) -> None:
+    assert inst.arg is not None
+    value = fs.pop()
+    target = fs.peek(inst.arg)
+    assert isinstance(target, SetV), target
+    items = [value] if inst.opname == "SET_ADD" else iterate(fs, value)
+    _hashed(fs.tracer.heap.get(target.ref), [constant_of(fs, v) for v in items])
+
+
+def _hashed(target: set[Any], items: list[Any]) -> set[Any]:
+    try:
+        target.update(items)
+    except TypeError as e:  # unhashable: eager raises it for real
+        raise Unsupported(f"a set of unhashable values ({e})") from e
+    return target
 
 
 @handler("LIST_APPEND")

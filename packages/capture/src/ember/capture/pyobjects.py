@@ -50,6 +50,7 @@ from ember.capture.values import (
     ModeV,
     ModuleV,
     ObjV,
+    SetV,
     TupleV,
     Value,
     is_namedtuple_class,
@@ -209,6 +210,8 @@ def call_python_method(
         return _list_method(fs, self_value, name, args, kwargs)
     if isinstance(self_value, DictV):
         return _dict_method(fs, self_value, name, args, kwargs)
+    if isinstance(self_value, SetV):
+        return _set_method(fs, self_value, name, args, kwargs)
     if isinstance(self_value, TupleV) and name in ("index", "count"):
         return _fold(fs, getattr(tuple, name), [TupleV(self_value.items), *args], kwargs)
     if isinstance(self_value, Const):
@@ -252,6 +255,20 @@ def _index_of(fs: FrameState, items: list[Value], wanted: Value) -> int:
         if constant_of(fs, item) == target:
             return i
     raise Unsupported("list.remove(x): x not in list")
+
+
+def _set_method(fs: FrameState, s: SetV, name: str, args: Args, kwargs: Kwargs) -> Value:
+    """A method of a set of constants: mutators change the heap's set, the rest fold."""
+    target: set[Any] = fs.tracer.heap.get(s.ref)
+    values = [constant_of(fs, a) for a in args]
+    if name in ("add", "discard", "remove", "update", "clear", "difference_update"):
+        getattr(target, name)(*values)
+        return Const(None)
+    if name in ("union", "intersection", "difference", "symmetric_difference", "copy"):
+        return SetV(fs.tracer.heap.new(getattr(target, name)(*values)))
+    if name in ("issubset", "issuperset", "isdisjoint", "__contains__", "__len__"):
+        return Const(getattr(target, name)(*values))
+    raise Unsupported(f"set.{name}() inside compiled code", "call")
 
 
 def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:

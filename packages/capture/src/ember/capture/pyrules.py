@@ -35,6 +35,7 @@ from ember.capture.values import (
     NewV,
     ObjV,
     PartialV,
+    SetV,
     SuperV,
     SymV,
     TensorV,
@@ -82,6 +83,8 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return [constant_of(fs, x) for x in fs.tracer.heap.get(v.ref)]
     if isinstance(v, DictV):
         return {k: constant_of(fs, x) for k, x in fs.tracer.heap.get(v.ref).items()}
+    if isinstance(v, SetV):
+        return set(fs.tracer.heap.get(v.ref))
     if isinstance(v, ObjV) and is_constant(v.obj):
         return v.obj
     raise Unsupported(f"a {type(v).__name__} where a constant is needed", "constant")
@@ -101,6 +104,8 @@ def as_value(fs: FrameState, obj: Any) -> Value:
         return ListV(fs.tracer.heap.new([as_value(fs, x) for x in obj]))
     if isinstance(obj, dict):
         return DictV(fs.tracer.heap.new({k: as_value(fs, x) for k, x in obj.items()}))
+    if type(obj) is set:
+        return SetV(fs.tracer.heap.new(set(obj)))
     if isinstance(obj, tuple) and type(obj) is tuple and not is_constant(obj):
         return TupleV(tuple(as_value(fs, x) for x in obj))
     return wrap(fs.tracer, obj, None)
@@ -115,7 +120,7 @@ def truth(fs: FrameState, v: Value) -> bool:
         return bool(v.value)
     if isinstance(v, TupleV):
         return bool(v.items)
-    if isinstance(v, ListV | DictV):
+    if isinstance(v, ListV | DictV | SetV):
         return bool(fs.tracer.heap.get(v.ref))
     if isinstance(v, TensorV):
         raise Unsupported("branching on a tensor's value", "data-dependent")
@@ -143,8 +148,10 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
         return list(v.items)
     if isinstance(v, ListV):
         return list(heap.get(v.ref))
-    if isinstance(v, DictV):
+    if isinstance(v, DictV | SetV):
         return [Const(k) for k in heap.get(v.ref)]
+    if isinstance(v, Const) and isinstance(v.value, frozenset):
+        return [Const(x) for x in v.value]
     if isinstance(v, IterV):
         items = list(heap.get(v.ref))
         heap.set(v.ref, [])
@@ -227,6 +234,7 @@ def python_type(fs: FrameState, v: Value) -> type:
         FuncV: lambda x: type(x.fn) if x.fn is not None else type(python_type),
         IterV: lambda x: type(iter(())),
         SymV: lambda x: type(x.example),
+        SetV: lambda x: set,
         InstanceV: lambda x: x.cls,
     }
     if type(v) not in table:
@@ -332,6 +340,15 @@ def _dict(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
                 items[constant_of(fs, key)] = value
     items.update(kwargs)
     return DictV(fs.tracer.heap.new(items))
+
+
+@rule(set, frozenset)
+def _set(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    _no_kwargs("set", kwargs)
+    items = [constant_of(fs, v) for v in iterate(fs, args[0])] if args else []
+    if fs.tracer.calling is frozenset:
+        return Const(frozenset(items))
+    return SetV(fs.tracer.heap.new(set(items)))
 
 
 @rule(sum)

@@ -40,6 +40,7 @@ from ember.capture.values import (
     ModuleV,
     NewV,
     ObjV,
+    SetV,
     SymV,
     TensorV,
     TupleV,
@@ -245,6 +246,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("new", (make_namedtuple, [("const", v.cls), *items]))
     if isinstance(v, TupleV):
         return ("tuple", [_output_part(fs, x, tensors) for x in v.items])
+    if isinstance(v, SetV):  # constants: a new set of them
+        return ("shared", (v.ref, ("new", (set, [("const", tuple(heap.get(v.ref)))]))))
     if isinstance(v, ListV | DictV):
         if v.ref in heap.from_frame and v.source is not None:
             return ("source", v.source)  # the caller's own list or dict, not a copy

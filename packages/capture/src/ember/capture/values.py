@@ -54,6 +54,7 @@ __all__ = [
     "Null",
     "ObjV",
     "PartialV",
+    "SetV",
     "SuperV",
     "SymV",
     "TensorV",
@@ -140,6 +141,14 @@ def is_namedtuple_class(cls: Any) -> bool:
 @dataclass(frozen=True, slots=True)
 class ListV(Value):
     """A list; its items live in the heap under ``ref``."""
+
+    ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetV(Value):
+    """A set of constants made while tracing; the heap holds the real Python ``set``
+    (its elements are hashable constants, so iterating it is what the program sees)."""
 
     ref: int
 
