@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ember.capture.calls import call_value
 from ember.capture.interpreter import handler
-from ember.capture.pyrules import iterate
+from ember.capture.pyrules import iterate, make_iter
 from ember.capture.tracer import FrameState, Instr, Unsupported
 from ember.capture.values import (
     NULL,
@@ -14,6 +14,7 @@ from ember.capture.values import (
     FuncV,
     GradExitV,
     GradModeV,
+    IterV,
     ModeExitV,
     ModeV,
     ObjV,
@@ -126,6 +127,26 @@ def RETURN_GENERATOR(fs: FrameState, inst: Instr) -> None:
     if fs.yields is None:
         raise Unsupported("a generator frame outside of a call that consumes it", "generator")
     fs.push(Const(None))  # what the first next() sends; the prologue's POP_TOP drops it
+
+
+@handler("GET_YIELD_FROM_ITER")
+def GET_YIELD_FROM_ITER(fs: FrameState, inst: Instr) -> None:
+    source = fs.pop()
+    fs.push(source if isinstance(source, IterV) else make_iter(fs, iterate(fs, source)))
+
+
+@handler("SEND")
+def SEND(fs: FrameState, inst: Instr) -> None:
+    """``yield from it`` in a generator run ahead: all of ``it``'s values are this
+    generator's yields; what ``it`` returned is None (ember keeps no return values)."""
+    if fs.yields is None:
+        raise Unsupported("yield from / await outside a generator ember runs ahead", "generator")
+    sent = fs.pop()
+    if not (isinstance(sent, Const) and sent.value is None):
+        raise Unsupported("sending a value into a generator", "generator")
+    fs.yields.extend(iterate(fs, fs.pop()))
+    fs.push(Const(None))
+    fs.jump(inst)
 
 
 @handler("YIELD_VALUE")
