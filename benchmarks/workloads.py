@@ -98,8 +98,13 @@ def _breaks(quick: bool) -> tuple[Program, tuple[Any, ...]]:
     return BreakingNet(dim, hidden), (torch.randn(b, dim),)
 
 
-def _labels(classes: int, full: tuple[int, ...], quick: tuple[int, ...]) -> Callable[[bool], Any]:
-    return lambda q: torch.randint(0, classes, quick if q else full)
+def _labels(
+    classes: int, full: tuple[int, ...], quick: tuple[int, ...], quick_classes: int | None = None
+) -> Callable[[bool], Any]:
+    """Targets in ``range(classes)`` (``quick_classes`` at the quick size, if it differs)."""
+    return lambda q: torch.randint(
+        0, (quick_classes or classes) if q else classes, quick if q else full
+    )
 
 
 def _values(full: tuple[int, ...], quick: tuple[int, ...]) -> Callable[[bool], Any]:
@@ -116,7 +121,7 @@ FAMILIES: dict[str, Family] = {
         Family("resnet", "ResNet-style CNN, 16 channels, BatchNorm, 8x3x32x32", _cnn,
                _labels(10, (8,), (2,)), _classes, _sgd),
         Family("gpt", "GPT decoder: vocab 512, dim 128, 4 blocks, 4x64 tokens", _gpt,
-               _labels(512, (4, 64), (2, 16)), _classes, _adamw),
+               _labels(512, (4, 64), (2, 16), quick_classes=64), _classes, _adamw),
         Family("bert", "BERT encoder: vocab 1000, dim 128, 4 layers, 4x64 tokens, padding", _bert,
                _labels(2, (4,), (2,)), _classes, _adamw),
         Family("rnn", "Elman RNN, Python loop over 32 steps, hidden 128, batch 16", _rnn,
