@@ -3,7 +3,10 @@
 Each workload's forward is traced to an aten graph with make_fx (no grad). For
 each we measure steady-state time per call (best batch mean) of eager, of
 ``compile_graph``'s callable and of ``torch.compile`` (the peer), and the cold
-compile time (empty caches) of both, each in a fresh process.
+compile time (empty caches) and warm compile time (a fresh process, caches kept)
+of both. ember's cold/warm include tracing with make_fx (which ember.capture and
+ember.aotgraph replace in the real pipeline); ``compile_graph`` columns are
+ember.inductor's own share.
 
     python benchmarks/bench_inductor.py            # full sizes
     python benchmarks/bench_inductor.py --quick    # small sizes
@@ -61,12 +64,16 @@ def child(name: str, which: str, quick: bool) -> dict[str, float]:
             from ember.inductor import compile_graph
 
             gm = make_fx(program)(*args)
+            traced = time.perf_counter()
             fn = compile_graph(gm, list(args))
+            fn(*args)
+            extra = {"compile_graph": time.perf_counter() - traced}
         else:
             fn = torch.compile(program, backend="inductor")  # the peer, measured only
-        fn(*args)
+            fn(*args)
+            extra = {}
         cold = time.perf_counter() - start
-        return {"cold": cold, "steady": _time(fn, args)}
+        return {"cold": cold, "steady": _time(fn, args), **extra}
 
 
 def main() -> None:
@@ -78,15 +85,17 @@ def main() -> None:
     rows = [_measure(name, quick) for name in WORKLOADS]
     print(
         "| workload | eager ms | ember ms | torch.compile ms | ember/torch speed | "
-        "ember cold s | torch cold s | ember warm s | torch warm s |"
+        "ember cold s | torch cold s | ember warm s | torch warm s | "
+        "compile_graph cold s | compile_graph warm s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         e, m, t = r["eager"]["steady"], r["ember"]["steady"], r["torch"]["steady"]
         print(
             f"| {r['workload']} | {e * 1e3:.3f} | {m * 1e3:.3f} | {t * 1e3:.3f} | "
             f"{t / m:.2f}x | {r['ember']['cold']:.2f} | {r['torch']['cold']:.2f} | "
-            f"{r['ember-warm']['cold']:.2f} | {r['torch-warm']['cold']:.2f} |"
+            f"{r['ember-warm']['cold']:.2f} | {r['torch-warm']['cold']:.2f} | "
+            f"{r['ember']['compile_graph']:.2f} | {r['ember-warm']['compile_graph']:.2f} |"
         )
     geo = statistics.geometric_mean(r["torch"]["steady"] / r["ember"]["steady"] for r in rows)
     print(f"\ngeometric mean speed vs torch.compile: {geo:.2f}x (>1: ember faster)")
