@@ -12,12 +12,17 @@ import importlib
 import os
 import pkgutil
 import sys
+import tempfile
 from collections.abc import Callable
 
 import pytest
 
 # IR checkers run after every pass in tests (see STYLE.md, rule 10).
 os.environ.setdefault("EMBER_CHECK", "1")
+
+# Compiled kernels go to a cache of the test run's own, empty at its start, never the
+# user's (a package's conftest may give its tests a narrower one).
+os.environ.setdefault("EMBER_CACHE_DIR", tempfile.mkdtemp(prefix="ember-tests-"))
 
 # The model zoo (benchmarks/models) is shared by tests, the demo and the benchmarks.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks"))

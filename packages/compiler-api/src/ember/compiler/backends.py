@@ -76,8 +76,8 @@ def unregister_backend(name: str) -> None:
 def list_backends() -> list[str]:
     """The names of every registered backend (entry points included), sorted.
 
-    >>> list_backends()[:2]
-    ['aot_eager', 'eager']
+    >>> list_backends()[:3]
+    ['aot_eager', 'eager', 'inductor']
     """
     _load_entry_points()
     return sorted(_BACKENDS)
@@ -88,7 +88,7 @@ def lookup_backend(backend: str | Backend) -> Backend:
 
     >>> lookup_backend("nonsense")
     Traceback (most recent call last):
-    ValueError: unknown backend 'nonsense'; registered: aot_eager, eager
+    ValueError: unknown backend 'nonsense'; registered: aot_eager, eager, inductor
     """
     if callable(backend):
         return backend
@@ -156,3 +156,30 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
         return graph
 
     return aot_compile(gm, example_inputs, fw_compiler=as_is, bw_compiler=as_is, decompositions={})
+
+
+@register_backend(name="inductor")
+def inductor(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[torch.Tensor],
+    options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """ember's code generator: ``ember.aotgraph`` traces forward and backward at the aten
+    level, ``ember.inductor.compile_graph`` turns each into fused C++/OpenMP kernels
+    (compiled once, cached on disk). ``options`` go to ``compile_graph`` (``cxx``, ``cflags``).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: (x.sin() * 2).sum())
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> inductor(gm, [x])(x).backward()
+    >>> torch.allclose(x.grad, 2 * torch.cos(torch.ones(3)))
+    True
+    """
+    from ember.aotgraph import aot_compile
+    from ember.inductor import compile_graph
+
+    def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        return compile_graph(graph, inputs, options)
+
+    return aot_compile(
+        gm, example_inputs, fw_compiler=kernels, bw_compiler=kernels, inference_compiler=kernels
+    )
