@@ -22,6 +22,7 @@ bfloat16 in float.
 
 from __future__ import annotations
 
+import abc
 import math
 import re
 from typing import Any, ClassVar
@@ -39,7 +40,7 @@ PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread
 # region costs a wake-up, and on a busy machine a wait for a descheduled thread)
 
 
-class Printer:
+class Printer(abc.ABC):
     """A code printer driven by tables; subclasses override table entries."""
 
     OPS: ClassVar[dict[Op, str]] = {}
@@ -59,11 +60,13 @@ class Printer:
     def type(self, dtype: torch.dtype) -> str:
         return self.TYPES[dtype]
 
+    @abc.abstractmethod
     def const(self, value: Any, dtype: torch.dtype) -> str:
-        raise NotImplementedError
+        """A literal of ``dtype``."""
 
+    @abc.abstractmethod
     def index(self, e: sympy.Expr) -> str:
-        raise NotImplementedError
+        """A sympy index expression in the target language."""
 
     def expr(self, e: Expr, memo: dict[Expr, str], lines: list[str]) -> str:
         """Emit ``e`` (each distinct subexpression once) into ``lines``; return its name."""
