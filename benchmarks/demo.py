@@ -1,6 +1,6 @@
 """ember's demo: compile every model of the zoo and show what was captured and what it costs.
 
-    python3 -m nox -s demo            # or: python benchmarks/demo.py [--backend eager]
+    python3 -m nox -s demo            # or: python benchmarks/demo.py [--backend inductor]
 
 For each model of ``benchmarks/models``: graphs captured, ops in them,
 guards protecting them, frames that ran eagerly (with the reason), compile
@@ -38,7 +38,7 @@ def median_seconds(fn: Callable[[], Any], repeats: int, number: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="eager", help="a registered ember backend")
+    parser.add_argument("--backend", default="inductor", help="a registered ember backend")
     parser.add_argument("--show", default="transformer-block", help="model whose graph to print")
     parser.add_argument("--quick", action="store_true", help="fewer timing repeats")
     args = parser.parse_args()

@@ -190,7 +190,7 @@ def compile(
 def compile(
     model: Any = None,
     *,
-    backend: str | Backend = "eager",
+    backend: str | Backend = "inductor",
     fullgraph: bool = False,
     dynamic: bool | None = None,
     mode: str | None = None,
