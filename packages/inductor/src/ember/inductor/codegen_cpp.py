@@ -416,10 +416,15 @@ class _KernelWriter:
             self.pointwise(st, depth)
 
     def pointwise(self, st: Stage, depth: int) -> None:
-        outer_parallel = not self.kernel.outer and self.parallel and st.inner
-        if outer_parallel:
-            self.emit("#pragma omp parallel for", depth)
-        for line in _loops(Y[: len(st.inner)], st.inner):
+        parallel = not self.kernel.outer and self.parallel and bool(st.inner)
+        for k, line in enumerate(_loops(Y[: len(st.inner)], st.inner)):
+            # Iterations are independent (a stage reads what it writes only at the point it
+            # writes), so say so: inside an OpenMP region gcc no longer sees __restrict__
+            # and would give up on the alias checks of many-pointer loops.
+            simd = k == len(st.inner) - 1 and _contiguous(st)
+            pragma = ("parallel for" if parallel and k == 0 else "") + (" simd" if simd else "")
+            if pragma:
+                self.emit(f"#pragma omp {pragma.strip()}", depth)
             self.emit(line, depth)
             depth += 1
         memo: dict[Expr, str] = {}
@@ -552,6 +557,25 @@ def _column_kernel(kernel: Kernel) -> bool:
                         return False  # the inner loop already runs along memory
                     column |= e.arg[1].coeff(xk) == 1
     return column
+
+
+def _contiguous(st: Stage) -> bool:
+    """Every access of the stage moves by one element along its innermost loop (or not at
+    all): vector loads and stores, so worth forcing. Gathers are left to gcc's cost model."""
+    yk = Y[len(st.inner) - 1]
+    indices = [s.index for s in st.stores]
+    for s in st.stores:
+        for e in walk(s.body):
+            if e.op is Op.LOAD:
+                if e.args:  # an indirect load is a gather
+                    return False
+                indices.append(e.arg[1])
+            elif e.op is Op.INDEX:
+                indices.append(e.arg)
+    for index in indices:
+        if yk in index.free_symbols and (index.coeff(yk) != 1 or yk in (index - yk).free_symbols):
+            return False
+    return True
 
 
 def _inner_flat(inner: tuple[int, ...]) -> str:

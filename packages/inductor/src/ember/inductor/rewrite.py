@@ -146,6 +146,12 @@ def _range(e: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> tuple[sympy.Expr, 
     if isinstance(e, sympy.floor):
         inner = _range(e.args[0], bounds)
         return None if inner is None else (sympy.floor(inner[0]), sympy.floor(inner[1]))
+    if isinstance(e, sympy.Min | sympy.Max):
+        parts = [_range(a, bounds) for a in e.args]
+        if any(p is None for p in parts):
+            return None
+        pick = min if isinstance(e, sympy.Min) else max
+        return pick(p[0] for p in parts), pick(p[1] for p in parts)  # type: ignore[index]
     if isinstance(e, sympy.Mod) and e.args[1].is_Integer:
         inner = _range(e.args[0], bounds)
         if inner is not None and inner[0] >= 0 and inner[1] < e.args[1]:
