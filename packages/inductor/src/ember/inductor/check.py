@@ -58,7 +58,7 @@ def _outputs(node: Node) -> tuple[str, ...]:
 
 def _check_node(prog: Program, node: Node, defined: set[str]) -> None:
     if isinstance(node, Extern):
-        for leaf in _refs((node.args, node.kwargs)):
+        for leaf in node.refs():
             if leaf.name not in defined:
                 raise IRError(f"{node.names[0]}: extern reads {leaf.name} before it is defined")
         return
@@ -75,16 +75,6 @@ def _check_node(prog: Program, node: Node, defined: set[str]) -> None:
     bounds = dict(zip(I, node.ranges, strict=False)) | dict(zip(R, reduce_ranges, strict=False))
     for e in walk(node.body):
         _check_expr(prog, name, e, defined, allowed, bounds)
-
-
-def _refs(tree: object) -> list[Ref]:
-    if isinstance(tree, Ref):
-        return [tree]
-    if isinstance(tree, list | tuple):
-        return [r for t in tree for r in _refs(t)]
-    if isinstance(tree, dict):
-        return [r for t in tree.values() for r in _refs(t)]
-    return []
 
 
 def _check_expr(

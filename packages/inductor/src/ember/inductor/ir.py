@@ -206,9 +206,23 @@ class Extern:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
 
+    def refs(self) -> list[Ref]:
+        """The buffers the call reads, in argument order."""
+        return _refs((self.args, self.kwargs))
+
     def __str__(self) -> str:
         shown = ", ".join(str(a) for a in self.args)
         return f"{', '.join(self.names)} = extern {self.target}({shown})"
+
+
+def _refs(tree: object) -> list[Ref]:
+    if isinstance(tree, Ref):
+        return [tree]
+    if isinstance(tree, list | tuple):
+        return [r for t in tree for r in _refs(t)]
+    if isinstance(tree, dict):
+        return [r for t in tree.values() for r in _refs(t)]
+    return []
 
 
 Node = Pointwise | Reduction | Extern

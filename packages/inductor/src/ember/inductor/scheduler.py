@@ -122,18 +122,8 @@ def _order(name: str) -> tuple[int, str]:
 def reads(node: Node) -> set[str]:
     """Buffers a node reads."""
     if isinstance(node, Extern):
-        return {r.name for r in _refs((node.args, node.kwargs))}
+        return {r.name for r in node.refs()}
     return {e.arg[0] for e in walk(node.body) if e.op is Op.LOAD}
-
-
-def _refs(tree: Any) -> list[Ref]:
-    if isinstance(tree, Ref):
-        return [tree]
-    if isinstance(tree, list | tuple):
-        return [r for t in tree for r in _refs(t)]
-    if isinstance(tree, dict):
-        return [r for t in tree.values() for r in _refs(t)]
-    return []
 
 
 def writes(node: Node) -> tuple[str, ...]:
