@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -43,7 +44,8 @@ def test_random_ops_and_mutation() -> None:
 
 def test_non_tensor_input_runs_eagerly() -> None:
     gm = make_fx(lambda x, n: x * n)(torch.ones(2), 3)
-    compiled = compile_graph(gm, [torch.ones(2), 3])
+    with pytest.warns(UserWarning, match="running the graph eagerly: input n_1 is a int"):
+        compiled = compile_graph(gm, [torch.ones(2), 3])
     torch.testing.assert_close(compiled(torch.ones(2), 3), torch.full((2,), 3.0))
 
 
