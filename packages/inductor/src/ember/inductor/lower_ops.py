@@ -223,7 +223,7 @@ def bitwise(ctx: Lowerer, *args: Any) -> Value:
     return pointwise(ctx, fn, *args, kind=KIND.ALWAYS_BOOL)
 
 
-_MAX, _MIN, _WHERE = _bin(Op.MAX), _bin(Op.MIN), None
+_MAX, _MIN = _bin(Op.MAX), _bin(Op.MIN)
 
 
 def where_(c: Expr, a: Expr, b: Expr) -> Expr:
