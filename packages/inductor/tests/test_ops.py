@@ -269,3 +269,15 @@ def test_only_column_reductions_are_tiled() -> None:
         torch.testing.assert_close(compiled(x), f(x), atol=1e-4, rtol=1e-4)
         kernels = [s for s in compiled.schedule.steps if isinstance(s, Kernel)]
         assert [_column_kernel(k) for k in kernels][:1] == [column], compiled.schedule
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_casts_to_every_dtype(dtype: torch.dtype) -> None:
+    x = (torch.randn(4, 6) * 3).to(dtype)
+    fns: dict[str, Callable[..., Any]] = {
+        f"to_{t}": (lambda x, t=t: (x.to(t) * 2).to(dtype))
+        for t in (torch.float64, torch.float32, torch.int32, torch.int64, torch.int8)
+    }
+    fns["to_bool"] = lambda x: (x > 0).to(dtype) + x
+    fns["sigmoid64"] = lambda x: x.to(torch.float64).sigmoid().to(dtype)
+    _run(fns, 1, [x], atol=2e-2, rtol=2e-2)

@@ -103,6 +103,18 @@ def _float(value: float, suffix: str) -> str:
     return f"{value!r}{suffix}"
 
 
+_OTHER = (
+    torch.float64,
+    torch.float16,
+    torch.bool,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+)
+
+
 class CppPrinter(Printer):
     """C++17 with OpenMP; only ``<cmath>``, ``<cstdint>`` and ``<limits>``."""
 
@@ -160,9 +172,12 @@ class CppPrinter(Printer):
         torch.int32: "int32_t",
         torch.int64: "int64_t",
     }
+    # bf16 is raw bits in a uint16_t: every cast goes through float
     CASTS = {
         (torch.bfloat16, torch.float32): "ember_bf16_to_float({0})",
         (torch.float32, torch.bfloat16): "ember_float_to_bf16({0})",
+        **{(torch.bfloat16, d): "static_cast<{T}>(ember_bf16_to_float({0}))" for d in _OTHER},
+        **{(d, torch.bfloat16): "ember_float_to_bf16(static_cast<float>({0}))" for d in _OTHER},
     }
     REDUCE = {
         Reduce.SUM: ("0", "{acc} += {v};"),
