@@ -456,12 +456,19 @@ def _clamp(e: sympy.Expr, n: int) -> sympy.Expr:
     return sympy.Min(sympy.Max(e, 0), n - 1)
 
 
+# A fused cat reads every input at every output element (a chain of selects), so past a
+# few inputs torch's copy kernel wins (an RNN stacking 32 steps ran 16x the loads).
+CAT_FUSE_MAX = 4
+
+
 @lowering(aten.cat.default)
 def cat(ctx: Lowerer, tensors: Sequence[Value], dim: int = 0) -> Value:
     out = ctx.meta
     pieces = [t for t in tensors if math.prod(t.sizes) > 0]
     if not pieces:
         raise Fallback("cat of empty tensors")
+    if len(pieces) > CAT_FUSE_MAX:
+        raise Fallback(f"cat of {len(pieces)} inputs (more than {CAT_FUSE_MAX})")
     d = dim % out.ndim
     starts = list(__import__("itertools").accumulate([0] + [t.sizes[d] for t in pieces]))
 
