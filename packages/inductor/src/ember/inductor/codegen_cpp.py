@@ -521,12 +521,30 @@ def translation_unit(
     """The C++ source of every kernel of ``sched`` and each kernel's buffer arguments."""
     p = printer or CppPrinter()
     parts, args = [PRELUDE], {}
+    seen: dict[str, str] = {}  # kernel text with names made positional -> first kernel's name
     for step in sched.steps:
         if isinstance(step, Kernel):
             w = _KernelWriter(sched, step, p)
-            parts.append(_resolve_locals(w.write(), sched, step))
+            src = _resolve_locals(w.write(), sched, step)
             args[step.name] = w.args
+            first = seen.setdefault(_canonical(src, step.name), step.name)
+            if first == step.name:
+                parts.append(src)
+            else:  # the same loop over other buffers (an unrolled RNN step): one body
+                signature = src.split(" {\n", 1)[0]
+                parts.append(f'{signature} __attribute__((alias("{first}")));\n')
     return "\n".join(parts), args
+
+
+def _canonical(src: str, name: str) -> str:
+    """``src`` with its kernel, buffer and temporary names numbered by first appearance, so
+    two kernels differing only in the buffers they touch compare equal."""
+    numbers: dict[str, str] = {}
+
+    def rename(m: re.Match[str]) -> str:
+        return numbers.setdefault(m.group(0), f"{m.group(1)}#{len(numbers)}")
+
+    return re.sub(r"\b(buf|t)\d+\b", rename, src.replace(name, "KERNEL", 1))
 
 
 def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
