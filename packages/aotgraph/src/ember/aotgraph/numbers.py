@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["NUMBER_RULES", "symbolic_numbers"]
+__all__ = ["NUMBER_RULES", "PLAIN_RULES", "plain_numbers", "symbolic_numbers"]
 
 
 def sym_max(*args: Any) -> Any:
@@ -69,6 +69,47 @@ NUMBER_RULES: dict[Callable[..., Any], Callable[..., Any]] = {
     math.sqrt: sym_sqrt,
     float: torch.sym_float,
 }
+
+
+def plain_max(a: Any, b: Any) -> Any:
+    """``torch.sym_max`` of plain numbers, without its dispatch checks (a traced graph runs
+    with real floats; a chain of 63 ``sym_max`` calls took 0.3 ms per call).
+
+    >>> plain_max(1, 2.5), plain_max(3, 2)
+    (2.5, 3)
+    """
+    m = max(a, b)
+    return float(m) if type(a) is float or type(b) is float else m
+
+
+def plain_min(a: Any, b: Any) -> Any:
+    """``torch.sym_min`` of plain numbers.
+
+    >>> plain_min(1, 2.5), plain_min(3, 2)
+    (1.0, 2)
+    """
+    m = min(a, b)
+    return float(m) if type(a) is float or type(b) is float else m
+
+
+# torch.sym_* function a traced graph calls -> its plain-number twin, for running it.
+PLAIN_RULES: dict[Callable[..., Any], Callable[..., Any]] = {
+    torch.sym_max: plain_max,
+    torch.sym_min: plain_min,
+    torch.sym_float: float,
+}
+
+
+def plain_numbers(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with the ``torch.sym_*`` calls tracing left replaced by plain ones (in place)."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in PLAIN_RULES:
+            node.target = PLAIN_RULES[node.target]
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
 
 
 def symbolic_numbers(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -47,7 +47,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph.numbers import symbolic_numbers
+from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
     "JointGraph",
@@ -384,9 +384,10 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
-        return aten_gm
+        return plain_numbers(aten_gm)
     functional = torch.func.functionalize(aten_gm, remove="mutations")
-    return make_fx(functional, decomposition_table=table, tracing_mode="fake")(*args)
+    traced = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*args)
+    return plain_numbers(traced)
 
 
 def _mutates(node: torch.fx.Node) -> bool:
