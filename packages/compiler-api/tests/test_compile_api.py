@@ -454,3 +454,23 @@ def test_torch_compile_arguments_are_accepted_and_options_reach_the_backend():
         ember.compiler.compile(f, backend="eager", options={"a": 1})
     decorated = ember.compiler.compile(mode="default")(f)
     torch.testing.assert_close(decorated(x), x * 2)
+
+
+def test_a_backend_that_refuses_a_graph_leaves_the_frame_eager_with_the_reason():
+    def f(x, y):
+        x.add_(1)  # aotgraph does not support mutating an input that requires grad
+        return x * y
+
+    compiled = ember.compiler.compile(f, backend="aot_eager")
+    x, y = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    got = compiled(x.clone(), y)
+    torch.testing.assert_close(got, f(x.clone(), y))
+    (failure,) = compiled.stats.failures
+    assert failure.category == "backend" and "requires grad and is mutated" in failure.reason
+
+    def g(x, y):  # a frame of its own: f is now marked to run eagerly
+        x.add_(1)
+        return x * y
+
+    with pytest.raises(ember.compiler.FullGraphError, match="backend 'aot_eager' failed"):
+        ember.compiler.compile(g, backend="aot_eager", fullgraph=True)(x.clone(), y)

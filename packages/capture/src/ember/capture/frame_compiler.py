@@ -150,7 +150,10 @@ class FrameCompiler:
             # Nothing for a backend to do: running the frame as it is costs less.
             self.stats.skipped.append(cache.name)
             return Decision.SKIP if not cache.entries else Decision.RUN
-        return self._compile(frame, cache, translation)
+        try:
+            return self._compile(frame, cache, translation)
+        except Exception as error:  # the backend refused the graph: the frame runs eagerly
+            return self._failed(frame, cache, _backend_failed(self.backend_name, error))
 
     def _failed(
         self, frame: Frame, cache: CodeCache[Any], e: Unsupported, why: str = ""
@@ -281,6 +284,13 @@ def _drop_when_freed(
             live_cache.remove(cache_entry)
 
     _watchers[key] = [weakref.ref(obj, freed) for obj in watched]
+
+
+def _backend_failed(backend: str, error: Exception) -> Unsupported:
+    """A backend that raised while compiling a graph, turned into a reason to run eagerly."""
+    e = Unsupported(f"backend {backend!r} failed: {type(error).__name__}: {error}", "backend")
+    e.hint = "the frame ran eagerly; another backend (eager, aot_eager) may take this graph"
+    return e
 
 
 def _internal(bug: Exception) -> Unsupported:
