@@ -174,12 +174,19 @@ def inductor(
     >>> torch.allclose(x.grad, 2 * torch.cos(torch.ones(3)))
     True
     """
-    from ember.aotgraph import aot_compile
-    from ember.inductor import compile_graph
+    from ember.aotgraph import aot_compile, default_decompositions
+    from ember.inductor import compile_graph, decompositions
 
     def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         return compile_graph(graph, inputs, options)
 
+    # Trace with the inductor's table too, so compile_graph gets graphs it need not re-trace.
+    table = {**default_decompositions(), **decompositions()}
     return aot_compile(
-        gm, example_inputs, fw_compiler=kernels, bw_compiler=kernels, inference_compiler=kernels
+        gm,
+        example_inputs,
+        fw_compiler=kernels,
+        bw_compiler=kernels,
+        inference_compiler=kernels,
+        decompositions=table,
     )

@@ -8,6 +8,7 @@ output (see docs/inductor.md).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import operator
@@ -34,54 +35,14 @@ from ember.inductor.rewrite import simplify
 from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
 from ember.inductor.wrapper import bind, wrapper_source
 
-__all__ = ["DECOMPOSITIONS", "CompiledGraph", "compile_graph"]
+__all__ = ["CompiledGraph", "compile_graph", "decompositions"]
 
 aten = torch.ops.aten
 
 # Random ops keep torch's own kernels, so they draw the same numbers as eager.
 RANDOM = ("rand", "bernoulli", "normal", "uniform", "exponential", "multinomial", "poisson")
 
-# Composite ops rewritten into the ops that have lowerings before lowering.
-DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    **{
-        k: v
-        for k, v in core_aten_decompositions().items()  # type: ignore[no-untyped-call]
-        if not any(w in str(k) for w in RANDOM)
-    },
-    **get_decompositions(
-        [
-            aten.native_layer_norm,
-            aten.native_layer_norm_backward,
-            aten._softmax,
-            aten._log_softmax,
-            aten._softmax_backward_data,
-            aten._log_softmax_backward_data,
-            aten.gelu,
-            aten.gelu_backward,
-            aten.var_mean,
-            aten.var,
-            aten.std,
-            aten.silu,
-            aten.silu_backward,
-            aten.tanh_backward,
-            aten.sigmoid_backward,
-            aten.threshold_backward,
-            aten.embedding_dense_backward,
-            aten.native_batch_norm_backward,
-            aten.mse_loss,
-            aten.hardtanh,
-            aten.addcmul,
-            aten.nll_loss_forward,
-            aten.nll_loss_backward,
-            aten._native_batch_norm_legit_functional,
-            aten.native_batch_norm,
-            aten.mean,
-            aten.t,
-            aten.transpose.int,
-            aten.detach,
-        ]
-    ),
-}
+# Ops the lowering handles itself, or that must keep torch's kernel (extern calls).
 KEEP = {
     aten.addmm.default,
     aten.mm.default,
@@ -96,9 +57,64 @@ KEEP = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     aten.clone.default,
 }
-for _k in list(DECOMPOSITIONS):
-    if _k in KEEP:
-        del DECOMPOSITIONS[_k]
+
+# Composites decomposed beyond torch's core table.
+EXTRA = (
+    aten.native_layer_norm,
+    aten.native_layer_norm_backward,
+    aten._softmax,
+    aten._log_softmax,
+    aten._softmax_backward_data,
+    aten._log_softmax_backward_data,
+    aten.gelu,
+    aten.gelu_backward,
+    aten.var_mean,
+    aten.var,
+    aten.std,
+    aten.silu,
+    aten.silu_backward,
+    aten.tanh_backward,
+    aten.sigmoid_backward,
+    aten.threshold_backward,
+    aten.embedding_dense_backward,
+    aten.native_batch_norm_backward,
+    aten.mse_loss,
+    aten.hardtanh,
+    aten.addcmul,
+    aten.nll_loss_forward,
+    aten.nll_loss_backward,
+    aten._native_batch_norm_legit_functional,
+    aten.native_batch_norm,
+    aten.mean,
+    aten.t,
+    aten.transpose.int,
+    aten.detach,
+)
+
+
+@functools.cache
+def decompositions() -> dict[Any, Callable[..., Any]]:
+    """The table that rewrites composite ops into ops with lowerings (built on first use).
+
+    ``ember.aotgraph`` traces with it when the ``inductor`` backend compiles, so the
+    graphs reach :func:`compile_graph` decomposed and :func:`decompose` has nothing
+    to do; a graph from elsewhere is re-traced with it once.
+
+    >>> table = decompositions()
+    >>> aten.gelu.default in table, aten.mm.default in table  # mm stays an extern call
+    (True, False)
+    """
+    table = {
+        k: v
+        for k, v in core_aten_decompositions().items()  # type: ignore[no-untyped-call]
+        if not any(w in str(k) for w in RANDOM)
+    }
+    table.update(get_decompositions(list(EXTRA)))
+    for op in KEEP:
+        table.pop(op, None)
+    table[aten.view.default] = _view_as_reshape
+    table.update(PRIM_VIEWS)
+    return table
 
 
 def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -109,18 +125,54 @@ def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return out
 
 
-DECOMPOSITIONS[aten.view.default] = _view_as_reshape
+prims = torch.ops.prims
+
+
+def _broadcast_in_dim(a: torch.Tensor, shape: Sequence[int], dims: Sequence[int]) -> torch.Tensor:
+    for d in range(len(shape)):
+        if d not in dims:
+            a = aten.unsqueeze.default(a, d)
+    out: torch.Tensor = aten.expand.default(a, list(shape))
+    return out
+
+
+def _collapse_view(a: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    size = list(a.shape)  # dims start..end, both included, become one
+    inner = functools.reduce(operator.mul, size[start : end + 1], 1)
+    out: torch.Tensor = aten.view.default(a, [*size[:start], inner, *size[end + 1 :]])
+    return out
+
+
+def _split_dim(a: torch.Tensor, dim: int, outer: int) -> torch.Tensor:
+    size = list(a.shape)
+    out: torch.Tensor = aten.view.default(
+        a, [*size[:dim], outer, size[dim] // outer, *size[dim + 1 :]]
+    )
+    return out
+
+
+# torch's reference decompositions (mean, var, layer norm, ...) return views made by prims
+# with alias annotations, which functionalization (in ember.aotgraph) rejects: as aten views.
+PRIM_VIEWS: dict[Any, Callable[..., Any]] = {
+    prims.broadcast_in_dim.default: _broadcast_in_dim,
+    prims.collapse_view.default: _collapse_view,
+    prims.split_dim.default: _split_dim,
+    prims.squeeze.default: lambda a, dims: aten.squeeze.dims(a, list(dims)),
+    prims.transpose.default: lambda a, perm: aten.permute.default(a, list(perm)),
+    prims.view_of.default: lambda a: aten.view.default(a, list(a.shape)),
+}
 
 
 def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
-    """Re-trace ``gm`` with :data:`DECOMPOSITIONS` if it has composite ops or lacks fake values."""
+    """Re-trace ``gm`` with :func:`decompositions` if it has composite ops or lacks fake values."""
+    table = decompositions()
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    if all("val" in n.meta and n.target not in DECOMPOSITIONS for n in calls):
+    if all("val" in n.meta and n.target not in table for n in calls):
         return gm
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # get_attr tensors stay real
     fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:
-        out = make_fx(gm, decomposition_table=DECOMPOSITIONS, tracing_mode="real")(*fakes)
+        out = make_fx(gm, decomposition_table=table, tracing_mode="real")(*fakes)
     if _output_metas(out) != _output_metas(gm) and all("val" in n.meta for n in calls):
         return gm  # a decomposition disagrees with the kernel it replaces: keep the kernel
     return out
