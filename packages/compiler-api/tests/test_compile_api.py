@@ -474,3 +474,12 @@ def test_a_backend_that_refuses_a_graph_leaves_the_frame_eager_with_the_reason()
 
     with pytest.raises(ember.compiler.FullGraphError, match="backend 'aot_eager' failed"):
         ember.compiler.compile(g, backend="aot_eager", fullgraph=True)(x.clone(), y)
+
+
+def test_an_unknown_inductor_option_is_an_error_at_compile_time():
+    def f(x):
+        return x + 1
+
+    with pytest.raises(ValueError, match="has no option 'cflagz'; its options are cflags, cxx"):
+        ember.compiler.compile(f, options={"cflagz": ["-O1"]})
+    ember.compiler.compile(f, options={"cflags": ["-O1"]}, mode="max-autotune")  # known: fine

@@ -42,7 +42,9 @@ def register_backend(
 ) -> Backend | Callable[[Backend], Backend]:
     """Register ``fn`` as a backend under ``name`` (default: its ``__name__``).
 
-    Use it as a decorator, with or without a name. A name is taken once.
+    Use it as a decorator, with or without a name. A name is taken once. A backend
+    with an ``options`` parameter receives ``compile(..., options=)``; if it also has
+    a ``known_options`` attribute (a tuple of names), ``compile`` rejects other names.
 
     >>> def noop(gm, example_inputs):
     ...     return gm.forward
@@ -166,7 +168,9 @@ def inductor(
 ) -> Callable[..., Any]:
     """ember's code generator: ``ember.aotgraph`` traces forward and backward at the aten
     level, ``ember.inductor.compile_graph`` turns each into fused C++/OpenMP kernels
-    (compiled once, cached on disk). ``options`` go to ``compile_graph`` (``cxx``, ``cflags``).
+    (compiled once, cached on disk). ``options`` go to ``compile_graph``: ``cxx`` (the C++
+    compiler), ``cflags`` (a list replacing the default flags), ``graph_cache`` (False:
+    generate code again for graphs seen before); any other name is an error.
 
     >>> gm = torch.fx.symbolic_trace(lambda x: (x.sin() * 2).sum())
     >>> x = torch.ones(3, requires_grad=True)
@@ -190,3 +194,6 @@ def inductor(
         inference_compiler=kernels,
         decompositions=table,
     )
+
+
+inductor.known_options = ("cxx", "cflags", "graph_cache")  # type: ignore[attr-defined]

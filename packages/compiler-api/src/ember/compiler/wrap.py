@@ -75,6 +75,12 @@ def _configured(
         if options:
             raise TypeError(f"backend {name!r} takes no options (got {sorted(options)})")
         return fn, name  # a mode means nothing to this backend
+    known = getattr(fn, "known_options", None)  # a backend may list the options it reads
+    if known is not None and (unknown := sorted(set(options or {}) - set(known))):
+        raise ValueError(
+            f"backend {name!r} has no option {', '.join(map(repr, unknown))}; "
+            f"its options are {', '.join(sorted(known))}"
+        )
     bound: Backend = functools.partial(fn, options=merged)  # type: ignore[call-arg]
     return bound, f"{name}{sorted(merged.items())!r}"
 
