@@ -18,7 +18,19 @@ import os
 import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor.ir import Expr, Extern, I, Node, Pointwise, Program, R, Ref, walk
+from ember.inductor.ir import (
+    Expr,
+    Extern,
+    I,
+    Node,
+    Pointwise,
+    Program,
+    R,
+    Ref,
+    Scalar,
+    scalars,
+    walk,
+)
 from ember.inductor.ops import BINARY, COMPARE, Op
 
 __all__ = ["IRError", "check", "enabled"]
@@ -37,8 +49,13 @@ def check(prog: Program) -> None:
     """Raise :class:`IRError` if ``prog`` breaks an invariant of the loop IR."""
     defined = set(prog.inputs) | set(prog.constants)
     for name in prog.inputs:
-        if name not in prog.buffers:
+        if name not in prog.buffers and name not in prog.scalars:
             raise IRError(f"input {name} has no buffer")
+    for op in prog.scalar_ops:
+        for leaf in scalars(op.args):
+            if leaf.name not in defined:
+                raise IRError(f"{op.out.name}: reads the number {leaf.name} before it is defined")
+        defined.add(op.out.name)
     for node in prog.nodes:
         _check_node(prog, node, defined)
         for out in _outputs(node):
@@ -61,6 +78,9 @@ def _check_node(prog: Program, node: Node, defined: set[str]) -> None:
         for leaf in node.refs():
             if leaf.name not in defined:
                 raise IRError(f"{node.names[0]}: extern reads {leaf.name} before it is defined")
+        for number in scalars((node.args, node.kwargs)):
+            if number.name not in prog.scalars:
+                raise IRError(f"{node.names[0]}: extern reads an unknown number {number.name}")
         return
     name = node.name
     buf = prog.buffers.get(name)
@@ -97,6 +117,8 @@ def _check_expr(
         if free:
             raise IRError(f"{name}: load of {src} uses unbound {sorted(map(str, free))}")
         _check_bounds(prog, name, src, index, bounds)
+    elif e.op is Op.SCALAR and prog.scalars.get(e.arg, None) != Scalar(e.arg, e.dtype):
+        raise IRError(f"{name}: reads {e.arg} as a {e.dtype} number, which it is not")
     elif e.op is Op.INDEX and e.arg.free_symbols - allowed:
         raise IRError(
             f"{name}: index uses unbound {sorted(map(str, e.arg.free_symbols - allowed))}"

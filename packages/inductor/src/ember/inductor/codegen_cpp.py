@@ -34,7 +34,7 @@ from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
 
-__all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "translation_unit"]
+__all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "scalar_arg", "translation_unit"]
 
 PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread (a parallel
 # region costs a wake-up, and on a busy machine a wait for a descheduled thread)
@@ -49,6 +49,7 @@ class Printer(abc.ABC):
     LOADS: ClassVar[dict[torch.dtype, str]] = {}  # dtype -> format of a load from memory
     CASTS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {}  # (from, to) -> format
     REDUCE: ClassVar[dict[Reduce, tuple[str, str]]] = {}  # kind -> (identity, combine)
+    SCALAR: ClassVar[str] = "{0}"  # how a kernel names its run-time number argument
 
     def __init__(self) -> None:
         self.count = 0
@@ -76,6 +77,8 @@ class Printer(abc.ABC):
         args = [self.expr(a, memo, lines) for a in e.args]
         if e.op is Op.CONST:
             return self.const(e.arg, e.dtype)
+        if e.op is Op.SCALAR:
+            return self.SCALAR.format(e.arg)
         if e.op is Op.LOAD:
             src, index, indirect = e.arg
             index = index.xreplace(
@@ -157,6 +160,7 @@ class CppPrinter(Printer):
         Op.GE: "({0} >= {1})",
         Op.WHERE: "({0} ? {1} : {2})",
     }
+    SCALAR = "s_{0}"  # apart from every C++ name (an fx node may be called ``exp``)
     # bool lives in memory as uint8_t: gcc vectorises byte loads, not bool loads
     MEMORY_TYPES = {torch.bool: "uint8_t"}
     LOADS = {torch.bool: "({0} != 0)"}
@@ -302,6 +306,7 @@ class _KernelWriter:
         self.parallel = work >= PARALLEL_MIN_WORK
         self.reads: list[str] = []
         self.writes: list[str] = []
+        self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
         self.tiled = _column_kernel(kernel)
 
     def emit(self, line: str, depth: int) -> None:
@@ -404,21 +409,30 @@ class _KernelWriter:
 
     def signature(self) -> str:
         params = []
-        for name in self.args:
+        for name in self.buffer_args:
             buf = self.prog.buffers[name]
             const = "const " if name not in self.writes else ""
             element = self.p.MEMORY_TYPES.get(buf.dtype, self.p.type(buf.dtype))
             params.append(f"{const}{element}* __restrict__ {name}")
+        for name, dtype in self.scalars.items():
+            params.append(f"const {self.p.type(dtype)} {self.p.SCALAR.format(name)}")
         return f'extern "C" void {self.kernel.name}({", ".join(params)}) {{\n'
 
     @property
-    def args(self) -> list[str]:
+    def buffer_args(self) -> list[str]:
         return self.reads + [w for w in self.writes if w not in self.reads]
+
+    @property
+    def args(self) -> list[str]:
+        """The kernel's arguments as the wrapper passes them: buffers, then numbers."""
+        return self.buffer_args + [scalar_arg(n, d) for n, d in self.scalars.items()]
 
     def _note_reads(self, e: Expr) -> None:
         for n in walk(e):
             if n.op is Op.LOAD and n.arg[0] not in self.locals and n.arg[0] not in self.reads:
                 self.reads.append(n.arg[0])
+            elif n.op is Op.SCALAR:
+                self.scalars[n.arg] = n.dtype
 
     def stage(self, st: Stage, depth: int) -> None:
         for s in st.stores:
@@ -534,6 +548,12 @@ def translation_unit(
                 signature = src.split(" {\n", 1)[0]
                 parts.append(f'{signature} __attribute__((alias("{first}")));\n')
     return "\n".join(parts), args
+
+
+def scalar_arg(name: str, dtype: torch.dtype) -> str:
+    """A number argument in a kernel's argument list (buffers are plain names):
+    ``truediv:float64``, so the wrapper passes it by value with the right C type."""
+    return f"{name}:{str(dtype).removeprefix('torch.')}"
 
 
 def _canonical(src: str, name: str) -> str:

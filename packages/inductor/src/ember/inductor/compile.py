@@ -169,6 +169,9 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     if all("val" in n.meta and n.target not in table for n in calls):
         return gm
+    if not all(isinstance(t, torch.Tensor) for t in example_inputs):
+        # make_fx would bake the example numbers into the graph as constants
+        raise Fallback("a graph with number inputs needs decompositions")
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # get_attr tensors stay real
     fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
     with mode:

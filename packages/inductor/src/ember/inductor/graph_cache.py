@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 import os
 import tempfile
@@ -48,6 +49,10 @@ def _package_hash() -> str:
 def _meta(t: Any) -> Any:
     if isinstance(t, torch.Tensor):
         return [list(t.shape), list(t.stride()), str(t.dtype), t.device.type]
+    if isinstance(t, float | torch.SymFloat):  # kernels take it as an argument: any value
+        return "float"
+    if isinstance(t, bool | int):  # a size or count may have been read off it: its value
+        return [type(t).__name__, t]
     raise Unencodable(f"a {type(t).__name__} input")
 
 
@@ -97,6 +102,8 @@ def encode(value: Any, paths: dict[int, str]) -> dict[str, str]:
         return {"torch": str(value).removeprefix("torch.")}
     if isinstance(value, torch.Tensor) and id(value) in paths:
         return {"attr": paths[id(value)]}
+    if callable(value) and _importable(value):
+        return {"fn": f"{value.__module__}:{value.__qualname__}"}
     raise Unencodable(f"constant {value!r}")
 
 
@@ -114,7 +121,29 @@ def decode(item: dict[str, str], gm: torch.fx.GraphModule | None) -> Any:
         return torch.device(text)
     if kind == "attr" and gm is not None:
         return _fetch(gm, text)
+    if kind == "fn":
+        return _import(text)
     raise Unencodable(f"cannot decode {item}")
+
+
+def _import(text: str) -> Any:
+    module, qualname = text.split(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _importable(fn: Any) -> bool:
+    """Whether ``fn`` is found again by its module and qualified name (a number function of
+    the wrapper's arithmetic, such as ``ember.aotgraph.numbers.plain_max``)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not isinstance(module, str) or "<" in qualname:
+        return False
+    try:
+        return _import(f"{module}:{qualname}") is fn
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 def _path(key: str) -> Path:

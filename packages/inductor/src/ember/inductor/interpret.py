@@ -20,7 +20,7 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor.ir import Expr, Extern, I, Pointwise, Program, R, Ref
+from ember.inductor.ir import Expr, Extern, I, Pointwise, Program, R, Ref, Scalar
 from ember.inductor.ops import REDUCE_INIT, SEMANTICS, Op, Reduce
 
 __all__ = ["interpret"]
@@ -68,6 +68,8 @@ def _eval(
         out = torch.tensor(e.arg, dtype=e.dtype)
     elif e.op is Op.INDEX:
         out = _index(e.arg, env).to(torch.int64)
+    elif e.op is Op.SCALAR:
+        out = store[e.arg].to(e.dtype)
     elif e.op is Op.CAST:
         out = args[0].to(e.dtype)
     else:
@@ -90,13 +92,19 @@ def _flat_storage(t: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(t, (n,), (1,))
 
 
-def interpret(prog: Program, inputs: Sequence[torch.Tensor]) -> list[Any]:
-    """Run ``prog`` on ``inputs``; return its flat outputs."""
+def interpret(prog: Program, inputs: Sequence[Any]) -> list[Any]:
+    """Run ``prog`` on ``inputs`` (tensors, and numbers for its scalars); return its flat
+    outputs."""
     store: dict[str, torch.Tensor] = {}
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, Any] = {}
     for name, t in [*zip(prog.inputs, inputs, strict=True), *prog.constants.items()]:
         tensors[name] = t
-        store[name] = _flat_storage(t)
+        number = prog.scalars.get(name)
+        store[name] = _flat_storage(t) if number is None else torch.tensor(t, dtype=number.dtype)
+    for op in prog.scalar_ops:
+        value = op.target(*[tensors[a.name] if isinstance(a, Scalar) else a for a in op.args])
+        tensors[op.out.name] = value
+        store[op.out.name] = torch.tensor(value, dtype=op.out.dtype)
     for node in prog.nodes:
         if isinstance(node, Extern):
             _run_extern(node, tensors, store)
@@ -126,11 +134,9 @@ def _reduce(
     return REDUCE_INIT[kind][0](value)
 
 
-def _run_extern(
-    node: Extern, tensors: dict[str, torch.Tensor], store: dict[str, torch.Tensor]
-) -> None:
+def _run_extern(node: Extern, tensors: dict[str, Any], store: dict[str, torch.Tensor]) -> None:
     def arg(a: Any) -> Any:
-        if isinstance(a, Ref):
+        if isinstance(a, Ref | Scalar):
             return _view(a, tensors)
         if isinstance(a, list | tuple):
             return type(a)(arg(x) for x in a)
@@ -142,7 +148,9 @@ def _run_extern(
         tensors[name], store[name] = t, _flat_storage(t)
 
 
-def _view(o: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _view(o: Any, tensors: dict[str, Any]) -> Any:
+    if isinstance(o, Scalar):
+        return tensors[o.name]
     if not isinstance(o, Ref):
         return o
     t = tensors[o.name]

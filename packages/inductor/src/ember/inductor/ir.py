@@ -38,8 +38,12 @@ __all__ = [
     "R",
     "Reduction",
     "Ref",
+    "Scalar",
+    "ScalarOp",
     "const",
     "load",
+    "scalar",
+    "scalars",
     "walk",
 ]
 
@@ -122,6 +126,8 @@ class Expr:
             return repr(self.arg)
         if self.op is Op.INDEX:
             return f"({self.arg})"
+        if self.op is Op.SCALAR:
+            return f"${self.arg}"
         inner = ", ".join(str(a) for a in self.args)
         return f"{self.op.name}{'.' + _short(self.dtype) if self.op is Op.CAST else ''}({inner})"
 
@@ -138,6 +144,11 @@ def load(buf: Buffer, idx: Sequence[sympy.Expr], layout: Layout | None = None) -
 
 def const(value: float | int | bool, dtype: torch.dtype) -> Expr:
     return Expr(Op.CONST, dtype, (), value)
+
+
+def scalar(s: Scalar) -> Expr:
+    """The run-time number ``s`` as a body leaf."""
+    return Expr(Op.SCALAR, s.dtype, (), s.name)
 
 
 def walk(e: Expr) -> Iterator[Expr]:
@@ -198,6 +209,32 @@ class Ref:
 
 
 @dataclass(frozen=True, slots=True)
+class Scalar:
+    """A number known only at run time: a float (or int) graph input, or arithmetic on such.
+    Kernels receive it as an argument, so one compiled graph serves every value."""
+
+    name: str
+    dtype: torch.dtype  # float64, int64 or bool: the C type kernels take it as
+
+    def __str__(self) -> str:
+        return f"${self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarOp:
+    """``name = target(*args)`` on numbers (``Scalar`` leaves or constants), run by the wrapper
+    before the first kernel: Python arithmetic such as ``1.0 / (1.0 + max(a, b))``."""
+
+    out: Scalar
+    target: Any
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        shown = ", ".join(str(a) for a in self.args)
+        return f"{self.out} = {getattr(self.target, '__name__', self.target)}({shown})"
+
+
+@dataclass(frozen=True, slots=True)
 class Extern:
     """``names = target(*args, **kwargs)`` with :class:`Ref` leaves, run by aten."""
 
@@ -213,6 +250,17 @@ class Extern:
     def __str__(self) -> str:
         shown = ", ".join(str(a) for a in self.args)
         return f"{', '.join(self.names)} = extern {self.target}({shown})"
+
+
+def scalars(tree: object) -> list[Scalar]:
+    """The :class:`Scalar` leaves of an argument tree."""
+    if isinstance(tree, Scalar):
+        return [tree]
+    if isinstance(tree, list | tuple):
+        return [r for t in tree for r in scalars(t)]
+    if isinstance(tree, dict):
+        return [r for t in tree.values() for r in scalars(t)]
+    return []
 
 
 def _refs(tree: object) -> list[Ref]:
@@ -233,19 +281,24 @@ class Program:
     """A graph lowered to loop IR: buffers, the nodes that fill them, the outputs."""
 
     buffers: dict[str, Buffer]
-    inputs: list[str]  # one buffer per graph input
+    inputs: list[str]  # one name per graph input: a buffer, or a scalar of ``scalars``
     nodes: list[Node]
-    outputs: list[Any]  # Ref or a Python constant, in the graph's flat output order
+    outputs: list[Any]  # Ref, Scalar or a Python constant, in the graph's flat output order
     out_spec: Any = None  # pytree spec that rebuilds the graph's output structure
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr tensors
+    scalars: dict[str, Scalar] = field(default_factory=dict)  # run-time numbers, by name
+    scalar_ops: list[ScalarOp] = field(default_factory=list)  # computed first, in this order
 
     def __str__(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]
+        numbers = [self.scalars[n] for n in self.inputs if n in self.scalars]
+        lines += [f"  {s.name}: {_short(s.dtype)} number" for s in numbers]
         for b in self.buffers.values():
             lines.append(
                 f"  {b.name}: {_short(b.dtype)}{list(b.layout.sizes)}"
                 f" strides {list(b.layout.strides)}"
             )
+        lines += [str(op) for op in self.scalar_ops]
         lines += [str(n) for n in self.nodes]
         lines.append(f"outputs: {', '.join(str(o) for o in self.outputs)}")
         return "\n".join(lines)

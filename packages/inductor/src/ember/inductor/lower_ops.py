@@ -22,7 +22,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
 
-from ember.inductor.ir import Expr, I, R, const
+from ember.inductor.ir import Expr, I, R, Scalar, const, scalar
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op, Reduce
@@ -55,6 +55,8 @@ def _meta_of(ctx: Lowerer, a: Any) -> Any:
     """What type promotion sees for a lowering argument: a fake tensor or a Python scalar."""
     if isinstance(a, Value):
         return torch.empty((), dtype=a.dtype) if a.ndim == 0 else torch.empty((1,), dtype=a.dtype)
+    if isinstance(a, Scalar):  # a Python number to type promotion, whatever its value
+        return {torch.float64: 1.0, torch.int64: 1, torch.bool: True}[a.dtype]
     return a
 
 
@@ -71,7 +73,8 @@ def pointwise(
         raise Fallback("pointwise op without a tensor result")
     sizes, out_dtype = tuple(out_meta.shape), out_meta.dtype
     if compute is None:
-        metas = [_meta_of(ctx, a) for a in args if isinstance(a, Value | int | float | bool)]
+        numbers = Value | Scalar | int | float | bool
+        metas = [_meta_of(ctx, a) for a in args if isinstance(a, numbers)]
         compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=kind)[0])
     if compute not in FLOATS and fn in FLOAT_ONLY:
         raise Fallback(f"{fn.__name__} on {compute}")
@@ -86,6 +89,11 @@ def pointwise(
 
 
 def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr]:
+    if isinstance(a, Scalar):
+        if a.dtype == torch.float64 and not dtype.is_floating_point:
+            raise Fallback("float scalar with an integer computation")
+        leaf = cast(scalar(a), dtype)  # eager too converts the number to the computation dtype
+        return lambda idx: leaf
     if not isinstance(a, int | float | bool):
         raise Fallback(f"scalar argument {a!r}")
     if isinstance(a, float) and not dtype.is_floating_point:
@@ -150,21 +158,21 @@ _register_unary(aten.isnan.default, Op.ISNAN, KIND.ALWAYS_BOOL)
 _ADD, _SUB, _MUL = _bin(Op.ADD), _bin(Op.SUB), _bin(Op.MUL)
 
 
-@lowering(aten.add.Tensor, aten.add.Scalar)
+@lowering(aten.add.Tensor, aten.add.Scalar, scalars=True)
 def add(ctx: Lowerer, a: Any, b: Any, *, alpha: Any = 1) -> Value:
     if alpha != 1:
         return pointwise(ctx, lambda x, y, k: _ADD(x, _MUL(y, k)), a, b, alpha)
     return pointwise(ctx, _ADD, a, b)
 
 
-@lowering(aten.sub.Tensor, aten.sub.Scalar)
+@lowering(aten.sub.Tensor, aten.sub.Scalar, scalars=True)
 def sub(ctx: Lowerer, a: Any, b: Any, *, alpha: Any = 1) -> Value:
     if alpha != 1:
         return pointwise(ctx, lambda x, y, k: _SUB(x, _MUL(y, k)), a, b, alpha)
     return pointwise(ctx, _SUB, a, b)
 
 
-@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar, scalars=True)
 def rsub(ctx: Lowerer, a: Any, b: Any, *, alpha: Any = 1) -> Value:
     return sub(ctx, b, a, alpha=alpha)
 
@@ -173,7 +181,7 @@ _DIV = _bin(Op.DIV)
 FLOAT_ONLY.add(_DIV)
 
 
-@lowering(aten.div.Tensor, aten.div.Scalar)
+@lowering(aten.div.Tensor, aten.div.Scalar, scalars=True)
 def div(ctx: Lowerer, a: Any, b: Any) -> Value:
     return pointwise(ctx, _DIV, a, b, kind=KIND.INT_TO_FLOAT)
 
@@ -184,7 +192,7 @@ def _binary(
     fn = _bin(op)
     if floats:
         FLOAT_ONLY.add(fn)
-    lowering(*targets)(lambda ctx, a, b: pointwise(ctx, fn, a, b, kind=kind))
+    lowering(*targets, scalars=True)(lambda ctx, a, b: pointwise(ctx, fn, a, b, kind=kind))
 
 
 _binary([aten.mul.Tensor, aten.mul.Scalar], Op.MUL)
@@ -230,7 +238,13 @@ def where_(c: Expr, a: Expr, b: Expr) -> Expr:
     return Expr(Op.WHERE, a.dtype, (cast(c, torch.bool), a, b))
 
 
-@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@lowering(
+    aten.where.self,
+    aten.where.ScalarSelf,
+    aten.where.ScalarOther,
+    aten.where.Scalar,
+    scalars=True,
+)
 def where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
     metas = [_meta_of(ctx, x) for x in (a, b)]
     compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=KIND.NO_OPMATH)[0])
@@ -247,7 +261,7 @@ def relu(ctx: Lowerer, a: Value) -> Value:
     return pointwise(ctx, lambda x: _MAX(x, const(_convert(0, x.dtype), x.dtype)), a)
 
 
-@lowering(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+@lowering(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, scalars=True)
 def clamp(ctx: Lowerer, a: Value, lo: Any = None, hi: Any = None) -> Value:
     assert ctx.node is not None
     if str(ctx.node.target).startswith("aten.clamp_max"):
@@ -279,7 +293,7 @@ def sign(ctx: Lowerer, a: Value) -> Value:
     return pointwise(ctx, fn, a)
 
 
-@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, scalars=True)
 def masked_fill(ctx: Lowerer, a: Value, mask: Value, value: Any) -> Value:
     if isinstance(value, Value) and value.ndim != 0:
         raise Fallback("masked_fill with a non-scalar value")
@@ -306,11 +320,16 @@ def _filled(ctx: Lowerer, value: Any) -> Value:
     out = ctx.meta
     if isinstance(value, Value):
         raise Fallback("fill with a tensor")
+    if isinstance(value, Scalar):
+        if value.dtype == torch.float64 and not out.dtype.is_floating_point:
+            raise Fallback("fill of integers with a float")
+        leaf = cast(scalar(value), out.dtype)
+        return Value(tuple(out.shape), out.dtype, lambda idx: leaf)
     e = const(_convert(value, out.dtype), out.dtype)
     return Value(tuple(out.shape), out.dtype, lambda idx: e)
 
 
-@lowering(aten.full.default, aten.full_like.default, aten.scalar_tensor.default)
+@lowering(aten.full.default, aten.full_like.default, aten.scalar_tensor.default, scalars=True)
 def full(ctx: Lowerer, a: Any, value: Any = None, **kwargs: Any) -> Value:
     assert ctx.node is not None
     return _filled(ctx, a if ctx.node.target is aten.scalar_tensor.default else value)
@@ -651,7 +670,9 @@ for _name, _fn in [
     ("maximum", _MAX),
     ("minimum", _MIN),
 ]:
-    lowering(getattr(prims, _name).default)(lambda ctx, a, b, _f=_fn: pointwise(ctx, _f, a, b))
+    lowering(getattr(prims, _name).default, scalars=True)(
+        lambda ctx, a, b, _f=_fn: pointwise(ctx, _f, a, b)
+    )
 for _name, _op in [
     ("exp", Op.EXP),
     ("log", Op.LOG),
@@ -665,13 +686,13 @@ for _name, _op in [
     _register_unary(getattr(prims, _name).default, _op, KIND.DEFAULT, _op not in (Op.NEG, Op.ABS))
 
 
-@lowering(prims.div.default)
+@lowering(prims.div.default, scalars=True)
 def prims_div(ctx: Lowerer, a: Any, b: Any) -> Value:
     if ctx.meta.dtype not in FLOATS:
         raise Fallback("prims.div of integers truncates")
     return pointwise(ctx, _DIV, a, b)
 
 
-@lowering(prims.where.default)
+@lowering(prims.where.default, scalars=True)
 def prims_where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
     return where(ctx, cond, a, b)

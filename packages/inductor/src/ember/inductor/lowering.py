@@ -45,17 +45,29 @@ from ember.inductor.ir import (
     Program,
     Reduction,
     Ref,
+    Scalar,
+    ScalarOp,
     load,
+    scalars,
     walk,
 )
 from ember.inductor.ops import COMPARE, SEMANTICS, Op
 
-__all__ = ["LOWERINGS", "Fallback", "Lowerer", "Value", "lower_graph", "lowering"]
+__all__ = [
+    "LOWERINGS",
+    "SCALAR_OPERANDS",
+    "Fallback",
+    "Lowerer",
+    "Value",
+    "lower_graph",
+    "lowering",
+]
 
 Loader = Callable[[Sequence[sympy.Expr]], Expr]
 Lowering = Callable[..., Any]
 
 LOWERINGS: dict[Any, Lowering] = {}  # aten overload -> fn(ctx, *args, **kwargs) -> Value
+SCALAR_OPERANDS: set[Any] = set()  # overloads whose lowering takes run-time Scalar operands
 INLINE_LIMIT = 120  # body nodes past which a lazy value is realized rather than inlined
 CHEAP = {Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAX, Op.MIN, Op.WHERE, Op.NOT, Op.ISNAN}
 HEAVY = frozenset(SEMANTICS) - CHEAP - COMPARE - {Op.AND, Op.OR, Op.XOR}  # worth storing
@@ -68,8 +80,10 @@ class Fallback(Exception):
 F = TypeVar("F", bound=Lowering)
 
 
-def lowering(*targets: Any) -> Callable[[F], F]:
-    """Register ``fn`` as the lowering of each aten overload (or packet: all overloads)."""
+def lowering(*targets: Any, scalars: bool = False) -> Callable[[F], F]:
+    """Register ``fn`` as the lowering of each aten overload (or packet: all overloads).
+    ``scalars``: ``fn`` accepts :class:`~ember.inductor.ir.Scalar` operands (numbers known at
+    run time only); other lowerings never see one, their node runs as an aten call."""
 
     def register(fn: F) -> F:
         for target in targets:
@@ -82,6 +96,8 @@ def lowering(*targets: Any) -> Callable[[F], F]:
                 if t in LOWERINGS:
                     raise KeyError(f"{t} already has a lowering")
                 LOWERINGS[t] = fn
+                if scalars:
+                    SCALAR_OPERANDS.add(t)
         return fn
 
     return register
@@ -112,6 +128,8 @@ class Lowerer:
         self._realized: dict[int, tuple[Value, Ref]] = {}  # holds the value: ids stay unique
         self._count = 0
         self._reductions: dict[tuple[Any, ...], Value] = {}
+        self.scalars: dict[str, Scalar] = {}
+        self.scalar_ops: list[ScalarOp] = []
 
     # ---- buffers -------------------------------------------------------------------------
     def new_buffer(self, dtype: torch.dtype, layout: Layout) -> Buffer:
@@ -174,11 +192,14 @@ class Lowerer:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         inputs = []
         for node, example in zip(placeholders, example_inputs, strict=True):
+            inputs.append(node.name)
+            if isinstance(example, torch.SymInt | torch.SymBool):  # sizes stay static
+                raise Fallback(f"input {node.name} is a {type(example).__name__}")
             if not isinstance(example, torch.Tensor):
-                raise Fallback(f"input {node.name} is a {type(example).__name__}, not a tensor")
+                self.values[node] = self.new_scalar(node.name, example)
+                continue
             buf = Buffer(node.name, example.dtype, Layout(tuple(example.shape), example.stride()))
             self.buffers[buf.name] = buf
-            inputs.append(buf.name)
             self.values[node] = self.buffer_value(buf)
         outputs: list[Any] = []
         constants: dict[str, torch.Tensor] = {}
@@ -199,7 +220,27 @@ class Lowerer:
                 outputs = [self._output(a) for a in pytree.tree_leaves(node.args[0])]
             elif node.op not in ("placeholder", "get_attr"):
                 raise Fallback(f"{node.op} nodes are not lowered")
-        return Program(self.buffers, inputs, self.nodes, outputs, constants=constants)
+        prog = Program(self.buffers, inputs, self.nodes, outputs, constants=constants)
+        prog.scalars, prog.scalar_ops = self.scalars, self.scalar_ops
+        return prog
+
+    # ---- numbers -------------------------------------------------------------------------
+    def new_scalar(self, name: str, example: Any) -> Scalar:
+        """The run-time number ``name``, typed by ``example`` (a number or a symbolic one)."""
+        dtype = _number_dtype(example)
+        if dtype is None:
+            raise Fallback(f"input {name} is a {type(example).__name__}, not a tensor")
+        self.scalars[name] = Scalar(name, dtype)
+        return self.scalars[name]
+
+    def scalar_op(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Scalar:
+        """Arithmetic on numbers (``operator.truediv``, ``max``): computed by the wrapper."""
+        if kwargs or not all(isinstance(a, Scalar | int | float | bool) for a in args):
+            raise Fallback(f"{node.name}: {node.target} of a tensor or container, not numbers")
+        out = self.new_scalar(node.name, node.meta["val"])
+        target, args = _flatten_extremum(node, args, self.scalar_ops)
+        self.scalar_ops.append(ScalarOp(out, target, tuple(args)))
+        return out
 
     def _lower_node(self, node: torch.fx.Node) -> Any:
         args, kwargs = pytree.tree_map_only(
@@ -207,8 +248,11 @@ class Lowerer:
         )
         if node.target is operator.getitem:
             return args[0][args[1]]
+        if _number_dtype(node.meta.get("val")) is not None:
+            return self.scalar_op(node, args, kwargs)
         fn = LOWERINGS.get(node.target)
-        if fn is not None and _plain_meta(node.meta.get("val")):
+        takes = node.target in SCALAR_OPERANDS or not scalars((args, kwargs))
+        if fn is not None and takes and _plain_meta(node.meta.get("val")):
             try:
                 return fn(self, *args, **kwargs)
             except Fallback:
@@ -267,6 +311,51 @@ def _fetch(gm: torch.fx.GraphModule, target: str) -> Any:
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _extremum(target: Any) -> Any:
+    """``max`` or ``min`` if ``target`` computes that of numbers, else None."""
+    if target in (max, min):
+        return target
+    if target in (torch.sym_max, torch.sym_min):
+        return max if target is torch.sym_max else min
+    if getattr(target, "__module__", None) == "ember.aotgraph.numbers":
+        from ember.aotgraph.numbers import PLAIN_RULES  # loaded already: the graph calls it
+
+        if target in (PLAIN_RULES[torch.sym_max], PLAIN_RULES[torch.sym_min]):
+            return max if target is PLAIN_RULES[torch.sym_max] else min
+    return None
+
+
+def _flatten_extremum(
+    node: torch.fx.Node, args: Sequence[Any], ops: list[ScalarOp]
+) -> tuple[Any, Sequence[Any]]:
+    """``max(max(a, b), c)`` on floats as ``max(a, b, c)``: one call for the 64 numbers of a
+    ``tolist()`` rather than 63 (the inner max is then dead, unless something else reads it)."""
+    kind = _extremum(node.target)
+    floats = all(
+        isinstance(a, float) or (isinstance(a, Scalar) and a.dtype == torch.float64) for a in args
+    )
+    if kind is None or len(args) < 2 or not floats:
+        return node.target, args
+    made = {op.out.name: op for op in ops}
+    flat: list[Any] = []
+    for a, fx_arg in zip(args, node.args, strict=True):
+        inner = made.get(a.name) if isinstance(a, Scalar) else None
+        alone = isinstance(fx_arg, torch.fx.Node) and len(fx_arg.users) == 1
+        flat.extend(inner.args if inner is not None and inner.target is kind and alone else [a])
+    return kind, flat
+
+
+def _number_dtype(value: Any) -> torch.dtype | None:
+    """How a kernel receives the number ``value`` (plain or symbolic), or None: no number."""
+    if isinstance(value, bool | torch.SymBool):
+        return torch.bool
+    if isinstance(value, int | torch.SymInt):
+        return torch.int64
+    if isinstance(value, float | torch.SymFloat):
+        return torch.float64
+    return None
 
 
 def _plain_meta(meta: Any) -> bool:

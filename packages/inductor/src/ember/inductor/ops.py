@@ -39,6 +39,7 @@ class Op(enum.Enum):
     LOAD = enum.auto()
     CONST = enum.auto()
     INDEX = enum.auto()  # the value of a sympy index expression, as int64
+    SCALAR = enum.auto()  # a number known at run time only (a float graph input): arg is its name
     # unary
     NEG = enum.auto()
     ABS = enum.auto()
@@ -94,7 +95,7 @@ class Reduce(enum.Enum):
     ALL = enum.auto()
 
 
-LEAF = frozenset({Op.LOAD, Op.CONST, Op.INDEX})
+LEAF = frozenset({Op.LOAD, Op.CONST, Op.INDEX, Op.SCALAR})
 UNARY = frozenset(
     {Op.NEG, Op.ABS, Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.SQRT, Op.RSQRT, Op.RECIPROCAL}
     | {Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF, Op.FLOOR, Op.CEIL, Op.TRUNC, Op.NOT}

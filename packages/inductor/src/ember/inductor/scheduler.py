@@ -38,7 +38,20 @@ from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 
-from ember.inductor.ir import Expr, Extern, I, Node, Pointwise, Program, R, Reduction, Ref, walk
+from ember.inductor.ir import (
+    Expr,
+    Extern,
+    I,
+    Node,
+    Pointwise,
+    Program,
+    R,
+    Reduction,
+    Ref,
+    Scalar,
+    scalars,
+    walk,
+)
 from ember.inductor.ops import Op, Reduce
 
 __all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
@@ -145,7 +158,32 @@ def eliminate_dead(prog: Program) -> Program:
     kept.reverse()
     used = set(prog.inputs) | set(prog.constants) | {n for node in kept for n in writes(node)}
     buffers = {k: v for k, v in prog.buffers.items() if k in used}
-    return dataclasses.replace(prog, nodes=kept, buffers=buffers)
+    ops = _live_scalar_ops(prog, kept)
+    numbers = set(prog.inputs) | {op.out.name for op in ops}
+    kept_scalars = {k: v for k, v in prog.scalars.items() if k in numbers}
+    return dataclasses.replace(
+        prog, nodes=kept, buffers=buffers, scalars=kept_scalars, scalar_ops=ops
+    )
+
+
+def scalar_reads(node: Node) -> set[str]:
+    """Run-time numbers a node reads."""
+    if isinstance(node, Extern):
+        return {s.name for s in scalars((node.args, node.kwargs))}
+    return {e.arg for e in walk(node.body) if e.op is Op.SCALAR}
+
+
+def _live_scalar_ops(prog: Program, nodes: list[Node]) -> list[Any]:
+    live = {o.name for o in prog.outputs if isinstance(o, Scalar)}
+    for node in nodes:
+        live |= scalar_reads(node)
+    kept = []
+    for op in reversed(prog.scalar_ops):
+        if op.out.name in live:
+            kept.append(op)
+            live |= {s.name for s in scalars(op.args)}
+    kept.reverse()
+    return kept
 
 
 def _mutates(node: Node) -> bool:

@@ -22,13 +22,14 @@ def call(x_1, y_1):
 from __future__ import annotations
 
 import ctypes
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor.ir import Extern, Ref
+from ember.inductor.ir import Extern, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule
 
 __all__ = ["bind", "wrapper_source"]
@@ -75,6 +76,8 @@ def _ref(sched: Schedule, ref: Ref, computed: set[str]) -> str:
 def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
     if isinstance(tree, Ref):
         return _ref(sched, tree, computed)
+    if isinstance(tree, Scalar):
+        return tree.name
     if isinstance(tree, list | tuple):
         inner = ", ".join(_arg(src, sched, t, computed) for t in tree)
         return (
@@ -92,12 +95,14 @@ def wrapper_source(
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
     for name in prog.inputs:
-        lay = prog.buffers[name].layout
         if name in kernel_reads:
+            lay = prog.buffers[name].layout
             src.lines.append(
                 f"    if {name}.stride() != {lay.strides}: "
                 f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
             )
+    for op in prog.scalar_ops:
+        src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     computed: set[str] = set()
     donors = set(sched.reuse.values())
     for k, step in enumerate(sched.steps):
@@ -112,7 +117,7 @@ def wrapper_source(
         ]
         if dead:
             src.lines.append(f"    del {', '.join(dead)}")
-    outs = [_ref(sched, o, computed) if isinstance(o, Ref) else src.const(o) for o in prog.outputs]
+    outs = [_arg(src, sched, o, computed) for o in prog.outputs]
     src.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return "\n".join(src.lines), src.consts
 
@@ -134,8 +139,31 @@ def _kernel_call(
                 f"    {store.name} = _empty({buf.layout.sizes}, {buf.layout.strides}, "
                 f"dtype={_dtype_name(buf.dtype, src)})"
             )
-    ptrs = ", ".join(f"{a}.data_ptr()" for a in args)
+    ptrs = ", ".join(a.split(":")[0] if ":" in a else f"{a}.data_ptr()" for a in args)
     src.lines.append(f"    {kernel.name}({ptrs})")
+
+
+# Python arithmetic on numbers, written out in the wrapper rather than called
+NUMBER_OPS: dict[Any, str] = {
+    operator.add: "({0} + {1})",
+    operator.sub: "({0} - {1})",
+    operator.mul: "({0} * {1})",
+    operator.truediv: "({0} / {1})",
+    operator.neg: "(-{0})",
+    operator.abs: "abs({0})",
+    abs: "abs({0})",
+    max: "max({all})",
+    min: "min({all})",
+}
+
+
+def _number(src: _Source, op: ScalarOp) -> str:
+    """``op`` as a Python expression over the wrapper's variables."""
+    args = [a.name if isinstance(a, Scalar) else src.const(a) for a in op.args]
+    fmt = NUMBER_OPS.get(op.target)
+    if fmt is not None:
+        return fmt.format(*args, all=", ".join(args))
+    return f"{src.const(op.target)}({', '.join(args)})"
 
 
 def _dtype_name(dtype: torch.dtype, src: _Source) -> str:
@@ -177,6 +205,14 @@ def _leaves(result: Any) -> list[Any]:
     return [t for t in pytree.tree_leaves(result) if t is not None]
 
 
+# a number argument's dtype (``truediv:float64``) -> how ctypes passes it
+CTYPES: dict[str, Any] = {
+    "float64": ctypes.c_double,
+    "int64": ctypes.c_int64,
+    "bool": ctypes.c_bool,
+}
+
+
 def bind(
     source: str, consts: dict[str, Any], kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
 ) -> Callable[..., Any]:
@@ -191,7 +227,7 @@ def bind(
     for name, args in kernel_args.items():
         assert lib is not None
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p] * len(args)
+        fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
         fn.restype = None
         env[name] = fn
     exec(compile(source, "<ember.inductor wrapper>", "exec"), env)
