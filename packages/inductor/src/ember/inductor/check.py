@@ -31,7 +31,7 @@ from ember.inductor.ir import (
     scalars,
     walk,
 )
-from ember.inductor.ops import BINARY, COMPARE, Op
+from ember.inductor.ops import BINARY, COMPARE, RANDOM, Op
 
 __all__ = ["IRError", "check", "enabled"]
 
@@ -127,6 +127,8 @@ def _check_expr(
         raise IRError(f"{name}: {e.op.name} mixes {e.args[0].dtype} and {e.args[1].dtype}")
     if e.op in COMPARE | {Op.ISNAN} and e.dtype != torch.bool:
         raise IRError(f"{name}: {e.op.name} must give bool, not {e.dtype}")
+    if e.op in RANDOM and (e.dtype != torch.float32 or {a.dtype for a in e.args} != {torch.int64}):
+        raise IRError(f"{name}: {e.op.name} takes an int64 seed and offset and gives float32")
     if e.op is Op.WHERE and e.args[0].dtype != torch.bool:
         raise IRError(f"{name}: WHERE condition is {e.args[0].dtype}, not bool")
 

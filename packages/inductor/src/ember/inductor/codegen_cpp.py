@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import sympy  # type: ignore[import-untyped]
 import torch
 
+from ember.inductor import philox
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
@@ -141,6 +142,8 @@ class CppPrinter(Printer):
         Op.TRUNC: "std::trunc({0})",
         Op.NOT: "(!{0})",
         Op.ISNAN: "({0} != {0})",
+        Op.RAND: "ember_rand({0}, {1})",
+        Op.RANDN: "ember_randn({0}, {1})",
         Op.CAST: "static_cast<{T}>({0})",
         Op.ADD: "({0} + {1})",
         Op.SUB: "({0} - {1})",
@@ -182,6 +185,10 @@ class CppPrinter(Printer):
         (torch.float32, torch.bfloat16): "ember_float_to_bf16({0})",
         **{(torch.bfloat16, d): "static_cast<{T}>(ember_bf16_to_float({0}))" for d in _OTHER},
         **{(d, torch.bfloat16): "ember_float_to_bf16(static_cast<float>({0}))" for d in _OTHER},
+        # a select, not a conversion of bool: gcc then vectorises loops that mix the mask
+        # with 64-bit lanes (a dropout mask from int64 random counters)
+        **{(torch.bool, d): "({0} ? {T}(1) : {T}(0))" for d in _OTHER if d != torch.bool},
+        (torch.bool, torch.float32): "({0} ? 1.0f : 0.0f)",
     }
     REDUCE = {
         Reduce.SUM: ("0", "{acc} += {v};"),
@@ -547,6 +554,8 @@ def translation_unit(
             else:  # the same loop over other buffers (an unrolled RNN step): one body
                 signature = src.split(" {\n", 1)[0]
                 parts.append(f'{signature} __attribute__((alias("{first}")));\n')
+    if any("ember_rand" in part for part in parts[1:]):
+        parts.insert(1, philox.CPP)
     return "\n".join(parts), args
 
 

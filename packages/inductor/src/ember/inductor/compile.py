@@ -9,6 +9,7 @@ output (see docs/inductor.md).
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
 import operator
@@ -328,7 +329,10 @@ def compile_graph(
     at all runs as ``gm`` itself, so this never fails for want of an op.
     ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
     :data:`~ember.inductor.cache.DEFAULT_CFLAGS`), ``graph_cache`` (False: lower
-    and generate code even for a graph seen before).
+    and generate code even for a graph seen before), ``fallback_random`` (True, the
+    default: random ops run torch's kernels and draw eager's numbers; False: they
+    are computed inside the fused kernels, reproducible under ``torch.manual_seed``
+    but different from eager's, see :mod:`ember.inductor.lower_random`).
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> def f(x):
@@ -344,14 +348,18 @@ def compile_graph(
     )
     run = _Run()
     run.write("00_input_graph.txt", gm)
+    fused_random = not opts.get("fallback_random", True)
     key = _graph_key(gm, example_inputs, compile_options) if opts.get("graph_cache", 1) else None
+    if key is not None and fused_random:
+        key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
     record = graph_cache.load(key) if key is not None else None
     if record is not None and (hit := CompiledGraph.from_record(gm, record, run)) is not None:
         return hit  # type: ignore[no-any-return]
     original = gm
     try:
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
-        prog = run.phase("lower", lower_graph, gm, example_inputs)  # aten -> loop IR
+        lower = functools.partial(lower_graph, fused_random=fused_random)
+        prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
         prog.out_spec = _out_spec(gm)
         prog = run.phase("eliminate_dead", eliminate_dead, prog)  # drop unread nodes
         prog = run.phase("simplify", simplify, prog)  # algebra, constant folding, index math

@@ -120,7 +120,8 @@ class Value:
 class Lowerer:
     """The state of one lowering: buffers, nodes so far, and each fx node's value."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fused_random: bool = False) -> None:
+        self.fused_random = fused_random  # lower random ops (else: torch's kernels)
         self.buffers: dict[str, Buffer] = {}
         self.nodes: list[Node] = []
         self.values: dict[torch.fx.Node, Any] = {}
@@ -384,8 +385,13 @@ def _dense_strides(meta: Any) -> tuple[int, ...] | None:
     return None
 
 
-def lower_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program:
-    """Lower an aten-level graph whose nodes carry ``meta['val']`` to a :class:`Program`."""
-    from ember.inductor import lower_ops, lower_views  # noqa: F401  (registers lowerings)
+def lower_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, fused_random: bool = False
+) -> Program:
+    """Lower an aten-level graph whose nodes carry ``meta['val']`` to a :class:`Program`.
 
-    return Lowerer().lower(gm, example_inputs)
+    ``fused_random``: lower random ops to counter-based numbers computed in the kernels
+    (:mod:`ember.inductor.lower_random`); by default they run torch's kernels."""
+    from ember.inductor import lower_ops, lower_random, lower_views  # noqa: F401  (registers)
+
+    return Lowerer(fused_random=fused_random).lower(gm, example_inputs)

@@ -20,10 +20,13 @@ from collections.abc import Callable
 
 import torch
 
+from ember.inductor import philox
+
 __all__ = [
     "BINARY",
     "COMPARE",
     "LEAF",
+    "RANDOM",
     "REDUCE_INIT",
     "SEMANTICS",
     "UNARY",
@@ -80,6 +83,9 @@ class Op(enum.Enum):
     GE = enum.auto()
     # ternary
     WHERE = enum.auto()
+    # random numbers of (int64 seed, int64 offset), float32 (see ember.inductor.philox)
+    RAND = enum.auto()  # uniform in [0, 1)
+    RANDN = enum.auto()  # standard normal
 
 
 class Reduce(enum.Enum):
@@ -101,6 +107,7 @@ UNARY = frozenset(
     | {Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF, Op.FLOOR, Op.CEIL, Op.TRUNC, Op.NOT}
     | {Op.ISNAN, Op.CAST}
 )
+RANDOM = frozenset({Op.RAND, Op.RANDN})
 COMPARE = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
 BINARY = frozenset(
     {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, Op.AND, Op.OR, Op.XOR} | COMPARE
@@ -146,6 +153,8 @@ SEMANTICS: dict[Op, Fn] = {
     Op.GT: torch.gt,
     Op.GE: torch.ge,
     Op.WHERE: torch.where,
+    Op.RAND: philox.uniform,
+    Op.RANDN: philox.normal,
 }
 
 # reduction -> (reference function over the last dim, identity element)
