@@ -77,3 +77,23 @@ def test_inference_under_no_grad_and_graph_breaks_with_float_inputs(capsys):
         for scale in (1.0, 2.0, -3.0):  # new floats reach the resume functions each call
             torch.testing.assert_close(compiled(x * scale), model(x * scale), rtol=RTOL, atol=ATOL)
     assert len(compiled.stats.breaks) == 2 and compiled.stats.failures == []
+
+
+def test_dropout_fused_into_kernels_trains_consistently():
+    """fallback_random=False: the mask comes from ember's generator, the same in both passes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.3), torch.nn.ReLU())
+    compiled = ember.compiler.compile(model, options={"fallback_random": False})
+    x = torch.randn(8, 16)
+    torch.manual_seed(1)
+    out = compiled(x)
+    out.sum().backward()
+    assert compiled.stats.graphs == 1 and compiled.stats.failures == []
+    hidden = torch.nn.functional.linear(x, model[0].weight, model[0].bias)
+    kept = out != 0  # where the output survived both dropout and relu
+    torch.testing.assert_close(out[kept], (hidden / 0.7)[kept])
+    # d out / d bias: 1/0.7 where kept, summed over the batch
+    torch.testing.assert_close(model[0].bias.grad, kept.float().sum(0) / 0.7)
+    torch.manual_seed(1)
+    model.zero_grad()
+    torch.testing.assert_close(compiled(x), out)  # repeatable under the same seed

@@ -170,7 +170,9 @@ def inductor(
     level, ``ember.inductor.compile_graph`` turns each into fused C++/OpenMP kernels
     (compiled once, cached on disk). ``options`` go to ``compile_graph``: ``cxx`` (the C++
     compiler), ``cflags`` (a list replacing the default flags), ``graph_cache`` (False:
-    generate code again for graphs seen before); any other name is an error.
+    generate code again for graphs seen before), ``fallback_random`` (False: random ops
+    such as dropout are computed inside the fused kernels, repeatable under
+    ``torch.manual_seed`` but not eager's numbers); any other name is an error.
 
     >>> gm = torch.fx.symbolic_trace(lambda x: (x.sin() * 2).sum())
     >>> x = torch.ones(3, requires_grad=True)
@@ -196,4 +198,4 @@ def inductor(
     )
 
 
-inductor.known_options = ("cxx", "cflags", "graph_cache")  # type: ignore[attr-defined]
+inductor.known_options = ("cxx", "cflags", "graph_cache", "fallback_random")  # type: ignore[attr-defined]
