@@ -28,7 +28,8 @@ Four steps, one function each:
 
 from __future__ import annotations
 
-import networkx as nx  # type: ignore[import-untyped]
+from typing import TYPE_CHECKING
+
 import torch
 import torch.fx
 
@@ -40,6 +41,9 @@ from ember.aotgraph.partition import (
     partition_from_saved,
 )
 from ember.aotgraph.trace import JointGraph
+
+if TYPE_CHECKING:  # networkx is imported when a graph is partitioned (0.1 s), not before
+    import networkx as nx  # type: ignore[import-untyped]
 
 __all__ = ["min_cut_partition"]
 
@@ -73,6 +77,8 @@ def policy(node: Node) -> bool:
 
 def flow_network(joint: JointGraph) -> tuple[nx.DiGraph, list[Node]]:
     """The flow network over the tangent-independent nodes, and those nodes."""
+    import networkx as nx
+
     _, tangents, _, grads = joint_parts(joint)
     backward_only = descendants(tangents)
     candidates = [n for n in joint.gm.graph.nodes if n.op != "output" and n not in backward_only]
@@ -96,6 +102,8 @@ def flow_network(joint: JointGraph) -> tuple[nx.DiGraph, list[Node]]:
 
 def cut_nodes(net: nx.DiGraph, candidates: list[Node]) -> list[Node]:
     """The nodes whose ``in -> out`` edge the minimum cut crosses."""
+    import networkx as nx
+
     if not net.in_edges(SINK):
         return []
     _, (reachable, _) = nx.minimum_cut(net, SOURCE, SINK)
