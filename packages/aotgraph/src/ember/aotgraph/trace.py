@@ -246,10 +246,20 @@ def _fakes(mode: FakeTensorMode, inputs: Sequence[Any]) -> list[Any]:
         if isinstance(value, torch.Tensor):
             out.append(mode.from_tensor(value))
         else:
-            source = _FloatInput(i)
-            sym = env.create_unspecified_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
-            out.append(env.create_symfloatnode(sym, hint=value, source=source))
+            out.append(symbolic_float(env, value, i))
     return out
+
+
+def symbolic_float(env: ShapeEnv, value: float, index: int) -> torch.SymFloat | float:
+    """A symbolic float of ``env`` named ``input<index>``, with ``value`` as its hint.
+
+    >>> x = symbolic_float(ShapeEnv(), 2.5, 0)
+    >>> type(x * 2).__name__, (x * 2).node.hint
+    ('SymFloat', 5.0)
+    """
+    source = _FloatInput(index)
+    sym = env.create_unspecified_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+    return env.create_symfloatnode(sym, hint=value, source=source)
 
 
 def _unspecialized(mode: FakeTensorMode) -> None:
