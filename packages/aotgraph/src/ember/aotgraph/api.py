@@ -9,6 +9,10 @@ The pipeline, one pass per line (:meth:`AOTCompiled.build`):
     backward  = bw_compiler(part.backward)
     Runtime(signature, forward, backward)       # autograd.Function + write-backs + views
 
+The first three passes are what the disk cache (:mod:`ember.aotgraph.store`) keeps:
+a graph traced before, in this process or another, with the same inputs' metadata and
+settings, goes straight to the compilers with the graphs read back from disk.
+
 When no input requires grad, or grad mode is off, the forward-only graph goes to
 ``inference_compiler`` instead. The callable picks the path on every call, and
 builds the other one the first time it is needed.
@@ -22,6 +26,7 @@ builds the other one the first time it is needed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +34,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph import check
+from ember.aotgraph import check, store
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
+from ember.aotgraph.store import Traced
 from ember.aotgraph.trace import (
     JointGraph,
     Lifted,
@@ -47,6 +53,8 @@ from ember.aotgraph.trace import (
 __all__ = ["PARTITIONERS", "AOTCompiled", "Compiler", "aot_compile"]
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
+Table = dict[Any, Callable[..., Any]]
+Decompositions = Table | Callable[[], Table] | None
 
 # How many other sets of values of the non-tensor inputs one AOTCompiled keeps compiled.
 MAX_VARIANTS = 8
@@ -66,7 +74,20 @@ class Settings:
     bw_compiler: Compiler
     inference_compiler: Compiler
     partition: Partitioner
-    decompositions: dict[Any, Callable[..., Any]]
+    decompositions: Decompositions  # as given: None, a table, or a function returning one
+    cache_key: str | None = None  # the settings' part of a disk-cache key; None: no cache
+    _table: Table = field(default_factory=dict)  # the table traced with, made on first use
+
+    def table(self) -> Table:
+        """The decomposition table to trace with: the one given (a function given is called
+        now, on the first trace, so a cache hit never builds it) plus ember's own entries."""
+        if not self._table:
+            given = self.decompositions
+            if given is None:
+                given = default_decompositions()
+            self._table.update(given() if callable(given) else given)
+            self._table.update(DECOMPOSITIONS)
+        return self._table
 
 
 @dataclass
@@ -76,6 +97,8 @@ class AOTCompiled:
     It also keeps what it built, for inspection: ``joint`` and ``partition`` for
     training calls (``partition.saved_bytes`` is the memory the forward graph keeps
     alive for the backward graph), ``inference_graph`` for forward-only calls.
+    ``cache_hit`` says whether the last path built came from the disk cache (``None``:
+    the graph is not cacheable); after a hit ``joint`` is None (it is not stored).
 
     >>> f = aot_compile(torch.fx.symbolic_trace(lambda x: x.cos()), [torch.zeros(2)],
     ...                 fw_compiler=lambda gm, ex: gm)
@@ -94,6 +117,7 @@ class AOTCompiled:
     joint: JointGraph | None = None
     partition: Partition | None = None
     inference_graph: torch.fx.GraphModule | None = None
+    cache_hit: bool | None = None
     # numbers are compiled in as constants: one AOTCompiled per other set of values
     variants: dict[tuple[Any, ...], AOTCompiled] = field(default_factory=dict)
     # set when tracing needed a float input's value: the version with floats as constants
@@ -145,28 +169,27 @@ class AOTCompiled:
             return None
 
     def _build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime:
-        signature = analyze(self.lifted, inputs, grad=grad)
-        if signature.training:
-            runtime = self._build_training(inputs, signature)
+        key = store.record_key(self.lifted, inputs, grad, self.settings.cache_key)
+        traced = store.cached(key, lambda: self._trace(inputs, grad=grad))  # disk cache
+        self.cache_hit = traced.from_cache if key is not None else None
+        runtime = self._compile(traced, inputs)
+        if traced.signature.training or grad:
             self.training = runtime
         else:
-            runtime = self._build_inference(inputs, signature)
-            if grad:
-                self.training = runtime
-            else:
-                self.inference = runtime
+            self.inference = runtime
         return runtime
 
-    def _build_inference(self, inputs: list[torch.Tensor], signature: Signature) -> Runtime:
-        graph = trace_forward(self.lifted, inputs, signature, self.settings.decompositions)
+    def _trace(self, inputs: list[torch.Tensor], *, grad: bool) -> Traced:
+        signature = analyze(self.lifted, inputs, grad=grad)
+        if signature.training:
+            return self._trace_training(inputs, signature)
+        graph = trace_forward(self.lifted, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(graph)
-        self.inference_graph = graph.gm
-        compiled = self.settings.inference_compiler(graph.gm, list(inputs))
-        return Runtime(signature, graph.mutated, compiled)
+        return Traced(signature, graph.mutated, graph.gm)
 
-    def _build_training(self, inputs: list[torch.Tensor], signature: Signature) -> Runtime:
-        joint = trace_joint(self.lifted, inputs, signature, self.settings.decompositions)
+    def _trace_training(self, inputs: list[torch.Tensor], signature: Signature) -> Traced:
+        joint = trace_joint(self.lifted, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(joint)
         for i in joint.mutated:
@@ -178,19 +201,38 @@ class AOTCompiled:
         part = self.settings.partition(joint)
         if self._check:
             check.check_partition(joint, part)
-        self.joint, self.partition = joint, part
-        fw = self.settings.fw_compiler(part.forward, list(inputs))
-        bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
-        bw = self.settings.bw_compiler(part.backward, bw_inputs)
+        self.joint = joint
         mutated_saved = {f"primals_{i + 1}" for i in joint.mutated}
         clone = tuple(k for k, name in enumerate(part.saved) if name in mutated_saved)
         saved_values = [n.meta.get("val") for n in bw_inputs_nodes(part)[: len(part.saved)]]
         numbers = tuple(k for k, v in enumerate(saved_values) if not isinstance(v, torch.Tensor))
-        return Runtime(signature, joint.mutated, fw, bw, clone, numbers)
+        return Traced(signature, joint.mutated, part.forward, part, clone, numbers)
+
+    def _compile(self, traced: Traced, inputs: list[torch.Tensor]) -> Runtime:
+        """Run the caller's compilers on traced (or cached) graphs; wrap them in a Runtime."""
+        sig, part = traced.signature, traced.partition
+        if part is None:
+            self.inference_graph = traced.forward
+            compiled = self.settings.inference_compiler(traced.forward, list(inputs))
+            return Runtime(sig, traced.mutated, compiled)
+        self.partition = part
+        fw = self.settings.fw_compiler(part.forward, list(inputs))
+        bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
+        bw = self.settings.bw_compiler(part.backward, bw_inputs)
+        return Runtime(sig, traced.mutated, fw, bw, traced.clone_saved, traced.number_saved)
 
 
 def bw_inputs_nodes(part: Partition) -> list[torch.fx.Node]:
     return list(part.backward.graph.find_nodes(op="placeholder"))
+
+
+def _settings_key(settings: Settings) -> str | None:
+    """The settings' part of the cache key: the partitioner by name (one not in
+    PARTITIONERS is not cached) and the table (a function: by its name, not called)."""
+    names = [name for name, fn in PARTITIONERS.items() if fn is settings.partition]
+    given = settings.decompositions
+    table = given if callable(given) else settings.table()
+    return store.settings_key(names[0], table) if names else None
 
 
 def _partitioner(partition: str | Partitioner) -> Partitioner:
@@ -209,7 +251,8 @@ def aot_compile(
     bw_compiler: Compiler | None = None,
     inference_compiler: Compiler | None = None,
     partition: str | Partitioner = "min_cut",
-    decompositions: dict[Any, Callable[..., Any]] | None = None,
+    decompositions: Decompositions = None,
+    cache: bool = True,
 ) -> AOTCompiled:
     """Compile ``gm`` ahead of time into a forward graph and a backward graph.
 
@@ -223,7 +266,9 @@ def aot_compile(
     to ``fw_compiler``. ``partition`` is ``"min_cut"``, ``"default"`` or a
     function ``JointGraph -> Partition``. ``decompositions`` replaces
     :func:`default_decompositions` (ember's own entries, which fix semantics,
-    are always added).
+    are always added), or is a function returning a table, called only to trace (a
+    disk-cache hit never builds it; see docs/aotgraph-cache.md). ``cache=False`` or
+    ``EMBER_AOT_CACHE=0``: no disk cache of traced graphs (:mod:`ember.aotgraph.store`).
 
     >>> import torch
     >>> seen = []
@@ -238,15 +283,15 @@ def aot_compile(
     ['aten.addmm.default', 'aten.t.default']
     ['aten.mm.default', 'aten.sum.dim_IntList', 'aten.t.default', 'aten.view.default']
     """
-    table = default_decompositions() if decompositions is None else dict(decompositions)
-    table.update(DECOMPOSITIONS)
     settings = Settings(
         fw_compiler,
         bw_compiler or fw_compiler,
         inference_compiler or fw_compiler,
         _partitioner(partition),
-        table,
+        decompositions,
     )
+    if store.enabled(cache):
+        settings = dataclasses.replace(settings, cache_key=_settings_key(settings))
     compiled = AOTCompiled(Lifted.of(gm, example_inputs), settings)
     inputs = compiled.lifted.flat_inputs(example_inputs)
     grad = torch.is_grad_enabled() and any(
