@@ -29,6 +29,7 @@ import torch
 import torch.fx
 
 from ember.inductor.cache import CompileOptions, cache_dir
+from ember.inductor.wrapper import FAST_CALLS
 
 __all__ = ["Unencodable", "decode", "encode", "graph_key", "load", "save"]
 
@@ -94,6 +95,9 @@ def encode(value: Any, paths: dict[int, str]) -> dict[str, str]:
         return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch._ops.OpOverload):
         return {"op": str(value)}
+    fast = {id(fn): op for op, fn in FAST_CALLS.items()}.get(id(value))
+    if fast is not None:
+        return {"fast": str(fast)}
     if isinstance(value, float):
         return {"float": repr(value)}
     if isinstance(value, torch.device):
@@ -112,9 +116,10 @@ def decode(item: dict[str, str], gm: torch.fx.GraphModule | None) -> Any:
     ((kind, text),) = item.items()
     if kind in ("dtype", "torch"):
         return getattr(torch, text)
-    if kind == "op":
+    if kind in ("op", "fast"):
         namespace, name, overload = text.split(".")
-        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+        op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+        return op if kind == "op" else FAST_CALLS[op]
     if kind == "float":
         return float(text)
     if kind == "device":

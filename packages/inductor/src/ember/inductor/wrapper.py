@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor.ir import Extern, Ref, Scalar, ScalarOp
+from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule
 
 __all__ = ["bind", "wrapper_source"]
@@ -67,10 +67,31 @@ def _ref(sched: Schedule, ref: Ref, computed: set[str]) -> str:
     if ref.layout is None:
         return ref.name
     lay = ref.layout
+    dims = _permutation(sched.program.buffers[ref.name].layout, lay)
+    if dims is not None:  # a transpose costs 1.7 us, as_strided with its offset 2.7 us
+        last_two = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
+        return f"{ref.name}.mT" if dims == last_two else f"{ref.name}.permute{tuple(dims)}"
     base = (
         str(lay.offset) if ref.name in computed else f"{ref.name}.storage_offset() + {lay.offset}"
     )
     return f"_as_strided({ref.name}, {lay.sizes}, {lay.strides}, {base})"
+
+
+def _permutation(base: Layout, view: Layout) -> list[int] | None:
+    """``dims`` with ``view == base.permute(dims)``, if there are such."""
+    if view.offset != base.offset or len(view.sizes) != len(base.sizes) or len(view.sizes) < 2:
+        return None
+    dims: list[int] = []
+    for pair in zip(view.sizes, view.strides, strict=True):
+        free = [
+            d
+            for d, p in enumerate(zip(base.sizes, base.strides, strict=True))
+            if p == pair and d not in dims
+        ]
+        if not free:
+            return None
+        dims.append(free[0])
+    return dims
 
 
 def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
@@ -175,7 +196,8 @@ def _dtype_name(dtype: torch.dtype, src: _Source) -> str:
 def _extern_call(
     src: _Source, sched: Schedule, step: Extern, kernel_reads: set[str], computed: set[str]
 ) -> None:
-    target = src.const(step.target)
+    fast = FAST_CALLS.get(step.target) if set(step.kwargs) <= {"beta", "alpha"} else None
+    target = src.const(step.target if fast is None else fast)
     args = _arg(src, sched, list(step.args), computed)[1:-1]
     kwargs = ", ".join(f"{n}={_arg(src, sched, v, computed)}" for n, v in step.kwargs.items())
     call = f"{target}({', '.join(a for a in (args, kwargs) if a)})"
@@ -205,6 +227,24 @@ def _leaves(result: Any) -> list[Any]:
     return [t for t in pytree.tree_leaves(result) if t is not None]
 
 
+aten = torch.ops.aten
+
+# aten overloads whose torch.* function is the same call, with generated argument parsing
+# rather than the schema-driven path of OpOverload (addmm 8.4 -> 5.7 us, mm 5.3 -> 3.7 us)
+FAST_CALLS: dict[Any, Callable[..., Any]] = {
+    aten.mm.default: torch.mm,
+    aten.addmm.default: torch.addmm,
+    aten.bmm.default: torch.bmm,
+    aten.baddbmm.default: torch.baddbmm,
+}
+
+
+def _callable(value: Any) -> Any:
+    """A wrapper constant as called: an OpOverload's own C++ entry point (its ``__call__`` is
+    a Python frame around it)."""
+    return value._op if isinstance(value, torch._ops.OpOverload) else value
+
+
 # a number argument's dtype (``truediv:float64``) -> how ctypes passes it
 CTYPES: dict[str, Any] = {
     "float64": ctypes.c_double,
@@ -222,7 +262,7 @@ def bind(
         "_as_strided": torch.as_strided,
         "_restride": _restride,
         "_leaves": _leaves,
-        **consts,
+        **{name: _callable(value) for name, value in consts.items()},
     }
     for name, args in kernel_args.items():
         assert lib is not None
