@@ -180,21 +180,22 @@ def inductor(
     >>> torch.allclose(x.grad, 2 * torch.cos(torch.ones(3)))
     True
     """
-    from ember.aotgraph import aot_compile, default_decompositions
+    from ember.aotgraph import aot_compile
     from ember.inductor import compile_graph, decompositions
 
     def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         return compile_graph(graph, inputs, options)
 
-    # Trace with the inductor's table too, so compile_graph gets graphs it need not re-trace.
-    table = {**default_decompositions(), **decompositions()}
+    # Trace with the inductor's table (a superset of aotgraph's default), so compile_graph
+    # gets graphs it need not re-trace. Passed as the function: aotgraph builds the table
+    # only when it traces (not on a disk-cache hit), and keys its cache on the function.
     return aot_compile(
         gm,
         example_inputs,
         fw_compiler=kernels,
         bw_compiler=kernels,
         inference_compiler=kernels,
-        decompositions=table,
+        decompositions=decompositions,
     )
 
 
