@@ -266,7 +266,10 @@ def test_a_function_table_is_built_only_when_tracing(traces):
     torch.testing.assert_close(f(x), x.cos() * 2)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "another key", "foreign graph"])
+DAMAGE = ["garbage", "truncated", "another key", "foreign graph", "graphs unlike the signature"]
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
 def test_a_bad_record_is_ignored_and_written_again(damage, traces, own_cache, monkeypatch):
     gm = torch.fx.symbolic_trace(lambda x: (x * 3).sin())
     x = torch.randn(4, requires_grad=True)
@@ -280,8 +283,11 @@ def test_a_bad_record_is_ignored_and_written_again(damage, traces, own_cache, mo
         path.write_text(good[: len(good) // 2])
     elif damage == "another key":
         path.write_text(json.dumps({**record, "key": "0" * 64}))
-    else:  # code where a name should be: must be refused, never run
+    elif damage == "foreign graph":  # code where a name should be: refused, never run
         record["forward"]["nodes"][0]["target"] = "x=os.environ.setdefault('EMBER_PWNED', '1')"
+        path.write_text(json.dumps(record))
+    else:  # one gradient input fewer than the backward graph returns
+        record["signature"]["ints"][2] = []
         path.write_text(json.dumps(record))
     monkeypatch.delenv("EMBER_PWNED", raising=False)
     traces.clear()
