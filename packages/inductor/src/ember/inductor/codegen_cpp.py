@@ -32,6 +32,7 @@ import torch
 
 from ember.inductor import philox
 from ember.inductor.ir import Expr, Layout, walk
+from ember.inductor.loops import split_inner
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
 
@@ -453,16 +454,21 @@ class _KernelWriter:
 
     def pointwise(self, st: Stage, depth: int) -> None:
         parallel = not self.kernel.outer and self.parallel and bool(st.inner)
-        for k, line in enumerate(_loops(Y[: len(st.inner)], st.inner)):
+        nest = split_inner(st, dict(zip(X, self.kernel.outer, strict=False)))
+        vars_, ranges = (nest.vars, nest.ranges) if nest else (Y[: len(st.inner)], st.inner)
+        st = nest.stage if nest else st
+        for k, line in enumerate(_loops(vars_, ranges)):
             # Iterations are independent (a stage reads what it writes only at the point it
             # writes), so say so: inside an OpenMP region gcc no longer sees __restrict__
             # and would give up on the alias checks of many-pointer loops.
-            simd = k == len(st.inner) - 1 and _contiguous(st)
+            simd = k == len(ranges) - 1 and _contiguous(st, vars_[-1])
             pragma = ("parallel for" if parallel and k == 0 else "") + (" simd" if simd else "")
             if pragma:
                 self.emit(f"#pragma omp {pragma.strip()}", depth)
             self.emit(line, depth)
             depth += 1
+        for y, value in (nest.defs if nest else {}).items():  # for scratch-array indices
+            self.emit(f"const int64_t {y} = {self.p.index(value)};", depth)
         memo: dict[Expr, str] = {}
         lines: list[str] = []
         for s in st.stores:
@@ -479,7 +485,7 @@ class _KernelWriter:
             memo[load_e] = value
         for line in lines:
             self.emit(line, depth)
-        for d in range(depth - 1, depth - 1 - len(st.inner), -1):
+        for d in range(depth - 1, depth - 1 - len(ranges), -1):
             self.emit("}", d)
 
     def reduction(self, st: Stage, depth: int) -> None:
@@ -621,10 +627,10 @@ def _column_kernel(kernel: Kernel) -> bool:
     return column
 
 
-def _contiguous(st: Stage) -> bool:
-    """Every access of the stage moves by one element along its innermost loop (or not at
-    all): vector loads and stores, so worth forcing. Gathers are left to gcc's cost model."""
-    yk = Y[len(st.inner) - 1]
+def _contiguous(st: Stage, yk: sympy.Symbol | None = None) -> bool:
+    """Every access of the stage moves by one element along its innermost loop ``yk`` (or not
+    at all): vector loads and stores, so worth forcing. Gathers are left to gcc's cost model."""
+    yk = Y[len(st.inner) - 1] if yk is None else yk
     indices = [s.index for s in st.stores]
     for s in st.stores:
         for e in walk(s.body):

@@ -28,8 +28,11 @@ __all__ = ["broadcast", "flatten", "unflatten"]
 aten = torch.ops.aten
 
 
-def _window(ctx: Lowerer, v: Value) -> Value | None:
-    """The view as a new window of ``v``'s buffer, if ``v`` is a window with eager's layout."""
+def _window(ctx: Lowerer, v: Value, delta: int | None = 0) -> Value | None:
+    """The view as a new window of ``v``'s buffer, if ``v`` is a window with eager's layout.
+    ``delta``: how far the view starts past ``v``'s start, in elements (None: read it off the
+    fake values; only ops given an explicit offset need that, since fake values traced from
+    real tensors may have lost their storage offsets)."""
     if v.ref is None or ctx.node is None:
         return None
     src = ctx.node.args[0]
@@ -40,7 +43,9 @@ def _window(ctx: Lowerer, v: Value) -> Value | None:
     have = v.ref.layout or buf.layout
     if (have.sizes, have.strides) != (tuple(in_meta.shape), tuple(in_meta.stride())):
         return None
-    offset = have.offset + out.storage_offset() - in_meta.storage_offset()
+    if delta is None:
+        delta = int(out.storage_offset() - in_meta.storage_offset())
+    offset = have.offset + delta
     return ctx.buffer_value(buf, Layout(tuple(out.shape), tuple(out.stride()), int(offset)))
 
 
@@ -113,7 +118,7 @@ def slice_(
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
         return [*idx[:d], lo + idx[d] * step, *idx[d + 1 :]]
 
-    return _window(ctx, v) or _lazy(v, sizes, index)
+    return _window(ctx, v, lo * _stride(ctx, v, d)) or _lazy(v, sizes, index)
 
 
 @lowering(aten.select.int)
@@ -124,7 +129,14 @@ def select(ctx: Lowerer, v: Value, dim: int, i: int) -> Value:
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
         return [*idx[:d], sympy.Integer(i), *idx[d:]]
 
-    return _window(ctx, v) or _lazy(v, ctx.meta.shape, index)
+    return _window(ctx, v, i * _stride(ctx, v, d)) or _lazy(v, ctx.meta.shape, index)
+
+
+def _stride(ctx: Lowerer, v: Value, d: int) -> int:
+    """The stride of ``v``'s dimension ``d`` if ``v`` is a window (else unused: 0)."""
+    if v.ref is None:
+        return 0
+    return (v.ref.layout or ctx.buffers[v.ref.name].layout).strides[d]
 
 
 @lowering(aten.unsqueeze.default)
@@ -180,7 +192,7 @@ def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
 
 @lowering(aten.as_strided.default, aten.diagonal.default, aten.unfold.default)
 def as_strided(ctx: Lowerer, v: Value, *args: Any, **kwargs: Any) -> Value:
-    window = _window(ctx, v)
+    window = _window(ctx, v, None)
     if window is None:
         raise Fallback("a strided view of a computed value")
     return window
