@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -148,6 +150,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps, for a smoke run")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # An empty cache folder: a first step then includes tracing (ember.aotgraph keeps traced
+    # graphs on disk, so a second run would otherwise time its cache hits).
+    os.environ["EMBER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember-bench-aot-")
     print(f"torch {torch.__version__}, 1 thread, {'few' if args.quick else 'more'} steps\n")
     print("Saved for backward (per captured graph)")
     print(
