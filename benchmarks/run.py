@@ -70,6 +70,9 @@ def default_configs(quick: bool = False) -> list[str]:
 def child_env(cache: Path, threads: int) -> dict[str, str]:
     """The environment of every measuring process; only the cache folders differ."""
     env = dict(os.environ, **MALLOC_ENV)
+    # Bytecode is written and reused, as for an installed package (pip compiles it): else a
+    # lazily imported module of ember's would be compiled from source inside its timings.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(
         {
             "OMP_NUM_THREADS": str(threads),
