@@ -32,7 +32,7 @@ import torch
 
 from ember.inductor import philox
 from ember.inductor.ir import Expr, Layout, walk
-from ember.inductor.loops import split_inner
+from ember.inductor.loops import split_inner, without_unit_loops
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
 
@@ -453,6 +453,8 @@ class _KernelWriter:
             self.pointwise(st, depth)
 
     def pointwise(self, st: Stage, depth: int) -> None:
+        if st.inner and math.prod(st.inner) == 1:  # per outer point, like a reduction's result
+            st = without_unit_loops(st)
         parallel = not self.kernel.outer and self.parallel and bool(st.inner)
         nest = split_inner(st, dict(zip(X, self.kernel.outer, strict=False)))
         vars_, ranges = (nest.vars, nest.ranges) if nest else (Y[: len(st.inner)], st.inner)

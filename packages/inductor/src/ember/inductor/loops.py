@@ -31,7 +31,7 @@ from ember.inductor.ops import Op
 from ember.inductor.rewrite import simplify_index
 from ember.inductor.scheduler import Stage, Y
 
-__all__ = ["Nest", "split_inner"]
+__all__ = ["Nest", "split_inner", "without_unit_loops"]
 
 MIN_INNERMOST = 4  # a smaller innermost loop is not worth its own level
 
@@ -120,6 +120,13 @@ def split_inner(st: Stage, bounds: dict[sympy.Symbol, int]) -> Nest | None:
         if any(innermost in a.free_symbols for a in index.atoms(sympy.floor, sympy.Mod)):
             return None  # the innermost loop still divides: no better than before
     return _merge(Nest(vars_, tuple(ranges), defs, stage))
+
+
+def without_unit_loops(st: Stage) -> Stage:
+    """A stage over one point (``inner`` all 1s) with its loop variables set to 0: it runs
+    without loops, so the values it keeps in variables are seen by the stages after it."""
+    zero = {y: sympy.Integer(0) for y in Y[: len(st.inner)]}
+    return dataclasses.replace(_replace_indices(st, _substitution(zero)), inner=())
 
 
 def _merge(nest: Nest) -> Nest:

@@ -32,7 +32,9 @@ scratch: buf1
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +55,7 @@ from ember.inductor.ir import (
     walk,
 )
 from ember.inductor.ops import Op, Reduce
+from ember.inductor.rewrite import simplify_index
 
 __all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
 
@@ -194,19 +197,41 @@ def _mutates(node: Node) -> bool:
 # ---- grouping -----------------------------------------------------------------------------
 
 
-def _split(node: Pointwise | Reduction, outer: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The node's outer ranges if it can run in a kernel over ``outer`` (None: start one)."""
+def _outer_dims(node: Pointwise | Reduction, outer: tuple[int, ...]) -> int | None:
+    """How many of the node's leading loops run as the outer loops of a kernel over ``outer``
+    (None: it cannot run there). They may cut the same rows differently: a [256, 512] node
+    runs in a kernel over [4, 64] (``i0 = 64*x0 + x1``), a [4, 64, 512] one over [256]."""
     if isinstance(node, Reduction):
-        return node.ranges if outer is None or node.ranges == outer else None
-    if outer is None:
-        return node.ranges[:-1] if len(node.ranges) > 1 else ()
-    return outer if node.ranges[: len(outer)] == outer else None
+        return len(node.ranges) if _same_rows(node.ranges, outer) else None
+    if node.ranges[: len(outer)] == outer:
+        return len(outer)
+    for k in range(len(node.ranges) + 1):
+        if _same_rows(node.ranges[:k], outer):
+            return k
+    return None
 
 
-def _store(prog: Program, node: Pointwise | Reduction, k: int) -> Store:
+def _same_rows(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """``a`` and ``b`` number the same points, one's loops splitting the other's."""
+    ca, cb = set(itertools.accumulate(a, operator.mul)), set(itertools.accumulate(b, operator.mul))
+    if 0 in a or 0 in b:
+        return a == b
+    return math.prod(a) == math.prod(b) and (ca - {1} <= cb or cb - {1} <= ca)
+
+
+def _fresh_outer(node: Pointwise | Reduction) -> tuple[int, ...]:
+    """The outer loops of a kernel that ``node`` starts: all but its innermost loop."""
+    if isinstance(node, Reduction):
+        return node.ranges
+    return node.ranges[:-1] if len(node.ranges) > 1 else ()
+
+
+def _store(prog: Program, node: Pointwise | Reduction, k: int, outer: tuple[int, ...]) -> Store:
     """``node`` in kernel variables: its first ``k`` loops outer, the rest inner."""
     inner = node.ranges[k:] if isinstance(node, Pointwise) else node.reduce_ranges
-    sub = {I[j]: X[j] for j in range(k)}
+    same = node.ranges[:k] == outer
+    rows = X[:k] if same else _reindex(outer, node.ranges[:k])
+    sub = dict(zip(I[:k], rows, strict=True))
     sub |= {I[k + j]: Y[j] for j in range(len(inner))} if isinstance(node, Pointwise) else {}
     sub |= {R[j]: Y[j] for j in range(len(inner))} if isinstance(node, Reduction) else {}
     body = _subst(node.body, sub)
@@ -214,12 +239,31 @@ def _store(prog: Program, node: Pointwise | Reduction, k: int) -> Store:
     if isinstance(node, Pointwise):
         index = out.index([sub[i] for i in I[: len(node.ranges)]])
     else:
-        index = out.index(X[:k])
-    return Store(node.name, body, sympy.expand(index), getattr(node, "kind", None))
+        index = out.index(rows)
+    index = sympy.expand(index)
+    if not same:  # floor/Mod of the kernel's variables, where the rows were cut differently
+        bounds = dict(zip(X, outer, strict=False)) | dict(zip(Y, inner, strict=False))
+        body, index = _subst(body, {}, bounds), simplify_index(index, bounds)
+    return Store(node.name, body, index, getattr(node, "kind", None))
 
 
-def _subst(e: Expr, sub: dict[sympy.Symbol, sympy.Symbol]) -> Expr:
+def _reindex(outer: tuple[int, ...], sizes: tuple[int, ...]) -> list[sympy.Expr]:
+    """The point of ``sizes`` (row-major) that is point ``X`` of ``outer``."""
+    flat = sympy.Add(*[x * math.prod(outer[j + 1 :]) for j, x in enumerate(X[: len(outer)])])
+    return [
+        sympy.Mod(sympy.floor(flat / math.prod(sizes[j + 1 :])), n) for j, n in enumerate(sizes)
+    ]
+
+
+def _subst(
+    e: Expr, sub: dict[sympy.Symbol, sympy.Expr], bounds: dict[sympy.Symbol, int] | None = None
+) -> Expr:
+    """``e`` with its indices' variables replaced (and simplified within ``bounds``)."""
     memo: dict[int, Expr] = {}
+
+    def fix(index: sympy.Expr) -> sympy.Expr:
+        index = index.xreplace(sub)
+        return index if bounds is None else simplify_index(sympy.expand(index), bounds)
 
     def visit(n: Expr) -> Expr:
         if id(n) in memo:
@@ -227,9 +271,9 @@ def _subst(e: Expr, sub: dict[sympy.Symbol, sympy.Symbol]) -> Expr:
         args = tuple(visit(a) for a in n.args)
         arg = n.arg
         if n.op is Op.LOAD:
-            arg = (arg[0], arg[1].xreplace(sub), arg[2])
+            arg = (arg[0], fix(arg[1]), arg[2])
         elif n.op is Op.INDEX:
-            arg = arg.xreplace(sub)
+            arg = fix(arg)
         out = dataclasses.replace(n, args=args, arg=arg)
         memo[id(n)] = out
         return out
@@ -244,6 +288,7 @@ class _Open:
     outer: tuple[int, ...]
     stages: list[Stage]
     written: dict[str, tuple[Store, tuple[int, ...]]]  # buffer -> (its store, its stage's inner)
+    step: int = 0  # its position among the schedule's steps
 
 
 def _fits(open_: _Open, store: Store, inner: tuple[int, ...]) -> bool:
@@ -279,41 +324,62 @@ def _add(open_: _Open, store: Store, inner: tuple[int, ...]) -> None:
 
 
 def group(prog: Program) -> list[Kernel | Extern]:
-    """Fuse nodes into kernels in program order (externs end the open kernel)."""
-    steps: list[Kernel | Extern] = []
+    """Fuse nodes into kernels (externs end the open kernel). A node joins the open kernel,
+    or, when it reads nothing the open kernel computes, the earlier kernel that computed its
+    inputs (it then reads them while they are in cache, or in registers: the GELU derivative
+    a forward graph saves for backward, computed beside the GELU instead of after the
+    whole forward). Otherwise it starts a kernel."""
+    steps: list[_Open | Extern] = []
+    made: dict[str, int] = {}  # buffer -> the step computing it
     open_: _Open | None = None
-
-    def close() -> None:
-        nonlocal open_
-        if open_ is not None and open_.stages:
-            steps.append(
-                Kernel(
-                    f"kernel{sum(isinstance(s, Kernel) for s in steps)}",
-                    open_.outer,
-                    tuple(open_.stages),
-                )
-            )
-        open_ = None
-
     for node in prog.nodes:
         if isinstance(node, Extern):
-            close()
+            open_ = None
             steps.append(node)
+            made |= {n: len(steps) - 1 for n in node.names}
             continue
-        outer = _split(node, open_.outer if open_ else None)
-        if open_ is not None and outer is not None:
-            store = _store(prog, node, len(outer))
-            inner = _inner(node, len(outer))
-            if _fits(open_, store, inner):
-                _add(open_, store, inner)
-                continue
-        close()
-        outer = _split(node, None)
-        assert outer is not None
-        open_ = _Open(outer, [], {})
-        _add(open_, _store(prog, node, len(outer)), _inner(node, len(outer)))
-    close()
-    return steps
+        reads_open = open_ is not None and bool(reads(node) & open_.written.keys())
+        late = None if reads_open else _late_host(node, steps, made)
+        host = next((k for k in (late, open_) if k is not None and _join(prog, node, k)), None)
+        if host is None:
+            open_ = host = _Open(_fresh_outer(node), [], {}, len(steps))
+            steps.append(open_)
+            joined = _join(prog, node, open_)
+            assert joined
+        made[node.name] = host.step
+    kernels: list[Kernel | Extern] = []
+    for step in steps:
+        if isinstance(step, Extern):
+            kernels.append(step)
+        elif step.stages:
+            name = f"kernel{sum(isinstance(s, Kernel) for s in kernels)}"
+            kernels.append(Kernel(name, step.outer, tuple(step.stages)))
+    return kernels
+
+
+def _join(prog: Program, node: Pointwise | Reduction, kernel: _Open) -> bool:
+    """Add ``node`` to ``kernel`` if it can run there."""
+    k = _outer_dims(node, kernel.outer)
+    if k is None:
+        return False
+    store, inner = _store(prog, node, k, kernel.outer), _inner(node, k)
+    if not _fits(kernel, store, inner):
+        return False
+    _add(kernel, store, inner)
+    return True
+
+
+def _late_host(
+    node: Pointwise | Reduction, steps: list[_Open | Extern], made: dict[str, int]
+) -> _Open | None:
+    """The kernel that computed the last of ``node``'s inputs, if no extern since mutates."""
+    last = max((made[b] for b in reads(node) if b in made), default=None)
+    if last is None or not isinstance(steps[last], _Open):
+        return None
+    if any(isinstance(s, Extern) and _mutates(s) for s in steps[last + 1 :]):
+        return None
+    host = steps[last]
+    return host if isinstance(host, _Open) else None
 
 
 def _inner(node: Pointwise | Reduction, k: int) -> tuple[int, ...]:
