@@ -19,12 +19,13 @@ def _qkv_backward(x: T, w: T) -> tuple[T, ...]:
 
 
 def test_inner_loop_cut_by_divisions_is_split() -> None:
+    torch.manual_seed(0)
     x = torch.randn(4, 16, 32, requires_grad=True)
     w = torch.randn(32, 48, requires_grad=True)
     gm = make_fx(_qkv_backward, decomposition_table=decompositions())(x, w)
     compiled = compile_graph(gm, [x, w], {"graph_cache": False})
     for got, want in zip(compiled(x, w), _qkv_backward(x, w), strict=True):
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # a sum of 2048 terms
     assert compiled.source is not None
     assert "const int64_t y0 = " in compiled.source  # a split stage: y0 = 16*y0_0 + y0_1
     assert "/ 16)" not in compiled.source.split("const int64_t y0 = ")[1].split("}")[0]
