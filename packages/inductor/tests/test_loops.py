@@ -42,3 +42,18 @@ def test_views_of_a_computed_value_start_where_the_op_says() -> None:
     gm = make_fx(f, decomposition_table=decompositions())(x, w)
     compiled = compile_graph(gm, [x, w], {"graph_cache": False})
     torch.testing.assert_close(compiled(x, w), f(x, w))
+
+
+def test_values_fixed_in_a_loop_are_computed_before_it() -> None:
+    # batch norm backward through a relu: the select's other side is one value per channel,
+    # which gcc would load under the mask (a masked load of one address: no vectorising)
+    def f(x: T, mean: T, g: T) -> T:
+        y = ((x - mean[:, None, None]) * 2.0).relu()
+        return torch.where(y <= 0, 0.0, g[None, :, None, None] / 1024)
+
+    x, mean, g = torch.randn(2, 4, 8, 32), torch.randn(4), torch.randn(4)
+    compiled = compile_graph(make_fx(f)(x, mean, g), [x, mean, g], {"graph_cache": False})
+    torch.testing.assert_close(compiled(x, mean, g), f(x, mean, g))
+    source = compiled.source or ""
+    body = source[source.index('void kernel0(') :]
+    assert body.index("g_1[") < body.index("#pragma omp simd")  # loaded once per channel

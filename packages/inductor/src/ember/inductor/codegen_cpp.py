@@ -282,8 +282,8 @@ EMBER_SIMD double expm1(double); EMBER_SIMD double log1p(double);
 #endif
 }
 #endif
-template <typename T> static inline T ember_max(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
-template <typename T> static inline T ember_min(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+template <typename T> static inline T ember_max(T a, T b) { return (a > b || a != a) ? a : b; }  // NaN if either is
+template <typename T> static inline T ember_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
 template <typename T> static inline T ember_highest() { return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max(); }
 static inline float ember_bf16_to_float(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
@@ -459,6 +459,9 @@ class _KernelWriter:
         nest = split_inner(st, dict(zip(X, self.kernel.outer, strict=False)))
         vars_, ranges = (nest.vars, nest.ranges) if nest else (Y[: len(st.inner)], st.inner)
         st = nest.stage if nest else st
+        memo: dict[Expr, str] = {}
+        for line in self.hoist(st, vars_, ranges, memo):
+            self.emit(line, depth)
         for k, line in enumerate(_loops(vars_, ranges)):
             # Iterations are independent (a stage reads what it writes only at the point it
             # writes), so say so: inside an OpenMP region gcc no longer sees __restrict__
@@ -471,7 +474,6 @@ class _KernelWriter:
             depth += 1
         for y, value in (nest.defs if nest else {}).items():  # for scratch-array indices
             self.emit(f"const int64_t {y} = {self.p.index(value)};", depth)
-        memo: dict[Expr, str] = {}
         lines: list[str] = []
         for s in st.stores:
             value = self.p.expr(s.body, memo, lines)
@@ -490,9 +492,35 @@ class _KernelWriter:
         for d in range(depth - 1, depth - 1 - len(ranges), -1):
             self.emit("}", d)
 
+    def hoist(
+        self, st: Stage, loops: list[sympy.Symbol], ranges: tuple[int, ...], memo: dict[Expr, str]
+    ) -> list[str]:
+        """Lines computing, before the stage's loops, every value that does not vary in them
+        (per-row loads such as a layer norm's mean, casts of numbers). gcc hoists most such
+        code itself, but not a load that feeds only one side of a select: it keeps that load
+        conditional, as a masked load of one address, which it cannot vectorise."""
+        if not loops or 0 in ranges:
+            return []
+        varying, lines = set(loops), list[str]()
+        fixed: dict[int, bool] = {}
+        for s in st.stores:
+            for e in walk(s.body):  # operands before users
+                if e.op is Op.LOAD:
+                    still = not (e.arg[1].free_symbols & varying)
+                elif e.op is Op.INDEX:
+                    still = not (e.arg.free_symbols & varying)
+                else:
+                    still = e.op in (Op.CONST, Op.SCALAR) or bool(e.args)
+                fixed[id(e)] = still and all(fixed[id(a)] for a in e.args)
+                if fixed[id(e)] and e.op is not Op.CONST:
+                    self.p.expr(e, memo, lines)
+        return lines
+
     def reduction(self, st: Stage, depth: int) -> None:
         inits, combines = [], []
         memo: dict[Expr, str] = {}
+        for line in self.hoist(st, Y[: len(st.inner)], st.inner, memo):
+            self.emit(line, depth)
         lines: list[str] = []
         flat = self.p.index(sympy.expand(Layout.contiguous(st.inner).index(Y[: len(st.inner)])))
         for s in st.stores:
