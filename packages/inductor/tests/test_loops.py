@@ -55,5 +55,5 @@ def test_values_fixed_in_a_loop_are_computed_before_it() -> None:
     compiled = compile_graph(make_fx(f)(x, mean, g), [x, mean, g], {"graph_cache": False})
     torch.testing.assert_close(compiled(x, mean, g), f(x, mean, g))
     source = compiled.source or ""
-    body = source[source.index('void kernel0(') :]
+    body = source[source.index("void kernel0(") :]
     assert body.index("g_1[") < body.index("#pragma omp simd")  # loaded once per channel
