@@ -342,16 +342,11 @@ def compile_graph(
     >>> torch.testing.assert_close(compiled(x), f(x))
     """
     opts = options or {}
-    compile_options = cache.CompileOptions(
-        cxx=opts.get("cxx", cache.CompileOptions().cxx),
-        cflags=tuple(opts.get("cflags", cache.DEFAULT_CFLAGS)),
-    )
+    compile_options = _compile_options(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
     fused_random = not opts.get("fallback_random", True)
-    key = _graph_key(gm, example_inputs, compile_options) if opts.get("graph_cache", 1) else None
-    if key is not None and fused_random:
-        key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
+    key = _graph_key(gm, example_inputs, compile_options, opts)
     record = graph_cache.load(key) if key is not None else None
     if record is not None and (hit := CompiledGraph.from_record(gm, record, run)) is not None:
         return hit  # type: ignore[no-any-return]
@@ -384,13 +379,29 @@ def compile_graph(
     return compiled
 
 
+def _compile_options(opts: dict[str, Any]) -> cache.CompileOptions:
+    return cache.CompileOptions(
+        cxx=opts.get("cxx", cache.CompileOptions().cxx),
+        cflags=tuple(opts.get("cflags", cache.DEFAULT_CFLAGS)),
+    )
+
+
 def _graph_key(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: cache.CompileOptions
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: cache.CompileOptions,
+    opts: dict[str, Any],
 ) -> str | None:
+    """The graph-cache key (None: not cached, by request or for want of a key)."""
+    if not opts.get("graph_cache", 1):
+        return None
     try:
-        return graph_cache.graph_key(gm, example_inputs, options)
+        key = graph_cache.graph_key(gm, example_inputs, options)
     except graph_cache.Unencodable:
         return None
+    if not opts.get("fallback_random", True):
+        key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
+    return key
 
 
 def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:
