@@ -52,10 +52,9 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ember.aotgraph import numbers
-from ember.aotgraph.trace import symbolic_float
+from ember.aotgraph.trace import QuietShapeEnv, symbolic_float
 
 __all__ = [
     "Fakes",
@@ -255,7 +254,7 @@ class Fakes:
     """
 
     def __init__(self) -> None:
-        self.env = ShapeEnv()
+        self.env = QuietShapeEnv()
         self.mode = FakeTensorMode(
             allow_non_fake_inputs=True, shape_env=self.env, static_shapes=True
         )
