@@ -16,8 +16,9 @@ buf0[4, 8] = EXP(x[8*i0 + i1])
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +150,32 @@ def const(value: float | int | bool, dtype: torch.dtype) -> Expr:
 def scalar(s: Scalar) -> Expr:
     """The run-time number ``s`` as a body leaf."""
     return Expr(Op.SCALAR, s.dtype, (), s.name)
+
+
+def map_indices(e: Expr, fix: Callable[[sympy.Expr], sympy.Expr]) -> Expr:
+    """``e`` with the index of every LOAD and INDEX passed through ``fix`` (shared
+    subexpressions stay shared).
+
+    >>> x = Buffer("x", torch.float32, Layout.contiguous((8,)))
+    >>> str(map_indices(load(x, (I[0],)), lambda i: i + 1))
+    'x[i0 + 1]'
+    """
+    memo: dict[int, Expr] = {}
+
+    def visit(n: Expr) -> Expr:
+        if id(n) in memo:
+            return memo[id(n)]
+        args = tuple(visit(a) for a in n.args)
+        arg = n.arg
+        if n.op is Op.LOAD:
+            arg = (arg[0], fix(arg[1]), arg[2])
+        elif n.op is Op.INDEX:
+            arg = fix(arg)
+        out = dataclasses.replace(n, args=args, arg=arg)
+        memo[id(n)] = out
+        return out
+
+    return visit(e)
 
 
 def walk(e: Expr) -> Iterator[Expr]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import sympy  # type: ignore[import-untyped]
 
-from ember.inductor.ir import Expr, walk
+from ember.inductor.ir import Expr, map_indices, walk
 from ember.inductor.ops import Op
 from ember.inductor.rewrite import simplify_index
 from ember.inductor.scheduler import Stage, Y
@@ -164,26 +164,6 @@ def _substitution(sub: dict[sympy.Symbol, sympy.Expr]) -> Callable[[sympy.Expr],
 
 def _replace_indices(st: Stage, fix: Callable[[sympy.Expr], sympy.Expr]) -> Stage:
     stores = tuple(
-        dataclasses.replace(s, body=_map(s.body, fix), index=fix(s.index)) for s in st.stores
+        dataclasses.replace(s, body=map_indices(s.body, fix), index=fix(s.index)) for s in st.stores
     )
     return dataclasses.replace(st, stores=stores)
-
-
-def _map(e: Expr, fix: Callable[[sympy.Expr], sympy.Expr]) -> Expr:
-    """``e`` with every LOAD and INDEX index passed through ``fix``."""
-    memo: dict[int, Expr] = {}
-
-    def visit(n: Expr) -> Expr:
-        if id(n) in memo:
-            return memo[id(n)]
-        args = tuple(visit(a) for a in n.args)
-        arg = n.arg
-        if n.op is Op.LOAD:
-            arg = (arg[0], fix(arg[1]), arg[2])
-        elif n.op is Op.INDEX:
-            arg = fix(arg)
-        out = dataclasses.replace(n, args=args, arg=arg)
-        memo[id(n)] = out
-        return out
-
-    return visit(e)

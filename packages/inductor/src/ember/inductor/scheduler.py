@@ -51,6 +51,7 @@ from ember.inductor.ir import (
     Reduction,
     Ref,
     Scalar,
+    map_indices,
     scalars,
     walk,
 )
@@ -259,26 +260,12 @@ def _subst(
     e: Expr, sub: dict[sympy.Symbol, sympy.Expr], bounds: dict[sympy.Symbol, int] | None = None
 ) -> Expr:
     """``e`` with its indices' variables replaced (and simplified within ``bounds``)."""
-    memo: dict[int, Expr] = {}
 
     def fix(index: sympy.Expr) -> sympy.Expr:
         index = index.xreplace(sub)
         return index if bounds is None else simplify_index(sympy.expand(index), bounds)
 
-    def visit(n: Expr) -> Expr:
-        if id(n) in memo:
-            return memo[id(n)]
-        args = tuple(visit(a) for a in n.args)
-        arg = n.arg
-        if n.op is Op.LOAD:
-            arg = (arg[0], fix(arg[1]), arg[2])
-        elif n.op is Op.INDEX:
-            arg = fix(arg)
-        out = dataclasses.replace(n, args=args, arg=arg)
-        memo[id(n)] = out
-        return out
-
-    return visit(e)
+    return map_indices(e, fix)
 
 
 @dataclass
