@@ -75,9 +75,11 @@ __all__ = [
     "enabled",
     "encode",
     "load",
+    "read_record",
     "record_key",
     "save",
     "settings_key",
+    "write_record",
 ]
 
 # Bump when the record layout changes (the package hash changes with any edit anyway).
@@ -330,29 +332,25 @@ def _path(key: str) -> Path:
     return cache_dir() / key[:2] / f"{key}.json"
 
 
-def load(key: str) -> dict[str, Any] | None:
-    """The record for ``key``, or None (missing, unreadable, or with another key inside).
+def read_record(path: Path, key: str) -> dict[str, Any] | None:
+    """The JSON record at ``path`` if it is one and names ``key`` inside, else None.
 
-    >>> load("0" * 64) is None
+    Shared with ember.inductor's graph cache: a record that is missing, unreadable, or
+    written for another key (a foreign or truncated file) is never used.
+
+    >>> read_record(Path("/nonexistent/record.json"), "0" * 64) is None
     True
     """
     try:
-        record = json.loads(_path(key).read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and record.get("key") == key else None
 
 
-def save(key: str, record: dict[str, Any]) -> None:
-    """Write ``record`` for ``key`` atomically (a temporary file, then a rename); a cache
-    folder that cannot be written is not an error.
-
-    >>> key = os.urandom(32).hex()
-    >>> save(key, {"specialized": True})
-    >>> load(key)
-    {'specialized': True, 'key': '...'}
-    """
-    path = _path(key)
+def write_record(path: Path, key: str, record: dict[str, Any]) -> None:
+    """Write ``record`` with ``key`` inside to ``path`` atomically (a temporary file, then a
+    rename); a cache folder that cannot be written is not an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
@@ -361,6 +359,26 @@ def save(key: str, record: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError:
         return
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The record for ``key``, or None (missing, unreadable, or with another key inside).
+
+    >>> load("0" * 64) is None
+    True
+    """
+    return read_record(_path(key), key)
+
+
+def save(key: str, record: dict[str, Any]) -> None:
+    """Write ``record`` for ``key`` (see :func:`write_record`).
+
+    >>> key = os.urandom(32).hex()
+    >>> save(key, {"specialized": True})
+    >>> load(key)
+    {'specialized': True, 'key': '...'}
+    """
+    write_record(_path(key), key, record)
 
 
 # ---- Traced <-> record ------------------------------------------------------------------------

@@ -237,7 +237,7 @@ class QuietShapeEnv(ShapeEnv):
     """A ``ShapeEnv`` that does not look for the user's source line of each symbol and guard.
 
     torch's finds it by walking the stack past a list of framework files, and building
-    that list the first time imports ``torch.export`` and half of torch's inductor: 0.4 s
+    that list the first time imports a large part of torch's own compiler stack: 0.4 s
     of the first compile with float inputs in each process. ember names its symbols
     after graph inputs, so the location adds nothing.
 

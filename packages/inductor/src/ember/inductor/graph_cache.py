@@ -19,8 +19,6 @@ import functools
 import hashlib
 import importlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ember.aotgraph.store import read_record, write_record
 from ember.inductor.cache import CompileOptions, cache_dir
 from ember.inductor.wrapper import FAST_CALLS
 
@@ -157,18 +156,9 @@ def _path(key: str) -> Path:
 
 def load(key: str) -> dict[str, Any] | None:
     """The record for ``key``, or None (missing, unreadable or not ours)."""
-    try:
-        record = json.loads(_path(key).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("key") == key else None
+    return read_record(_path(key), key)
 
 
 def save(key: str, record: dict[str, Any]) -> None:
     """Write ``record`` atomically (temporary file, then rename)."""
-    path = _path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        json.dump({**record, "key": key}, f)
-    os.replace(tmp, path)
+    write_record(_path(key), key, record)
