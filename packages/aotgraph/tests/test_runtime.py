@@ -169,3 +169,33 @@ def test_outputs_computed_under_no_grad_do_not_require_grad():
     same, doubled = f(inp)
     assert same is inp and not doubled.requires_grad
     torch.testing.assert_close(doubled, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x * 2,
+        lambda x: (x * 2,),
+        lambda x: [x * 2, x + 1],
+        lambda x: (x * 2, x + 1),
+        lambda x: {"a": x * 2, "b": (x + 1, x)},
+        lambda x: ((x * 2, x + 1), x.sin()),
+        lambda x: (x + 1, x),  # an input returned as it is: not the fast path
+    ],
+    ids=["leaf", "one-tuple", "list", "tuple", "dict", "nested", "input-out"],
+)
+def test_output_structure_matches_eager(fn: Callable[..., Any], grad: bool) -> None:
+    """The fast paths of ``assembler`` (one leaf, flat tuple, flat list) and the general one."""
+    x = torch.randn(3, requires_grad=grad)
+    f = aot_compile(torch.fx.symbolic_trace(fn), [x], fw_compiler=lambda g, e: g)
+    got, want = f(x), fn(x)
+    assert type(got) is type(want)
+    torch.testing.assert_close(got, want)
+    if grad:
+        leaves = [t for t in torch.utils._pytree.tree_leaves(got) if t.requires_grad]
+        sum(t.sum() for t in leaves).backward()
+        g_ember = x.grad.clone()
+        x.grad = None
+        sum(t.sum() for t in torch.utils._pytree.tree_leaves(want) if t.requires_grad).backward()
+        torch.testing.assert_close(g_ember, x.grad)

@@ -46,6 +46,8 @@ class Runtime:
     number_saved: tuple[int, ...] = ()  # saved values that are numbers, not tensors
     num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
     non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
+    # the caller's output structure from (inputs, graph outputs): see ``assembler``
+    assemble: Callable[[Sequence[torch.Tensor], Sequence[Any]], Any] = field(init=False)
 
     def __post_init__(self) -> None:
         sig = self.signature
@@ -55,17 +57,20 @@ class Runtime:
         no_grad = tuple(j for j in range(n) if j not in grad | numbers)
         object.__setattr__(self, "num_forward_outputs", n)
         object.__setattr__(self, "non_differentiable", no_grad)
+        object.__setattr__(self, "assemble", assembler(sig))
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
-        if self.backward is not None:
-            outs = CompiledFunction.apply(self, *inputs)  # type: ignore[no-untyped-call]
-        else:  # no output needs a gradient (the analysis said so): record no autograd graph
+        if self.backward is None:  # no output needs a gradient: record no autograd graph
             with torch.no_grad():
                 outs = self.forward(*inputs)
-        n = len(self.signature.graph_outputs)
+        elif torch._C._are_functorch_transforms_active():
+            outs = CompiledFunction.apply(self, *inputs)  # type: ignore[no-untyped-call]
+        else:  # Function.apply's Python layer only matters under functorch transforms
+            outs = _apply(self, *inputs)  # type: ignore[no-untyped-call]
         if self.mutated:
+            n = len(self.signature.graph_outputs)
             write_back(inputs, self.mutated, outs[n : n + len(self.mutated)])
-        return assemble(self.signature, inputs, outs)
+        return self.assemble(inputs, outs)
 
 
 def write_back(
@@ -80,6 +85,31 @@ def write_back(
     with torch.no_grad():
         for i, value in zip(mutated, values, strict=True):
             inputs[i].copy_(value)
+
+
+def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
+    """``assemble`` for ``sig``, with fast paths for the usual output structures.
+
+    Most compiled functions return their graph outputs in order, as one tensor or a
+    flat tuple or list: those skip :func:`assemble`'s per-output dispatch and pytree.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: (x * 2, x + 1))
+    >>> from ember.aotgraph.trace import Lifted, analyze
+    >>> sig = analyze(Lifted.of(gm, [torch.ones(2)]), [torch.ones(2)], grad=False)
+    >>> assembler(sig)([torch.ones(2)], [torch.zeros(1), torch.ones(1)])
+    (tensor([0.]), tensor([1.]))
+    """
+    spec, n = sig.out_spec, len(sig.outputs)
+    if any(o.kind != "graph" or o.index != k for k, o in enumerate(sig.outputs)):
+        return lambda inputs, outs: assemble(sig, inputs, outs)
+    if spec.is_leaf():
+        return lambda inputs, outs: outs[0]
+    flat = all(spec.child(k).is_leaf() for k in range(spec.num_children))
+    if flat and spec.type is tuple:
+        return lambda inputs, outs: tuple(outs[:n])
+    if flat and spec.type is list:
+        return lambda inputs, outs: list(outs[:n])
+    return lambda inputs, outs: pytree.tree_unflatten(list(outs[:n]), spec)
 
 
 def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
@@ -120,35 +150,49 @@ class CompiledFunction(torch.autograd.Function):
     def forward(ctx: Any, rt: Runtime, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outs = rt.forward(*inputs)
         k = rt.num_forward_outputs
-        saved = list(outs[k:])
-        for i in rt.clone_saved:
-            saved[i] = saved[i].clone()
-        if rt.number_saved:  # save_for_backward takes tensors only
-            ctx.numbers = [saved[i] for i in rt.number_saved]
-            saved = [v for i, v in enumerate(saved) if i not in rt.number_saved]
+        saved = outs[k:]
+        if rt.clone_saved or rt.number_saved:
+            saved = list(saved)
+            for i in rt.clone_saved:
+                saved[i] = saved[i].clone()
+            if rt.number_saved:  # save_for_backward takes tensors only
+                ctx.numbers = [saved[i] for i in rt.number_saved]
+                saved = [v for i, v in enumerate(saved) if i not in rt.number_saved]
         ctx.save_for_backward(*saved)
         ctx.runtime = rt
         result = tuple(outs[:k])
-        ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
+        if rt.non_differentiable:
+            ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
         return result
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         rt: Runtime = ctx.runtime
-        assert rt.backward is not None
-        create_graph = torch.is_grad_enabled()
-        with torch.no_grad():
-            tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
-            saved = list(ctx.saved_tensors)
-            for i, number in zip(rt.number_saved, getattr(ctx, "numbers", ()), strict=True):
-                saved.insert(i, number)
-            computed = list(rt.backward(*saved, *tangents))
-        if create_graph:
-            computed = no_double_backward(computed)
+        if torch.is_grad_enabled():  # create_graph=True: compute without a graph, then guard
+            with torch.no_grad():
+                computed = no_double_backward(_run_backward(ctx, rt, grads))
+        else:  # the engine already turned grad mode off
+            computed = _run_backward(ctx, rt, grads)
         result: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
         for i, g in zip(rt.signature.grad_inputs, computed, strict=True):
             result[1 + i] = g
         return tuple(result)
+
+
+def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[Any]:
+    assert rt.backward is not None
+    tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
+    saved = ctx.saved_tensors
+    if rt.number_saved:
+        saved = list(saved)
+        for i, number in zip(rt.number_saved, ctx.numbers, strict=True):
+            saved.insert(i, number)
+    return list(rt.backward(*saved, *tangents))
+
+
+# ``CompiledFunction.apply`` without the Python layer of ``Function.apply`` (default-argument
+# binding and functorch's dead-wrapper unwrapping, about 3 us a call): the C entry point.
+_apply = super(torch.autograd.Function, CompiledFunction).apply
 
 
 DOUBLE_BACKWARD = (
