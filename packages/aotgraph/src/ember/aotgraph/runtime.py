@@ -150,15 +150,17 @@ class CompiledFunction(torch.autograd.Function):
     def forward(ctx: Any, rt: Runtime, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outs = rt.forward(*inputs)
         k = rt.num_forward_outputs
-        saved = outs[k:]
-        if rt.clone_saved or rt.number_saved:
-            saved = list(saved)
-            for i in rt.clone_saved:
-                saved[i] = saved[i].clone()
-            if rt.number_saved:  # save_for_backward takes tensors only
-                ctx.numbers = [saved[i] for i in rt.number_saved]
-                saved = [v for i, v in enumerate(saved) if i not in rt.number_saved]
-        ctx.save_for_backward(*saved)
+        saved = list(outs[k:])
+        for i in rt.clone_saved:
+            saved[i] = saved[i].clone()
+        if rt.number_saved:  # save_for_backward takes tensors only
+            ctx.numbers = [saved[i] for i in rt.number_saved]
+            saved = [v for i, v in enumerate(saved) if i not in rt.number_saved]
+        # A saved view may be a view of an output (amax's backward saves ``amax.view``):
+        # saved as it is, node -> view -> its base, the output -> node would be a cycle in
+        # C++ that Python's collector cannot break, leaking every forward without a backward.
+        # ``detach`` keeps the data and the version counter and drops the link to the base.
+        ctx.save_for_backward(*(t.detach() if t._is_view() else t for t in saved))
         ctx.runtime = rt
         result = tuple(outs[:k])
         if rt.non_differentiable:
