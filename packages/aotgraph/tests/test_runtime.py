@@ -227,3 +227,18 @@ def test_outputs_are_freed_when_no_backward_runs():
     y, s = fn(x)
     (y.sum() + s.sum()).backward()
     torch.testing.assert_close(grad, x.grad)
+
+
+def test_grad_mode_is_restored_when_the_compiled_graph_raises():
+    def broken(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            assert not torch.is_grad_enabled()  # the inference path runs without autograd
+            raise RuntimeError("kernel failed")
+
+        return run
+
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    f = aot_compile(gm, [torch.ones(2)], fw_compiler=broken)
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        f(torch.ones(2))
+    assert torch.is_grad_enabled()
