@@ -31,7 +31,7 @@ from ember.inductor.ir import (
     scalars,
     walk,
 )
-from ember.inductor.ops import BINARY, COMPARE, RANDOM, Op
+from ember.inductor.ops import BINARY, COMPARE, RANDOM, WELFORD, Op
 
 __all__ = ["IRError", "check", "enabled"]
 
@@ -90,6 +90,11 @@ def _check_node(prog: Program, node: Node, defined: set[str]) -> None:
         raise IRError(
             f"{name}: ranges {list(node.ranges)} differ from sizes {list(buf.layout.sizes)}"
         )
+    if not isinstance(node, Pointwise) and node.kind in WELFORD:
+        if node.body.dtype not in (torch.float32, torch.float64):
+            raise IRError(f"{name}: {node.kind.name} of {node.body.dtype}, not float32/float64")
+        if buf.dtype != node.body.dtype:
+            raise IRError(f"{name}: {node.kind.name} of {node.body.dtype} into {buf.dtype}")
     reduce_ranges = () if isinstance(node, Pointwise) else node.reduce_ranges
     allowed = set(I[: len(node.ranges)]) | set(R[: len(reduce_ranges)])
     bounds = dict(zip(I, node.ranges, strict=False)) | dict(zip(R, reduce_ranges, strict=False))

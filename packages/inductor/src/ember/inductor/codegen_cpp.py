@@ -23,6 +23,7 @@ bfloat16 in float.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import re
 from typing import Any, ClassVar
@@ -31,10 +32,11 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox
+from ember.inductor.codegen_welford import WelfordLoops, by_body
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.loops import split_inner, without_unit_loops
-from ember.inductor.ops import Op, Reduce
-from ember.inductor.scheduler import Kernel, Schedule, Stage, X, Y
+from ember.inductor.ops import WELFORD, Op, Reduce
+from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 
 __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "scalar_arg", "translation_unit"]
 
@@ -51,6 +53,7 @@ class Printer(abc.ABC):
     LOADS: ClassVar[dict[torch.dtype, str]] = {}  # dtype -> format of a load from memory
     CASTS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {}  # (from, to) -> format
     REDUCE: ClassVar[dict[Reduce, tuple[str, str]]] = {}  # kind -> (identity, combine)
+    WELFORD_STEP: ClassVar[str] = ""  # update mean {m}, m2 {s} by {v} shifted by {k}
     SCALAR: ClassVar[str] = "{0}"  # how a kernel names its run-time number argument
 
     def __init__(self) -> None:
@@ -216,6 +219,10 @@ class CppPrinter(Printer):
             "{{ {acc}_v = {v}; {acc} = {i}; }}",
         ),
     }
+    # one point of a Welford lane: count already advanced, ``{r}`` its reciprocal
+    WELFORD_STEP = (
+        "{{ const {T} wv = {v} - {k}, wd = wv - {m}; {m} += wd * {r}; {s} += wd * (wv - {m}); }}"
+    )
     OMP_REDUCE = {
         Reduce.SUM: "reduction(+:{acc})",
         Reduce.PROD: "reduction(*:{acc})",
@@ -286,6 +293,13 @@ template <typename T> static inline T ember_max(T a, T b) { return (a > b || a !
 template <typename T> static inline T ember_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
 template <typename T> static inline T ember_highest() { return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max(); }
+// Chan et al.'s parallel Welford step: (mean, m2, n) absorbs a partial result (mb, m2b, nb)
+template <typename T> static inline void ember_welford_combine(T& mean, T& m2, int64_t& n, T mb, T m2b, int64_t nb) {
+  if (nb == 0) return;
+  const int64_t total = n + nb;
+  const T delta = mb - mean, w = static_cast<T>(nb) / static_cast<T>(total);
+  mean += delta * w; m2 += m2b + delta * delta * static_cast<T>(n) * w; n = total;
+}
 static inline float ember_bf16_to_float(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t ember_float_to_bf16(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
@@ -302,7 +316,7 @@ def _loops(vars_: list[sympy.Symbol], ranges: tuple[int, ...]) -> list[str]:
     ]
 
 
-class _KernelWriter:
+class _KernelWriter(WelfordLoops):
     """The source of one kernel; ``args`` are its buffers in signature order."""
 
     def __init__(self, sched: Schedule, kernel: Kernel, printer: CppPrinter) -> None:
@@ -371,24 +385,62 @@ class _KernelWriter:
     def tiled_stage(self, st: Stage, depth: int, xk: str) -> None:
         memo: dict[Expr, str] = {}
         lines: list[str] = []
+        welford = by_body(s for s in st.stores if s.reduce in WELFORD)
+        acc = {s.name: f"{s.name}_acc[{xk} - xb]" for s in st.stores}
+        for group in welford:  # a tile of Welford lanes, sharing a count
+            w, j = f"{group[0].name}_w", f"[{xk} - xb]"
+            acc |= {s.name: f"({w}_k{j} + {w}_m{j})" if s.reduce is Reduce.WELFORD_MEAN
+                    else f"{w}_s{j}" for s in group}  # fmt: skip
         if st.is_reduction:
             for s in st.stores:
+                if s.reduce in WELFORD:
+                    continue
                 init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
                 self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{TILE}];", depth)
                 self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {s.name}_acc[j] = {init};", depth)
+            for group in welford:
+                t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+                self.emit(f"{t} {w}_m[{TILE}] = {{}}; {t} {w}_s[{TILE}] = {{}};", depth)
+                self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{TILE}] = {{}};", depth)
+                if 0 not in st.inner:
+                    self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
+                    self.welford_shift(group[0].body, len(st.inner), f"{w}_k[{xk} - xb]", depth + 1)
+                    self.emit("}", depth)
             inner = depth
             for line in _loops(Y[: len(st.inner)], st.inner):
                 self.emit(line, inner)
                 inner += 1
-            self.emit("#pragma omp simd", inner)
-            self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", inner)
+            for group in welford:
+                t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+                self.emit(f"{w}_c += 1;", inner)
+                self.emit(f"const {t} {w}_r = {t}(1) / static_cast<{t}>({w}_c);", inner)
             for s in st.stores:
+                if s.reduce in WELFORD:
+                    continue
                 value = self.p.expr(s.body, memo, lines)
                 lines.append(
                     self.p.REDUCE[s.reduce][1].format(  # type: ignore[index]
-                        acc=f"{s.name}_acc[{xk} - xb]", v=value, i=""
+                        acc=acc[s.name], v=value, i=""
                     )
                 )
+            for group in welford:
+                t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+                v = self.p.expr(group[0].body, memo, lines)
+                m, sq, k = f"{w}_m[{xk} - xb]", f"{w}_s[{xk} - xb]", f"{w}_k[{xk} - xb]"
+                lines.append(self.p.WELFORD_STEP.format(v=v, m=m, s=sq, k=k, r=f"{w}_r", T=t))
+            tile = f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{"
+            if welford:  # a loop of constant length keeps the Welford lanes in registers
+                self.emit(f"if (xe - xb == {TILE}) {{", inner)
+                self.emit("#pragma omp simd", inner + 1)
+                self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {{", inner + 1)
+                self.emit(f"const int64_t {xk} = xb + j;", inner + 2)
+                for line in lines:
+                    self.emit(line, inner + 2)
+                self.emit("}", inner + 1)
+                self.emit("} else {", inner)
+                inner += 1
+            self.emit("#pragma omp simd", inner)
+            self.emit(tile, inner)
             for line in lines:
                 self.emit(line, inner + 1)
             for d in range(inner, depth - 1, -1):
@@ -402,9 +454,7 @@ class _KernelWriter:
         lines = []
         for s in st.stores:
             buf = self.prog.buffers[s.name]
-            value = (
-                f"{s.name}_acc[{xk} - xb]" if st.is_reduction else self.p.expr(s.body, {}, lines)
-            )
+            value = acc[s.name] if st.is_reduction else self.p.expr(s.body, {}, lines)
             from_t = s.body.dtype
             if buf.dtype != from_t:
                 fmt = self.p.CASTS.get((from_t, buf.dtype), self.p.OPS[Op.CAST])
@@ -517,6 +567,12 @@ class _KernelWriter:
         return lines
 
     def reduction(self, st: Stage, depth: int) -> None:
+        for group in by_body(s for s in st.stores if s.reduce in WELFORD):
+            self.welford(dataclasses.replace(st, stores=group), depth)
+        rest = tuple(s for s in st.stores if s.reduce not in WELFORD)
+        if not rest:
+            return
+        st = dataclasses.replace(st, stores=rest)
         inits, combines = [], []
         memo: dict[Expr, str] = {}
         for line in self.hoist(st, Y[: len(st.inner)], st.inner, memo):
@@ -558,18 +614,21 @@ class _KernelWriter:
         for d in range(inner_depth - 1, depth - 1, -1):
             self.emit("}", d)
         for s in st.stores:
-            buf = self.prog.buffers[s.name]
-            value = f"{s.name}_acc"
             if s.reduce in (Reduce.MAX, Reduce.MIN):
                 nan = f"std::numeric_limits<{self.p.type(s.body.dtype)}>::quiet_NaN()"
-                self.emit(f"if ({value}_nan) {value} = {nan};", depth)
-            if buf.dtype != s.body.dtype:
-                fmt = self.p.CASTS.get((s.body.dtype, buf.dtype), self.p.OPS[Op.CAST])
-                value = fmt.format(value, T=self.p.type(buf.dtype))
-            if s.local:
-                self.emit(f"{self.p.type(buf.dtype)} {s.name}_l = {value};", depth)
-            else:
-                self.emit(f"{s.name}[{self.p.index(s.index)}] = {value};", depth)
+                self.emit(f"if ({s.name}_acc_nan) {s.name}_acc = {nan};", depth)
+            self.result(s, f"{s.name}_acc", depth)
+
+    def result(self, s: Store, value: str, depth: int) -> None:
+        """Store a reduction's ``value`` (of the body's dtype) as the buffer's dtype."""
+        buf = self.prog.buffers[s.name]
+        if buf.dtype != s.body.dtype:
+            fmt = self.p.CASTS.get((s.body.dtype, buf.dtype), self.p.OPS[Op.CAST])
+            value = fmt.format(value, T=self.p.type(buf.dtype))
+        if s.local:
+            self.emit(f"{self.p.type(buf.dtype)} {s.name}_l = {value};", depth)
+        else:
+            self.emit(f"{s.name}[{self.p.index(s.index)}] = {value};", depth)
 
 
 def translation_unit(
@@ -631,7 +690,7 @@ def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
 
 
 TILE = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
-TILEABLE = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL})
+TILEABLE = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL}) | WELFORD
 
 
 def _column_kernel(kernel: Kernel) -> bool:

@@ -30,6 +30,7 @@ __all__ = [
     "REDUCE_INIT",
     "SEMANTICS",
     "UNARY",
+    "WELFORD",
     "Op",
     "Reduce",
 ]
@@ -99,8 +100,14 @@ class Reduce(enum.Enum):
     ARGMIN = enum.auto()
     ANY = enum.auto()
     ALL = enum.auto()
+    # one-pass Welford over the values (a running mean and m2 per accumulator, partial results
+    # joined with Chan's parallel formula): the mean, and the sum of squared deviations from
+    # it. Two such nodes of the same body in one stage share one pass.
+    WELFORD_MEAN = enum.auto()  # 0 over no values
+    WELFORD_M2 = enum.auto()
 
 
+WELFORD = frozenset({Reduce.WELFORD_MEAN, Reduce.WELFORD_M2})
 LEAF = frozenset({Op.LOAD, Op.CONST, Op.INDEX, Op.SCALAR})
 UNARY = frozenset(
     {Op.NEG, Op.ABS, Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.SQRT, Op.RSQRT, Op.RECIPROCAL}
@@ -167,4 +174,6 @@ REDUCE_INIT: dict[Reduce, tuple[Fn, float | bool | None]] = {
     Reduce.ARGMIN: (lambda t: t.argmin(-1), None),
     Reduce.ANY: (lambda t: t.any(-1), False),
     Reduce.ALL: (lambda t: t.all(-1), True),
+    Reduce.WELFORD_MEAN: (lambda t: t.mean(-1) if t.shape[-1] else t.sum(-1), 0),
+    Reduce.WELFORD_M2: (lambda t: (t - t.mean(-1, keepdim=True)).square().sum(-1), 0),
 }
