@@ -370,6 +370,7 @@ def _reduce(
     dims: Sequence[int] | int | None,
     keepdim: bool,
     acc: torch.dtype,
+    out: torch.dtype | None = None,  # the result's dtype (default: the fx node's)
 ) -> Value:
     if isinstance(dims, int):
         dims = [dims]
@@ -383,16 +384,15 @@ def _reduce(
     for j, d in enumerate(dims):
         idx[d] = R[j]
     body = cast(a.loader(idx), acc) if a.ndim else cast(a.loader([]), acc)
-    out = ctx.reduction(kind, ranges, reduce_ranges, body, ctx.meta.dtype)
+    red = ctx.reduction(kind, ranges, reduce_ranges, body, out or ctx.meta.dtype)
     if keepdim and a.ndim:
         sizes = tuple(1 if d in dims else n for d, n in enumerate(a.sizes))
-        base = out
 
         def keep(ix: Sequence[sympy.Expr]) -> Expr:
-            return base.loader([ix[d] for d in kept])
+            return red.loader([ix[d] for d in kept])
 
-        return Value(sizes, out.dtype, keep)
-    return out
+        return Value(sizes, red.dtype, keep)
+    return red
 
 
 def _acc(ctx: Lowerer, a: Value) -> torch.dtype:
@@ -641,26 +641,18 @@ def prims_amin(ctx: Lowerer, a: Value, dims: Sequence[int]) -> Value:
 
 @lowering(prims.var.default)
 def prims_var(ctx: Lowerer, a: Value, dims: Sequence[int], correction: float, **kw: Any) -> Value:
-    """Two passes: the mean, then the sum of squared deviations (stable, unlike one pass)."""
+    """One Welford pass (the sum of squared deviations from a running mean: as stable as two
+    passes, unlike a sum of squares); a sum of the same values becomes its mean times n."""
     acc = _acc(ctx, a)
     if acc not in FLOATS:
         raise Fallback("var of integers")
-    dims = sorted(d % a.ndim for d in dims)
-    n = math.prod(a.sizes[d] for d in dims)
-    total = _reduce(ctx, Reduce.SUM, a, dims, False, acc)
-    mean = ctx.realized(
-        Value(total.sizes, acc, lambda idx: _DIV(total.loader(idx), const(float(n), acc)))
-    )
-    kept = [d for d in range(a.ndim) if d not in dims]
-
-    def sq(idx: Sequence[sympy.Expr]) -> Expr:
-        d = _SUB(cast(a.loader(idx), acc), mean.loader([idx[k] for k in kept]))
-        return _MUL(d, d)
-
-    squares = _reduce(ctx, Reduce.SUM, Value(a.sizes, acc, sq), dims, False, acc)
+    if a.ndim and not dims:
+        raise Fallback("var over no dims")
+    n = math.prod(a.sizes[d % a.ndim] for d in dims) if a.ndim else 1
+    m2 = _reduce(ctx, Reduce.WELFORD_M2, a, dims, False, acc, out=acc)
     denom = const(float(max(n - correction, 0)), acc)
     out = ctx.meta.dtype
-    return Value(squares.sizes, out, lambda idx: cast(_DIV(squares.loader(idx), denom), out))
+    return Value(m2.sizes, out, lambda idx: cast(_DIV(m2.loader(idx), denom), out))
 
 
 for _name, _fn in [

@@ -21,6 +21,7 @@ outputs: buf0
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,11 +48,12 @@ from ember.inductor.ir import (
     Ref,
     Scalar,
     ScalarOp,
+    const,
     load,
     scalars,
     walk,
 )
-from ember.inductor.ops import COMPARE, SEMANTICS, Op
+from ember.inductor.ops import COMPARE, SEMANTICS, WELFORD, Op, Reduce
 
 __all__ = [
     "LOWERINGS",
@@ -174,7 +176,7 @@ class Lowerer:
 
     def reduction(
         self,
-        kind: Any,
+        kind: Reduce,
         ranges: tuple[int, ...],
         reduce_ranges: tuple[int, ...],
         body: Expr,
@@ -183,10 +185,74 @@ class Lowerer:
         key = (kind, ranges, reduce_ranges, body, dtype)
         if key in self._reductions:  # the same reduction twice (layer norm's mean and var)
             return self._reductions[key]
+        if kind is Reduce.SUM and self._welford(ranges, reduce_ranges, body) is not None:
+            return self._sum_of_welford(ranges, reduce_ranges, body, dtype)
+        if kind in WELFORD and self._welford(ranges, reduce_ranges, body) is None:
+            self._sums_into_welford(ranges, reduce_ranges, body)
         buf = self.new_buffer(dtype, Layout.contiguous(ranges))
-        self.nodes.append(Reduction(buf.name, ranges, reduce_ranges, kind, body))
+        node = Reduction(buf.name, ranges, reduce_ranges, kind, body)
+        partner = self._welford(ranges, reduce_ranges, body) if kind in WELFORD else None
+        if partner is None:
+            self.nodes.append(node)
+        else:  # right after it, so the scheduler puts both in one stage: one pass computes both
+            at = next(k for k, n in enumerate(self.nodes) if getattr(n, "name", None) == partner)
+            self.nodes.insert(at + 1, node)
         self._reductions[key] = self.buffer_value(buf)
         return self._reductions[key]
+
+    def _welford(
+        self, ranges: tuple[int, ...], reduce_ranges: tuple[int, ...], body: Expr
+    ) -> str | None:
+        """The buffer of a Welford reduction of ``body`` already lowered, if any."""
+        for kind in (Reduce.WELFORD_M2, Reduce.WELFORD_MEAN):
+            value = self._reductions.get((kind, ranges, reduce_ranges, body, body.dtype))
+            if value is not None and value.ref is not None:
+                return value.ref.name
+        return None
+
+    def _sums_into_welford(
+        self, ranges: tuple[int, ...], reduce_ranges: tuple[int, ...], body: Expr
+    ) -> None:
+        """Sums of ``body`` lowered before its first Welford reduction (a mean taken before
+        the variance) become that pass's mean times the count: the mean is computed where
+        the first sum was, and each sum's node becomes a pointwise one."""
+        sums = {
+            v.ref.name: dtype
+            for (kind, r, rr, b, dtype), v in self._reductions.items()
+            if kind is Reduce.SUM and (r, rr, b) == (ranges, reduce_ranges, body) and v.ref
+        }
+        if not sums or body.dtype not in (torch.float32, torch.float64):
+            return
+        at = next(k for k, n in enumerate(self.nodes) if getattr(n, "name", None) in sums)
+        mean = self.new_buffer(body.dtype, Layout.contiguous(ranges))
+        self.nodes.insert(
+            at, Reduction(mean.name, ranges, reduce_ranges, Reduce.WELFORD_MEAN, body)
+        )
+        key = (Reduce.WELFORD_MEAN, ranges, reduce_ranges, body, body.dtype)
+        self._reductions[key] = self.buffer_value(mean)
+        for k, node in enumerate(self.nodes):
+            if isinstance(node, Reduction) and node.name in sums:
+                total = self._sum_of_welford(ranges, reduce_ranges, body, sums[node.name])
+                self.nodes[k] = Pointwise(node.name, ranges, total.loader(I[: len(ranges)]))
+
+    def _sum_of_welford(
+        self,
+        ranges: tuple[int, ...],
+        reduce_ranges: tuple[int, ...],
+        body: Expr,
+        dtype: torch.dtype,
+    ) -> Value:
+        """A sum of values whose variance is computed too (layer norm, batch norm, var_mean
+        decompositions divide it by the count right away): the Welford pass's mean times the
+        count, so the values are read once."""
+        mean = self.reduction(Reduce.WELFORD_MEAN, ranges, reduce_ranges, body, body.dtype)
+        n = const(float(math.prod(reduce_ranges)), body.dtype)
+
+        def loader(idx: Sequence[sympy.Expr]) -> Expr:
+            total = Expr(Op.MUL, body.dtype, (mean.loader(idx), n))
+            return total if dtype == body.dtype else Expr(Op.CAST, dtype, (total,))
+
+        return Value(ranges, dtype, loader)
 
     # ---- the graph -----------------------------------------------------------------------
     def lower(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program:
