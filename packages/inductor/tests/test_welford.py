@@ -209,3 +209,11 @@ def test_checker_rejects_welford_of_integers() -> None:
     nodes[k] = dataclasses.replace(node, body=Expr(Op.CAST, torch.float64, (node.body,)))
     with pytest.raises(IRError, match=r"buf0: WELFORD_M2 of torch\.float64 into torch\.float32"):
         check(dataclasses.replace(prog, nodes=nodes))
+
+
+def test_inf_and_nan_rows_match_eager() -> None:
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[inf, 1.0, 2.0], [1.0, nan, 3.0], [5.0, 1.0, 2.0], [1.0, 2.0, -inf]])
+    fn = lambda x: (torch.var_mean(x, -1), x.var(0))  # noqa: E731
+    for a, b in zip(_leaves(_compile(fn, x)(x)), _leaves(fn(x)), strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True)
