@@ -13,8 +13,8 @@ T = torch.Tensor
 
 
 def _two_layers(x: T, w: T, w2: T) -> tuple[T, T]:
-    h = (x @ w).tanh()  # an intermediate the second matmul reads: pooled
-    y = (h @ w2).relu()
+    h = (x.sin() @ w).tanh()  # x.sin(): an intermediate a matmul reads, pooled
+    y = (h @ w2).relu()  # h (over the first matmul's result) is the second one's input
     return y, y.sum(0)
 
 

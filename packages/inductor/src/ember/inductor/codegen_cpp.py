@@ -330,6 +330,9 @@ class _KernelWriter(WelfordLoops):
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
         self.tiled = _column_kernel(kernel)
+        mine = {s.name for st in kernel.stages for s in st.stores}
+        # outputs written over a buffer the kernel reads, and that buffer: one memory
+        self.shared = {n for o, d in sched.inplace.items() if o in mine for n in (o, d)}
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("  " * depth + line)
@@ -471,7 +474,8 @@ class _KernelWriter(WelfordLoops):
             buf = self.prog.buffers[name]
             const = "const " if name not in self.writes else ""
             element = self.p.MEMORY_TYPES.get(buf.dtype, self.p.type(buf.dtype))
-            params.append(f"{const}{element}* __restrict__ {name}")
+            restrict = "" if name in self.shared else "__restrict__ "
+            params.append(f"{const}{element}* {restrict}{name}")
         for name, dtype in self.scalars.items():
             params.append(f"const {self.p.type(dtype)} {self.p.SCALAR.format(name)}")
         return f'extern "C" void {self.kernel.name}({", ".join(params)}) {{\n'

@@ -118,6 +118,9 @@ class Schedule:
     reuse: dict[str, str] = field(
         default_factory=dict
     )  # buffer -> dead buffer whose memory it takes
+    # buffer -> the buffer of the same layout its own stage reads for the last time, element
+    # by element before writing it: the kernel writes over it (``reuse`` names the storage)
+    inplace: dict[str, str] = field(default_factory=dict)
     frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
 
     def __str__(self) -> str:
@@ -126,8 +129,11 @@ class Schedule:
             out.append(f"locals: {', '.join(sorted(self.locals - self.scratch, key=_order))}")
         if self.scratch:
             out.append(f"scratch: {', '.join(sorted(self.scratch, key=_order))}")
-        if self.reuse:
-            out.append("reuse: " + ", ".join(f"{a}<-{b}" for a, b in self.reuse.items()))
+        moved = {a: b for a, b in self.reuse.items() if a not in self.inplace}
+        if moved:
+            out.append("reuse: " + ", ".join(f"{a}<-{b}" for a, b in moved.items()))
+        if self.inplace:
+            out.append("in place: " + ", ".join(f"{a}<-{b}" for a, b in self.inplace.items()))
         return "\n".join(out)
 
 
@@ -418,32 +424,85 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> tuple[set[str
 
 
 def plan_memory(sched: Schedule) -> None:
-    """Mark local buffers; let a buffer take the memory of a dead one of the same layout."""
+    """Mark local buffers; let a kernel's output take the memory of a dead buffer of the same
+    dtype and layout: one that died before the kernel (kernel outputs, and results of externs
+    that return fresh tensors), or one the kernel reads for the last time, element by element
+    where it writes (:func:`_in_place`). Graph inputs, constants, outputs and whatever an
+    aliasing extern reads or returns keep their memory."""
     prog = sched.program
     sched.locals, sched.scratch = _kernel_locals(prog, sched.steps)
+    outputs = output_names(prog)
     last_use: dict[str, int] = {}
-    pinned = set(prog.inputs) | set(prog.constants) | output_names(prog)
+    pinned = set(prog.inputs) | set(prog.constants) | outputs
     for k, step in enumerate(sched.steps):
         for name in _step_reads(step):
             last_use[name] = k
-        if isinstance(step, Extern):
-            pinned |= set(step.names) | (reads(step) if _may_alias(step) else set())
+        if isinstance(step, Extern) and may_alias(step):
+            pinned |= set(step.names) | reads(step)
     free: dict[tuple[Any, ...], list[str]] = {}
     for k, step in enumerate(sched.steps):
-        if isinstance(step, Kernel):
-            for name in (s.name for st in step.stages for s in st.stores):
-                if name in sched.locals or (name in pinned and name not in output_names(prog)):
-                    continue
-                buf = prog.buffers[name]
-                pool = free.get((buf.dtype, buf.layout))
-                if pool and not _reads_in(step, pool[-1]):
-                    sched.reuse[name] = pool.pop()
         dead = [n for n, last in last_use.items() if last == k and n not in pinned]
         dead = [n for n in dead if n not in sched.locals]
+        if isinstance(step, Kernel):
+            mine = {s.name for st in step.stages for s in st.stores}
+            donors = [n for n in dead if n not in mine]
+            for st in step.stages:
+                for pos in range(len(st.stores)):
+                    _place(sched, step, st, pos, donors, free, pinned - outputs)
         sched.frees[k] = dead
+        taken = set(sched.inplace.values())
         for name in dead:
-            buf = prog.buffers[name]
-            free.setdefault((buf.dtype, buf.layout), []).append(_root(sched, name))
+            if name not in taken:
+                buf = prog.buffers[name]
+                free.setdefault((buf.dtype, buf.layout), []).append(_root(sched, name))
+
+
+def _place(
+    sched: Schedule,
+    kernel: Kernel,
+    stage: Stage,
+    pos: int,
+    dying: list[str],
+    free: dict[tuple[Any, ...], list[str]],
+    fixed: set[str],
+) -> None:
+    """Give ``stage.stores[pos]`` the memory of a buffer dying in ``kernel`` (in place) or of
+    a dead one from ``free``, if one has its dtype and layout."""
+    name = stage.stores[pos].name
+    if name in sched.locals or name in fixed or name in sched.reuse:
+        return
+    buf = sched.program.buffers[name]
+    for donor in dying:
+        same = sched.program.buffers[donor]
+        if (same.dtype, same.layout) != (buf.dtype, buf.layout) or donor in sched.inplace.values():
+            continue
+        if _in_place(kernel, stage, pos, donor):
+            sched.inplace[name] = donor
+            sched.reuse[name] = _root(sched, donor)
+            return
+    pool = free.get((buf.dtype, buf.layout))
+    if pool and not _reads_in(kernel, pool[-1]):
+        sched.reuse[name] = pool.pop()
+
+
+def _in_place(kernel: Kernel, stage: Stage, pos: int, donor: str) -> bool:
+    """``stage.stores[pos]`` may write over ``donor``: every read of ``donor`` in the kernel
+    is in this (pointwise) stage, by this store or one before it, at the index this store
+    writes. Each point then reads the element before writing it and no point touches
+    another's, in scalar loops, vector loops (a vector is loaded before it is stored) and
+    across threads alike. A reduction's result, or a read at a shifted or broadcast index
+    (``x[1:] + x[:-1]``), would see elements already overwritten."""
+    if stage.is_reduction:
+        return False
+    index = stage.stores[pos].index
+    for st in kernel.stages:
+        for j, s in enumerate(st.stores):
+            for e in walk(s.body):
+                if e.op is not Op.LOAD or e.arg[0] != donor:
+                    continue
+                if st is not stage or j > pos or e.args or e.arg[1] != index:
+                    return False
+    return True
 
 
 def _root(sched: Schedule, name: str) -> str:
@@ -469,9 +528,14 @@ def _step_reads(step: Kernel | Extern) -> set[str]:
     }
 
 
-def _may_alias(step: Extern) -> bool:
+# ops whose result shares its input's memory though their schema does not say so
+ALIASING = {"aten::_unsafe_view"}
+
+
+def may_alias(step: Extern) -> bool:
+    """The extern's results may share memory with its arguments (or it mutates them)."""
     schema = getattr(step.target, "_schema", None)
-    if schema is None:
+    if schema is None or schema.name in ALIASING:
         return True
     return any(r.alias_info is not None for r in schema.returns) or schema.is_mutable
 

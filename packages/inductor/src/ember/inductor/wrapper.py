@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
-from ember.inductor.scheduler import Kernel, Schedule
+from ember.inductor.scheduler import Kernel, Schedule, may_alias
 
 __all__ = ["bind", "wrapper_source"]
 
@@ -129,17 +129,16 @@ def wrapper_source(
         src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
         src.lines.append(f"    {', '.join(pooled)}, = _bufs")
     computed: set[str] = set(pooled)
-    donors = set(sched.reuse.values()) | set(pooled)
+    # extern results a kernel reads, or whose memory a kernel's output takes, in the layout
+    # the kernels were generated for
+    restride = kernel_reads | set(sched.reuse.values())
+    drops = _drops(sched, set(pooled) | set(prog.inputs) | set(prog.constants))
     for k, step in enumerate(sched.steps):
         if isinstance(step, Kernel):
             _kernel_call(src, sched, step, kernel_args[step.name], computed)
         else:
-            _extern_call(src, sched, step, kernel_reads, computed)
-        dead = [
-            n
-            for n in sched.frees.get(k, [])
-            if n not in donors and n not in prog.inputs and n not in prog.constants
-        ]
+            _extern_call(src, sched, step, restride, computed)
+        dead = drops.get(k, [])
         if dead:
             src.lines.append(f"    del {', '.join(dead)}")
     outs = [_arg(src, sched, o, computed) for o in prog.outputs]
@@ -149,6 +148,24 @@ def wrapper_source(
     if pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _drops(sched: Schedule, keep: set[str]) -> dict[int, list[str]]:
+    """Step -> variables the wrapper deletes after it: dead buffers, once the last buffer
+    taking their memory (``buf5 = buf2``) has it, so that memory goes back as soon as the
+    last of them dies."""
+    given: dict[str, int] = {}  # donor -> the step of its last taker
+    for k, step in enumerate(sched.steps):
+        for st in step.stages if isinstance(step, Kernel) else ():
+            for s in st.stores:
+                if s.name in sched.reuse:
+                    given[sched.reuse[s.name]] = k
+    out: dict[int, list[str]] = {}
+    for k, names in sched.frees.items():
+        for name in names:
+            if name not in keep:
+                out.setdefault(max(k, given.get(name, k)), []).append(name)
+    return out
 
 
 POOL_MAX_BYTES = 16 << 20  # intermediates a compiled graph keeps between calls, at most
@@ -168,7 +185,7 @@ def _pooled(sched: Schedule) -> list[str]:
 
     escaping = {o.name for o in prog.outputs if isinstance(o, Ref)}
     for step in sched.steps:
-        if isinstance(step, Extern) and _may_alias(step):
+        if isinstance(step, Extern) and may_alias(step):
             escaping |= {r.name for r in step.refs()}
     escaping = {root(n) for n in escaping} | {root(n) for n in sched.reuse if root(n) in escaping}
     out, size = [], 0
@@ -188,13 +205,6 @@ def _allocated(step: Kernel | Extern, sched: Schedule) -> list[str]:
         return []
     names = [s.name for st in step.stages for s in st.stores if not s.local]
     return [n for n in dict.fromkeys(names) if n not in sched.reuse]
-
-
-def _may_alias(step: Extern) -> bool:
-    schema = getattr(step.target, "_schema", None)
-    if schema is None:
-        return True
-    return any(r.alias_info is not None for r in schema.returns) or schema.is_mutable
 
 
 def _alloc(src: _Source, sched: Schedule, names: list[str]) -> list[str]:
@@ -256,7 +266,7 @@ def _dtype_name(dtype: torch.dtype, src: _Source) -> str:
 
 
 def _extern_call(
-    src: _Source, sched: Schedule, step: Extern, kernel_reads: set[str], computed: set[str]
+    src: _Source, sched: Schedule, step: Extern, restride: set[str], computed: set[str]
 ) -> None:
     fast = FAST_CALLS.get(step.target) if set(step.kwargs) <= {"beta", "alpha"} else None
     target = src.const(step.target if fast is None else fast)
@@ -270,7 +280,7 @@ def _extern_call(
             f"    {', '.join(step.names)}{',' if len(step.names) == 1 else ''} = _leaves({call})"
         )
     for name in step.names:
-        if name in kernel_reads:
+        if name in restride:
             lay = sched.program.buffers[name].layout
             src.lines.append(
                 f"    if {name}.stride() != {lay.strides}: "
