@@ -1,0 +1,228 @@
+"""The memory plan's in-place writes and donated extern results, checked on the schedule and
+against eager."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ember.inductor.compile as inductor_compile
+from ember.inductor import compile_graph
+from ember.inductor.ir import Extern
+from ember.inductor.scheduler import Kernel, Schedule
+
+T = torch.Tensor
+
+
+def _compile(fn: Any, *args: T) -> tuple[Any, Schedule]:
+    """``fn`` compiled (no graph cache, so the schedule is there), checked against eager."""
+    compiled = compile_graph(make_fx(fn)(*args), list(args), {"graph_cache": False})
+    want = fn(*args)
+    for _ in range(2):  # the second call runs on pooled buffers
+        torch.testing.assert_close(compiled(*args), want)
+    sched = compiled.schedule
+    assert sched is not None
+    return compiled, sched
+
+
+def _externs(sched: Schedule) -> list[str]:
+    return [n for s in sched.steps if isinstance(s, Extern) for n in s.names]
+
+
+def _stored(sched: Schedule) -> list[str]:
+    """Kernel outputs that reach memory, in order."""
+    return [
+        s.name
+        for k in sched.steps
+        if isinstance(k, Kernel)
+        for st in k.stages
+        for s in st.stores
+        if s.name not in sched.locals
+    ]
+
+
+def _chain(x: T, w: T) -> T:
+    a = (x @ w).relu() * 2  # over the matmul's result, which nothing reads again
+    b = (a @ w + a).tanh()  # over the second matmul's result (or ``a``)
+    return b.sin() + 1
+
+
+def test_a_pointwise_chain_writes_over_the_matmul_results_it_reads() -> None:
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    compiled, sched = _compile(_chain, x, w)
+    mm0, mm1 = _externs(sched)
+    a, out = _stored(sched)
+    assert sched.inplace[a] == mm0 and sched.inplace[out] in (a, mm1)
+    assert f"in place: {a}<-{mm0}, {out}<-{sched.inplace[out]}" in str(sched)
+    # one memory under two names: the kernel must not promise gcc they do not alias
+    assert f"const float* {mm0}" in compiled.source
+    assert f"float* {a})" in compiled.source or f"float* {a}," in compiled.source
+
+
+def test_gelu_of_a_linear_layer_takes_the_addmm_result() -> None:
+    def f(x: T, w: T, b: T) -> T:
+        return F.gelu(F.linear(x, w, b)) * 3
+
+    x, w, b = torch.randn(8, 32), torch.randn(64, 32), torch.randn(64)
+    _, sched = _compile(f, x, w, b)
+    (mm,) = _externs(sched)
+    (out,) = _stored(sched)
+    assert sched.inplace == {out: mm}
+
+
+def test_a_dead_extern_result_is_donated_to_a_later_kernel() -> None:
+    def f(x: T, w: T, w2: T) -> T:
+        h = x @ w  # dies in the next matmul
+        m = h @ w2
+        return torch.cat([m[1:], m[:1]]) * 2  # m read shifted: not in place; h is free
+
+    x, w, w2 = torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16)
+    compiled, sched = _compile(f, x, w, w2)
+    h, _ = _externs(sched)
+    (out,) = _stored(sched)
+    assert sched.inplace == {} and sched.reuse == {out: h}
+    assert f"{out} = {h}" in compiled.wrapper
+    # torch returns the matmul's result in the layout the kernel stores, or it is restrided
+    assert f"if {h}.stride() != (16, 1)" in compiled.wrapper
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda h: torch.cat([h[:, 1:], h[:, :1]], 1), id="shifted"),
+        pytest.param(lambda h: h.roll(1, 0), id="rolled"),
+        pytest.param(lambda h: h[:1].expand(8, 16), id="broadcast"),
+        pytest.param(lambda h: h - h.mean(-1, keepdim=True), id="after-a-reduction"),
+    ],
+)
+def test_no_write_over_a_buffer_read_at_another_point(read: Any) -> None:
+    def f(x: T, w: T) -> T:
+        h = x @ w
+        return (h + read(h)) * 0.5  # in place would read elements already overwritten
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    _, sched = _compile(f, x, w)
+    h = _externs(sched)[0]  # no extern reads it: the read at another point is a kernel's
+    assert all(r.name != h for s in sched.steps if isinstance(s, Extern) for r in s.refs())
+    assert sched.inplace == {}
+
+
+def test_no_write_over_a_buffer_a_later_kernel_reads() -> None:
+    def f(x: T, w: T) -> T:
+        h = x @ w
+        a = h.relu()  # h is read again below: a gets memory of its own
+        return a @ w + h
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    _, sched = _compile(f, x, w)
+    h = _externs(sched)[0]
+    a = _stored(sched)[0]
+    assert a not in sched.inplace and a not in sched.reuse
+    assert h not in sched.inplace.values() or _stored(sched)[-1] in sched.inplace
+
+
+def test_no_write_over_a_graph_input() -> None:
+    def f(x: T, w: T) -> T:
+        return (x.sin() * 2) @ w
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    before = x.clone()
+    _, sched = _compile(f, x, w)
+    assert sched.inplace == {} and sched.reuse == {}
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+
+
+def test_no_write_over_a_buffer_whose_view_is_returned() -> None:
+    def f(x: T, w: T) -> tuple[T, T]:
+        h = x @ w
+        return h.relu() * 2, h.t()  # h reaches the caller through its transpose
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    _, sched = _compile(f, x, w)
+    assert sched.inplace == {} and sched.reuse == {}
+
+
+def test_no_write_over_what_an_aliasing_extern_returns() -> None:
+    def f(x: T) -> tuple[T, T]:
+        h = x.sin() + 1
+        c = torch.view_as_complex(h.view(8, 8, 2))  # externs returning views of h
+        return c, torch.view_as_real(c).exp() * 2  # the caller gets c: h's memory is kept
+
+    x = torch.randn(8, 16)
+    _, sched = _compile(f, x)
+    assert _externs(sched) and sched.inplace == {} and sched.reuse == {}
+
+
+def test_in_place_pooled_wrapper_is_thread_safe() -> None:
+    def f(x: T, w: T) -> T:
+        a = (x.cos() @ w).relu() * 2  # x.cos(): pooled; a: in place over the matmul
+        return (a @ w).sum(0)
+
+    w = torch.randn(16, 16)
+    compiled, sched = _compile(f, torch.randn(8, 16), w)
+    assert sched.inplace and "_pool.pop()" in compiled.wrapper
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(50):
+                x = torch.randn(8, 16, generator=g)
+                # sums of products of ~30: eager's matmul may block differently under load
+                torch.testing.assert_close(compiled(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x: T) -> T:
+        return self.norm(x + self.fc2(F.gelu(self.fc1(x))))
+
+
+@pytest.mark.slow
+def test_training_an_mlp_with_layer_norm_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ember.compiler
+
+    schedules: list[Schedule] = []
+    source = inductor_compile.wrapper_source
+
+    def spy(sched: Schedule, kernel_args: dict[str, list[str]]) -> Any:
+        schedules.append(sched)
+        return source(sched, kernel_args)
+
+    monkeypatch.setattr(inductor_compile, "wrapper_source", spy)
+    torch.manual_seed(0)
+    model, reference = _Block(), _Block()
+    reference.load_state_dict(model.state_dict())
+    compiled = ember.compiler.compile(model, backend="inductor", options={"graph_cache": False})
+    for step in range(2):
+        x = torch.randn(16, 32)
+        got, want = compiled(x), reference(x)
+        got.pow(2).mean().backward()
+        want.pow(2).mean().backward()
+        torch.testing.assert_close(got, want)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, msg=f"step {step}: {name}.grad")
+    forward, backward = schedules
+    # the forward saves the addmm results for backward (outputs keep their memory); in the
+    # backward the GELU's gradient writes over a dying buffer of its kernel
+    assert not forward.inplace and backward.inplace, str(backward)
