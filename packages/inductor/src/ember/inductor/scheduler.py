@@ -428,7 +428,19 @@ def plan_memory(sched: Schedule) -> None:
     dtype and layout: one that died before the kernel (kernel outputs, and results of externs
     that return fresh tensors), or one the kernel reads for the last time, element by element
     where it writes (:func:`_in_place`). Graph inputs, constants, outputs and whatever an
-    aliasing extern reads or returns keep their memory."""
+    aliasing extern reads or returns keep their memory.
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> from ember.inductor.lowering import lower_graph
+    >>> x, w = torch.randn(4, 8), torch.randn(8, 8)
+    >>> gm = make_fx(lambda x, w: (x @ w).relu() * 2)(x, w)
+    >>> print(schedule(lower_graph(gm, [x, w])))
+    buf0 = extern aten.mm.default(x_1, w_1)
+    kernel0 over [4]
+      stage [8]: buf1[8*x0 + y0] = MUL(MAX(buf0[8*x0 + y0], 0.0), 2.0)
+    in place: buf1<-buf0
+    """
     prog = sched.program
     sched.locals, sched.scratch = _kernel_locals(prog, sched.steps)
     outputs = output_names(prog)
