@@ -353,7 +353,8 @@ def cold(prepared: Prepared, config: str, quick: bool, prefix: str) -> dict[str,
     base = status_kib("VmRSS")
     seconds, result = first_call(prepared.step)
     results = [result] + [prepared.step() for _ in range(CHECK_STEPS[prepared.mode] - 1)]
-    torch.save({"results": results, "state": prepared.state()}, prefix + ".pt")
+    saved = {"results": results, "state": prepared.state(), "grads": prepared.grads()}
+    torch.save({**saved, "drift": prepared.drift(len(results))}, prefix + ".pt")
     timing = steady_state(prepared.step, quick)
     peak = status_kib("VmHWM") - base
     return {

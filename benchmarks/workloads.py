@@ -145,6 +145,7 @@ class Prepared:
     mode: str
     step_fn: Callable[[Callable[..., Any]], Any]
     callable: Callable[..., Any] | None = None
+    optimizer: torch.optim.Optimizer | None = None
 
     def compile(self, make: Callable[[Program], Callable[..., Any]]) -> None:
         self.callable = make(self.program)
@@ -162,6 +163,23 @@ class Prepared:
         if not isinstance(self.program, nn.Module):
             return {}
         return {k: v.detach().clone() for k, v in self.program.state_dict().items()}
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The gradients of the last training step (empty for inference or a function)."""
+        if not isinstance(self.program, nn.Module):
+            return {}
+        named = self.program.named_parameters()
+        return {k: p.grad.detach().clone() for k, p in named if p.grad is not None}
+
+    def drift(self, steps: int) -> float:
+        """How far ``steps`` optimizer steps may move a parameter whose gradient is rounding
+        noise, in two correct implementations: 0, except under Adam and AdamW, which move
+        every parameter by up to ``lr`` a step however small its gradient (attention's key
+        bias has an exact gradient of 0, so its moves follow the rounding of each run)."""
+        opt = self.optimizer
+        if not isinstance(opt, torch.optim.Adam | torch.optim.AdamW):
+            return 0.0
+        return steps * max(float(g["lr"]) for g in opt.param_groups)
 
 
 @dataclass(frozen=True)
@@ -187,7 +205,7 @@ class Workload:
         targets, loss = self.family.targets(quick), self.family.loss
         opt = self.family.optimizer(program.parameters())
         step = lambda fn: _train(fn, inputs, targets, loss, opt)  # noqa: E731
-        return Prepared(program, inputs, self.mode, step)
+        return Prepared(program, inputs, self.mode, step, optimizer=opt)
 
 
 def _infer(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> Any:
