@@ -95,3 +95,31 @@ def test_wrong_results_are_reported_with_the_error(tmp_path):
     assert "results" in verdict["error"]
     assert run.check("infer", reference, reference)["status"] == "ok"
     assert run.check("infer", None, reference)["status"] == "no reference"
+
+
+def test_parameters_after_adam_steps_may_drift_but_gradients_may_not(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+        import workloads
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    bert, mlp = workloads.WORKLOADS["bert-train"], workloads.WORKLOADS["mlp-train"]
+    assert bert.prepare(quick=True).drift(3) == pytest.approx(3e-3)  # AdamW, lr 1e-3
+    assert mlp.prepare(quick=True).drift(3) == 0.0  # SGD: no drift allowed
+
+    def verdict(state: float, grad: float, drift: float) -> str:
+        want, got = tmp_path / "want.pt", tmp_path / "got.pt"
+        base = {"results": [torch.ones(1)], "drift": drift}
+        torch.save({**base, "state": {"b": torch.zeros(2)}, "grads": {"b": torch.zeros(2)}}, want)
+        moved = {
+            "state": {"b": torch.tensor([0.0, state])},
+            "grads": {"b": torch.tensor([0.0, grad])},
+        }
+        torch.save({**base, **moved}, got)
+        reference = {"status": "ok", "tensors": str(want)}
+        return run.check("train", reference, {"status": "ok", "tensors": str(got)})["status"]
+
+    assert verdict(state=1e-3, grad=0.0, drift=3e-3) == "ok"
+    assert verdict(state=1e-3, grad=0.0, drift=0.0) == "wrong"
+    assert verdict(state=0.0, grad=1e-3, drift=3e-3) == "wrong"  # gradients keep their tolerance
