@@ -123,6 +123,7 @@ class AOTCompiled:
     # set when tracing needed a float input's value: the version with floats as constants
     fallback: AOTCompiled | None = None
     _check: bool = field(default_factory=check.enabled)
+    _tensor_slots: list[int] | None = field(default=None, repr=False)
 
     def __call__(self, *args: Any) -> Any:
         if self.fallback is not None:
@@ -130,9 +131,9 @@ class AOTCompiled:
         if self.lifted.constant_positions and not self.lifted.constants_match(args):
             return self.variant(args)(*args)
         inputs = self.lifted.flat_inputs(args)
-        grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in inputs if not self.lifted.floats or isinstance(t, torch.Tensor)
-        )
+        if self._tensor_slots is None:  # which inputs are tensors (the rest are floats)
+            self._tensor_slots = [k for k, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+        grad = torch.is_grad_enabled() and any(inputs[k].requires_grad for k in self._tensor_slots)
         runtime = (self.training if grad else self.inference) or self.build(inputs, grad=grad)
         if runtime is None:
             assert self.fallback is not None
