@@ -50,3 +50,37 @@ def test_rows_cut_differently_share_a_kernel() -> None:
     for got, want in zip(compiled(x), f(x), strict=True):
         torch.testing.assert_close(got, want)
     assert len(_kernels(compiled)) == 1
+
+
+def _targets(compiled: object) -> list[object]:
+    schedule = getattr(compiled, "schedule", None)
+    assert schedule is not None
+    return [s.target for s in schedule.steps if not isinstance(s, Kernel)]
+
+
+def _linear_gelu(x: T, w: T, b: T) -> T:
+    return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) * 3
+
+
+def _linear_kept(x: T, w: T, b: T) -> tuple[T, ...]:
+    h = torch.nn.functional.linear(x, w, b)
+    return h, h.relu()  # h is an output: it must be stored anyway
+
+
+def _linear_viewed(x: T, w: T, b: T) -> T:
+    return torch.nn.functional.linear(x, w, b).view(-1, 4, 8).transpose(1, 2) @ w[:4, :4]
+
+
+def test_the_bias_of_a_linear_layer_is_added_by_its_consumer() -> None:
+    """addmm copies the bias into its output before multiplying; when every user computes
+    on the result, ember calls mm and the consumer's kernel adds the bias as it reads."""
+    x, w, b = torch.randn(8, 32), torch.randn(64, 32), torch.randn(64)
+    aten = torch.ops.aten
+    for fn, want in [
+        (_linear_gelu, [aten.mm.default]),
+        (_linear_kept, [aten.addmm.default]),
+        (_linear_viewed, [aten.addmm.default, aten.bmm.default]),
+    ]:
+        compiled = compile_graph(make_fx(fn)(x, w, b), [x, w, b], {"graph_cache": False})
+        torch.testing.assert_close(compiled(x, w, b), fn(x, w, b))
+        assert _targets(compiled) == want, fn.__name__

@@ -24,7 +24,7 @@ from torch._prims_common import elementwise_dtypes
 
 from ember.inductor.ir import Expr, I, R, Scalar, const, scalar
 from ember.inductor.lower_views import broadcast
-from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
+from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op, Reduce
 
 __all__ = ["cast", "pointwise", "wrap_index"]
@@ -627,6 +627,30 @@ def convert_element_type(ctx: Lowerer, a: Value, dtype: torch.dtype) -> Value:
 @lowering(prims.sum.default)
 def prims_sum(ctx: Lowerer, a: Value, dims: Sequence[int], **kw: Any) -> Value:
     return _reduce(ctx, Reduce.SUM, a, dims, False, _acc(ctx, a))
+
+
+def _is_view(target: Any) -> bool:
+    """An aten op returning a view (``_unsafe_view`` does, though its schema does not say)."""
+    return bool(getattr(target, "is_view", False)) or target is aten._unsafe_view.default
+
+
+@lowering(aten.addmm.default)
+def addmm(ctx: Lowerer, bias: Value, a: Value, b: Value, *, beta: Any = 1, alpha: Any = 1) -> Value:
+    """``bias + a @ b`` as ``torch.mm`` and an add that fuses into the result's consumers.
+
+    aten's addmm first copies the broadcast bias into the output, then accumulates the
+    product into it: a pass over the output that the consumer's kernel (``gelu(x @ w + b)``)
+    does for free. Only when every user computes on the result; a view, an extern or a
+    graph output reading it would need it stored, and then addmm is as good (Fallback)."""
+    node = ctx.node
+    assert node is not None
+    computes = all(
+        u.op == "call_function" and u.target in LOWERINGS and not _is_view(u.target)
+        for u in node.users
+    )
+    if beta != 1 or alpha != 1 or not computes or not isinstance(bias, Value):
+        raise Fallback("addmm kept whole")
+    return pointwise(ctx, _ADD, ctx.extern(node, (a, b), {}, target=aten.mm.default), bias)
 
 
 @lowering(prims.amax.default)

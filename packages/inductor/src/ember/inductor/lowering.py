@@ -345,8 +345,9 @@ class Lowerer:
             return self.realize(value, _dense_strides(arg.meta.get("val")))
         return value
 
-    def extern(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
-        """Run ``node`` with its aten kernel; its results become extern buffers."""
+    def extern(self, node: torch.fx.Node, args: Any, kwargs: Any, target: Any = None) -> Any:
+        """Run ``node`` with its aten kernel (or ``target``'s, which must return what the
+        node does); its results become extern buffers."""
         refs = pytree.tree_map_only(Value, self._extern_arg(node), (args, kwargs))
         meta = node.meta.get("val")
         leaves, spec = pytree.tree_flatten(meta)
@@ -360,7 +361,7 @@ class Lowerer:
             buf = self.new_buffer(m.dtype, Layout(tuple(m.shape), m.stride()))
             results.append(self.buffer_value(buf))
         names = tuple(v.ref.name for v in results if v is not None and v.ref is not None)
-        self.nodes.append(Extern(names, node.target, *refs))
+        self.nodes.append(Extern(names, target or node.target, *refs))
         return pytree.tree_unflatten(results, spec)
 
     def _extern_arg(self, node: torch.fx.Node) -> Callable[[Value], Ref]:
