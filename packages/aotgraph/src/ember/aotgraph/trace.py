@@ -10,9 +10,10 @@ The passes, in order (:func:`trace_joint` and :func:`trace_forward` run them):
 3. ``make_fx`` with the decomposition table traces the joint function
    ``(primals, tangents) -> (outputs, input gradients)``: autograd runs during
    tracing, so the backward formulas land in the graph as aten ops.
-4. ``make_fx`` over ``torch.func.functionalize`` retraces that graph without
-   mutations: in-place ops become out-of-place ones, and writes to inputs become
-   ``copy_`` nodes at the end.
+4. :func:`out_of_place` rewrites in-place ops on fresh intermediates (autograd's
+   gradient accumulation) as their twins; if a mutation is left, ``make_fx`` over
+   ``torch.func.functionalize`` retraces the graph without mutations: in-place ops
+   become out-of-place ones, and writes to inputs become ``copy_`` nodes at the end.
 5. :func:`lift_mutations` turns those ``copy_`` nodes into extra forward outputs
    the runtime writes back; :func:`strip_detach` and dead-code elimination tidy up.
 
@@ -411,6 +412,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     mutable schema): functionalization would give the same graph back.
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    out_of_place(aten_gm)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)
     functional = torch.func.functionalize(aten_gm, remove="mutations")
@@ -421,6 +423,111 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
 def _mutates(node: torch.fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def out_of_place(gm: torch.fx.GraphModule) -> None:
+    """Rewrite in-place ops on fresh intermediates as their out-of-place twins.
+
+    Autograd accumulates the gradient of a value used twice with ``add_`` on a
+    buffer of its own, and RNN cells add their two matmuls in place: without this
+    pass one such node forces the second, functionalizing trace (about a quarter of
+    rnn-train's cold compile). ``y = a.add_(b)`` becomes ``y = a.add(b)``, and the
+    users of ``a`` after it read ``y``, when nothing can observe the difference:
+    ``a`` comes from an op returning a fresh tensor, no op made a view of it, and
+    the twin computes the same dtype, shape and strides (checked on the fake
+    values). Anything else is left for functionalization.
+
+    >>> def f(x):
+    ...     a = x * 2
+    ...     return a.add_(1).sin() + a
+    >>> gm = make_fx(f)(torch.ones(2))
+    >>> out_of_place(gm)
+    >>> print(gm.code.strip())  # doctest: +NORMALIZE_WHITESPACE
+    def forward(self, x_1):
+        mul = torch.ops.aten.mul.Tensor(x_1, 2);  x_1 = None
+        add_tensor = torch.ops.aten.add.Tensor(mul, 1);  mul = None
+        sin = torch.ops.aten.sin.default(add_tensor)
+        add = torch.ops.aten.add.Tensor(sin, add_tensor);  sin = add_tensor = None
+        return add
+    """
+    graph = gm.graph
+    order = {node: k for k, node in enumerate(graph.nodes)}
+    changed = False
+    for node in list(graph.nodes):
+        twin = _functional_twin(node)
+        if twin is None:
+            continue
+        a = node.args[0]
+        if not (isinstance(a, torch.fx.Node) and _fresh(a) and not _viewed(a)):
+            continue
+        fakes = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"), node.args)
+        try:
+            value = twin(*fakes, **node.kwargs)
+        except Exception:
+            continue
+        have: torch.Tensor = a.meta["val"]  # a tensor: _fresh checked
+        same = isinstance(value, torch.Tensor) and (value.dtype, value.shape, value.stride()) == (
+            have.dtype,
+            have.shape,
+            have.stride(),
+        )
+        if not same:
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(twin, node.args, node.kwargs)
+        new.meta = {**node.meta, "val": value}
+        for user in list(a.users):
+            if user is not node and user in order and order[user] > order[node]:
+                user.replace_input_with(a, new)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        order[new] = order[node]
+        changed = True
+    if changed:
+        gm.recompile()
+
+
+def _functional_twin(node: torch.fx.Node) -> Any:
+    """``aten.add.Tensor`` for an ``aten.add_.Tensor`` node that writes its first argument
+    only; None for any other node."""
+    target = node.target
+    if not (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable):
+        return None
+    schema = target._schema
+    writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(writes) != 1 or writes[0] is not schema.arguments[0] or node.kwargs.get("out"):
+        return None
+    name = target._schema.name.split("::")[-1]
+    if not name.endswith("_") or name.endswith("__"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    twin = getattr(packet, target._overloadname, None) if packet is not None else None
+    if twin is None or twin._schema.is_mutable:
+        return None
+    return twin
+
+
+def _fresh(node: torch.fx.Node) -> bool:
+    """``node`` is a tensor made by an op that returns new memory (no alias, no mutation)."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    fresh = not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+    return fresh and isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _viewed(node: torch.fx.Node) -> bool:
+    """An op other than an in-place one on ``node`` returns memory shared with it."""
+    for user in node.users:
+        target = user.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return True  # getitem, a Python call: cannot tell
+        if _functional_twin(user) is not None and user.args[0] is node:
+            continue
+        if target._schema.is_mutable or any(r.alias_info for r in target._schema.returns):
+            return True
+    return False
 
 
 def trace_joint(
