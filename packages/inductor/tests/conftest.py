@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -19,3 +20,28 @@ def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ.pop("EMBER_CACHE_DIR", None)
     else:
         os.environ["EMBER_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def in_threads() -> Callable[[Callable[[int], None]], None]:
+    """Run ``work(seed)`` on 4 threads at once; re-raise the first failure in the test.
+
+    An assertion failing on a worker thread would otherwise only print a warning."""
+
+    def run(work: Callable[[int], None]) -> None:
+        errors: list[BaseException] = []
+
+        def guarded(seed: int) -> None:
+            try:
+                work(seed)
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=guarded, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+
+    return run

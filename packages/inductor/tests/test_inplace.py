@@ -3,7 +3,6 @@ against eager."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -159,7 +158,7 @@ def test_no_write_over_what_an_aliasing_extern_returns() -> None:
     assert _externs(sched) and sched.inplace == {} and sched.reuse == {}
 
 
-def test_in_place_pooled_wrapper_is_thread_safe() -> None:
+def test_in_place_pooled_wrapper_is_thread_safe(in_threads: Any) -> None:
     def f(x: T, w: T) -> T:
         a = (x.cos() @ w).relu() * 2  # x.cos(): pooled; a: in place over the matmul
         return (a @ w).sum(0)
@@ -167,24 +166,15 @@ def test_in_place_pooled_wrapper_is_thread_safe() -> None:
     w = torch.randn(16, 16)
     compiled, sched = _compile(f, torch.randn(8, 16), w)
     assert sched.inplace and "_pool.pop()" in compiled.wrapper
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        try:
-            for _ in range(50):
-                x = torch.randn(8, 16, generator=g)
-                # sums of products of ~30: eager's matmul may block differently under load
-                torch.testing.assert_close(compiled(x, w), f(x, w), rtol=1e-4, atol=1e-4)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(50):
+            x = torch.randn(8, 16, generator=g)
+            # sums of products of ~30: eager's matmul may block differently under load
+            torch.testing.assert_close(compiled(x, w), f(x, w), rtol=1e-4, atol=1e-4)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(work)
 
 
 class _Block(nn.Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+from typing import Any
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -34,24 +34,15 @@ def test_pooled_intermediates_never_reach_the_caller() -> None:
             torch.testing.assert_close(g, want)
 
 
-def test_pooled_wrapper_is_thread_safe() -> None:
+def test_pooled_wrapper_is_thread_safe(in_threads: Any) -> None:
     compiled, w, w2 = _compiled()
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        try:
-            for _ in range(50):
-                x = torch.randn(8, 16, generator=g)
-                got_want = zip(compiled(x, w, w2), _two_layers(x, w, w2), strict=True)  # type: ignore[operator]
-                for got, want in got_want:
-                    torch.testing.assert_close(got, want)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(50):
+            x = torch.randn(8, 16, generator=g)
+            got_want = zip(compiled(x, w, w2), _two_layers(x, w, w2), strict=True)  # type: ignore[operator]
+            for got, want in got_want:
+                torch.testing.assert_close(got, want)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(work)
