@@ -81,9 +81,12 @@ GuardSet of 14 guards:
 def __ember_make():
     def __ember_fn(__ember_a0, __ember_a1, __ember_a2, __ember_compiled, __ember_unhooked, __ember_G, __ember_c, __ember_B):
         __ember_o = __ember_unhooked(__ember_compiled, __ember_a0)
-        __ember_B.setattr(__ember_a2, 'calls', 1)
-        __ember_a1[:] = [__ember_o[1]]
-        return (__ember_h1 := {'out': __ember_o[0], 'n': 1})
+        __ember_t0 = __ember_a2; __ember_v0 = 1
+        __ember_t1 = __ember_a1; __ember_v1 = [__ember_o[1]]
+        __ember_r = (__ember_h1 := {'out': __ember_o[0], 'n': 1})
+        __ember_B.setattr(__ember_t0, 'calls', __ember_v0)
+        __ember_t1[:] = __ember_v1
+        return __ember_r
     return __ember_fn""",
         )
 
@@ -127,7 +130,7 @@ GuardSet of 10 guards:
   TENSOR_MATCH  y: Tensor(torch.float32, cpu, size=(3,), stride=(1,))  # test_golden.py:41
 def __ember_make():
     def __ember_fn(__ember_a0, __ember_a1, __ember_a2, __ember_a3, __ember_a4, __ember_compiled, __ember_unhooked, __ember_G, __ember_c, __ember_B):
-        __ember_o = __ember_unhooked(__ember_compiled, __ember_a4)
-        return (__ember_o[0], __ember_a4)
+        __ember_o = __ember_unhooked(__ember_compiled, __ember_a3)
+        return (__ember_o[0], __ember_a3)
     return __ember_fn""",
         )

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding
+from ember.capture import guarding, trace_rules
 from ember.capture.builder import is_constant, wrap
-from ember.capture.calls import function_value, is_library_file
+from ember.capture.calls import function_value
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
@@ -186,7 +186,7 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     if name in fields:
         return v.items[fields.index(name)]
     found = inspect.getattr_static(cls, name, None)
-    if isinstance(found, types.FunctionType) and not is_library_file(found.__code__.co_filename):
+    if trace_rules.traceable(found):
         return BoundV(function_value(fs, found, None), v)  # a user method
     if name in ("_fields", "_field_defaults") or is_constant(found):
         return Const(getattr(cls, name))

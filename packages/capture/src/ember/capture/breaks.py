@@ -182,9 +182,9 @@ def resume_code(
 ) -> types.CodeType:
     """The code that continues ``code`` at instruction ``target`` (cached).
 
-    Its arguments are the stack values (bottom first; ``kinds`` says which are
-    iterators, passed as lists, and where NULLs go, not passed), the ``live``
-    locals, then the contents of the bound cell variables ``cells``.
+    Its arguments are the ``live`` locals, the contents of the bound cell variables
+    ``cells``, then the stack values (bottom first; ``kinds`` says which are
+    iterators, passed as lists, and where NULLs go, not passed).
     """
     origin = _RESUME_ORIGIN.get(code)
     if origin is not None:  # a resume function breaking again: continue the original code
@@ -205,7 +205,9 @@ def resume_code(
         replaced = dataclasses.replace(target_instr, label=label)
         body = [replaced if i is target_instr else i for i in body]
     stack_names = tuple(f"{PREFIX}s{k}" for k, kind in enumerate(kinds) if kind != NULL_SLOT)
-    args = stack_names + live + tuple(cell_argument(n) for n in cells)
+    # Locals first: the frame's first argument stays the first one, where a zero-argument
+    # super() looks for it (with the __class__ cell the resume function shares).
+    args = live + tuple(cell_argument(n) for n in cells) + stack_names
     prologue = _prologue(code, with_cells=True)
     for name in cells:
         prologue += [Instr("LOAD_FAST", cell_argument(name)), Instr("STORE_DEREF", name)]
@@ -399,7 +401,7 @@ def _results(ins: Instr) -> int:
 def _call_resume(
     resume: types.FunctionType, kinds: tuple[int, ...], live: tuple[str, ...]
 ) -> list[Instr]:
-    """Collect the stack and live locals and ``return resume(*stack, *locals)``.
+    """Collect the stack and live locals and ``return resume(*locals, *stack)``.
 
     Iterators go as lists of their remaining items (``list(it)``).
     """
@@ -416,7 +418,7 @@ def _call_resume(
             out.append(Instr("LOAD_FAST", t))
     out.append(Instr("BUILD_TUPLE", sum(kind != NULL_SLOT for kind in kinds)))
     out += [Instr("LOAD_FAST", n) for n in live]
-    out += [Instr("BUILD_TUPLE", len(live)), Instr("BINARY_OP", 0)]  # stack + locals
+    out += [Instr("BUILD_TUPLE", len(live)), Instr("SWAP", 2), Instr("BINARY_OP", 0)]
     out += [Instr("PUSH_NULL"), Instr("SWAP", 2), Instr("LOAD_CONST", resume), Instr("SWAP", 2)]
     out += [Instr("CALL_FUNCTION_EX", 0), Instr("RETURN_VALUE")]
     return out

@@ -141,6 +141,8 @@ def _wrap_tuple(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 
 def _wrap_list(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if type(obj) is not list:  # a subclass: its own methods
+        return _wrap_object(tracer, obj, source)
     if id(obj) in tracer.containers:  # the same list reached again: the same value
         return tracer.containers[id(obj)][1]
     if source is not None:
@@ -156,6 +158,8 @@ def _wrap_list(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 
 def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
+    if type(obj) is not dict:  # a subclass (OrderedDict, a ModelOutput): its own methods
+        return _wrap_object(tracer, obj, source)
     if not all(is_constant(k) for k in obj):
         raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
     if id(obj) in tracer.containers:  # the same dict reached again: the same value

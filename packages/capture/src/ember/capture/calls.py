@@ -10,15 +10,13 @@ builtins and container methods are modelled in :mod:`ember.capture.pyrules`.
 from __future__ import annotations
 
 import inspect
-import os
-import sysconfig
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ember.capture import guarding, hook, markers
+from ember.capture import guarding, hook, markers, trace_rules
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported, decode
@@ -42,24 +40,6 @@ from ember.capture.values import (
 )
 
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
-_STDLIB = (
-    *(os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")),
-    "<frozen ",
-)
-_SITE = tuple(os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib"))
-_TORCH = os.path.join(os.path.dirname(torch.__file__), "")
-
-
-def is_library_file(filename: str) -> bool:
-    """Code of the standard library or an installed package other than torch (whose
-    ``nn`` modules ember inlines); such functions are called natively, not inlined.
-
-    >>> is_library_file(os.__file__), is_library_file(torch.nn.Linear.forward.__code__.co_filename)
-    (True, False)
-    """
-    if filename.startswith(_TORCH):  # (site-packages may sit inside the stdlib folder)
-        return False
-    return filename.startswith(_STDLIB) or filename.startswith(_SITE)
 
 
 CO_UNTRACEABLE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
@@ -145,10 +125,14 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
     code = func.code
     if code.co_flags & CO_UNTRACEABLE:
         raise Unsupported(f"calling coroutine function {code.co_name}", "call")
-    if is_library_file(code.co_filename):
-        # Library code (dataclasses, typing, ...) introspects objects in ways ember does not
-        # model faithfully: call it natively instead (a graph break) rather than inline it.
-        raise Unsupported(f"call to library function {code.co_qualname}", "call")
+    row = trace_rules.lookup(trace_rules.module_of(func.globals))
+    if row.action == trace_rules.SKIP:
+        # The trace rules say this module runs natively: the call is a graph break.
+        raise Unsupported(
+            f"call to {code.co_qualname}, which ember runs natively ({row.prefix}: {row.reason})",
+            "call",
+            f"ember.compiler.set_trace_rule({row.prefix!r}, 'trace', ...) traces it",
+        )
     if (
         func.fn is not None
         and not func.defaults
@@ -334,7 +318,7 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
         isinstance(f, ObjV)
         and not isinstance(obj, type)
         and isinstance(call, types.FunctionType)
-        and not is_library_file(call.__code__.co_filename)
+        and trace_rules.traceable(call)
     ):  # a user object with a __call__ method: inlined like any method
         return inline(fs, function_value(fs, call, None), [f, *args], kwargs)
     return call_python_object(fs, obj, args, kwargs)
@@ -359,7 +343,7 @@ def _call_instance(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
     """Calling an instance made while tracing: its class's ``__call__``, inlined."""
     assert isinstance(f, InstanceV)
     call = inspect.getattr_static(f.cls, "__call__", None)
-    if not isinstance(call, types.FunctionType) or is_library_file(call.__code__.co_filename):
+    if not trace_rules.traceable(call):
         raise Unsupported(f"calling a {f.cls.__name__} (no Python __call__)", "call")
     return inline(fs, function_value(fs, call, None), [f, *args], kwargs)
 

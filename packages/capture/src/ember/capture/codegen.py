@@ -213,34 +213,43 @@ def _part_expr(part: Part, constants: list[Any], shared: set[int], names: dict[s
 
 def _effect_lines(
     effects: list[tuple[Any, ...]], constants: list[Any], shared: set[int], names: dict[str, str]
-) -> list[str]:
-    """Statements replaying the frame's side effects, in program order."""
+) -> tuple[list[str], list[str]]:
+    """Statements replaying the frame's side effects, in program order, in two phases.
+
+    The first phase evaluates every object and value the effects need, the second
+    performs the effects. Values are read before anything is mutated, so a value that is
+    read from a container the frame mutates (``kwargs.pop("a")`` returned, or stored
+    elsewhere) is the one the frame saw, however the effects are ordered.
+    """
 
     def expr(part: Part) -> str:
         return _part_expr(part, constants, shared, names)
 
-    lines = []
-    for effect in effects:
-        kind = effect[0]
+    reads: list[str] = []
+    writes: list[str] = []
+    for n, effect in enumerate(effects):
+        kind, value = effect[0], f"{PREFIX}v{n}"
         if kind == "setattr":
-            _, source, name, value = effect
-            lines.append(
-                f"{PREFIX}B.setattr({source_expr(source, names)}, {name!r}, {expr(value)})"
-            )
+            _, source, name, part = effect
+            reads.append(f"{PREFIX}t{n} = {source_expr(source, names)}; {value} = {expr(part)}")
+            writes.append(f"{PREFIX}B.setattr({PREFIX}t{n}, {name!r}, {value})")
         elif kind == "global":
-            lines.append(f"{PREFIX}G[{effect[1]!r}] = {expr(effect[2])}")
+            reads.append(f"{value} = {expr(effect[2])}")
+            writes.append(f"{PREFIX}G[{effect[1]!r}] = {value}")
         elif kind == "cell":
-            lines.append(f"{effect[1]} = {expr(effect[2])}")
+            reads.append(f"{value} = {expr(effect[2])}")
+            writes.append(f"{effect[1]} = {value}")
         elif kind == "list":
             items = ", ".join(expr(p) for p in effect[2])
-            lines.append(f"{source_expr(effect[1], names)}[:] = [{items}]")
+            reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}; {value} = [{items}]")
+            writes.append(f"{PREFIX}t{n}[:] = {value}")
         elif kind == "dict":
-            target = source_expr(effect[1], names)
             items = ", ".join(f"{k!r}: {expr(p)}" for k, p in effect[2])
-            lines.append(f"{PREFIX}d = {target}; {PREFIX}d.clear(); {PREFIX}d.update({{{items}}})")
+            reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}; {value} = {{{items}}}")
+            writes.append(f"{PREFIX}t{n}.clear(); {PREFIX}t{n}.update({value})")
         else:
             raise AssertionError(kind)
-    return lines
+    return reads, writes
 
 
 def switches_grad_mode(graph: torch.fx.Graph) -> bool:
@@ -285,7 +294,7 @@ def generate(
     constants: list[Any] = []
     shared: set[int] = set()
     inputs = ", ".join(source_expr(s, names) for s in input_sources)
-    replay = _effect_lines(effects or [], constants, shared, names)
+    reads, writes = _effect_lines(effects or [], constants, shared, names)
     result = _part_expr(output, constants, shared, names)
     rebound = sorted({e[1] for e in effects or [] if e[0] == "cell"})
     freevars = code.co_freevars
@@ -301,7 +310,11 @@ def generate(
         lines.append(f"        if False: ({', '.join(freevars)},)")
     call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
     lines += [f"        {line}" for line in _call_lines(call, restore_grad_mode)]
-    lines += [f"        {line}" for line in replay]
+    lines += [f"        {line}" for line in reads]
+    if writes:  # the result is read before the frame's mutations are replayed, too
+        lines.append(f"        {PREFIX}r = {result}")
+        lines += [f"        {line}" for line in writes]
+        result = f"{PREFIX}r"
     lines.append(f"        return {result}")
     lines.append(f"    return {PREFIX}fn")
     text = "\n".join(lines) + "\n"

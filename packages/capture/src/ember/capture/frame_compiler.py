@@ -3,8 +3,9 @@
 A :class:`FrameCompiler` is what ``ember.compiler.compile`` installs for the
 duration of a compiled call. On a cache miss it:
 
-1. skips code ember never compiles (torch's and the standard library's own
-   files, unless the code is what the user asked to compile);
+1. skips code whose module the trace rules say CPython runs (:mod:`ember.capture.trace_rules`:
+   torch's and the standard library's own code, ember's), unless it is the code the user
+   asked to compile;
 2. asks the code's :class:`ember.guards.CodeCache` whether to recompile (and
    records why) or to run eagerly (cache limit reached);
 3. translates the frame into a graph (:func:`ember.capture.translate.translate`);
@@ -18,8 +19,6 @@ A frame that cannot be captured runs eagerly with its reason recorded in
 
 from __future__ import annotations
 
-import os
-import sysconfig
 import time
 import types
 import weakref
@@ -29,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import breaks, bytecode_311, codegen, hook
+from ember.capture import breaks, bytecode_311, codegen, hook, trace_rules
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.tracer import Location, Unsupported
 from ember.capture.translate import Translation, translate
@@ -81,19 +80,6 @@ class Stats:
         return len(self.compiled)
 
 
-# Code ember never compiles unless it is the code the user asked to compile: torch's
-# own, the standard library's, and installed third-party packages' (site-packages).
-_SKIPPED_DIRS = (
-    *sorted(
-        os.path.join(p, "")
-        for p in {
-            os.path.dirname(torch.__file__),
-            *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
-        }
-    ),
-    "<frozen ",  # frozen standard-library modules (codecs, os, ...)
-)
-
 _caches: weakref.WeakKeyDictionary[types.CodeType, CodeCache[Any]] = weakref.WeakKeyDictionary()
 
 
@@ -128,8 +114,8 @@ class FrameCompiler:
 
     def __call__(self, frame: Frame) -> CacheEntry | Decision:
         code = frame.code
-        if code not in self.entry_codes and code.co_filename.startswith(_SKIPPED_DIRS):
-            return Decision.SKIP
+        if code not in self.entry_codes and not trace_rules.compiles_frames(frame.globals):
+            return Decision.SKIP  # the trace rules say CPython runs this module's frames
         cache = code_cache(code)
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return Decision.RUN

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import functools
 import operator
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ember.capture import trace_rules
 from ember.capture.builder import TRUSTED_MODULE_PREFIXES
 from ember.capture.pyrules import (
     OBJECT_KINDS,
@@ -117,7 +117,7 @@ def _reduce(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value:
     """``cls(*args, **kwargs)`` for a plain user class: a new instance, ``__init__`` inlined."""
-    from ember.capture.calls import function_value, inline, is_library_file
+    from ember.capture.calls import function_value, inline
 
     instance = InstanceV(cls, fs.tracer.heap.new({}))
     init: Any = getattr(cls, "__init__")  # noqa: B009 (mypy: an instance's __init__ is unsound)
@@ -125,7 +125,7 @@ def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value
         if args or kwargs:
             raise Unsupported(f"{cls.__name__}() takes no arguments")
         return instance
-    if not isinstance(init, types.FunctionType) or is_library_file(init.__code__.co_filename):
+    if not trace_rules.traceable(init):
         raise Unsupported(f"{cls.__name__}.__init__ is not Python code ember follows", "call")
     init_value = function_value(fs, init, None)
     if not _is_none(inline(fs, init_value, [instance, *args], kwargs)):

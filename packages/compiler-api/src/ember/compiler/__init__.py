@@ -27,6 +27,7 @@ from ember.capture.markers import (
     graph_break,
     is_compiling,
 )
+from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
@@ -52,6 +53,7 @@ __all__ = [
     "lookup_backend",
     "register_backend",
     "reset",
+    "set_trace_rule",
 ]
 
 

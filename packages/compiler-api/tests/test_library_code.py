@@ -1,0 +1,213 @@
+"""Library code is traced like user code; the trace rules say what runs natively.
+
+Also the Python that libraries lean on: mutations of ``**kwargs`` and dict arguments
+replayed with the values the frame read, and zero-argument ``super()`` after a break.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+import ember.compiler
+from ember.capture import trace_rules
+from ember.compiler.testing import CompileCounter
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    ember.compiler.reset()
+    yield
+    ember.compiler.reset()
+
+
+def _fake_library(name: str, source: str) -> types.ModuleType:
+    """A module registered in sys.modules, as an installed package's module would be."""
+    module = types.ModuleType(name)
+    exec(compile(source, f"/site-packages/{name.replace('.', '/')}.py", "exec"), module.__dict__)
+    sys.modules[name] = module
+    return module
+
+
+LIBRARY = """
+import torch
+
+def helper(x):
+    return torch.relu(x) * 2
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, **kwargs):
+        scale = kwargs.pop("scale", 1.0)
+        return helper(self.lin(x)) * scale
+"""
+
+
+@pytest.fixture
+def library():
+    module = _fake_library("fakelib_ember_test", LIBRARY)
+    yield module
+    del sys.modules["fakelib_ember_test"]
+    trace_rules.remove_rule("fakelib_ember_test")
+
+
+def test_a_third_party_model_is_one_graph(library):
+    model = library.Block()
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x, scale=3.0), model(x, scale=3.0))
+    assert counter.frame_count == 1 and counter.op_count >= 3
+
+
+def test_a_skip_rule_makes_the_library_call_a_break_there(library):
+    ember.compiler.set_trace_rule("fakelib_ember_test", "skip", "for the test")
+
+    def f(x):
+        return library.helper(x.sin()).cos()
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert counter.frame_count == 2  # before and after the call; the call ran natively
+    (only_break,) = compiled.stats.breaks
+    assert "fakelib_ember_test: for the test" in only_break.reason
+    assert "set_trace_rule" in only_break.hint
+
+
+def test_trace_rule_table_rows_and_errors():
+    assert trace_rules.lookup("threading").action == "skip"
+    assert trace_rules.lookup("torch.optim.adam").action == "inline"
+    assert trace_rules.lookup("einops.einops").action == "trace"
+    with pytest.raises(ValueError, match="action must be"):
+        ember.compiler.set_trace_rule("x", "sometimes", "why")
+    with pytest.raises(ValueError, match="needs a reason"):
+        ember.compiler.set_trace_rule("x", "skip", "")
+
+
+# -- dict mutations are replayed with the values the frame read -----------------------------
+
+
+def same(got, expected):
+    """Tensors compared with assert_close, containers item by item, the rest with ==."""
+    assert type(got) is type(expected), (got, expected)
+    if isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(got, expected)
+    elif isinstance(expected, list | tuple):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            same(g, e)
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for k in expected:
+            same(got[k], expected[k])
+    else:
+        assert got == expected
+
+
+def _check(fn, *make_args):
+    """Compile ``fn``; compare result and the mutated arguments with eager, three calls."""
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(fn, backend=counter)
+    for _ in range(3):
+        eager_args, ember_args = make_args[0](), make_args[0]()
+        expected = fn(*eager_args)
+        got = compiled(*ember_args)
+        same(got, expected)
+        same(ember_args, eager_args)
+    return counter
+
+
+def test_kwargs_pop_then_return_the_popped_value():
+    def f(x, **kwargs):
+        flag = kwargs.pop("flag")
+        other = kwargs.pop("missing", None)
+        return x + 1, flag, other, kwargs
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter, fullgraph=True)
+    x = torch.ones(2)
+    got = compiled(x, flag="on", keep=3)
+    same(got, f(x, flag="on", keep=3))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.pop("a"),
+        lambda d: d.__setitem__("a", d["b"]),
+        lambda d: d.update(c=d["a"]),
+        lambda d: d.__delitem__("b"),
+        lambda d: d.clear(),
+        lambda d: d.setdefault("z", d["a"]),
+    ],
+    ids=["pop", "setitem", "update", "del", "clear", "setdefault"],
+)
+def test_dict_argument_mutations_keep_the_values_read(mutate):
+    def f(x, d):
+        a, b = d["a"], d["b"]
+        mutate(d)
+        return x * 2, a, b
+
+    _check(f, lambda: (torch.ones(2), {"a": torch.ones(1), "b": torch.zeros(1)}))
+
+
+def test_dict_held_by_a_module_mutated_and_read():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cache = {"k": torch.ones(2)}
+
+        def forward(self, x):
+            old = self.cache.pop("k")
+            self.cache["k"] = x + old
+            return old * 3
+
+    eager, model = M(), M()
+    compiled = ember.compiler.compile(model, backend="eager")
+    x = torch.randn(2)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), eager(x))
+        same(model.cache, eager.cache)
+
+
+def test_views_taken_before_a_mutation():
+    def f(x, d):
+        keys = list(d.keys())
+        values = list(d.values())
+        d.pop("a")
+        d["n"] = x
+        return keys, values[0] + x, len(d)
+
+    _check(f, lambda: (torch.ones(2), {"a": torch.full((2,), 2.0), "b": 1}))
+
+
+# -- zero-argument super() --------------------------------------------------------------------
+
+
+class _Base(torch.nn.Module):
+    def scale(self, x):
+        return x * 2
+
+
+class _Child(_Base):
+    def scale(self, x):
+        x = x + 1
+        print("break")  # a graph break: the rest runs in a resume function
+        return super().scale(x) - 1
+
+
+def test_zero_argument_super_in_a_resume_function(capsys):
+    model = _Child()
+    compiled = ember.compiler.compile(model.scale, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), model.scale(x))
+    assert len(compiled.stats.breaks) == 1 and not compiled.stats.failures
