@@ -76,7 +76,43 @@ def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
         raise Unsupported(TENSOR_UNSUPPORTED[name], "tensor-attribute")
     if callable(getattr(torch.Tensor, name, None)):
         return MethodV(v, name)
+    if not hasattr(torch.Tensor, name):
+        raise no_attribute("Tensor", name)
     raise Unsupported(f"tensor attribute .{name}", "tensor-attribute")
+
+
+def _class_attribute(
+    fs: FrameState, v: Value, obj: Any, name: str, cls_attr: Any, src: Any
+) -> Value:
+    """An attribute found on the class of ``obj`` (``cls_attr`` as the class's dict holds it,
+    not yet bound): a method, a property, a static or class method, or a class value."""
+    if isinstance(cls_attr, types.FunctionType):
+        return MethodV(v, name)
+    if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, cls_attr.fget, None), [v], {})
+    if isinstance(cls_attr, staticmethod):
+        return wrap(fs.tracer, cls_attr.__func__, None)
+    if isinstance(cls_attr, classmethod):
+        return BoundV(wrap(fs.tracer, cls_attr.__func__, None), wrap(fs.tracer, type(obj), None))
+    if isinstance(cls_attr, types.BuiltinFunctionType | types.MethodDescriptorType):
+        return MethodV(v, name)
+    if isinstance(cls_attr, types.WrapperDescriptorType | types.MethodWrapperType):
+        return MethodV(v, name)
+    if isinstance(cls_attr, types.GetSetDescriptorType | types.MemberDescriptorType):
+        # A C-level field (``__slots__`` member, ``__class__``, ``__dict__``): read for real,
+        # guarded through its source like any other read.
+        return wrap(fs.tracer, cls_attr.__get__(obj, type(obj)), src)
+    if hasattr(type(cls_attr), "__get__"):
+        raise Unsupported(f"the descriptor {type(obj).__name__}.{name}", "attribute")
+    return wrap(fs.tracer, cls_attr, src)
+
+
+def no_attribute(what: str, name: str) -> Unsupported:
+    """Reading ``name`` would raise AttributeError (``getattr`` with a default and
+    ``hasattr`` catch exactly this category; any other reason is a break)."""
+    return Unsupported(f"{what} has no attribute {name!r}", "no-attribute")
 
 
 def _module_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -87,30 +123,7 @@ def _module_attr(fs: FrameState, v: Value, name: str) -> Value:
         if name in store.get(table, {}):
             child = guarding.module_child(v.source, name, table) if v.source is not None else None
             return wrap(fs.tracer, store[table][name], child)
-    if name in store:
-        return wrap(fs.tracer, store[name], src)
-    cls_attr = getattr(type(module), name, _MISSING)
-    if cls_attr is _MISSING:
-        raise Unsupported(f"{type(module).__name__} has no attribute {name!r}", "attribute")
-    return _class_attribute(fs, v, module, name, cls_attr, src)
-
-
-def _class_attribute(
-    fs: FrameState, v: Value, obj: Any, name: str, cls_attr: Any, src: Any
-) -> Value:
-    """An attribute found on the class of ``obj``: a method, a property, or a class value."""
-    if isinstance(cls_attr, types.FunctionType):
-        return MethodV(v, name)
-    if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
-        from ember.capture.calls import call_value
-
-        fget = FuncV(cls_attr.fget.__code__, cls_attr.fget.__globals__, fn=cls_attr.fget)
-        return call_value(fs, fget, [v], {})
-    if isinstance(cls_attr, staticmethod | classmethod):
-        return wrap(fs.tracer, getattr(obj, name), None)
-    if isinstance(cls_attr, types.BuiltinFunctionType | types.MethodDescriptorType):
-        return MethodV(v, name)
-    return wrap(fs.tracer, cls_attr, src)
+    return generic_attr(fs, v, module, name, src)
 
 
 def _object_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -121,20 +134,49 @@ def _object_attr(fs: FrameState, v: Value, name: str) -> Value:
         try:
             value = getattr(obj, name)
         except AttributeError:
-            raise Unsupported(f"{obj!r} has no attribute {name!r}", "attribute") from None
+            raise no_attribute(repr(obj), name) from None
+        if isinstance(obj, type) and isinstance(inspect.getattr_static(obj, name), classmethod):
+            return BoundV(wrap(fs.tracer, value.__func__, None), v)
         return wrap(fs.tracer, value, src)
+    getattribute = inspect.getattr_static(type(obj), "__getattribute__")
+    if getattribute is not _OBJECT_GETATTRIBUTE and trace_rules.traceable(getattribute):
+        from ember.capture.calls import call_value  # a Python __getattribute__: traced
+
+        return call_value(fs, function_value(fs, getattribute, None), [v, Const(name)], {})
+    return generic_attr(fs, v, obj, name, src)
+
+
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+
+
+def generic_attr(
+    fs: FrameState, v: Value, obj: Any, name: str, src: Any, use_getattr: bool = True
+) -> Value:
+    """``object.__getattribute__(obj, name)``, then (``use_getattr``) the class's
+    ``__getattr__``: data descriptors on the class, the instance's ``__dict__``, then the
+    class's attributes."""
+    cls = type(obj)
+    if name == "__class__":
+        return wrap(fs.tracer, cls, src)
+    cls_attr = inspect.getattr_static(cls, name, _MISSING)
+    is_data_descriptor = hasattr(type(cls_attr), "__set__") or hasattr(type(cls_attr), "__delete__")
+    if cls_attr is not _MISSING and is_data_descriptor:
+        return _class_attribute(fs, v, obj, name, cls_attr, src)
     instance_dict = getattr(obj, "__dict__", None)
     if isinstance(instance_dict, dict) and name in instance_dict:
         return wrap(fs.tracer, instance_dict[name], src)
-    static = inspect.getattr_static(type(obj), name, _MISSING)
-    if isinstance(static, staticmethod):  # getattr would hand back the bare function
-        return wrap(fs.tracer, static.__func__, None)
-    cls_attr = getattr(type(obj), name, _MISSING)
     if cls_attr is not _MISSING:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field
         return wrap(fs.tracer, getattr(obj, name), src)
-    raise Unsupported(f"attribute {name!r} of {type(obj).__name__}", "attribute")
+    getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
+    if use_getattr and getattr_fn is not None and not isinstance(obj, torch.nn.Module):
+        if not trace_rules.traceable(getattr_fn):
+            raise Unsupported(f"{cls.__name__}.__getattr__ for .{name}", "attribute")
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, getattr_fn, None), [v, Const(name)], {})
+    raise no_attribute(f"{cls.__name__} object", name)
 
 
 def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -145,7 +187,7 @@ def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
         return own[name]  # type: ignore[no-any-return]
     found = inspect.getattr_static(v.cls, name, _MISSING)
     if found is _MISSING:
-        raise Unsupported(f"{v.cls.__name__} object has no attribute {name!r}", "attribute")
+        raise no_attribute(f"{v.cls.__name__} object", name)
     if isinstance(found, staticmethod):
         return wrap(fs.tracer, found.__func__, None)
     if isinstance(found, classmethod):
@@ -193,11 +235,32 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     return MethodV(v, name)
 
 
+# Function attributes read as constants; the function itself is guarded by identity, and
+# these by their own source (a replaced ``__code__`` or ``__defaults__`` recompiles).
+FUNCTION_ATTRS = frozenset(
+    {
+        "__name__", "__qualname__", "__module__", "__doc__", "__code__", "__defaults__",
+        "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__", "__closure__",
+    }
+)  # fmt: skip
+
+
 def _function_attr(fs: FrameState, v: Value, name: str) -> Value:
     assert isinstance(v, FuncV)
-    if v.fn is not None and name in ("__name__", "__qualname__", "__module__", "__doc__"):
-        return Const(getattr(v.fn, name))
-    raise Unsupported(f"attribute {name!r} of a function", "attribute")
+    if v.fn is None:
+        raise Unsupported(f"attribute {name!r} of a function made in compiled code", "attribute")
+    src = guarding.attr(v.source, name) if v.source is not None else None
+    if name in v.fn.__dict__:  # set on the function (functools.wraps' __wrapped__)
+        return wrap(fs.tracer, v.fn.__dict__[name], src)
+    if name not in FUNCTION_ATTRS or not hasattr(v.fn, name):
+        if not hasattr(v.fn, name):
+            raise no_attribute("function", name)
+        raise Unsupported(f"attribute {name!r} of a function", "attribute")
+    value = getattr(v.fn, name)
+    if name in ("__code__", "__closure__") and src is not None:
+        fs.tracer.guards.identity(src, value)
+        return Const(value, source=src)
+    return wrap(fs.tracer, value, src)
 
 
 def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -212,9 +275,11 @@ def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
         if name in klass.__dict__:
             found = klass.__dict__[name]
             if isinstance(found, types.FunctionType):
-                return BoundV(FuncV(found.__code__, found.__globals__, fn=found), obj)
+                return BoundV(function_value(fs, found, None), obj)
+            if isinstance(found, types.WrapperDescriptorType | types.MethodDescriptorType):
+                return BoundV(ObjV(found), obj)  # object.__setattr__, dict.__setitem__, ...
             return wrap(fs.tracer, getattr(super(v.cls, real), name), None)
-    raise Unsupported(f"super() has no attribute {name!r}", "attribute")
+    raise no_attribute("super()", name)
 
 
 def _number_attr(fs: FrameState, v: Value, name: str) -> Value:

@@ -205,9 +205,7 @@ def resume_code(
         replaced = dataclasses.replace(target_instr, label=label)
         body = [replaced if i is target_instr else i for i in body]
     stack_names = tuple(f"{PREFIX}s{k}" for k, kind in enumerate(kinds) if kind != NULL_SLOT)
-    # Locals first: the frame's first argument stays the first one, where a zero-argument
-    # super() looks for it (with the __class__ cell the resume function shares).
-    args = live + tuple(cell_argument(n) for n in cells) + stack_names
+    args = carried_order(code, live + tuple(cell_argument(n) for n in cells)) + stack_names
     prologue = _prologue(code, with_cells=True)
     for name in cells:
         prologue += [Instr("LOAD_FAST", cell_argument(name)), Instr("STORE_DEREF", name)]
@@ -219,7 +217,8 @@ def resume_code(
         prologue.append(Instr("LOAD_FAST", next(names)))
         prologue += [Instr("GET_ITER")] if kind == ITER_SLOT else []
     prologue.append(Instr("JUMP_FORWARD", label))
-    rest = tuple(n for n in code.co_varnames if n not in args)
+    # (an argument that is also a cell is only a cell here: its content comes in as an argument)
+    rest = tuple(n for n in code.co_varnames if n not in args and n not in code.co_cellvars)
     spec = CodeSpec.of(
         code,
         name=f"{PREFIX}resume_at_{target_instr.offset}_{code.co_name}",
@@ -234,6 +233,24 @@ def resume_code(
     _RESUME_CACHE[key] = new
     _RESUME_ORIGIN[new] = (code, len(prologue) - removed)
     return new
+
+
+def carried_order(code: types.CodeType, carried: tuple[str, ...]) -> tuple[str, ...]:
+    """The order in which a resume function takes the frame's locals: the frame's first
+    argument first (a plain local even if it was a cell), because a zero-argument
+    ``super()`` reads the first local slot, with the ``__class__`` cell the resume
+    function shares with the original.
+
+    >>> carried_order((lambda self, x: 0).__code__, ("x", cell_argument("self")))
+    ('__ember_c_self', 'x')
+    """
+    if not code.co_argcount:
+        return carried
+    first = code.co_varnames[0]
+    for name in (first, cell_argument(first)):
+        if name in carried:
+            return (name, *(n for n in carried if n != name))
+    return carried
 
 
 def _is_first_resume(ins: Instr, instrs: list[Instr]) -> bool:
@@ -316,14 +333,17 @@ def replacement_code(
     elif span.conditional:
         other = Label("other_branch")
         native[-1] = dataclasses.replace(native[-1], argval=other)
-        jumped = _call_resume(resumes[1], kinds, carried)
+        jumped = _call_resume(resumes[1], kinds, carried_order(code, carried))
         jumped[0] = dataclasses.replace(jumped[0], label=other)
-        out += native + _call_resume(resumes[0], kinds, carried) + jumped
+        out += native + _call_resume(resumes[0], kinds, carried_order(code, carried)) + jumped
     else:
-        out += native + _call_resume(resumes[0], kinds, carried)
+        out += native + _call_resume(resumes[0], kinds, carried_order(code, carried))
     out = [dataclasses.replace(i, positions=i.positions or where) for i in out + handler]
     temps = tuple(f"{PREFIX}r{j}" for j in range(len(kinds)))
-    cell_temps = tuple(cell_argument(n) for n in layout.cells)
+    # (a resume function breaking again already has these as its arguments)
+    cell_temps = tuple(
+        name for name in map(cell_argument, layout.cells) if name not in code.co_varnames
+    )
     spec = CodeSpec.of(
         code,  # every argument slot positional, as the hook passes them
         argcount=len(args),

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding, hook, markers, trace_rules
+from ember.capture import guarding, markers, polyfills, trace_rules
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported, decode
@@ -199,7 +199,7 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
         from ember.capture.pyrules import call_python_object
 
         return call_python_object(fs, f.fn, args, kwargs)
-    if hook.is_skipped(f.code):  # disable(fn, recursive=False) or a SKIP decision
+    if markers.is_disabled_code(f.code):  # disable(fn, recursive=False)
         raise Unsupported(f"call to {f.code.co_name}, which ember does not capture", "user")
     if f.fn is not None and _grad_decorated(f.fn) is not None:
         return _call_grad_decorated(fs, f, args, kwargs)
@@ -376,6 +376,11 @@ CALL_RULES: dict[type, Callable[[FrameState, Value, Args, Kwargs], Value]] = {
 
 def call_value(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     """The value of ``f(*args, **kwargs)``."""
+    real = f.fn if isinstance(f, FuncV) else f.obj if isinstance(f, ObjV) else None
+    if real is not None:
+        stand_in = polyfills.lookup(real)
+        if stand_in is not None:  # plain Python that does what ``real`` does: traced instead
+            return inline(fs, function_value(fs, stand_in, None), args, kwargs)
     rule = CALL_RULES.get(type(f))
     if rule is None:
         raise Unsupported(f"calling a {type(f).__name__}", "call")

@@ -10,12 +10,16 @@ meets a call to them (see the rules in ``pyrules.py`` and ``calls.py``).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ember.capture import _eval_frame, hook
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# code objects disabled with disable(fn, recursive=False): a call from traced code breaks
+_DISABLED_CODES: weakref.WeakSet[Any] = weakref.WeakSet()
 
 # id -> function, for functions whose result ember may treat as a constant
 _ASSUMED_CONSTANT: dict[int, Callable[..., Any]] = {}
@@ -55,6 +59,15 @@ def assume_constant_result(fn: F) -> F:
     return fn
 
 
+def is_disabled_code(code: object) -> bool:
+    """Whether ``code`` was disabled with ``disable(fn, recursive=False)``.
+
+    >>> is_disabled_code(is_disabled_code.__code__)
+    False
+    """
+    return code in _DISABLED_CODES
+
+
 def is_assumed_constant(fn: object) -> bool:
     """Whether ``fn`` was marked with :func:`assume_constant_result`.
 
@@ -91,6 +104,7 @@ def disable(fn: Any = None, *, recursive: bool = True) -> Any:
         if code is None:
             raise TypeError(f"disable(recursive=False) needs a Python function, not {fn!r}")
         hook.skip(code)
+        _DISABLED_CODES.add(code)
         return fn
     disabled = Disabled(_eval_frame.call_with_callback, None, None, None, fn)
     functools.update_wrapper(disabled, fn)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import trace_rules
+from ember.capture import guarding, trace_rules
 from ember.capture.builder import TRUSTED_MODULE_PREFIXES
 from ember.capture.pyrules import (
     OBJECT_KINDS,
@@ -161,6 +161,21 @@ def _object_setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         raise Unsupported("object.__setattr__ on an object not made in compiled code", "call")
     fs.tracer.heap.get(target.ref)[constant_of(fs, name)] = value
     return Const(None)
+
+
+@rule(object.__getattribute__)
+def _object_getattribute(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``object.__getattribute__(obj, name)``: the attribute, past any ``__getattribute__``
+    the class defines (as a class's own override calls it)."""
+    from ember.capture import attrs
+
+    _no_kwargs("object.__getattribute__", kwargs)
+    target, name = args[0], constant_of(fs, args[1])
+    if isinstance(target, ObjV | ModuleV):
+        real = target.obj if isinstance(target, ObjV) else target.module
+        src = guarding.attr(target.source, name) if target.source is not None else None
+        return attrs.generic_attr(fs, target, real, name, src, use_getattr=False)
+    return attrs.load_attr(fs, target, name)
 
 
 def _namedtuple(fs: FrameState, cls: Any, args: Args, kwargs: Kwargs) -> Value:

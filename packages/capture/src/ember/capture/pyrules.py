@@ -406,7 +406,7 @@ def _getattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         try:
             return load_attr(fs, args[0], name)
         except Unsupported as e:
-            if e.category != "attribute":
+            if e.category != "no-attribute":
                 raise
             return args[2]
     return load_attr(fs, args[0], name)
@@ -419,7 +419,7 @@ def _hasattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     try:
         load_attr(fs, args[0], constant_of(fs, args[1]))
     except Unsupported as e:
-        if e.category == "attribute":
+        if e.category == "no-attribute":
             return Const(False)
         raise
     return Const(True)

@@ -1,0 +1,3 @@
+"""Builtins the interpreter does not model directly, written in Python."""
+
+from __future__ import annotations
