@@ -21,6 +21,7 @@ from ember.capture.builder import is_constant, wrap
 from ember.capture.calls import function_value
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.userobjects import class_of, python_special
 from ember.capture.values import (
     BoundV,
     Const,
@@ -158,6 +159,8 @@ def generic_attr(
     cls = type(obj)
     if name == "__class__":
         return wrap(fs.tracer, cls, src)
+    if name == "__dict__" and any(key[0] == id(obj) for key in fs.tracer.attr_overlay):
+        raise Unsupported("reading __dict__ after storing attributes", "attribute")
     cls_attr = inspect.getattr_static(cls, name, _MISSING)
     is_data_descriptor = hasattr(type(cls_attr), "__set__") or hasattr(type(cls_attr), "__delete__")
     if cls_attr is not _MISSING and is_data_descriptor:
@@ -185,6 +188,10 @@ def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
     own = fs.tracer.heap.get(v.ref)
     if name in own:
         return own[name]  # type: ignore[no-any-return]
+    if name == "__dict__":
+        return DictV(v.ref)  # the attributes themselves: writes to it are attribute stores
+    if name == "__class__":
+        return wrap(fs.tracer, v.cls, None)
     found = inspect.getattr_static(v.cls, name, _MISSING)
     if found is _MISSING:
         raise no_attribute(f"{v.cls.__name__} object", name)
@@ -198,6 +205,8 @@ def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
         from ember.capture.calls import call_value
 
         return call_value(fs, function_value(fs, found.fget, None), [v], {})
+    if isinstance(found, types.MethodDescriptorType | types.WrapperDescriptorType):
+        return MethodV(v, name)  # a builtin base's method (dict.items): on the items
     if hasattr(type(found), "__get__"):
         raise Unsupported(f"the descriptor {v.cls.__name__}.{name}", "attribute")
     return wrap(fs.tracer, found, None)
@@ -267,10 +276,10 @@ def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
     """``super().name``: found in the MRO after ``cls``, bound to the same self."""
     assert isinstance(v, SuperV)
     obj = v.self_value
-    real = obj.module if isinstance(obj, ModuleV) else getattr(obj, "obj", None)
-    if real is None:
+    cls = class_of(obj) if not isinstance(obj, ModuleV) else type(obj.module)
+    if cls is None:
         raise Unsupported(f"super() of a {type(obj).__name__}", "call")
-    mro = type(real).__mro__
+    mro = cls.__mro__
     for klass in mro[mro.index(v.cls) + 1 :]:
         if name in klass.__dict__:
             found = klass.__dict__[name]
@@ -278,7 +287,17 @@ def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
                 return BoundV(function_value(fs, found, None), obj)
             if isinstance(found, types.WrapperDescriptorType | types.MethodDescriptorType):
                 return BoundV(ObjV(found), obj)  # object.__setattr__, dict.__setitem__, ...
-            return wrap(fs.tracer, getattr(super(v.cls, real), name), None)
+            if isinstance(found, classmethod):
+                return BoundV(wrap(fs.tracer, found.__func__, None), wrap(fs.tracer, cls, None))
+            if isinstance(found, staticmethod):
+                return wrap(fs.tracer, found.__func__, None)
+            if isinstance(found, property) and isinstance(found.fget, types.FunctionType):
+                from ember.capture.calls import call_value
+
+                return call_value(fs, function_value(fs, found.fget, None), [obj], {})
+            if not hasattr(type(found), "__get__"):
+                return wrap(fs.tracer, found, None)
+            raise Unsupported(f"super().{name}: a {type(found).__name__}", "attribute")
     raise no_attribute("super()", name)
 
 
@@ -306,13 +325,21 @@ ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
 _MISSING = object()
 
 
-def store_attr(fs: FrameState, obj: Value, name: str, value: Value) -> None:
+def store_attr(fs: FrameState, obj: Value, name: str, value: Value, raw: bool = False) -> None:
     """``obj.name = value`` on an object the frame reaches: recorded, replayed after the graph.
 
-    Only plain stores are recorded: an object with its own ``__setattr__`` (other than
-    nn.Module's, for names that are not parameters, buffers or submodules), a
-    descriptor on the class, or an object with no source is a graph break instead.
+    A class's own Python ``__setattr__`` is traced (``raw``: it is ``object.__setattr__``
+    itself storing, past any override). Only plain stores are recorded: a descriptor on
+    the class, a parameter, buffer or submodule of a module, or an object with no source
+    is a graph break instead.
     """
+    if isinstance(obj, InstanceV | ObjV) and not raw:
+        setattr_fn = python_special(class_of(obj) or object, "__setattr__")
+        if setattr_fn is not None:  # the class's own __setattr__, traced
+            from ember.capture.calls import call_value
+
+            call_value(fs, function_value(fs, setattr_fn, None), [obj, Const(name), value], {})
+            return
     if isinstance(obj, InstanceV):  # made in this trace: no side effect, made whole later
         found = inspect.getattr_static(obj.cls, name, None)
         if is_frozen_dataclass(obj.cls) or hasattr(type(found), "__set__"):
@@ -327,8 +354,10 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value) -> None:
         tables = [real.__dict__.get(t, {}) for t in ("_parameters", "_buffers", "_modules")]
         if any(name in t for t in tables) or isinstance(value, ModuleV):
             raise Unsupported(f"setting the parameter, buffer or submodule .{name}", "side-effect")
-    elif cls.__setattr__ is not object.__setattr__ and cls is not type:  # classes: type's own
+    elif cls.__setattr__ is not object.__setattr__ and cls is not type and not raw:
         raise Unsupported(f"setting .{name} on a {cls.__name__} with __setattr__", "side-effect")
+    if id(getattr(real, "__dict__", None)) in fs.tracer.containers:
+        raise Unsupported(f"setting .{name} after reading the object's __dict__", "side-effect")
     if hasattr(cls, name) and hasattr(getattr(cls, name), "__set__"):
         raise Unsupported(f"setting the descriptor .{name}", "side-effect")
     if isinstance(value, TensorV) and isinstance(obj, ModuleV) and value.fake.requires_grad:
@@ -337,7 +366,7 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value) -> None:
         raise Unsupported("a side effect inside a generator ember runs ahead", "side-effect")
     fs.tracer.containers.setdefault(id(real), (real, obj))  # keeps `real` alive: ids stay unique
     fs.tracer.attr_overlay[(id(real), name)] = value
-    fs.tracer.effects.append(("setattr", obj.source, name, value))
+    fs.tracer.effects.append(("object_setattr" if raw else "setattr", obj.source, name, value))
 
 
 def load_attr(fs: FrameState, v: Value, name: str) -> Value:

@@ -160,10 +160,18 @@ def _wrap_list(tracer: Tracer, obj: Any, source: Any) -> Value:
 def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
     if type(obj) is not dict:  # a subclass (OrderedDict, a ModelOutput): its own methods
         return _wrap_object(tracer, obj, source)
+    return wrap_dict_items(tracer, obj, source)
+
+
+def wrap_dict_items(tracer: Tracer, obj: Any, source: Any) -> DictV:
+    """The items of the dict (or dict subclass instance) ``obj`` as one :class:`DictV` per
+    trace: its type and keys guarded, each value reached as ``source[key]``."""
     if not all(is_constant(k) for k in obj):
         raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
     if id(obj) in tracer.containers:  # the same dict reached again: the same value
-        return tracer.containers[id(obj)][1]
+        known = tracer.containers[id(obj)][1]
+        assert isinstance(known, DictV)
+        return known
     if source is not None:
         tracer.guards.type_of(source, obj)
         tracer.guards.dict_keys(source, obj)
@@ -172,6 +180,8 @@ def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
         for k, v in obj.items()
     }
     value = DictV(tracer.heap.new(items, from_frame=source is not None), source=source)
+    if type(obj) is not dict:
+        tracer.heap.subclassed.add(value.ref)
     tracer.containers[id(obj)] = (obj, value)
     return value
 

@@ -26,6 +26,7 @@ import torch
 
 from ember.capture import _eval_frame, guarding
 from ember.capture.hook import argument_names
+from ember.capture.userobjects import make_instance, replace_items
 
 # How to rebuild one part of the return value. A small tree:
 #   ("out", i)             graph output i
@@ -37,25 +38,14 @@ from ember.capture.hook import argument_names
 #   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
 #   ("shared", (ref, part)) a list or dict built once however many names refer to it
 #   ("new", (cls, [..]))   cls(*parts), made afresh on every run (an exception to raise)
-#   ("object", (cls, [(name, part)]))  an instance made inside the frame, attributes set
+#   ("object", (cls, [(name, part)], [(key, part)] | None))  an instance made inside the
+#                          frame, attributes (and a dict-derived class's items) set
 #   ("function", (code, globals, [defaults], [(k, kwdefault)], [cell content | None]))
 #                          a function made inside the frame (a comprehension at a break),
 #                          with new cells holding the contents its closure had
 Part = tuple[str, Any]
 
 _UNBOUND = object()  # an empty closure cell
-
-
-def make_object(cls: type, attributes: dict[str, Any]) -> Any:
-    """An instance of ``cls`` made in compiled code, with its attributes (no ``__init__``).
-
-    >>> class P: pass
-    >>> make_object(P, {"a": 1}).a
-    1
-    """
-    obj: Any = object.__new__(cls)
-    obj.__dict__.update(attributes)
-    return obj
 
 
 def make_namedtuple(cls: type[tuple[Any, ...]], *items: Any) -> tuple[Any, ...]:
@@ -196,10 +186,16 @@ PART_RULES: dict[str, Callable[[_Rebuild, Any], str]] = {
     "attr": lambda r, p: f"{PREFIX}B.getattr({r.expr(p[0])}, {p[1]!r})",  # a bound method
     "new": lambda r, p: f"{r.const(p[0])}({r.items(p[1])})",  # made again on every run
     "object": lambda r, p: (
-        f"{r.const(make_object)}({r.const(p[0])}, "
+        f"{r.const(make_instance)}({r.const(p[0])}, "
         + "{"
         + ", ".join(f"{n!r}: {r.expr(v)}" for n, v in p[1])
-        + "})"
+        + "}, "
+        + (
+            "None"
+            if p[2] is None
+            else "{" + ", ".join(f"{k!r}: {r.expr(v)}" for k, v in p[2]) + "}"
+        )
+        + ")"
     ),
     "function": _function,
     "iter": lambda r, parts: f"{PREFIX}B.iter([{r.items(parts)}])",  # what a loop has left
@@ -229,10 +225,11 @@ def _effect_lines(
     writes: list[str] = []
     for n, effect in enumerate(effects):
         kind, value = effect[0], f"{PREFIX}v{n}"
-        if kind == "setattr":
+        if kind in ("setattr", "object_setattr"):  # (the latter past the class's __setattr__)
             _, source, name, part = effect
+            setter = "setattr" if kind == "setattr" else "object.__setattr__"
             reads.append(f"{PREFIX}t{n} = {source_expr(source, names)}; {value} = {expr(part)}")
-            writes.append(f"{PREFIX}B.setattr({PREFIX}t{n}, {name!r}, {value})")
+            writes.append(f"{PREFIX}B.{setter}({PREFIX}t{n}, {name!r}, {value})")
         elif kind == "global":
             reads.append(f"{value} = {expr(effect[2])}")
             writes.append(f"{PREFIX}G[{effect[1]!r}] = {value}")
@@ -243,13 +240,21 @@ def _effect_lines(
             items = ", ".join(expr(p) for p in effect[2])
             reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}; {value} = [{items}]")
             writes.append(f"{PREFIX}t{n}[:] = {value}")
-        elif kind == "dict":
+        elif kind in ("dict", "dict_items"):
             items = ", ".join(f"{k!r}: {expr(p)}" for k, p in effect[2])
             reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}; {value} = {{{items}}}")
-            writes.append(f"{PREFIX}t{n}.clear(); {PREFIX}t{n}.update({value})")
+            if kind == "dict":
+                writes.append(f"{PREFIX}t{n}.clear(); {PREFIX}t{n}.update({value})")
+            else:  # a dict subclass's items, written with its base class's own methods
+                writes.append(f"{_const_ref(constants, replace_items)}({PREFIX}t{n}, {value})")
         else:
             raise AssertionError(kind)
     return reads, writes
+
+
+def _const_ref(constants: list[Any], obj: Any) -> str:
+    constants.append(obj)
+    return f"{PREFIX}c[{len(constants) - 1}]"
 
 
 def switches_grad_mode(graph: torch.fx.Graph) -> bool:

@@ -20,6 +20,7 @@ from ember.capture.pyrules import (
     truth,
 )
 from ember.capture.tracer import FrameState, Instr, Unsupported
+from ember.capture.userobjects import call_special, dict_view
 from ember.capture.values import (
     Const,
     DictV,
@@ -152,6 +153,12 @@ def _real(v: Value) -> Any:
 @handler("CONTAINS_OP")
 def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
     container, item = fs.pop(), fs.pop()
+    if isinstance(container, InstanceV | ObjV):
+        special = call_special(fs, container, "__contains__", [item])
+        if special is not None:
+            fs.push(Const(truth(fs, special) != bool(inst.arg)))
+            return
+        container = dict_view(fs, container) or container
     if isinstance(container, DictV):
         found = constant_of(fs, item) in fs.tracer.heap.get(container.ref)
     elif isinstance(container, ModuleV) and isinstance(container.module, torch.nn.ModuleDict):

@@ -5,7 +5,7 @@ rules register themselves in ``pyrules.BUILTIN_RULES`` (by callable) and
 ``pyrules.OBJECT_KINDS`` (by a test on the callable), so ``call_python_object``
 finds them. Objects made here live in the translation's heap (``InstanceV``) or
 inline (a namedtuple's ``TupleV``) and are made for real only if they outlive the
-graph (see ``codegen.make_object``).
+graph (see ``userobjects.make_instance``).
 
 >>> import collections
 >>> Pair = collections.namedtuple("Pair", "a b")
@@ -15,8 +15,10 @@ True
 
 from __future__ import annotations
 
+import collections
 import functools
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +37,16 @@ from ember.capture.pyrules import (
     as_value,
     call_python_object,
     constant_of,
+    delete_subscript,
     is_const_value,
     iterate,
     make_iter,
     rule,
+    store_subscript,
     subscript,
 )
 from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.userobjects import DICT_BASES, class_of, dict_base, dict_view
 from ember.capture.values import (
     Const,
     DictV,
@@ -119,11 +124,16 @@ def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value
     """``cls(*args, **kwargs)`` for a plain user class: a new instance, ``__init__`` inlined."""
     from ember.capture.calls import function_value, inline
 
-    instance = InstanceV(cls, fs.tracer.heap.new({}))
+    heap = fs.tracer.heap
+    items = heap.new({}) if dict_base(cls) is not None else None
+    instance = InstanceV(cls, heap.new({}), items)
     init: Any = getattr(cls, "__init__")  # noqa: B009 (mypy: an instance's __init__ is unsound)
     if init is object.__init__:
         if args or kwargs:
             raise Unsupported(f"{cls.__name__}() takes no arguments")
+        return instance
+    if items is not None and init in (dict.__init__, collections.OrderedDict.__init__):
+        _dict_method(fs, DictV(items), "update", args, kwargs)  # dict(*args, **kwargs)
         return instance
     if not trace_rules.traceable(init):
         raise Unsupported(f"{cls.__name__}.__init__ is not Python code ember follows", "call")
@@ -157,9 +167,20 @@ def _object_setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     """``object.__setattr__(instance, name, value)``, as a frozen dataclass's ``__init__`` does."""
     _no_kwargs("object.__setattr__", kwargs)
     target, name, value = args
-    if not isinstance(target, InstanceV):
-        raise Unsupported("object.__setattr__ on an object not made in compiled code", "call")
-    fs.tracer.heap.get(target.ref)[constant_of(fs, name)] = value
+    if isinstance(target, InstanceV):
+        fs.tracer.heap.get(target.ref)[constant_of(fs, name)] = value
+    else:
+        from ember.capture.attrs import store_attr
+
+        store_attr(fs, target, constant_of(fs, name), value, raw=True)
+    return Const(None)
+
+
+@rule(object.__init__)
+def _object_init(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``object.__init__(self)``, as ``super().__init__()`` reaches it."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("object.__init__() takes exactly one argument (the instance)")
     return Const(None)
 
 
@@ -233,11 +254,39 @@ def call_python_method(
         method = getattr(type(self_value.value), name, None)
         if method is not None and all(is_const_value(fs, a) for a in [*args, *kwargs.values()]):
             return _fold(fs, method, [self_value, *args], kwargs)
+    view = dict_view(fs, self_value)
+    if view is not None and _is_builtin_method(getattr(class_of(self_value), name, None)):
+        return _dict_method(fs, view, name, args, kwargs)  # dict's own method, on the items
     if isinstance(self_value, ModuleV | ObjV):
         obj = self_value.module if isinstance(self_value, ModuleV) else self_value.obj
         return call_python_object(fs, getattr(obj, name), args, kwargs)
     del heap
     raise Unsupported(f"method {name}() of a {type(self_value).__name__}", "call")
+
+
+def _is_builtin_method(fn: Any) -> bool:
+    return isinstance(
+        fn, types.MethodDescriptorType | types.WrapperDescriptorType | types.BuiltinFunctionType
+    )
+
+
+def _dict_base_method(obj: Any) -> bool:
+    """``dict.__setitem__``, ``OrderedDict.get``, ...: a builtin dict method, unbound."""
+    return _is_builtin_method(obj) and getattr(obj, "__objclass__", None) in DICT_BASES
+
+
+def _call_dict_base_method(fs: FrameState, method: Any, args: Args, kwargs: Kwargs) -> Value:
+    """``dict.__setitem__(obj, k, v)`` (as ``super().__setitem__(k, v)`` calls it) on the
+    items of a dict-derived object."""
+    view = dict_view(fs, args[0]) if args else None
+    if view is None:
+        view = args[0] if args and isinstance(args[0], DictV) else None
+    if view is None:
+        raise Unsupported(f"{method.__qualname__} on a {type(args[0]).__name__}", "call")
+    return _dict_method(fs, view, method.__name__, args[1:], kwargs)
+
+
+OBJECT_KINDS.append((_dict_base_method, _call_dict_base_method))
 
 
 def _list_method(fs: FrameState, lst: ListV, name: str, args: Args, kwargs: Kwargs) -> Value:
@@ -311,7 +360,34 @@ def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs
         default = args[1] if len(args) > 1 else Const(None)
         value: Value = _mutate(fs, d).setdefault(constant_of(fs, args[0]), default)
         return value
+    if name == "clear":
+        _mutate(fs, d).clear()
+        return Const(None)
+    if name in _DICT_SPECIALS:
+        return _DICT_SPECIALS[name](fs, d, *args)
     raise Unsupported(f"dict.{name}() inside compiled code", "call")
+
+
+def _dict_setitem(fs: FrameState, d: DictV, key: Value, value: Value) -> Value:
+    store_subscript(fs, d, key, value)
+    return Const(None)
+
+
+def _dict_delitem(fs: FrameState, d: DictV, key: Value) -> Value:
+    delete_subscript(fs, d, key)
+    return Const(None)
+
+
+# dict's special methods, called by name (``super().__setitem__(k, v)`` in a subclass)
+_DICT_SPECIALS: dict[str, Callable[..., Value]] = {
+    "__getitem__": lambda fs, d, key: subscript(fs, d, key),
+    "__setitem__": _dict_setitem,
+    "__delitem__": _dict_delitem,
+    "__contains__": lambda fs, d, key: Const(constant_of(fs, key) in fs.tracer.heap.get(d.ref)),
+    "__len__": lambda fs, d: Const(len(fs.tracer.heap.get(d.ref))),
+    "__iter__": lambda fs, d: make_iter(fs, iterate(fs, d)),
+    "__init__": lambda fs, d, *args: _dict_method(fs, d, "update", list(args), {}),
+}
 
 
 # -- context managers with graph nodes of their own -------------------------------------------

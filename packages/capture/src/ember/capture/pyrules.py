@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from ember.capture import guarding, markers
 from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.userobjects import call_special, dict_view
 from ember.capture.values import (
     CellV,
     Const,
@@ -85,9 +87,13 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return {k: constant_of(fs, x) for k, x in fs.tracer.heap.get(v.ref).items()}
     if isinstance(v, SetV):
         return set(fs.tracer.heap.get(v.ref))
-    if isinstance(v, ObjV) and is_constant(v.obj):
-        return v.obj
+    if isinstance(v, ObjV) and (is_constant(v.obj) or isinstance(v.obj, IDENTITY_CONSTANTS)):
+        return v.obj  # (classes, modules and functions are guarded by identity when read)
     raise Unsupported(f"a {type(v).__name__} where a constant is needed", "constant")
+
+
+# Objects that stand for themselves: read from the frame, they are guarded by identity.
+IDENTITY_CONSTANTS = (type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType)
 
 
 def is_const_value(fs: FrameState, v: Value) -> bool:
@@ -129,6 +135,10 @@ def truth(fs: FrameState, v: Value) -> bool:
     if isinstance(v, FuncV | MethodV | IterV):
         return True
     if isinstance(v, InstanceV):
+        for name in ("__bool__", "__len__"):
+            found = _special(fs, v, name, [])
+            if found is not None:
+                return truth(fs, found)
         if hasattr(v.cls, "__bool__") or hasattr(v.cls, "__len__"):
             raise Unsupported(f"the truth value of a {v.cls.__name__}", "constant")
         return True
@@ -144,6 +154,10 @@ def truth(fs: FrameState, v: Value) -> bool:
 def iterate(fs: FrameState, v: Value) -> list[Value]:
     """The values a ``for`` loop over ``v`` sees, in order (loops are unrolled)."""
     heap = fs.tracer.heap
+    if isinstance(v, InstanceV | ObjV):
+        found = _special(fs, v, "__iter__", [])
+        if found is not None:
+            return iterate(fs, found)
     if isinstance(v, TupleV):
         return list(v.items)
     if isinstance(v, ListV):
@@ -191,6 +205,16 @@ def _module_child(fs: FrameState, v: ModuleV, key: str) -> Value:
     return wrap(fs.tracer, v.module._modules[key], src)
 
 
+def _special(fs: FrameState, v: Value, name: str, args: Args) -> Value | None:
+    """``v.name(*args)`` for a special method the class defines in Python (traced); for a
+    dict-derived object that inherits it from dict, its items (a :class:`DictV` to apply
+    the builtin behaviour to); None for anything else."""
+    found = call_special(fs, v, name, args)
+    if found is not None:
+        return found
+    return dict_view(fs, v)
+
+
 def make_iter(fs: FrameState, values: list[Value]) -> IterV:
     return IterV(fs.tracer.heap.new(list(values)))
 
@@ -214,6 +238,10 @@ def _len(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         return Const(len(v.module))  # type: ignore[arg-type]
     if isinstance(v, ObjV) and isinstance(v.obj, tuple):
         return Const(len(v.obj))
+    if isinstance(v, InstanceV | ObjV):
+        found = _special(fs, v, "__len__", [])
+        if found is not None:
+            return found if not isinstance(found, DictV) else _len(fs, [found], {})
     return Const(
         len(iterate(fs, v)) if not isinstance(v, IterV) else len(fs.tracer.heap.get(v.ref))
     )
@@ -702,6 +730,10 @@ def _mutate(fs: FrameState, v: ListV | DictV) -> Any:
 def subscript(fs: FrameState, container: Value, index: Value) -> Value:
     """``container[index]``."""
     heap = fs.tracer.heap
+    if isinstance(container, InstanceV | ObjV):
+        found = _special(fs, container, "__getitem__", [index])
+        if found is not None:
+            return found if not isinstance(found, DictV) else subscript(fs, found, index)
     if isinstance(container, TensorV):
         return graph_call(fs, "call_function", operator.getitem, [container, index], {})
     if isinstance(container, ModuleV):
@@ -751,6 +783,12 @@ def _module_subscript(fs: FrameState, container: ModuleV, key: Any) -> Value:
 
 def store_subscript(fs: FrameState, container: Value, index: Value, value: Value) -> None:
     """``container[index] = value``."""
+    if isinstance(container, InstanceV | ObjV):
+        found = _special(fs, container, "__setitem__", [index, value])
+        if isinstance(found, DictV):
+            container = found
+        elif found is not None:
+            return
     if isinstance(container, TensorV):
         graph_call(fs, "call_function", operator.setitem, [container, index, value], {})
         return
@@ -765,6 +803,12 @@ def store_subscript(fs: FrameState, container: Value, index: Value, value: Value
 
 def delete_subscript(fs: FrameState, container: Value, index: Value) -> None:
     """``del container[index]`` on a list or dict (an int, a slice, or a key)."""
+    if isinstance(container, InstanceV | ObjV):
+        found = _special(fs, container, "__delitem__", [index])
+        if isinstance(found, DictV):
+            container = found
+        elif found is not None:
+            return
     if not isinstance(container, ListV | DictV):
         raise Unsupported(f"deleting an item of a {type(container).__name__}", "side-effect")
     key = constant_of(fs, index)

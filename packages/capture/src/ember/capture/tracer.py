@@ -153,7 +153,8 @@ class Tracer:
     grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
     steps: int = 0  # jumps taken, to stop unbounded loops
     # Python side effects, replayed in this order right after the graph runs:
-    #   ("setattr", obj_source, name, value) | ("global", name, value) | ("cell", name, value)
+    #   ("setattr" | "object_setattr", obj_source, name, value) | ("global", name, value)
+    #   | ("cell", name, value)
     #   ("container", value): a list or dict the frame passed in, written back whole
     effects: list[tuple[Any, ...]] = field(default_factory=list)
     attr_overlay: dict[tuple[int, str], Value] = field(default_factory=dict)  # (id(obj), name)

@@ -120,7 +120,8 @@ def _effect_parts(fs: FrameState, tensors: list[torch.fx.Node]) -> list[tuple[An
                 out.append(("list", v.source, [_output_part(fs, x, tensors) for x in items]))
             else:
                 parts = [(k, _output_part(fs, x, tensors)) for k, x in items.items()]
-                out.append(("dict", v.source, parts))
+                kind = "dict_items" if v.ref in fs.tracer.heap.subclassed else "dict"
+                out.append((kind, v.source, parts))
         else:
             out.append((*effect[:-1], _output_part(fs, effect[-1], tensors)))
     return out
@@ -271,7 +272,10 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
     if isinstance(v, InstanceV):  # made in the trace: made for real, once however shared
         attrs = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.ref).items()]
-        return ("shared", (v.ref, ("object", (v.cls, attrs))))
+        items = None
+        if v.items is not None:
+            items = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.items).items()]
+        return ("shared", (v.ref, ("object", (v.cls, attrs, items))))
     if isinstance(v, GradExitV):  # a grad-mode block split by a break
         return ("new", (GradModeExit, [("const", v.previous)]))
     if isinstance(v, NewV):

@@ -25,6 +25,7 @@ A value read from the frame carries the *source* that reaches it
 
 from __future__ import annotations
 
+import collections
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,11 +175,15 @@ class InstanceV(Value):
 
     cls: type
     ref: int
+    items: int | None = None  # a dict-derived class: the heap ref of its {key: Value} items
 
 
 def is_plain_class(cls: Any) -> bool:
-    """A class ember can instantiate while tracing: made by ``type``, with ``object``'s
-    ``__new__`` and ``__setattr__``, instances with a ``__dict__``, no builtin base.
+    """A class ember can instantiate while tracing: made by a class statement (any
+    metaclass that keeps ``type.__call__``, ``ABCMeta`` included), with ``object``'s
+    ``__new__`` (or ``dict``'s or ``OrderedDict``'s, whose items ember then keeps),
+    instances with a ``__dict__`` and no other builtin base. A ``__setattr__`` of its
+    own is traced like any method.
 
     >>> class P:
     ...     def __init__(self, a):
@@ -188,16 +193,19 @@ def is_plain_class(cls: Any) -> bool:
     """
     klass: Any = cls
     return (
-        type(klass) is type
-        and klass.__new__ is _OBJECT_NEW
-        and (klass.__setattr__ is _OBJECT_SETATTR or is_frozen_dataclass(klass))
-        and all(c is object or "__slots__" not in c.__dict__ for c in klass.__mro__)
-        and all(c is object or c.__flags__ & _HEAPTYPE for c in klass.__mro__)
+        isinstance(klass, type)
+        and type(klass).__call__ is _TYPE_CALL
+        and klass.__new__ in _PLAIN_NEW
+        and bool(klass.__flags__ & _HEAPTYPE)
+        and klass.__dictoffset__ != 0  # instances have a __dict__
+        and all(c in _PLAIN_BASES or not c.__dict__.get("__slots__") for c in klass.__mro__)
+        and all(c in _PLAIN_BASES or c.__flags__ & _HEAPTYPE for c in klass.__mro__)
     )
 
 
-_OBJECT_NEW: Any = object.__new__
-_OBJECT_SETATTR: Any = object.__setattr__
+_TYPE_CALL: Any = type.__call__
+_PLAIN_NEW: tuple[Any, ...] = (object.__new__, dict.__new__, collections.OrderedDict.__new__)
+_PLAIN_BASES: tuple[type, ...] = (object, dict, collections.OrderedDict)
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a builtin
 
 
@@ -358,6 +366,9 @@ class Heap:
     # refs whose container came from the frame: mutating them is a side effect
     # that issue 4's full-graph path does not replay, so it is unsupported.
     from_frame: set[int] = field(default_factory=set)
+    # refs holding the items of a real dict subclass instance (written back with its base
+    # class's own methods, which the subclass may have overridden)
+    subclassed: set[int] = field(default_factory=set)
 
     def new(self, content: Any, *, from_frame: bool = False) -> int:
         ref = len(self.cells)
