@@ -89,10 +89,14 @@ def _class_attribute(
     not yet bound): a method, a property, a static or class method, or a class value."""
     if isinstance(cls_attr, types.FunctionType):
         return MethodV(v, name)
-    if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
+    if isinstance(cls_attr, property) and trace_rules.traceable(cls_attr.fget):
         from ember.capture.calls import call_value
 
         return call_value(fs, function_value(fs, cls_attr.fget, None), [v], {})
+    if isinstance(cls_attr, property) and v.source is None:
+        # An object ember made while tracing, of a class whose module runs natively (an
+        # inspect.Signature): its property is read for real; nothing outside sees it.
+        return wrap(fs.tracer, getattr(obj, name), None)
     if isinstance(cls_attr, staticmethod):
         return wrap(fs.tracer, cls_attr.__func__, None)
     if isinstance(cls_attr, classmethod):

@@ -195,7 +195,7 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
     assert isinstance(f, FuncV)
     if f.fn is not None and in_graph(f.fn):  # allow_in_graph: one node, not traced into
         return graph_call(fs, "call_function", f.fn, args, kwargs)
-    if f.fn is not None and (markers.is_assumed_constant(f.fn) or f.fn in _marker_functions()):
+    if f.fn is not None and (markers.is_assumed_constant(f.fn) or _has_rule(f.fn)):
         from ember.capture.pyrules import call_python_object
 
         return call_python_object(fs, f.fn, args, kwargs)
@@ -248,7 +248,7 @@ def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     forward = type(module).forward
     if not isinstance(forward, types.FunctionType):
         raise Unsupported(f"{type(module).__name__}.forward is not a Python function", "call")
-    return inline(fs, function_value(fs, forward, None), [m, *args], kwargs)
+    return call_value(fs, function_value(fs, forward, None), [m, *args], kwargs)
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
@@ -278,8 +278,8 @@ def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     if isinstance(self_value, ModuleV | ObjV):
         obj = self_value.module if isinstance(self_value, ModuleV) else self_value.obj
         fn = getattr(type(obj), m.name, None)
-        if isinstance(fn, types.FunctionType):
-            return inline(fs, function_value(fs, fn, None), [self_value, *args], kwargs)
+        if isinstance(fn, types.FunctionType):  # polyfilled, traced, or a break by the rules
+            return call_value(fs, function_value(fs, fn, None), [self_value, *args], kwargs)
     return call_python_method(fs, self_value, m.name, args, kwargs)
 
 
@@ -324,9 +324,12 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     return call_python_object(fs, obj, args, kwargs)
 
 
-def _marker_functions() -> frozenset[Any]:
-    """ember's own functions with a rule of their own (``graph_break``, ``is_compiling``)."""
-    return frozenset({markers.graph_break, markers.is_compiling})
+def _has_rule(fn: Any) -> bool:
+    """A Python function the interpreter models with a rule of its own instead of tracing it
+    (ember's ``graph_break``, ``inspect.signature``)."""
+    from ember.capture.pyrules import BUILTIN_RULES
+
+    return fn in BUILTIN_RULES
 
 
 def _call_bound(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:

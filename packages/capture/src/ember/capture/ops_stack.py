@@ -15,6 +15,7 @@ from ember.capture.pyrules import (
     constant_of,
     delete_subscript,
     is_numeric,
+    native_read,
     store_subscript,
     subscript,
     truth,
@@ -159,7 +160,9 @@ def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
             fs.push(Const(truth(fs, special) != bool(inst.arg)))
             return
         container = dict_view(fs, container) or container
-    if isinstance(container, DictV):
+    if isinstance(container, ObjV) and not isinstance(container.obj, type | tuple):
+        found = native_read(fs, container, operator.contains, constant_of(fs, item)).value
+    elif isinstance(container, DictV):
         found = constant_of(fs, item) in fs.tracer.heap.get(container.ref)
     elif isinstance(container, ModuleV) and isinstance(container.module, torch.nn.ModuleDict):
         found = constant_of(fs, item) in container.module

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import operator
 import types
 from collections.abc import Callable
@@ -48,10 +49,13 @@ from ember.capture.pyrules import (
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.userobjects import DICT_BASES, class_of, dict_base, dict_view
 from ember.capture.values import (
+    BoundV,
     Const,
     DictV,
+    FuncV,
     InstanceV,
     ListV,
+    MethodV,
     ModeV,
     ModuleV,
     ObjV,
@@ -414,3 +418,34 @@ def _inference_mode(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     (mode,) = [*args, *kwargs.values()] or [Const(True)]
     enabled = bool(constant_of(fs, mode))
     return ModeV(grad_mode._enter_inference_mode, grad_mode._exit_inference_mode, (enabled,))
+
+
+# -- inspect ----------------------------------------------------------------------------------
+
+
+@rule(inspect.signature)
+def _signature(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``inspect.signature(f)``: the real signature of the function ``f`` stands for (its
+    identity, or its class's, is guarded where it was read), computed while tracing."""
+    target, options = args[0], {k: constant_of(fs, v) for k, v in kwargs.items()}
+    if isinstance(target, BoundV) and isinstance(target.func, FuncV) and target.func.fn:
+        sig = inspect.signature(target.func.fn, **options)
+        params = list(sig.parameters.values())
+        return ObjV(sig.replace(parameters=params[1:]))  # bound: the first parameter is taken
+    if isinstance(target, MethodV) and isinstance(target.self_value, ModuleV | ObjV):
+        owner = class_of(target.self_value) or type(getattr(target.self_value, "module", None))
+        method = inspect.getattr_static(owner, target.name, None)
+        if isinstance(method, types.FunctionType):
+            return _signature(
+                fs, [BoundV(FuncV(method.__code__, {}, fn=method), ObjV(None))], kwargs
+            )
+    real: Any = None
+    if isinstance(target, FuncV):
+        real = target.fn
+    elif isinstance(target, ModuleV):
+        real = target.module
+    elif isinstance(target, ObjV) and callable(target.obj):
+        real = target.obj
+    if real is None:
+        raise Unsupported(f"inspect.signature of a {type(target).__name__}", "call")
+    return ObjV(inspect.signature(real, **options))

@@ -89,7 +89,8 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return set(fs.tracer.heap.get(v.ref))
     if isinstance(v, ObjV) and (is_constant(v.obj) or isinstance(v.obj, IDENTITY_CONSTANTS)):
         return v.obj  # (classes, modules and functions are guarded by identity when read)
-    raise Unsupported(f"a {type(v).__name__} where a constant is needed", "constant")
+    what = type(v.obj).__name__ if isinstance(v, ObjV) else type(v).__name__
+    raise Unsupported(f"a {what} where a constant is needed", "constant")
 
 
 # Objects that stand for themselves: read from the frame, they are guarded by identity.
@@ -242,6 +243,8 @@ def _len(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         found = _special(fs, v, "__len__", [])
         if found is not None:
             return found if not isinstance(found, DictV) else _len(fs, [found], {})
+    if isinstance(v, ObjV) and v.source is None and hasattr(type(v.obj), "__len__"):
+        return Const(len(v.obj))  # an object computed while tracing (a signature's parameters)
     return Const(
         len(iterate(fs, v)) if not isinstance(v, IterV) else len(fs.tracer.heap.get(v.ref))
     )
@@ -764,7 +767,26 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
         return wrap(
             fs.tracer, container.obj[key], guarding.item(src, key) if src is not None else None
         )
+    if isinstance(container, ObjV) and not isinstance(container.obj, type):
+        return native_read(fs, container, operator.getitem, constant_of(fs, index))
     return _fold(fs, operator.getitem, [container, index], {})
+
+
+def native_read(fs: FrameState, v: ObjV, fn: Callable[..., Any], *args: Any) -> Const:
+    """``fn(obj, *args)`` computed for real, for an object whose methods run natively (an
+    ``os.environ`` lookup): a constant, guarded through the same computation.
+
+    Only reads with a constant result are taken; anything else is a break.
+    """
+    try:
+        result = fn(v.obj, *args)
+    except Exception as e:
+        raise Unsupported(f"{fn.__name__}() raised {type(e).__name__}: {e}") from e
+    if not is_constant(result):
+        raise Unsupported(f"{fn.__name__}() of a {type(v.obj).__name__} (not a constant)")
+    if v.source is not None:
+        fs.tracer.guards.equals(guarding.computed(fn, (v.source, *args)), result)
+    return Const(result)
 
 
 def _module_subscript(fs: FrameState, container: ModuleV, key: Any) -> Value:

@@ -84,6 +84,12 @@ RULES: list[TraceRule] = [
     TraceRule("torch.optim", INLINE, "optimizer steps are plain tensor code"),
     TraceRule("torch.utils.checkpoint", INLINE, "activation checkpointing wraps traced code"),
     TraceRule("torch.autograd.function", SKIP, "custom autograd Functions run natively"),
+    TraceRule(
+        "_collections_abc",
+        INLINE,
+        "collections.abc's mixin methods (Mapping.get, Sequence.__iter__) are plain Python over "
+        "the class's own special methods",
+    ),
     TraceRule("threading", SKIP, "locks and threads: real synchronisation"),
     TraceRule("_threading_local", SKIP, "thread-local storage"),
     TraceRule("logging", SKIP, "logging has I/O and global handler state"),
@@ -133,11 +139,32 @@ def module_of(globals_: dict[str, Any] | None) -> str:
     >>> module_of(sys.modules["json"].__dict__), module_of({"__name__": "json"})
     ('json', '')
     """
-    name = (globals_ or {}).get("__name__")
-    if not isinstance(name, str):
+    if globals_ is None:
         return ""
-    module = sys.modules.get(name)
-    return name if module is not None and getattr(module, "__dict__", None) is globals_ else ""
+    name = globals_.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is not None and getattr(module, "__dict__", None) is globals_:
+        return name  # type: ignore[return-value]
+    # A module whose __name__ is not its key (_collections_abc calls itself collections.abc),
+    # or no module's namespace at all: found by identity, once per namespace.
+    known = _namespaces.get(id(globals_))
+    if known is None or known[0] is not globals_:
+        found = next(
+            (
+                key
+                for key, m in list(sys.modules.items())
+                if getattr(m, "__dict__", None) is globals_
+            ),
+            "",
+        )
+        if len(_namespaces) > 4096:
+            _namespaces.clear()
+        known = _namespaces[id(globals_)] = (globals_, found)
+    return known[1]
+
+
+# id(namespace) -> (namespace, module name or ""): the namespace is held so its id stays its own
+_namespaces: dict[int, tuple[dict[str, Any], str]] = {}
 
 
 def traceable(fn: Any) -> bool:

@@ -49,7 +49,12 @@ def dict_base(cls: Any) -> type | None:
 
 def python_special(cls: type, name: str) -> types.FunctionType | None:
     """``cls``'s own Python definition of the special method ``name`` (one the interpreter
-    traces), or None when the method is a builtin's (``object``'s, ``dict``'s)."""
+    traces), or None when the method is a builtin's (``object``'s, ``dict``'s), or the class
+    belongs to a module the trace rules run natively (``os.environ``'s class: its methods
+    are native, whatever mixins they come from)."""
+    module = getattr(cls, "__module__", None)
+    if isinstance(module, str) and trace_rules.lookup(module).action == trace_rules.SKIP:
+        return None
     found = inspect.getattr_static(cls, name, None)
     return found if trace_rules.traceable(found) else None
 
@@ -66,7 +71,7 @@ def class_of(v: Value) -> type | None:
 def call_special(fs: FrameState, v: Value, name: str, args: list[Value]) -> Value | None:
     """``type(v).name(v, *args)`` traced, when the class defines ``name`` in Python;
     None when it does not (the caller then applies the builtin behaviour)."""
-    from ember.capture.calls import function_value, inline
+    from ember.capture.calls import call_value, function_value
 
     cls = class_of(v)
     if cls is None:
@@ -74,7 +79,7 @@ def call_special(fs: FrameState, v: Value, name: str, args: list[Value]) -> Valu
     fn = python_special(cls, name)
     if fn is None:
         return None
-    return inline(fs, function_value(fs, fn, None), [v, *args], {})
+    return call_value(fs, function_value(fs, fn, None), [v, *args], {})  # (or its polyfill)
 
 
 def dict_view(fs: FrameState, v: Value) -> DictV | None:

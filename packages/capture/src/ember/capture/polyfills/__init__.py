@@ -64,7 +64,7 @@ def lookup(fn: Any) -> Callable[..., Any] | None:
     return found
 
 
-_MODULES = ("builtins", "dataclasses", "torch_compiler")
+_MODULES = ("builtins", "collections_abc", "dataclasses", "torch_compiler")
 _loaded = False
 
 
