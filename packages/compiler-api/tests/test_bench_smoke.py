@@ -123,3 +123,27 @@ def test_parameters_after_adam_steps_may_drift_but_gradients_may_not(tmp_path):
     assert verdict(state=1e-3, grad=0.0, drift=3e-3) == "ok"
     assert verdict(state=1e-3, grad=0.0, drift=0.0) == "wrong"
     assert verdict(state=0.0, grad=1e-3, drift=3e-3) == "wrong"  # gradients keep their tolerance
+
+
+def test_transformers_workloads_run_eagerly_at_the_quick_size(tmp_path):
+    pytest.importorskip("transformers", reason="a test dependency (noxfile REAL_MODEL_DEPS)")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+        import workloads
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    names = [name for name in workloads.WORKLOADS if name.startswith("hf-")]
+    assert len(names) == 10  # gpt2, bert, llama, t5, vit; -infer and -train
+    for name in names:
+        prepared = workloads.WORKLOADS[name].prepare(quick=True)
+        assert prepared.inputs and isinstance(prepared.inputs, dict), name
+        first, second = prepared.step(), prepared.step()
+        if prepared.mode == "train":
+            assert first.ndim == 0 and torch.isfinite(first) and second < first, name
+        else:  # a ModelOutput: the runner compares it field by field
+            saved = tmp_path / f"{name}.pt"
+            torch.save({"results": [first]}, saved)
+            ok = {"status": "ok", "tensors": str(saved)}
+            assert run.check("infer", ok, ok)["status"] == "ok"
+            assert [n for n, *_ in run.pairs(first, second)] == [f"['{k}']" for k in first]
