@@ -26,6 +26,9 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = ROOT / "ci" / "constraints.txt"
 PACKAGES = ["guards", "capture", "aotgraph", "inductor", "compiler-api"]
 TEST_TOOLS = ["pytest", "hypothesis", "expecttest", "setuptools"]
+# Real models for tests, benchmarks and the demo (tiny random-init configs, no weights):
+# test dependencies only, pinned in ci/constraints.txt; no ember package requires them.
+REAL_MODEL_DEPS = ["transformers", "einops"]
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
@@ -97,7 +100,7 @@ def _pytest_args(session: nox.Session, paths: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package installed editable in one environment; the full test suite."""
     editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
-    _install(session, *TEST_TOOLS, *editable)
+    _install(session, *TEST_TOOLS, *REAL_MODEL_DEPS, *editable)
     session.run("python", *_pytest_args(session, ["packages"]), env={"EMBER_CHECK": "1"})
 
 
@@ -106,7 +109,8 @@ def tests(session: nox.Session) -> None:
 def isolation(session: nox.Session, package: str) -> None:
     """One package installed alone, with only its declared dependencies; its own tests."""
     needed = [f"packages/{f}" for f in _ember_requirements(package)]
-    _install(session, *TEST_TOOLS, *needed)
+    extra = REAL_MODEL_DEPS if package == "compiler-api" else []  # its real-model tests
+    _install(session, *TEST_TOOLS, *extra, *needed)
     allowed = [_module(f) for f in _ember_requirements(package)]
     session.run("python", "ci/imports_alone.py", *allowed)
     session.run("python", *_pytest_args(session, [f"packages/{package}"]))
@@ -150,7 +154,7 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """Compile the model zoo and print graphs, ops, guards, compile time and speed vs eager."""
     editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
-    _install(session, *editable)
+    _install(session, *REAL_MODEL_DEPS, *editable)
     session.run("python", "benchmarks/demo.py", *session.posargs, env=_BENCH_ENV)
 
 
@@ -161,7 +165,7 @@ def bench(session: nox.Session) -> None:
     Arguments after ``--`` go to run.py: ``nox -s bench -- --quick``, ``-- --compare old.json``.
     """
     editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
-    _install(session, *editable)
+    _install(session, *REAL_MODEL_DEPS, *editable)
     args = [a for a in session.posargs if a != "--reinstall"]
     session.run("python", "benchmarks/run.py", *args, env=_BENCH_ENV)
 

@@ -58,6 +58,7 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("max err", lambda r: error(r.get("max_error"))),
     ("cold s", compile_s("cold_s")),
     ("warm s", compile_s("warm_s")),
+    ("import s", compile_s("import_s")),
     ("median ms", lambda r: number(r.get("median_ms"), 3)),
     ("x eager", lambda r: number(r.get("ratio"))),
     ("spread", spread),
@@ -155,9 +156,9 @@ def noise(summary: dict[str, Any] | None) -> str:
     )
 
 
-def notes(rows: list[Row]) -> str:
-    """Errors, graph-break reasons and noise, one bullet per row that has any."""
-    lines = []
+def notes(rows: list[Row], skipped: dict[str, str]) -> str:
+    """Errors, graph-break reasons and noise, one bullet per row that has any; skipped workloads."""
+    lines = [f"- {name}: skipped: {why}" for name, why in skipped.items()]
     for r in rows:
         said = ([r["error"]] if r.get("error") else []) + list(r.get("notes") or [])
         if said:
@@ -171,7 +172,7 @@ def markdown(results: dict[str, Any]) -> str:
     detail = table([h for h, _ in COLUMNS], [[show(r) for _, show in COLUMNS] for r in rows], 3)
     parts = ["# ember benchmarks\n", header(results["meta"]), "## Steady state against eager\n"]
     parts += [summary(results), "\n\n## Every measurement\n", detail, "\n"]
-    said = notes(rows)
+    said = notes(rows, results["meta"].get("skipped") or {})
     return "\n".join(parts) + (f"\nNotes:\n\n{said}\n" if said else "")
 
 

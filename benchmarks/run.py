@@ -152,7 +152,8 @@ def pairs(got: Any, want: Any, name: str = "") -> list[tuple[str, Any, Any]]:
         list: lambda x: list(enumerate(x)),
     }
     table[tuple] = table[list]
-    flatten = table.get(type(want))
+    # isinstance, not type: a transformers ModelOutput is a dict (of its non-None fields)
+    flatten = next((f for kind, f in table.items() if isinstance(want, kind)), None)
     if flatten is None or type(got) is not type(want) or len(got) != len(want):
         return [(name or "result", got, want)]
     mine = dict(flatten(got))
@@ -165,7 +166,8 @@ def pairs(got: Any, want: Any, name: str = "") -> list[tuple[str, Any, Any]]:
 
 
 def compile_seconds(proc: dict[str, Any] | None, wall_s: float | None) -> float | None:
-    """First call minus one steady-state call: the time spent capturing and compiling."""
+    """First call minus one steady-state call: the time spent importing the compiler,
+    capturing and compiling (``measure.first_call``)."""
     if not proc or proc.get("status") != "ok" or wall_s is None:
         return None
     return max(0.0, float(proc["first_call_s"]) - wall_s)
@@ -195,6 +197,7 @@ def summarize(
     row |= {
         "cold_s": compile_seconds(cold, wall),
         "warm_s": _median([compile_seconds(p, wall) for p in procs[1:]]),
+        "import_s": _median([p.get("import_s") for p in procs if p.get("status") == "ok"]),
         "first_call_s": [p.get("first_call_s") for p in procs],
         "median_ms": best["timing"]["median_s"] * 1e3 if best else None,
         "wall_median_ms": wall * 1e3 if wall else None,
@@ -309,13 +312,18 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     start = time.perf_counter()
-    rows = []
+    rows, skipped = [], {}
     with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
         for name in names:
+            reason = WORKLOADS[name].family.missing()
+            if reason:
+                log(f"{name}: skipped: {reason}")
+                skipped[name] = reason
+                continue
             log(f"{name}:")
             rows += run_workload(args, name, configs, Path(tmp))
     meta = metadata(args, configs, time.perf_counter() - start)
-    meta["noise"] = noise(rows)
+    meta["noise"], meta["skipped"] = noise(rows), skipped
     return {"meta": meta, "results": rows}
 
 

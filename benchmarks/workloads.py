@@ -23,12 +23,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from models import MLP, RNN, ConvNet
+from models.hf import HF_MODELS, HFModel, missing
 from models.suite import BreakingNet, Decoder, Encoder, pointwise_chain, softmax_layernorm
 from torch import nn
 
 __all__ = ["FAMILIES", "QUICK", "WORKLOADS", "Family", "Prepared", "Workload"]
 
 Program = nn.Module | Callable[..., Any]
+Inputs = tuple[Any, ...] | dict[str, Any]  # positional arguments, or keyword arguments
 Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
@@ -50,10 +52,11 @@ class Family:
 
     name: str
     about: str
-    build: Callable[[bool], tuple[Program, tuple[Any, ...]]]  # quick -> (program, inputs)
+    build: Callable[[bool], tuple[Program, Inputs]]  # quick -> (program, inputs)
     targets: Callable[[bool], Any] | None = None  # quick -> what the loss compares against
     loss: Callable[[Any, Any], torch.Tensor] | None = None
     optimizer: Optimizer | None = None
+    missing: Callable[[], str | None] = lambda: None  # why it cannot run here (a package)
 
 
 def _pointwise(quick: bool) -> tuple[Program, tuple[Any, ...]]:
@@ -111,6 +114,19 @@ def _values(full: tuple[int, ...], quick: tuple[int, ...]) -> Callable[[bool], A
     return lambda q: torch.randn(quick if q else full)
 
 
+def _hf(model: HFModel) -> Family:
+    """A tiny transformers model (``models/hf.py``); its loss is cross-entropy on the logits."""
+    sizes = model.sizes
+    return Family(
+        f"hf-{model.name}", model.about(), lambda q: (model.build(q), model.inputs(sizes(q))),
+        lambda q: model.targets(sizes(q)), _logits_loss, _adamw, missing,
+    )  # fmt: skip
+
+
+def _logits_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
+    return _classes(out.logits, labels)
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
@@ -128,6 +144,7 @@ FAMILIES: dict[str, Family] = {
                _values((16, 32, 8), (4, 6, 4)), F.mse_loss, _sgd),
         Family("graph-breaks", "MLP with an item() branch and a tolist() trip, batch 64", _breaks,
                _values((64, 256), (8, 32)), F.mse_loss, _sgd),
+        *(_hf(model) for model in HF_MODELS.values()),
     ]
 }  # fmt: skip
 
@@ -141,7 +158,7 @@ class Prepared:
     """
 
     program: Program
-    inputs: tuple[Any, ...]
+    inputs: Inputs
     mode: str
     step_fn: Callable[[Callable[..., Any]], Any]
     callable: Callable[..., Any] | None = None
@@ -156,7 +173,7 @@ class Prepared:
     def forward(self, fn: Callable[..., Any]) -> Any:
         """One call of ``fn`` on the inputs, with autograd on only when training."""
         with torch.set_grad_enabled(self.mode == "train"):
-            return fn(*self.inputs)
+            return _call(fn, self.inputs)
 
     def state(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers after the steps so far (empty for a function)."""
@@ -208,20 +225,24 @@ class Workload:
         return Prepared(program, inputs, self.mode, step, optimizer=opt)
 
 
-def _infer(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> Any:
+def _call(fn: Callable[..., Any], inputs: Inputs) -> Any:
+    return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
+
+
+def _infer(fn: Callable[..., Any], inputs: Inputs) -> Any:
     with torch.no_grad():
-        return fn(*inputs)
+        return _call(fn, inputs)
 
 
 def _train(
     fn: Callable[..., Any],
-    inputs: tuple[Any, ...],
+    inputs: Inputs,
     targets: Any,
     loss: Any,
     opt: torch.optim.Optimizer,
 ) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
-    value: torch.Tensor = loss(fn(*inputs), targets)
+    value: torch.Tensor = loss(_call(fn, inputs), targets)
     value.backward()
     opt.step()
     return value.detach()

@@ -7,6 +7,8 @@ found (rows, statuses, graphs, breaks), never how fast anything was.
 
 from __future__ import annotations
 
+import dataclasses
+import doctest
 import json
 import subprocess
 import sys
@@ -123,3 +125,58 @@ def test_parameters_after_adam_steps_may_drift_but_gradients_may_not(tmp_path):
     assert verdict(state=1e-3, grad=0.0, drift=3e-3) == "ok"
     assert verdict(state=1e-3, grad=0.0, drift=0.0) == "wrong"
     assert verdict(state=0.0, grad=1e-3, drift=3e-3) == "wrong"  # gradients keep their tolerance
+
+
+def test_transformers_workloads_run_eagerly_at_the_quick_size(tmp_path):
+    pytest.importorskip("transformers", reason="a test dependency (noxfile REAL_MODEL_DEPS)")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+        import workloads
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    names = [name for name in workloads.WORKLOADS if name.startswith("hf-")]
+    assert len(names) == 10  # gpt2, bert, llama, t5, vit; -infer and -train
+    for name in names:
+        prepared = workloads.WORKLOADS[name].prepare(quick=True)
+        assert prepared.inputs and isinstance(prepared.inputs, dict), name
+        first, second = prepared.step(), prepared.step()
+        if prepared.mode == "train":
+            assert first.ndim == 0 and torch.isfinite(first) and second < first, name
+        else:  # a ModelOutput: the runner compares it field by field
+            saved = tmp_path / f"{name}.pt"
+            torch.save({"results": [first]}, saved)
+            ok = {"status": "ok", "tensors": str(saved)}
+            assert run.check("infer", ok, ok)["status"] == "ok"
+            assert [n for n, *_ in run.pairs(first, second)] == [f"['{k}']" for k in first]
+
+
+def test_a_workload_whose_package_is_missing_is_skipped_with_the_reason(monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import report
+        import run
+        import workloads
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    why = "transformers is not installed (a test/benchmark dependency)"
+    family = dataclasses.replace(workloads.FAMILIES["hf-gpt2"], missing=lambda: why)
+    monkeypatch.setitem(run.WORKLOADS, "hf-gpt2-infer", workloads.Workload(family, "infer"))
+    args = run.parse_args(["--quick", "--workloads", "hf-gpt2-infer", "--configs", "eager"])
+    results = run.run_all(args)
+    assert results["results"] == [] and results["meta"]["skipped"] == {"hf-gpt2-infer": why}
+    assert f"- hf-gpt2-infer: skipped: {why}" in report.markdown(results)
+
+
+def test_benchmark_docstring_examples():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import models
+        import models.hf
+        import report
+        import workloads
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for module in (models, models.hf, report, workloads):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
