@@ -514,3 +514,31 @@ def test_unstarted_generator_alive_at_a_break_is_made_again():
     compiled = ember.compiler.compile(f, backend=CompileCounter())
     torch.testing.assert_close(compiled(x4()), f(x4()))
     assert compiled.stats.breaks and compiled.stats.failures == []
+
+
+def test_enumerate_and_zip_resume_a_generator_item_by_item():
+    def f(x):
+        log = []
+        for i, y in enumerate(_squares(x, 2, log)):
+            log.append(f"loop {i}")
+            x = x + y
+        for a, b in zip(_squares(x, 3, log), [x, x], strict=False):  # stops the generator early
+            x = x + a * b
+        try:
+            for a, b in zip([x], _squares(x, 2, log), strict=True):
+                x = x + a * b
+        except ValueError as e:
+            log.append(str(e))
+        return x, log
+
+    check(f, x4())
+
+
+def test_any_stops_at_the_first_true_item():
+    def f(x):
+        keys = ["a", "b", "missing"]
+        table = {"a": 0, "b": 1}
+        found = any(table[k] for k in keys)  # CPython never reads table["missing"]
+        return x + found
+
+    check(f, x4())

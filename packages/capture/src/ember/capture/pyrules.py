@@ -377,8 +377,16 @@ def _sum(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(any, all)
 def _any_all(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    truths = [truth(fs, x) for x in iterate(fs, args[0])]
-    return Const(any(truths) if fs.current and _called_name(fs) == "any" else all(truths))
+    """Stops at the first item that decides, as CPython does (a generator is resumed no
+    further, so its later items, side effects and errors never happen)."""
+    decisive = _called_name(fs) == "any"  # any(): a true item decides; all(): a false one
+    it = args[0] if isinstance(args[0], GenV) else make_iter(fs, iterate(fs, args[0]))
+    while True:
+        exhausted, item = generators.next_value(fs, it)
+        if exhausted:
+            return Const(not decisive)
+        if truth(fs, item) == decisive:
+            return Const(decisive)
 
 
 def _called_name(fs: FrameState) -> str:
@@ -536,6 +544,12 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
     if markers.is_assumed_constant(obj):
         return _fold(fs, obj, args, kwargs)  # unguarded, as the user promised
+    lazy = polyfills.lazy_builtin(obj) if _hashable(obj) else None
+    if lazy is not None and any(isinstance(a, GenV) for a in args):
+        # over a generator: a generator of its own, so each item is made when consumed
+        from ember.capture.calls import function_value, inline
+
+        return inline(fs, function_value(fs, lazy, None), args, kwargs)
     rule_fn = BUILTIN_RULES.get(obj) if _hashable(obj) else None
     if rule_fn is not None:
         previous, fs.tracer.calling = fs.tracer.calling, obj

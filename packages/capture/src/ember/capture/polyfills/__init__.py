@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["FOLDER", "POLYFILLS", "contextmanager_parts", "lookup"]
+__all__ = ["FOLDER", "POLYFILLS", "contextmanager_parts", "lazy_builtin", "lookup"]
 
 FOLDER = os.path.join(os.path.dirname(__file__), "")
 
@@ -41,6 +41,13 @@ def contextmanager_parts(fn: Any) -> tuple[Any, int] | None:
     if code is not polyfill.HELPER_CODE:
         return None
     return polyfill.contextmanager_call, code.co_freevars.index("func")
+
+
+def lazy_builtin(obj: Any) -> Any:
+    """The generator version of ``enumerate``/``zip``/``map``/``filter`` (None for others)."""
+    from ember.capture.polyfills import builtins
+
+    return builtins.LAZY.get(obj)
 
 
 def _load() -> None:
