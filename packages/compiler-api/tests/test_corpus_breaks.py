@@ -2026,28 +2026,15 @@ _COMPREHENSION_FRAME = (
 
 COUNT_MISMATCHES: dict[str, tuple[str, str]] = {
     "listcomp_that_prints": ("1/1", _COMPREHENSION_FRAME),
-    "generator_that_prints": (
-        "1/2",
-        "the generator runs natively at the frame's break (list() of it) and then breaks in its"
-        " own frame, whose print is a second break",
-    ),
     "random_randint": ("0/0", _REBUILD),
     "lambda_that_prints": ("1/1", _REBUILD),
     "partial_that_prints": ("1/1", _REBUILD),
     "makes_a_closure_and_breaks": ("1/0", _CELLS),
     "closure_appends_and_breaks": ("2/0", _CELLS),
-    "generator_partly_consumed": (
-        "1/3",
-        (
-            "next() on a generator made in the frame breaks (and so does its append to an "
-            "argument list)"
-        ),
-    ),
     "assert_on_tensor_value": (
         "2/1",
         "an assert on a tensor's value breaks (Dynamo captures it as torch._assert)",
     ),
-    "caught_key_error": ("0/0", "an exception raised and caught inside the frame runs it eagerly"),
 }
 
 

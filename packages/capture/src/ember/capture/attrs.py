@@ -20,13 +20,15 @@ from ember.capture import guarding, trace_rules
 from ember.capture.builder import is_constant, wrap
 from ember.capture.calls import function_value
 from ember.capture.graphops import graph_call
-from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.tracer import FrameState, Raised, Unsupported
 from ember.capture.userobjects import class_of, python_special
 from ember.capture.values import (
     BoundV,
     Const,
     DictV,
+    ExcV,
     FuncV,
+    GenV,
     InstanceV,
     ListV,
     MethodV,
@@ -92,7 +94,8 @@ def _class_attribute(
     if isinstance(cls_attr, property) and trace_rules.traceable(cls_attr.fget):
         from ember.capture.calls import call_value
 
-        return call_value(fs, function_value(fs, cls_attr.fget, None), [v], {})
+        fget: Any = cls_attr.fget
+        return call_value(fs, function_value(fs, fget, None), [v], {})
     if isinstance(cls_attr, property) and v.source is None:
         # An object ember made while tracing, of a class whose module runs natively (an
         # inspect.Signature): its property is read for real; nothing outside sees it.
@@ -197,8 +200,9 @@ def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
     if name == "__class__":
         return wrap(fs.tracer, v.cls, None)
     found = inspect.getattr_static(v.cls, name, _MISSING)
-    if found is _MISSING:
-        raise no_attribute(f"{v.cls.__name__} object", name)
+    if found is _MISSING:  # the instance is all known: eager raises the same
+        message = f"'{v.cls.__name__}' object has no attribute '{name}'"
+        raise Raised(ExcV(AttributeError, (Const(message),)), message)
     if isinstance(found, staticmethod):
         return wrap(fs.tracer, found.__func__, None)
     if isinstance(found, classmethod):
@@ -246,6 +250,34 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     if name in ("_fields", "_field_defaults") or is_constant(found):
         return Const(getattr(cls, name))
     return MethodV(v, name)
+
+
+def _exception_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """``e.args``, ``e.value`` (StopIteration), ``e.__cause__``; the rest of a built-in
+    exception with constant arguments from the real exception."""
+    assert isinstance(v, ExcV)
+    python_init = isinstance(v.cls.__init__, types.FunctionType)
+    if name == "args" and not python_init:
+        return TupleV(v.args)
+    if name == "value" and issubclass(v.cls, StopIteration):
+        return v.args[0] if v.args else Const(None)
+    if name == "__cause__":
+        return v.cause if v.cause is not None else Const(None)
+    if name == "__class__":
+        return ObjV(v.cls)
+    if not python_init and name not in ("__context__", "__traceback__"):
+        from ember.capture.pyrules import as_value, constant_of
+
+        found = getattr(constant_of(fs, v), name, _MISSING)
+        if found is not _MISSING:
+            return as_value(fs, found)
+    raise Unsupported(f"attribute {name!r} of a {v.cls.__name__} made in the trace", "attribute")
+
+
+def _generator_attr(fs: FrameState, v: Value, name: str) -> Value:
+    if name in ("send", "throw", "close", "__next__", "__iter__"):
+        return MethodV(v, name)
+    raise Unsupported(f"attribute {name!r} of a generator", "attribute")
 
 
 # Function attributes read as constants; the function itself is guarded by identity, and
@@ -315,6 +347,8 @@ ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     SuperV: _super_attr,
     SymV: _number_attr,
     InstanceV: _instance_attr,
+    ExcV: _exception_attr,
+    GenV: _generator_attr,
     TensorV: _tensor_attr,
     ModuleV: _module_attr,
     ObjV: _object_attr,
@@ -366,8 +400,6 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value, raw: bool = 
         raise Unsupported(f"setting the descriptor .{name}", "side-effect")
     if isinstance(value, TensorV) and isinstance(obj, ModuleV) and value.fake.requires_grad:
         raise Unsupported(f"setting .{name} to a tensor that requires grad", "side-effect")
-    if fs.in_generator():
-        raise Unsupported("a side effect inside a generator ember runs ahead", "side-effect")
     fs.tracer.containers.setdefault(id(real), (real, obj))  # keeps `real` alive: ids stay unique
     fs.tracer.attr_overlay[(id(real), name)] = value
     fs.tracer.effects.append(("object_setattr" if raw else "setattr", obj.source, name, value))

@@ -224,7 +224,9 @@ def _trusted(obj: Any) -> bool:
     module = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
     if isinstance(obj, types.ModuleType):
         module = obj.__name__
-    return isinstance(module, str) and module.split(".")[0] in TRUSTED_MODULE_PREFIXES
+    if not isinstance(module, str) or module.startswith("ember.capture.polyfills"):
+        return False  # a polyfill's functions and helpers are traced like user code
+    return module.split(".")[0] in TRUSTED_MODULE_PREFIXES
 
 
 def _wrap_bound_method(tracer: Tracer, obj: Any, source: Any) -> Value:

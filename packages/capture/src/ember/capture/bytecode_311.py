@@ -38,6 +38,7 @@ move a label) and assemble it back with :func:`ember.capture.assemble.assemble`.
 from __future__ import annotations
 
 import dis
+import functools
 import itertools
 import opcode
 import operator
@@ -60,6 +61,7 @@ __all__ = [
     "JUMP_FAMILIES",
     "PARTNER",
     "PROLOGUE_OPS",
+    "RESUME_DELEGATING",
     "TERMINAL",
     "UNCONDITIONAL_JUMPS",
     "BytecodeError",
@@ -68,6 +70,7 @@ __all__ = [
     "Label",
     "Operator",
     "Positions",
+    "Unwind",
     "decode",
     "format_instrs",
     "handlers",
@@ -76,6 +79,7 @@ __all__ = [
     "parse_exception_table",
     "stack_effect",
     "stack_needs",
+    "unwind_table",
 ]
 
 Positions = dis.Positions
@@ -678,6 +682,32 @@ def handlers(
             raise BytecodeError(f"exception entry {n} ({entry}): empty range or negative depth")
         result[first : last + 1] = [entry] * (last + 1 - first)
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class Unwind:
+    """Where an exception raised at an instruction goes: handler index, depth, lasti."""
+
+    target: int
+    depth: int
+    lasti: bool
+
+
+@functools.lru_cache(maxsize=512)
+def unwind_table(code: CodeType) -> tuple[Unwind | None, ...]:
+    """For each instruction of ``code`` (indices as :func:`decode` numbers them), its handler.
+
+    >>> unwind_table((lambda d: d["k"]).__code__)
+    (None, None, None, None, None)
+    """
+    instrs, entries = decode(code)
+    where = label_index(instrs)
+    found = handlers(instrs, entries)
+    return tuple(e if e is None else Unwind(where[e.target], e.depth, e.lasti) for e in found)
+
+
+# RESUME's oparg from here up: a generator suspended in ``yield from`` (``_PyGen_yf``).
+RESUME_DELEGATING: Final = 2
 
 
 # -- stack effects ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 from ember.capture import guarding, markers, polyfills, trace_rules
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
-from ember.capture.tracer import FrameState, Unsupported, decode
+from ember.capture.tracer import FrameState, Raised, Unsupported, decode
 from ember.capture.values import (
     BoundV,
     CellV,
@@ -150,14 +150,10 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
         depth=fs.depth + 1,
     )
     child.cells.update(_closure_cells(fs, func))
-    if code.co_flags & inspect.CO_GENERATOR:
-        # Run the generator to completion now; the caller consumes its yields. Sound
-        # while the generator and its consumer do not interleave side effects.
-        child.yields = []
-        run_frame(child)  # runs to completion: no stop index
-        from ember.capture.pyrules import make_iter
+    if code.co_flags & inspect.CO_GENERATOR:  # runs when resumed (next, for, send)
+        from ember.capture.generators import make_generator
 
-        return make_iter(fs, child.yields)
+        return make_generator(fs, child, (func, args, kwargs))
     result = run_frame(child)
     assert result is not None
     return result
@@ -203,7 +199,23 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
         raise Unsupported(f"call to {f.code.co_name}, which ember does not capture", "user")
     if f.fn is not None and _grad_decorated(f.fn) is not None:
         return _call_grad_decorated(fs, f, args, kwargs)
+    if f.fn is not None and polyfills.contextmanager_parts(f.fn) is not None:
+        return _call_contextmanager(fs, f, args, kwargs)
     return inline(fs, f, args, kwargs)
+
+
+def _call_contextmanager(fs: FrameState, f: FuncV, args: Args, kwargs: Kwargs) -> Value:
+    """A ``@contextlib.contextmanager`` function: the polyfill's context manager over the
+    decorated generator function (in the helper's closure, so the helper is guarded by
+    identity)."""
+    parts = polyfills.contextmanager_parts(f.fn)
+    assert parts is not None
+    call, index = parts
+    if f.source is not None:
+        fs.tracer.guards.identity(f.source, f.fn)
+    source = guarding.closure_cell(f.source, index) if f.source is not None else None
+    func = wrap(fs.tracer, f.fn.__closure__[index].cell_contents, source)
+    return inline(fs, function_value(fs, call, None), [func, *args], kwargs)
 
 
 def _grad_decorated(fn: Any) -> bool | None:
@@ -233,7 +245,11 @@ def _call_grad_decorated(fs: FrameState, f: FuncV, args: Args, kwargs: Kwargs) -
     inner = wrap(fs.tracer, f.fn.__closure__[index].cell_contents, inner_source)
     previous = fs.tracer.grad_enabled
     fs.tracer.set_grad_enabled(enabled)
-    result = call_value(fs, inner, args, kwargs)
+    try:
+        result = call_value(fs, inner, args, kwargs)
+    except Raised:  # the decorator's with block restores the mode on the way out
+        fs.tracer.set_grad_enabled(previous)
+        raise
     fs.tracer.set_grad_enabled(previous)
     return result
 
@@ -383,7 +399,7 @@ def call_value(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     if real is not None:
         stand_in = polyfills.lookup(real)
         if stand_in is not None:  # plain Python that does what ``real`` does: traced instead
-            return inline(fs, function_value(fs, stand_in, None), args, kwargs)
+            return call_value(fs, wrap(fs.tracer, stand_in, None), args, kwargs)
     rule = CALL_RULES.get(type(f))
     if rule is None:
         raise Unsupported(f"calling a {type(f).__name__}", "call")

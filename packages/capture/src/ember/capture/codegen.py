@@ -38,6 +38,7 @@ from ember.capture.userobjects import make_instance, replace_items
 #   ("iter", [..])         an iterator over the parts (a loop's iterator, at a graph break)
 #   ("shared", (ref, part)) a list or dict built once however many names refer to it
 #   ("new", (cls, [..]))   cls(*parts), made afresh on every run (an exception to raise)
+#   ("call", (part, [..], [(k, part)]))  part(*parts, **kwparts): an unstarted generator
 #   ("object", (cls, [(name, part)], [(key, part)] | None))  an instance made inside the
 #                          frame, attributes (and a dict-derived class's items) set
 #   ("function", (code, globals, [defaults], [(k, kwdefault)], [cell content | None]))
@@ -198,6 +199,11 @@ PART_RULES: dict[str, Callable[[_Rebuild, Any], str]] = {
         + ")"
     ),
     "function": _function,
+    "call": lambda r, p: (
+        f"{r.expr(p[0])}({''.join(f'{r.expr(a)}, ' for a in p[1])}"
+        + "".join(f"{k}={r.expr(v)}, " for k, v in p[2])
+        + ")"
+    ),
     "iter": lambda r, parts: f"{PREFIX}B.iter([{r.items(parts)}])",  # what a loop has left
 }
 

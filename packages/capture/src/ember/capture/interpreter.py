@@ -1,7 +1,7 @@
 """The symbolic interpreter: one handler per 3.11 opcode, over a stack of values.
 
 Handlers live in family modules (``ops_load``, ``ops_stack``, ``ops_build``,
-``ops_call``, ``ops_jump``) and register themselves here with ``@handler``,
+``ops_call``, ``ops_jump``, ``ops_except``) and register themselves here with ``@handler``,
 keyed by ``dis`` opname; :data:`HANDLERS` is the table :func:`run_frame`
 dispatches on. An opcode with no handler is a graph break with a reason
 (:data:`UNSUPPORTED` says why for the ones left out on purpose), never an
@@ -16,8 +16,9 @@ from __future__ import annotations
 import dis
 from collections.abc import Callable
 
-from ember.capture.tracer import MAX_INLINE_DEPTH, FrameState, Instr, Unsupported
-from ember.capture.values import Value
+from ember.capture import bytecode_311
+from ember.capture.tracer import MAX_INLINE_DEPTH, FrameState, Instr, Raised, Unsupported
+from ember.capture.values import Const, Value
 
 Handler = Callable[[FrameState, Instr], None]
 
@@ -35,14 +36,8 @@ UNSUPPORTED: dict[str, str] = {
     "DELETE_GLOBAL": "deleting a global inside compiled code (a side effect)",
     "DELETE_ATTR": "deleting an attribute inside compiled code (a side effect)",
     "BEFORE_ASYNC_WITH": "async code",
-    "WITH_EXCEPT_START": "with-blocks inside compiled code",
-    "PUSH_EXC_INFO": "try/except inside compiled code",
-    "POP_EXCEPT": "try/except inside compiled code",
-    "CHECK_EXC_MATCH": "try/except inside compiled code",
     "CHECK_EG_MATCH": "except* inside compiled code",
     "PREP_RERAISE_STAR": "except* inside compiled code",
-    "RERAISE": "try/except inside compiled code",
-    "SEND": "await (or yield from outside a generator ember runs ahead)",
     "GET_AWAITABLE": "async code",
     "GET_AITER": "async code",
     "GET_ANEXT": "async code",
@@ -77,19 +72,23 @@ def handler(*opnames: str) -> Callable[[Handler], Handler]:
 
 
 def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
-    """Step through ``fs`` until it returns (its value), or until it reaches ``stop_at`` (None).
+    """Step through ``fs`` until it returns (its value), yields (None, ``fs.yielded`` set), or
+    reaches ``stop_at`` (None).
 
-    When something is unsupported, the outermost frame records the index of its
+    An exception the traced code raises (:class:`Raised`) jumps to the handler of the
+    instruction that raised it, or leaves the frame for its caller's handlers. When something
+    is unsupported, or an exception escapes, the outermost frame records the index of its
     instruction that was running (``Unsupported.top_index``): where a graph break goes.
     """
     if fs.depth > MAX_INLINE_DEPTH:
         raise Unsupported(f"calls nested deeper than {MAX_INLINE_DEPTH} (recursion?)", "call")
-    while fs.result is None:
+    while fs.result is None and fs.yielded is None:
         if fs.ip == stop_at:
             return None
         if fs.ip >= len(fs.instrs):
             raise Unsupported("ran off the end of the code", "internal")
-        inst = fs.instrs[fs.ip]
+        index = fs.ip
+        inst = fs.instrs[index]
         fs.current = inst
         fs.tracer.guards.where = (fs.code.co_filename, inst.lineno)
         fs.ip += 1
@@ -99,19 +98,58 @@ def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
                 reason = UNSUPPORTED.get(inst.opname, "no handler for this opcode")
                 raise Unsupported(f"{inst.opname}: {reason}", "opcode")
             fn(fs, inst)
+        except Raised as e:
+            first = fs.raised_at.setdefault(id(e.exc), index)
+            if unwind(fs, e.exc, index):
+                continue
+            if fs.depth != 0:
+                raise
+            raise _escaped(fs, e, first) from None
         except Unsupported as e:
             if e.location is None:
                 e.location = fs.location()
             e.stack.insert(0, fs.location())
             if fs.depth == 0:
-                e.top_index = fs.ip - 1
+                e.top_index = index
             raise
     return fs.result
 
 
+def _escaped(fs: FrameState, e: Raised, index: int) -> Unsupported:
+    """An exception leaving the outermost frame: a graph break at the instruction that first
+    raised it there, so CPython raises it (and runs the handlers it met) for real."""
+    fs.current = fs.instrs[index]
+    escaped = Unsupported(e.reason, "exception", "raise it outside the compiled code")
+    escaped.location, escaped.top_index = fs.location(), index
+    escaped.stack = [escaped.location]
+    return escaped
+
+
+def unwind(fs: FrameState, exc: Value, index: int) -> bool:
+    """Go to the handler of instruction ``index`` with ``exc`` raised there, as CPython's
+    ``exception_unwind`` does: cut the stack to the entry's depth, push lasti if the entry
+    says so, push the exception, jump. False when no handler covers the instruction."""
+    where = bytecode_311.unwind_table(fs.code)[index]
+    if where is None:
+        return False
+    del fs.stack[where.depth :]
+    if where.lasti:
+        fs.push(Const(index))  # only RERAISE reads it (for the traceback's line)
+    fs.push(exc)
+    fs.ip = where.target
+    return True
+
+
 def _load_families() -> None:
     # Importing the family modules fills HANDLERS (each registers with @handler).
-    from ember.capture import ops_build, ops_call, ops_jump, ops_load, ops_stack  # noqa: F401
+    from ember.capture import (  # noqa: F401
+        ops_build,
+        ops_call,
+        ops_except,
+        ops_jump,
+        ops_load,
+        ops_stack,
+    )
 
 
 _load_families()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember.capture import generators
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import constant_of, iterate, make_iter
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import Const, DictV, IterV, ListV, SetV, TupleV, Value
+from ember.capture.values import Const, DictV, GenV, IterV, ListV, SetV, TupleV, Value
 
 
 @handler("BUILD_TUPLE")
@@ -144,17 +145,15 @@ def UNPACK_EX(fs: FrameState, inst: Instr) -> None:
 @handler("GET_ITER")
 def GET_ITER(fs: FrameState, inst: Instr) -> None:
     value = fs.pop()
-    fs.push(value if isinstance(value, IterV) else make_iter(fs, iterate(fs, value)))
+    iterator = isinstance(value, IterV | GenV)
+    fs.push(value if iterator else make_iter(fs, iterate(fs, value)))
 
 
 @handler("FOR_ITER")
 def FOR_ITER(fs: FrameState, inst: Instr) -> None:
-    it = fs.peek()
-    if not isinstance(it, IterV):
-        raise Unsupported(f"iterating a {type(it).__name__} ember cannot read ahead", "iteration")
-    remaining = fs.tracer.heap.get(it.ref)
-    if remaining:
-        fs.push(remaining.pop(0))
-    else:
+    exhausted, value = generators.next_value(fs, fs.peek())  # a generator runs to its yield
+    if exhausted:
         fs.pop()
         fs.jump(inst)
+    else:
+        fs.push(value)

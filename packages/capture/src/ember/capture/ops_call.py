@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ember.capture import generators
 from ember.capture.calls import call_value
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import iterate, make_iter
@@ -12,11 +13,8 @@ from ember.capture.values import (
     Const,
     DictV,
     FuncV,
-    GradExitV,
-    GradModeV,
+    GenV,
     IterV,
-    ModeExitV,
-    ModeV,
     ObjV,
     TupleV,
     Value,
@@ -86,31 +84,9 @@ def MAKE_FUNCTION(fs: FrameState, inst: Instr) -> None:
     )
 
 
-@handler("BEFORE_WITH")
-def BEFORE_WITH(fs: FrameState, inst: Instr) -> None:
-    manager = fs.pop()
-    if isinstance(manager, ModeV):
-        token = fs.tracer.enter_mode(manager.enter, manager.exit, manager.args)
-        fs.push(ModeExitV(manager.exit, token))
-        fs.push(Const(None))  # what __enter__ returned (autocast's self is rarely used)
-        return
-    if not isinstance(manager, GradModeV):
-        raise Unsupported(f"a with-block over a {type(manager).__name__}", "with")
-    if not manager.applied:
-        fs.tracer.set_grad_enabled(manager.enabled)
-    fs.push(GradExitV(manager.previous))  # what the block's end calls
-    fs.push(Const(None))  # what __enter__ returned
-
-
 @handler("LOAD_ASSERTION_ERROR")
 def LOAD_ASSERTION_ERROR(fs: FrameState, inst: Instr) -> None:
     fs.push(ObjV(AssertionError))  # an assert that fails while tracing: raised natively
-
-
-@handler("RAISE_VARARGS")
-def RAISE_VARARGS(fs: FrameState, inst: Instr) -> None:
-    # The graph so far runs, then CPython raises: a graph break with nothing to resume.
-    raise Unsupported("raising an exception", "exception", "raise it outside the compiled code")
 
 
 @handler("RETURN_VALUE")
@@ -118,13 +94,12 @@ def RETURN_VALUE(fs: FrameState, inst: Instr) -> None:
     fs.result = fs.pop()
 
 
-# Generators consumed inside the frame run to completion when called; their yields
-# become the iterator the caller consumes (see calls.inline).
+# Generators: each runs in its own frame, suspended in the heap (see ``generators``).
 
 
 @handler("RETURN_GENERATOR")
 def RETURN_GENERATOR(fs: FrameState, inst: Instr) -> None:
-    if fs.yields is None:
+    if fs.depth == 0:
         raise Unsupported("a generator frame outside of a call that consumes it", "generator")
     fs.push(Const(None))  # what the first next() sends; the prologue's POP_TOP drops it
 
@@ -132,26 +107,28 @@ def RETURN_GENERATOR(fs: FrameState, inst: Instr) -> None:
 @handler("GET_YIELD_FROM_ITER")
 def GET_YIELD_FROM_ITER(fs: FrameState, inst: Instr) -> None:
     source = fs.pop()
-    fs.push(source if isinstance(source, IterV) else make_iter(fs, iterate(fs, source)))
+    iterator = isinstance(source, IterV | GenV)
+    fs.push(source if iterator else make_iter(fs, iterate(fs, source)))
 
 
 @handler("SEND")
 def SEND(fs: FrameState, inst: Instr) -> None:
-    """``yield from it`` in a generator run ahead: all of ``it``'s values are this
-    generator's yields; what ``it`` returned is None (ember keeps no return values)."""
-    if fs.yields is None:
-        raise Unsupported("yield from / await outside a generator ember runs ahead", "generator")
+    """``yield from it``: send into ``it``; its yield is ours, its return value ends the loop."""
     sent = fs.pop()
-    if not (isinstance(sent, Const) and sent.value is None):
-        raise Unsupported("sending a value into a generator", "generator")
-    fs.yields.extend(iterate(fs, fs.pop()))
-    fs.push(Const(None))
-    fs.jump(inst)
+    receiver = fs.peek()
+    if isinstance(receiver, GenV):
+        done, value = generators.resume(fs, receiver, sent)
+    elif isinstance(sent, Const) and sent.value is None:
+        done, value = generators.next_value(fs, receiver)
+    else:
+        raise Unsupported(f"sending a value into a {type(receiver).__name__}", "generator")
+    if done:
+        fs.stack[-1] = value
+        fs.jump(inst)
+    else:
+        fs.push(value)
 
 
 @handler("YIELD_VALUE")
 def YIELD_VALUE(fs: FrameState, inst: Instr) -> None:
-    if fs.yields is None:
-        raise Unsupported("yield outside of a generator ember runs", "generator")
-    fs.yields.append(fs.pop())
-    fs.push(Const(None))  # next() sends None
+    fs.yielded = fs.pop()  # run_frame returns; resuming pushes the value sent

@@ -105,7 +105,7 @@ def STORE_DEREF(fs: FrameState, inst: Instr) -> None:
     cell = _cell(fs, inst.argval)
     value = fs.pop()
     if cell.ref in fs.tracer.heap.from_frame:  # a real cell: rebinding it is a side effect
-        if fs.depth != 0 or inst.argval not in fs.code.co_freevars or fs.in_generator():
+        if fs.depth != 0 or inst.argval not in fs.code.co_freevars:
             raise Unsupported(f"assigning the closure variable {inst.argval!r}", "side-effect")
         fs.tracer.effects.append(("cell", inst.argval, value))  # the frame's own nonlocal
     fs.tracer.heap.set(cell.ref, value)
@@ -114,8 +114,8 @@ def STORE_DEREF(fs: FrameState, inst: Instr) -> None:
 @handler("STORE_GLOBAL")
 def STORE_GLOBAL(fs: FrameState, inst: Instr) -> None:
     value = fs.pop()
-    if fs.globals_source is not guarding.global_ or fs.in_generator():
-        raise Unsupported("assigning a global of another module, or in a generator", "side-effect")
+    if fs.globals_source is not guarding.global_:
+        raise Unsupported("assigning a global of another module", "side-effect")
     fs.tracer.global_overlay[inst.argval] = value
     fs.tracer.effects.append(("global", inst.argval, value))
 

@@ -35,8 +35,10 @@ from ember.capture.pyrules import (
     _fold,
     _mutate,
     _no_kwargs,
+    as_exception,
     as_value,
     call_python_object,
+    class_arg,
     constant_of,
     delete_subscript,
     is_const_value,
@@ -45,21 +47,26 @@ from ember.capture.pyrules import (
     rule,
     store_subscript,
     subscript,
+    truth,
 )
-from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.tracer import FrameState, Raised, Unsupported
 from ember.capture.userobjects import DICT_BASES, class_of, dict_base, dict_view
 from ember.capture.values import (
     BoundV,
+    CellV,
     Const,
     DictV,
     FuncV,
+    GenV,
     InstanceV,
     ListV,
     MethodV,
     ModeV,
     ModuleV,
     ObjV,
+    PartialV,
     SetV,
+    SuperV,
     TupleV,
     Value,
     is_namedtuple_class,
@@ -226,7 +233,8 @@ def _call_getter(fs: FrameState, getter: Any, args: Args, kwargs: Kwargs) -> Val
 
 def _user_class(obj: Any) -> bool:
     module = getattr(obj, "__module__", None) or ""
-    return is_plain_class(obj) and module.split(".")[0] not in TRUSTED_MODULE_PREFIXES
+    polyfill = module.startswith("ember.capture.polyfills.")
+    return is_plain_class(obj) and (polyfill or module.split(".")[0] not in TRUSTED_MODULE_PREFIXES)
 
 
 OBJECT_KINDS.extend(
@@ -236,6 +244,75 @@ OBJECT_KINDS.extend(
         (_user_class, _instantiate),
     ]
 )
+
+
+# -- functional builtins ---------------------------------------------------------------------
+
+
+@rule(super)
+def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    if args:  # super(cls, obj)
+        cls, obj = args
+        return SuperV(class_arg(fs, cls), obj)
+    cell = fs.cells.get("__class__")  # zero-argument super(): the method's class and self
+    if not isinstance(cell, CellV) or not fs.code.co_argcount:
+        raise Unsupported("super() outside a method", "call")
+    from ember.capture.calls import materialize
+
+    cls = materialize(fs, fs.tracer.heap.get(cell.ref))
+    first = materialize(fs, fs.locals.get(fs.code.co_varnames[0], Const(None)))
+    if not isinstance(cls, ObjV) or not isinstance(cls.obj, type):
+        raise Unsupported("super() without a class", "call")
+    return SuperV(cls.obj, first)
+
+
+@rule(functools.partial)
+def _partial(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    return PartialV(args[0], tuple(args[1:]), tuple(kwargs.items()))
+
+
+@rule(map)
+def _map(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.calls import call_value
+
+    fn, *iterables = args
+    columns = [iterate(fs, it) for it in iterables]
+    rows = zip(*columns, strict=False)
+    return make_iter(fs, [call_value(fs, fn, list(row), {}) for row in rows])
+
+
+@rule(sorted)
+def _sorted(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``sorted(items, key=..., reverse=...)`` over a static sequence: the keys must be known
+    while tracing (``key=len`` on strings, a lambda reading constants); the items may be
+    anything, tensors included."""
+    from ember.capture.calls import call_value
+
+    (items_value,) = args
+    if set(kwargs) - {"key", "reverse"}:
+        raise Unsupported(f"sorted() with keyword arguments {sorted(kwargs)}", "call")
+    items = iterate(fs, items_value)
+    key = kwargs.get("key")
+    if key is not None and not (isinstance(key, Const) and key.value is None):
+        keys = [constant_of(fs, call_value(fs, key, [item], {})) for item in items]
+    else:
+        keys = [constant_of(fs, item) for item in items]
+    reverse = bool(constant_of(fs, kwargs.get("reverse", Const(False))))
+    order = sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
+    return ListV(fs.tracer.heap.new([items[i] for i in order]))
+
+
+@rule(filter)
+def _filter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    from ember.capture.calls import call_value
+
+    fn, iterable = args
+    identity = isinstance(fn, Const) and fn.value is None
+
+    def keep(item: Value) -> bool:
+        return truth(fs, item if identity else call_value(fs, fn, [item], {}))
+
+    return make_iter(fs, [item for item in iterate(fs, iterable) if keep(item)])
 
 
 # -- methods of Python values ------------------------------------------------------------------
@@ -252,6 +329,8 @@ def call_python_method(
         return _dict_method(fs, self_value, name, args, kwargs)
     if isinstance(self_value, SetV):
         return _set_method(fs, self_value, name, args, kwargs)
+    if isinstance(self_value, GenV):
+        return _generator_method(fs, self_value, name, args)
     if isinstance(self_value, TupleV) and name in ("index", "count"):
         return _fold(fs, getattr(tuple, name), [TupleV(self_value.items), *args], kwargs)
     if isinstance(self_value, Const):
@@ -313,6 +392,26 @@ def _list_method(fs: FrameState, lst: ListV, name: str, args: Args, kwargs: Kwar
         raise Unsupported(f"list.{name}() inside compiled code", "call")
     result = mutators[name](_mutate(fs, lst))
     return result if isinstance(result, Value) else Const(None)
+
+
+def _generator_method(fs: FrameState, g: GenV, name: str, args: Args) -> Value:
+    """``send``, ``throw``, ``close``, ``__next__`` of a generator ember runs."""
+    from ember.capture import generators
+
+    if name == "close":
+        return generators.close(fs, g)
+    if name == "__iter__":
+        return g
+    if name == "throw":  # throw(exc) or throw(type, value[, tb])
+        given = args[1] if len(args) > 1 and not _is_none(args[1]) else args[0]
+        done, value = generators.throw(fs, g, as_exception(fs, given))
+    elif name in ("send", "__next__"):
+        done, value = generators.resume(fs, g, args[0] if args else Const(None))
+    else:
+        raise Unsupported(f"generator.{name}() inside compiled code", "call")
+    if done:
+        raise Raised(generators.stop_iteration(value))
+    return value
 
 
 def _index_of(fs: FrameState, items: list[Value], wanted: Value) -> int:

@@ -9,7 +9,6 @@ values a ``for`` loop will see, so loops unroll.
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 import types
@@ -18,27 +17,25 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding, markers
+from ember.capture import generators, guarding, markers, polyfills
 from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call, scalar_call
-from ember.capture.tracer import FrameState, Unsupported
+from ember.capture.tracer import FrameState, Raised, Unsupported
 from ember.capture.userobjects import call_special, dict_view
 from ember.capture.values import (
-    CellV,
     Const,
     DictV,
+    ExcV,
     FuncV,
+    GenV,
     GradModeV,
     InstanceV,
     IterV,
     ListV,
     MethodV,
     ModuleV,
-    NewV,
     ObjV,
-    PartialV,
     SetV,
-    SuperV,
     SymV,
     TensorV,
     TupleV,
@@ -89,6 +86,8 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return set(fs.tracer.heap.get(v.ref))
     if isinstance(v, ObjV) and (is_constant(v.obj) or isinstance(v.obj, IDENTITY_CONSTANTS)):
         return v.obj  # (classes, modules and functions are guarded by identity when read)
+    if isinstance(v, ExcV) and not isinstance(v.cls.__init__, types.FunctionType):
+        return v.cls(*(constant_of(fs, a) for a in v.args))  # str(e), f"{e}", e.errno
     what = type(v.obj).__name__ if isinstance(v, ObjV) else type(v).__name__
     raise Unsupported(f"a {what} where a constant is needed", "constant")
 
@@ -133,7 +132,7 @@ def truth(fs: FrameState, v: Value) -> bool:
         raise Unsupported("branching on a tensor's value", "data-dependent")
     if isinstance(v, SymV):  # guard the condition (``loss > 0``), not the number
         return bool(fs.tracer.specialize(v, None if type(v.example) is bool else operator.truth))
-    if isinstance(v, FuncV | MethodV | IterV):
+    if isinstance(v, FuncV | MethodV | IterV | GenV | ExcV):
         return True
     if isinstance(v, InstanceV):
         for name in ("__bool__", "__len__"):
@@ -171,6 +170,8 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
         items = list(heap.get(v.ref))
         heap.set(v.ref, [])
         return items
+    if isinstance(v, GenV):  # run to its end now, as list(gen) would
+        return generators.drain(fs, v)
     if isinstance(v, Const) and isinstance(v.value, tuple | list | range | str | torch.Size):
         return [Const(x) for x in v.value]
     if isinstance(v, TensorV):
@@ -267,30 +268,44 @@ def python_type(fs: FrameState, v: Value) -> type:
         SymV: lambda x: type(x.example),
         SetV: lambda x: set,
         InstanceV: lambda x: x.cls,
+        ExcV: lambda x: x.cls,
+        GenV: lambda x: types.GeneratorType,
     }
     if type(v) not in table:
         raise Unsupported(f"the type of a {type(v).__name__}", "call")
     return table[type(v)](v)
 
 
+def as_exception(fs: FrameState, v: Value) -> ExcV:
+    """What ``raise v`` raises: an exception made in the trace, or an instance of a class."""
+    if isinstance(v, ExcV):
+        return v
+    cls = v.obj if isinstance(v, ObjV) else v.value if isinstance(v, Const) else None
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return ExcV(cls, ())
+    raise Unsupported(
+        f"raising a {python_type(fs, v).__name__} made outside the trace", "exception"
+    )
+
+
 @rule(isinstance)
 def _isinstance(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     v, cls = args
-    return Const(issubclass(python_type(fs, v), _class_arg(fs, cls)))
+    return Const(issubclass(python_type(fs, v), class_arg(fs, cls)))
 
 
 @rule(issubclass)
 def _issubclass(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     a, cls = args
     sub = a.obj if isinstance(a, ObjV) else constant_of(fs, a)
-    return Const(issubclass(sub, _class_arg(fs, cls)))
+    return Const(issubclass(sub, class_arg(fs, cls)))
 
 
-def _class_arg(fs: FrameState, cls: Value) -> Any:
+def class_arg(fs: FrameState, cls: Value) -> Any:
     if isinstance(cls, ObjV):
         return cls.obj
     if isinstance(cls, TupleV):
-        return tuple(_class_arg(fs, c) for c in cls.items)
+        return tuple(class_arg(fs, c) for c in cls.items)
     return constant_of(fs, cls)
 
 
@@ -331,21 +346,21 @@ def _reversed(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(iter)
 def _iter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    if isinstance(args[0], GenV):
+        return args[0]  # a generator is its own iterator
     return make_iter(fs, iterate(fs, args[0]))
 
 
 @rule(next)
 def _next(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    it = args[0]
-    if not isinstance(it, IterV):
+    if not isinstance(args[0], IterV | GenV):
         raise Unsupported("next() of a non-iterator", "call")
-    remaining = fs.tracer.heap.get(it.ref)
-    if not remaining:
-        if len(args) > 1:
-            return args[1]
-        raise Unsupported("next() of an exhausted iterator (StopIteration)", "call")
-    first: Value = remaining.pop(0)
-    return first
+    exhausted, value = generators.next_value(fs, args[0])
+    if not exhausted:
+        return value
+    if len(args) > 1:
+        return args[1]
+    raise Raised(generators.stop_iteration(value), "next() of an exhausted iterator")
 
 
 @rule(tuple)
@@ -392,8 +407,16 @@ def _sum(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(any, all)
 def _any_all(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    truths = [truth(fs, x) for x in iterate(fs, args[0])]
-    return Const(any(truths) if fs.current and _called_name(fs) == "any" else all(truths))
+    """Stops at the first item that decides, as CPython does (a generator is resumed no
+    further, so its later items, side effects and errors never happen)."""
+    decisive = _called_name(fs) == "any"  # any(): a true item decides; all(): a false one
+    it = args[0] if isinstance(args[0], GenV) else make_iter(fs, iterate(fs, args[0]))
+    while True:
+        exhausted, item = generators.next_value(fs, it)
+        if exhausted:
+            return Const(not decisive)
+        if truth(fs, item) == decisive:
+            return Const(decisive)
 
 
 def _called_name(fs: FrameState) -> str:
@@ -440,7 +463,15 @@ def _getattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
             if e.category != "no-attribute":
                 raise
             return args[2]
+        except Raised as e:
+            if not _raised(e, AttributeError):
+                raise
+            return args[2]
     return load_attr(fs, args[0], name)
+
+
+def _raised(e: Raised, cls: type[BaseException]) -> bool:
+    return isinstance(e.exc, ExcV) and issubclass(e.exc.cls, cls)
 
 
 @rule(hasattr)
@@ -451,6 +482,10 @@ def _hasattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         load_attr(fs, args[0], constant_of(fs, args[1]))
     except Unsupported as e:
         if e.category == "no-attribute":
+            return Const(False)
+        raise
+    except Raised as e:
+        if _raised(e, AttributeError):
             return Const(False)
         raise
     return Const(True)
@@ -505,72 +540,6 @@ def _set_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     return GradModeV(fs.tracer.grad_enabled, previous, applied=True)
 
 
-@rule(super)
-def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    if args:  # super(cls, obj)
-        cls, obj = args
-        return SuperV(_class_arg(fs, cls), obj)
-    cell = fs.cells.get("__class__")  # zero-argument super(): the method's class and self
-    if not isinstance(cell, CellV) or not fs.code.co_argcount:
-        raise Unsupported("super() outside a method", "call")
-    from ember.capture.calls import materialize
-
-    cls = materialize(fs, fs.tracer.heap.get(cell.ref))
-    first = materialize(fs, fs.locals.get(fs.code.co_varnames[0], Const(None)))
-    if not isinstance(cls, ObjV) or not isinstance(cls.obj, type):
-        raise Unsupported("super() without a class", "call")
-    return SuperV(cls.obj, first)
-
-
-@rule(functools.partial)
-def _partial(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    return PartialV(args[0], tuple(args[1:]), tuple(kwargs.items()))
-
-
-@rule(map)
-def _map(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    from ember.capture.calls import call_value
-
-    fn, *iterables = args
-    columns = [iterate(fs, it) for it in iterables]
-    rows = zip(*columns, strict=False)
-    return make_iter(fs, [call_value(fs, fn, list(row), {}) for row in rows])
-
-
-@rule(sorted)
-def _sorted(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    """``sorted(items, key=..., reverse=...)`` over a static sequence: the keys must be known
-    while tracing (``key=len`` on strings, a lambda reading constants); the items may be
-    anything, tensors included."""
-    from ember.capture.calls import call_value
-
-    (items_value,) = args
-    if set(kwargs) - {"key", "reverse"}:
-        raise Unsupported(f"sorted() with keyword arguments {sorted(kwargs)}", "call")
-    items = iterate(fs, items_value)
-    key = kwargs.get("key")
-    if key is not None and not (isinstance(key, Const) and key.value is None):
-        keys = [constant_of(fs, call_value(fs, key, [item], {})) for item in items]
-    else:
-        keys = [constant_of(fs, item) for item in items]
-    reverse = bool(constant_of(fs, kwargs.get("reverse", Const(False))))
-    order = sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
-    return ListV(fs.tracer.heap.new([items[i] for i in order]))
-
-
-@rule(filter)
-def _filter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    from ember.capture.calls import call_value
-
-    fn, iterable = args
-    identity = isinstance(fn, Const) and fn.value is None
-
-    def keep(item: Value) -> bool:
-        return truth(fs, item if identity else call_value(fs, fn, [item], {}))
-
-    return make_iter(fs, [item for item in iterate(fs, iterable) if keep(item)])
-
-
 @rule(markers.graph_break)
 def _graph_break(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     raise Unsupported("graph_break() called", "user")
@@ -592,7 +561,12 @@ OBJECT_KINDS: list[tuple[Callable[[Any], bool], ObjectRule]] = []
 def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
     """Call a Python callable that is not a torch operation and not inlined user code."""
     if isinstance(obj, type) and issubclass(obj, BaseException) and not kwargs:
-        return NewV(obj, tuple(args))  # raised next, most likely: rebuilt at the raise
+        return ExcV(obj, tuple(args))  # raised next, most likely: rebuilt at the raise
+    replacement = polyfills.lookup(obj)
+    if replacement is not None:  # library code written as Python ember steps through
+        from ember.capture.calls import call_value
+
+        return call_value(fs, wrap(fs.tracer, replacement, None), args, kwargs)
     for matches, call in OBJECT_KINDS:
         if matches(obj):
             return call(fs, obj, args, kwargs)
@@ -600,6 +574,12 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
     if markers.is_assumed_constant(obj):
         return _fold(fs, obj, args, kwargs)  # unguarded, as the user promised
+    lazy = polyfills.lazy_builtin(obj) if _hashable(obj) else None
+    if lazy is not None and any(isinstance(a, GenV) for a in args):
+        # over a generator: a generator of its own, so each item is made when consumed
+        from ember.capture.calls import function_value, inline
+
+        return inline(fs, function_value(fs, lazy, None), args, kwargs)
     rule_fn = BUILTIN_RULES.get(obj) if _hashable(obj) else None
     if rule_fn is not None:
         previous, fs.tracer.calling = fs.tracer.calling, obj
@@ -655,9 +635,11 @@ def _fold(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
             **{k: constant_of(fs, v) for k, v in kwargs.items()},
         )
     except Exception as e:
-        raise Unsupported(
-            f"{getattr(obj, '__name__', obj)}() raised {type(e).__name__}: {e}"
-        ) from e
+        reason = f"{getattr(obj, '__name__', obj)}() raised {type(e).__name__}: {e}"
+        if type(e).__module__ != "builtins" or not all(is_constant(a) for a in e.args):
+            raise Unsupported(reason) from e
+        # A builtin on constants raised: so would eager (what it read is guarded).
+        raise Raised(ExcV(type(e), tuple(Const(a) for a in e.args)), reason) from None
     return as_value(fs, result)
 
 
@@ -721,8 +703,6 @@ def _mutate(fs: FrameState, v: ListV | DictV) -> Any:
     after the graph runs (a recorded side effect); one with no source cannot be.
     """
     if v.ref in fs.tracer.heap.from_frame:
-        if fs.in_generator():
-            raise Unsupported("a side effect inside a generator ember runs ahead", "side-effect")
         if v.source is None:
             raise Unsupported("mutating a list or dict ember cannot reach again", "side-effect")
         if not any(e[0] == "container" and e[1].ref == v.ref for e in fs.tracer.effects):
@@ -753,13 +733,15 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
             )
         try:
             return items[key]  # type: ignore[no-any-return]
-        except (IndexError, TypeError) as e:
+        except IndexError as e:
+            raise Raised(ExcV(IndexError, (Const(str(e)),)), f"indexing raised {e}") from None
+        except TypeError as e:
             raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
     if isinstance(container, DictV):
         key = constant_of(fs, index)
         items = heap.get(container.ref)
         if key not in items:
-            raise Unsupported(f"KeyError: {key!r}")
+            raise Raised(ExcV(KeyError, (Const(key),)), f"KeyError: {key!r}")
         return items[key]  # type: ignore[no-any-return]
     if isinstance(container, ObjV) and isinstance(container.obj, tuple):
         key = constant_of(fs, index)

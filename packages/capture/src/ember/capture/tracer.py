@@ -24,7 +24,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.capture import bytecode_311, guarding
-from ember.capture.values import NULL, Heap, SymV, TensorV, Value
+from ember.capture.values import NULL, Const, Heap, SymV, TensorV, Value
 
 MAX_INLINE_DEPTH = 64
 
@@ -77,6 +77,22 @@ class Unsupported(Exception):
         if self.location is None:
             return self.reason
         return f"{self.reason}\n{self.location}"
+
+
+class Raised(Exception):
+    """Traced code raised ``exc`` (an ``ExcV``): the interpreter unwinds to the handler of
+    the raising instruction (``interpreter.run_frame``), in that frame or a caller's.
+
+    Only pure-Python errors are modelled this way (a ``raise``, ``next()`` of an exhausted
+    iterator, a missing dict key); an error of a tensor operation stays :class:`Unsupported`.
+    Escaping the outermost frame, it becomes a graph break at the raising instruction, so
+    CPython raises the real exception. ``reason`` is what that break records.
+    """
+
+    def __init__(self, exc: Any, reason: str = "") -> None:
+        super().__init__(reason or f"raising {getattr(exc.cls, '__name__', exc.cls)}")
+        self.exc = exc
+        self.reason = str(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +178,10 @@ class Tracer:
     # so that every name and path reaching it sees the same mutations
     containers: dict[int, tuple[Any, Value]] = field(default_factory=dict)
     global_overlay: dict[str, Value] = field(default_factory=dict)  # stored globals
+    # the exception being handled (sys.exc_info()'s value): set by PUSH_EXC_INFO, restored
+    # by POP_EXCEPT; a bare ``raise`` re-raises it
+    exc_info: Value = field(default_factory=lambda: Const(None))
+    generators: list[Any] = field(default_factory=list)  # every generators.GenState made
 
     def input_tensor(self, real: torch.Tensor, source: Any) -> TensorV:
         """The graph input for the tensor reached by ``source`` (one placeholder per tensor)."""
@@ -302,7 +322,10 @@ class FrameState:
     parent: FrameState | None = None
     depth: int = 0
     current: Instr | None = None
-    yields: list[Value] | None = None  # a generator's yielded values (None: not a generator)
+    yielded: Value | None = None  # set by YIELD_VALUE: the frame (a generator's) suspends
+    # id of an exception -> the instruction that first raised it in this frame: where a graph
+    # break goes if it escapes the outermost frame (its handlers then run natively)
+    raised_at: dict[int, int] = field(default_factory=dict)
 
     def push(self, value: Value) -> None:
         self.stack.append(value)
@@ -322,15 +345,6 @@ class FrameState:
 
     def push_null(self) -> None:
         self.stack.append(NULL)
-
-    def in_generator(self) -> bool:
-        """Whether this frame, or one that called it, is a generator ember runs ahead."""
-        frame: FrameState | None = self
-        while frame is not None:
-            if frame.yields is not None:
-                return True
-            frame = frame.parent
-        return False
 
     def location(self) -> Location:
         line = self.current.lineno if self.current else self.code.co_firstlineno

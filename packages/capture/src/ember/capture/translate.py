@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.capture import breaks, guarding
+from ember.capture import breaks, generators, guarding
 from ember.capture.breaks import Layout
 from ember.capture.builder import _trusted, is_constant
 from ember.capture.codegen import GradModeExit, Part, make_namedtuple
@@ -30,7 +30,9 @@ from ember.capture.values import (
     CellV,
     Const,
     DictV,
+    ExcV,
     FuncV,
+    GenV,
     GradExitV,
     InstanceV,
     IterV,
@@ -38,7 +40,6 @@ from ember.capture.values import (
     ListV,
     MethodV,
     ModuleV,
-    NewV,
     ObjV,
     SetV,
     SymV,
@@ -77,6 +78,7 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     grad_mode = torch.is_grad_enabled()
     try:
         result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
+        generators.check_finished(tracer)  # none left with a finally the graph cannot run
     finally:
         tracer.leave_modes()  # autocast and inference-mode blocks entered while tracing
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
@@ -215,6 +217,19 @@ def _function_part(fs: FrameState, f: FuncV, tensors: list[torch.fx.Node]) -> Pa
     return ("function", (f.code, f.globals, defaults, kwdefaults, contents))
 
 
+def _generator_part(fs: FrameState, g: GenV, tensors: list[torch.fx.Node]) -> Part:
+    """A generator where the graph ends (returned, or alive at a break): made again by
+    calling its function natively if it has not started; one that has run cannot be."""
+    state = fs.tracer.heap.get(g.ref)
+    if state.started:
+        name = state.frame.code.co_name
+        raise Unsupported(f"generator {name} has started where the graph ends", "generator")
+    func, args, kwargs = state.call
+    args_parts = [_output_part(fs, a, tensors) for a in args]
+    kw_parts = [(k, _output_part(fs, a, tensors)) for k, a in kwargs.items()]
+    return ("shared", (g.ref, ("call", (_output_part(fs, func, tensors), args_parts, kw_parts))))
+
+
 def _rebinds_free_variables(code: types.CodeType) -> bool:
     free = set(code.co_freevars)
     return any(
@@ -272,12 +287,14 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
     if isinstance(v, InstanceV):  # made in the trace: made for real, once however shared
         attrs = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.ref).items()]
-        items = None
+        own = None
         if v.items is not None:
-            items = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.items).items()]
-        return ("shared", (v.ref, ("object", (v.cls, attrs, items))))
+            own = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.items).items()]
+        return ("shared", (v.ref, ("object", (v.cls, attrs, own))))
     if isinstance(v, GradExitV):  # a grad-mode block split by a break
         return ("new", (GradModeExit, [("const", v.previous)]))
-    if isinstance(v, NewV):
+    if isinstance(v, ExcV):
         return ("new", (v.cls, [_output_part(fs, x, tensors) for x in v.args]))
+    if isinstance(v, GenV):
+        return _generator_part(fs, v, tensors)
     raise Unsupported(f"a {type(v).__name__} made inside compiled code cannot be rebuilt", "output")

@@ -111,7 +111,7 @@ def replace_items(target: Any, items: dict[Any, Any]) -> None:
     >>> replace_items(d, {"b": 2}); d
     Frozen([('b', 2)])
     """
-    base = dict_base(type(target)) or dict
+    base: Any = dict_base(type(target)) or dict
     base.clear(target)
     for key, value in items.items():
         base.__setitem__(target, key, value)
@@ -126,7 +126,7 @@ def make_instance(cls: type, attributes: dict[str, Any], items: dict[Any, Any] |
     >>> make_instance(P, {"a": 1}, None).a
     1
     """
-    base = dict_base(cls)
+    base: Any = dict_base(cls)
     obj: Any = base.__new__(cls) if base is not None else object.__new__(cls)
     if items:
         replace_items(obj, items)

@@ -39,7 +39,9 @@ __all__ = [
     "CellV",
     "Const",
     "DictV",
+    "ExcV",
     "FuncV",
+    "GenV",
     "GradExitV",
     "GradModeV",
     "Heap",
@@ -51,7 +53,6 @@ __all__ = [
     "ModeExitV",
     "ModeV",
     "ModuleV",
-    "NewV",
     "Null",
     "ObjV",
     "PartialV",
@@ -322,12 +323,22 @@ class ModeExitV(Value):
 
 
 @dataclass(frozen=True, slots=True)
-class NewV(Value):
-    """An object made while tracing by calling ``cls(*args)`` (an exception about to be
-    raised): rebuilding it calls ``cls`` again, so every run gets a fresh object."""
+class ExcV(Value):
+    """An exception made while tracing by calling ``cls(*args)``: raised and caught inside
+    the trace, or rebuilt (``cls`` called again, so every run gets a fresh object) when it
+    outlives the graph or is raised natively. ``cause`` is set by ``raise ... from cause``."""
 
     cls: Any
     args: tuple[Value, ...]
+    cause: Value | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenV(Value):
+    """A generator made while tracing (a generator function called): the heap holds its
+    suspended frame (``generators.GenState``); ``next``/``send``/``FOR_ITER`` resume it."""
+
+    ref: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ named by string: ember never imports the peer.
 from __future__ import annotations
 
 import torch
-import torch.jit
+from torch._jit_internal import is_scripting as _is_scripting
+from torch.jit._trace import is_tracing as _is_tracing
 
 from ember.capture import markers
 from ember.capture.polyfills import polyfill
@@ -32,7 +33,7 @@ def is_exporting() -> bool:
     return False
 
 
-@polyfill(torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state)
+@polyfill(_is_scripting, _is_tracing, torch._C._get_tracing_state)
 def is_scripting() -> bool:
     return False
 
