@@ -190,8 +190,20 @@ def generic_attr(
 
 
 def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
-    """An attribute of an instance made while tracing: its own, or its class's."""
+    """An attribute of an instance made while tracing, through the class's own
+    ``__getattribute__`` when it has one (traced)."""
     assert isinstance(v, InstanceV)
+    getattribute = python_special(v.cls, "__getattribute__")
+    if getattribute is not None:
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, getattribute, None), [v, Const(name)], {})
+    return instance_attr(fs, v, name)
+
+
+def instance_attr(fs: FrameState, v: InstanceV, name: str, use_getattr: bool = True) -> Value:
+    """``object.__getattribute__`` of an instance made while tracing: its own attribute or
+    its class's, then (``use_getattr``) the class's ``__getattr__``."""
     own = fs.tracer.heap.get(v.ref)
     if name in own:
         return own[name]  # type: ignore[no-any-return]
@@ -200,6 +212,11 @@ def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
     if name == "__class__":
         return wrap(fs.tracer, v.cls, None)
     found = inspect.getattr_static(v.cls, name, _MISSING)
+    getattr_fn = python_special(v.cls, "__getattr__") if use_getattr else None
+    if found is _MISSING and getattr_fn is not None:
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, getattr_fn, None), [v, Const(name)], {})
     if found is _MISSING:  # the instance is all known: eager raises the same
         message = f"'{v.cls.__name__}' object has no attribute '{name}'"
         raise Raised(ExcV(AttributeError, (Const(message),)), message)

@@ -207,7 +207,20 @@ def _object_getattribute(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
         real = target.obj if isinstance(target, ObjV) else target.module
         src = guarding.attr(target.source, name) if target.source is not None else None
         return attrs.generic_attr(fs, target, real, name, src, use_getattr=False)
+    if isinstance(target, InstanceV):
+        return attrs.instance_attr(fs, target, name, use_getattr=False)
     return attrs.load_attr(fs, target, name)
+
+
+@rule(object.__new__)
+def _object_new(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``object.__new__(cls)`` for a class ember instantiates (``copy`` makes objects so):
+    a new instance, no ``__init__`` run."""
+    cls = class_arg(fs, args[0]) if args else None
+    if len(args) != 1 or kwargs or not _user_class(cls):
+        raise Unsupported("object.__new__ of a class ember does not make", "call")
+    heap = fs.tracer.heap
+    return InstanceV(cls, heap.new({}), heap.new({}) if dict_base(cls) is not None else None)
 
 
 def _namedtuple(fs: FrameState, cls: Any, args: Args, kwargs: Kwargs) -> Value:

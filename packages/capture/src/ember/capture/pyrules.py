@@ -588,7 +588,7 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         finally:
             fs.tracer.calling = previous
     module = getattr(obj, "__module__", None) or ""
-    if isinstance(obj, type) and obj in (torch.Size, slice, complex):
+    if isinstance(obj, type) and obj in (torch.Size, slice, complex, torch.finfo, torch.iinfo):
         module = "builtins"
     if obj in SCALAR_FUNCTIONS and is_numeric(args) and not kwargs:
         return scalar_call(fs, obj, args)  # math on numbers the graph takes as inputs
@@ -660,6 +660,8 @@ OPERATOR_TENSOR_FUNCTIONS = frozenset(
 
 def binary(fs: FrameState, op: Callable[[Any, Any], Any], a: Value, b: Value) -> Value:
     """``op(a, b)`` for a binary operator."""
+    if op in _PLAIN_OF_INPLACE and not isinstance(a, TensorV | ListV):
+        op = _PLAIN_OF_INPLACE[op]  # ``n += t`` on a number: numbers have no __iadd__
     if isinstance(a, TensorV) or isinstance(b, TensorV):
         return graph_call(fs, "call_function", op, [a, b], {})
     if is_numeric([a, b]):
@@ -669,6 +671,16 @@ def binary(fs: FrameState, op: Callable[[Any, Any], Any], a: Value, b: Value) ->
         if structured is not None:
             return structured
     return _fold(fs, op, [a, b], {})
+
+
+# In-place operators and the plain ones Python falls back to on immutable left operands.
+_PLAIN_OF_INPLACE = {
+    getattr(operator, name): getattr(operator, name[1:] if name not in ("iand", "ior") else name[1:] + "_")
+    for name in (
+        "iadd", "iand", "ifloordiv", "ilshift", "imatmul", "imod", "imul", "ior", "ipow",
+        "irshift", "isub", "itruediv", "ixor",
+    )
+}  # fmt: skip
 
 
 def _sequence_binary(fs: FrameState, op: Any, a: Value, b: Value) -> Value | None:

@@ -101,7 +101,9 @@ def lazy_builtin(obj: Any) -> Any:
     return builtins.LAZY.get(obj)
 
 
-_MODULES = ("builtins", "collections_abc", "contextlib", "dataclasses", "torch_compiler")
+_MODULES = (
+    "builtins", "collections_abc", "contextlib", "copy", "dataclasses", "torch_compiler",
+)  # fmt: skip
 _loaded = False
 
 
