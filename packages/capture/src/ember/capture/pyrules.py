@@ -675,7 +675,7 @@ def binary(fs: FrameState, op: Callable[[Any, Any], Any], a: Value, b: Value) ->
 
 # In-place operators and the plain ones Python falls back to on immutable left operands.
 _PLAIN_OF_INPLACE = {
-    getattr(operator, name): getattr(operator, name[1:] if name not in ("iand", "ior") else name[1:] + "_")
+    getattr(operator, name): getattr(operator, name[1:] + ("_" if name in ("iand", "ior") else ""))
     for name in (
         "iadd", "iand", "ifloordiv", "ilshift", "imatmul", "imod", "imul", "ior", "ipow",
         "irshift", "isub", "itruediv", "ixor",
