@@ -117,10 +117,12 @@ def _class_attribute(
     return wrap(fs.tracer, cls_attr, src)
 
 
-def no_attribute(what: str, name: str) -> Unsupported:
-    """Reading ``name`` would raise AttributeError (``getattr`` with a default and
-    ``hasattr`` catch exactly this category; any other reason is a break)."""
-    return Unsupported(f"{what} has no attribute {name!r}", "no-attribute")
+def no_attribute(what: str, name: str) -> Raised:
+    """Reading ``name`` raises AttributeError, as the traced code sees it (``getattr`` with a
+    default, ``hasattr`` and ``except AttributeError`` catch it; any other reason ember cannot
+    read an attribute is an :class:`Unsupported` break instead)."""
+    message = f"{what} has no attribute {name!r}"
+    return Raised(ExcV(AttributeError, (Const(message),)), message)
 
 
 def _module_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -186,6 +188,8 @@ def generic_attr(
         from ember.capture.calls import call_value
 
         return call_value(fs, function_value(fs, getattr_fn, None), [v, Const(name)], {})
+    if v.source is not None:  # the attribute must still be missing when this graph runs
+        fs.tracer.guards.equals(guarding.computed(hasattr, (v.source, name)), False)
     raise no_attribute(f"{cls.__name__} object", name)
 
 
@@ -242,7 +246,7 @@ def _const_attr(fs: FrameState, v: Value, name: str) -> Value:
     try:
         value = getattr(v.value, name)
     except AttributeError:
-        raise Unsupported(f"{type(v.value).__name__} has no attribute {name!r}") from None
+        raise no_attribute(f"{type(v.value).__name__} object", name) from None
     if callable(value):
         return MethodV(v, name)
     return Const(value)

@@ -459,10 +459,6 @@ def _getattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     if len(args) == 3:
         try:
             return load_attr(fs, args[0], name)
-        except Unsupported as e:
-            if e.category != "no-attribute":
-                raise
-            return args[2]
         except Raised as e:
             if not _raised(e, AttributeError):
                 raise
@@ -480,10 +476,6 @@ def _hasattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
     try:
         load_attr(fs, args[0], constant_of(fs, args[1]))
-    except Unsupported as e:
-        if e.category == "no-attribute":
-            return Const(False)
-        raise
     except Raised as e:
         if _raised(e, AttributeError):
             return Const(False)
