@@ -216,7 +216,7 @@ def _object_getattribute(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 def _object_new(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     """``object.__new__(cls)`` for a class ember instantiates (``copy`` makes objects so):
     a new instance, no ``__init__`` run."""
-    cls = class_arg(fs, args[0]) if args else None
+    cls: Any = class_arg(fs, args[0]) if args else None
     if len(args) != 1 or kwargs or not _user_class(cls):
         raise Unsupported("object.__new__ of a class ember does not make", "call")
     heap = fs.tracer.heap
