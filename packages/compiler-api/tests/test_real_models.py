@@ -83,3 +83,65 @@ def test_training_step_matches_eager_loss_and_gradients(name, backend):
     for key, grad in expected_grads.items():
         torch.testing.assert_close(grads[key], grad, rtol=1e-3, atol=1e-5, msg=key)
     assert compiled.stats.graphs == 1 and not compiled.stats.breaks
+
+
+# -- einops -----------------------------------------------------------------------------------
+
+einops = pytest.importorskip("einops")
+
+
+class _EinopsBlock(torch.nn.Module):
+    """Patches in, attention with einops' functions, packing, layers and reductions."""
+
+    def __init__(self):
+        super().__init__()
+        from einops.layers.torch import Rearrange, Reduce
+
+        self.proj = torch.nn.Linear(16, 48)
+        self.to_tokens = Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=2, p2=2)
+        self.pool = Reduce("b n d -> b d", "mean")
+
+    def forward(self, img):
+        from einops import einsum, pack, rearrange, reduce, repeat, unpack
+
+        x = self.to_tokens(img)
+        q, k, v = rearrange(self.proj(x), "b n (three h d) -> three b h n d", three=3, h=2)
+        attention = einsum(q, k, "b h i d, b h j d -> b h i j").softmax(-1)
+        out = rearrange(einsum(attention, v, "b h i j, b h j d -> b h i d"), "b h n d -> b n (h d)")
+        packed, shapes = pack([out, x[..., :8]], "b n *")
+        a, b = unpack(packed, shapes, "b n *")
+        y = repeat(self.pool(a), "b d -> b r d", r=2)
+        return reduce(y, "b r d -> b d", "max") + b.sum()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_einops_functions_and_layers_are_one_graph(backend):
+    torch.manual_seed(0)
+    model = _EinopsBlock()
+    img = torch.randn(2, 4, 8, 8, requires_grad=True)
+    compiled = ember.compiler.compile(model, backend=backend, fullgraph=True)
+    got = compiled(img)
+    got.sum().backward()
+    grad, img.grad = img.grad, None
+    expected = model(img)
+    expected.sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(grad, img.grad)
+    assert compiled.stats.graphs == 1 and not compiled.stats.breaks
+    graph = compiled.stats.compiled[0].graph
+    ops = {getattr(n.target, "__name__", "") for n in graph.graph.nodes}
+    assert {"rearrange", "einsum", "pack", "unpack", "repeat", "reduce"} <= ops
+
+
+def test_einops_pattern_and_axis_lengths_are_guarded():
+    from einops import rearrange
+
+    def split_heads(x, pattern, heads):
+        return rearrange(x, pattern, h=heads) * 2
+
+    compiled = ember.compiler.compile(split_heads, backend="eager")
+    x = torch.randn(2, 5, 12)
+    for pattern, heads in [("b n (h d) -> b h n d", 3), ("b n (h d) -> b h n d", 4),
+                           ("b n (h d) -> b n d h", 4), ("b n (h d) -> b h n d", 3)]:  # fmt: skip
+        torch.testing.assert_close(compiled(x, pattern, heads), split_heads(x, pattern, heads))
+    assert compiled.stats.graphs == 3  # the repeated first case is served from the cache

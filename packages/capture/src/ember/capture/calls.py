@@ -453,7 +453,26 @@ def in_graph(obj: Any) -> bool:
         return False
     if _user_allowed.get(key) is obj:
         return True
-    return key in _in_graph_ids or isinstance(obj, torch._ops.OpOverload)
+    if key in _in_graph_ids or isinstance(obj, torch._ops.OpOverload):
+        return True
+    return isinstance(obj, types.FunctionType) and polyfills.qualified_name(obj) in LIBRARY_OPS
+
+
+# Library functions recorded as one graph node each, by "module.qualname" (so the library
+# is never imported for it), with the reason. These are the functions their libraries
+# register with torch's allow_in_graph: pure functions of tensors whose Python (pattern
+# parsing, caches, backend lookup) is not worth tracing. Fake tensors run them, so the
+# node's shapes are exact; aotgraph then traces them to aten ops like any other node.
+LIBRARY_OPS: dict[str, str] = {
+    **{
+        f"einops.einops.{name}": "einops: a tensor operation given by a pattern string"
+        for name in ("rearrange", "reduce", "repeat", "einsum")
+    },
+    **{
+        f"einops.packing.{name}": "einops: packing by a pattern string"
+        for name in ("pack", "unpack")
+    },
+}
 
 
 def allow_in_graph(fn: Any) -> Any:

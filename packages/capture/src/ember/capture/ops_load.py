@@ -132,14 +132,14 @@ def IMPORT_NAME(fs: FrameState, inst: Instr) -> None:
     name = inst.argval
     if not (isinstance(level, Const) and level.value == 0 and name in sys.modules):
         raise Unsupported(f"importing {name!r} (not imported yet, or relative)", "import")
-    if name.partition(".")[0] not in TRUSTED_MODULE_PREFIXES:
-        # No source reaches a module imported here, so nothing read from it could be guarded.
-        raise Unsupported(
-            f"importing {name!r} inside compiled code (import it at module level)", "import"
-        )
     wanted_leaf = isinstance(fromlist, Const) and fromlist.value
-    module = sys.modules[name if wanted_leaf else name.partition(".")[0]]
-    fs.push(wrap(fs.tracer, module, None))  # a module: taken as it is, like torch's
+    bound = name if wanted_leaf else name.partition(".")[0]
+    # An import of a loaded module only binds it: the module is reached as sys.modules[name]
+    # (guarded by identity, as is what is read from it), unless it is trusted like torch.
+    source = guarding.item(guarding.sources.ModuleGlobal("sys", "modules"), bound)
+    module = sys.modules[bound]
+    trusted = name.partition(".")[0] in TRUSTED_MODULE_PREFIXES
+    fs.push(wrap(fs.tracer, module, None if trusted else source))
 
 
 @handler("IMPORT_FROM")

@@ -485,7 +485,8 @@ def _hasattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(callable)
 def _callable(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    return Const(callable(python_type(fs, args[0])) and python_type(fs, args[0]) is not type(None))
+    # callable(x) asks whether x's type defines __call__ (its MRO, not its metaclass)
+    return Const(any("__call__" in c.__dict__ for c in python_type(fs, args[0]).__mro__))
 
 
 @rule(float, int, bool, str)
