@@ -85,6 +85,27 @@ def test_training_step_matches_eager_loss_and_gradients(name, backend):
     assert compiled.stats.graphs == 1 and not compiled.stats.breaks
 
 
+@pytest.mark.parametrize("backend", ["eager", pytest.param("aot_eager", marks=pytest.mark.slow)])
+def test_generate_with_compiled_forward_gives_eagers_tokens(backend):
+    """Greedy decoding with a key/value cache (a DynamicCache mutated by every forward).
+
+    Until dynamic shapes land, each new cache length compiles again: a prefill and one
+    graph per further token, each forward captured whole.
+    """
+    model, inputs = HF_MODELS["llama"].make(quick=True)
+    model.config.use_cache = True
+    model.generation_config.pad_token_id = 0
+    model.eval()
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+        model.forward = ember.compiler.compile(model.forward, backend=backend)
+        got = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, expected)
+    stats = model.forward.stats
+    assert stats.graphs == 6 and not stats.breaks and not stats.failures
+
+
 # -- einops -----------------------------------------------------------------------------------
 
 einops = pytest.importorskip("einops")
