@@ -211,3 +211,63 @@ def test_zero_argument_super_in_a_resume_function(capsys):
     x = torch.randn(3)
     torch.testing.assert_close(compiled(x), model.scale(x))
     assert len(compiled.stats.breaks) == 1 and not compiled.stats.failures
+
+
+# -- what libraries do when they see a compiler ----------------------------------------------
+
+
+def test_compiler_queries_fold_inside_a_capture():
+    import torch._dynamo  # the test may import the peer; ember's product code never does
+
+    def f(x):
+        compiling = torch.compiler.is_compiling() and torch._dynamo.is_compiling()
+        exporting = torch.compiler.is_exporting()
+        scripted = torch.jit.is_scripting() or torch.jit.is_tracing()
+        if compiling and not exporting and not scripted:
+            return x + 1  # the compile-friendly path libraries take
+        return x - 1
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter, fullgraph=True)
+    x = torch.zeros(2)
+    torch.testing.assert_close(compiled(x), x + 1)
+    torch.testing.assert_close(f(x), x - 1)  # eager: not compiling
+    assert counter.frame_count == 1
+
+
+def test_torch_dynamo_graph_break_and_disable_and_check():
+    import torch._dynamo
+
+    @torch.compiler.disable
+    def native(x):
+        return x * 3
+
+    def f(x):
+        torch._check(x.shape[0] == 2)
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return native(y).cos()
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), f(x))
+    reasons = [b.reason for b in compiled.stats.breaks]
+    assert len(reasons) == 2, reasons  # at graph_break(), then at the disabled call
+    assert "graph_break() called" in reasons[0]
+    assert "runs natively" in reasons[1]
+    with pytest.raises(ember.compiler.FullGraphError):
+        ember.compiler.compile(f, backend="eager", fullgraph=True)(x)
+
+
+def test_torch_check_that_fails_raises_as_eager_does():
+    def f(x, n):
+        torch._check(n > 0, lambda: f"n must be positive, got {n}")
+        return x * n
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(2), 2), torch.full((2,), 2.0))
+    with pytest.raises(RuntimeError, match="n must be positive, got -1"):
+        f(torch.ones(2), -1)
+    with pytest.raises(RuntimeError, match="n must be positive, got -1"):
+        compiled(torch.ones(2), -1)
