@@ -25,6 +25,7 @@ from ember.capture.userobjects import call_special, dict_view
 from ember.capture.values import (
     Const,
     DictV,
+    FuncV,
     InstanceV,
     ListV,
     ModuleV,
@@ -141,13 +142,17 @@ def _is(fs: FrameState, a: Value, b: Value) -> bool:
         return False
     if isinstance(a, TupleV) or isinstance(b, TupleV):
         return a is b
-    kinds = (Const, ModuleV, ObjV)
+    if any(isinstance(v, FuncV) and v.fn is None for v in (a, b)):
+        return a is b  # a function made while tracing
+    kinds = (Const, ModuleV, ObjV, FuncV)  # a real object, maybe reached twice
     if isinstance(a, kinds) and isinstance(b, kinds):
         return _real(a) is _real(b)
     return a is b
 
 
 def _real(v: Value) -> Any:
+    if isinstance(v, FuncV):
+        return v.fn
     return v.value if isinstance(v, Const) else v.module if isinstance(v, ModuleV) else v.obj  # type: ignore[attr-defined]
 
 

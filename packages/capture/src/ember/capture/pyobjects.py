@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from ember.capture import guarding, trace_rules
-from ember.capture.builder import TRUSTED_MODULE_PREFIXES
+from ember.capture.builder import TRUSTED_MODULE_PREFIXES, wrap
 from ember.capture.pyrules import (
+    FIXED_VIEWS,
     OBJECT_KINDS,
     Args,
     Kwargs,
@@ -260,7 +261,12 @@ def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     from ember.capture.calls import materialize
 
     cls = materialize(fs, fs.tracer.heap.get(cell.ref))
-    first = materialize(fs, fs.locals.get(fs.code.co_varnames[0], Const(None)))
+    name = fs.code.co_varnames[0]
+    first = fs.locals.get(name, Const(None))
+    self_cell = fs.cells.get(name)
+    if isinstance(self_cell, CellV):  # self is also a closure's: CPython reads the cell
+        first = fs.tracer.heap.get(self_cell.ref)
+    first = materialize(fs, first)
     if not isinstance(cls, ObjV) or not isinstance(cls.obj, type):
         raise Unsupported("super() without a class", "call")
     return SuperV(cls.obj, first)
@@ -548,3 +554,22 @@ def _signature(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     if real is None:
         raise Unsupported(f"inspect.signature of a {type(target).__name__}", "call")
     return ObjV(inspect.signature(real, **options))
+
+
+def _signature_view_method(obj: Any) -> bool:
+    """``sig.parameters.values()`` and friends: a method of a signature's parameter mapping
+    (or its views), which ember computed while tracing and nobody can change."""
+    owner: Any = getattr(obj, "__self__", None)
+    if not isinstance(obj, types.BuiltinMethodType) or type(owner) not in FIXED_VIEWS:
+        return False
+    mapping = owner if isinstance(owner, types.MappingProxyType) else owner.mapping
+    return all(isinstance(v, inspect.Parameter) for v in mapping.values())
+
+
+def _call_signature_view_method(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
+    real_args = [constant_of(fs, a) for a in args]
+    real_kwargs = {k: constant_of(fs, v) for k, v in kwargs.items()}
+    return wrap(fs.tracer, obj(*real_args, **real_kwargs), None)
+
+
+OBJECT_KINDS.append((_signature_view_method, _call_signature_view_method))

@@ -101,7 +101,14 @@ def lazy_builtin(obj: Any) -> Any:
     return builtins.LAZY.get(obj)
 
 
-_MODULES = ("builtins", "collections_abc", "contextlib", "dataclasses", "torch_compiler")
+_MODULES = (
+    "builtins",
+    "collections_abc",
+    "contextlib",
+    "dataclasses",
+    "torch_compiler",
+    "torch_nn",
+)
 _loaded = False
 
 
