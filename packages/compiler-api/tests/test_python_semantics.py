@@ -335,7 +335,6 @@ class Output(ModelOutput):
     loss: torch.Tensor | None = None
 
 
-@pytest.mark.xfail(strict=True, reason="dataclasses.replace/asdict run natively")
 def test_dataclass_fields_replace_asdict():
     def f(x):
         p = Point(x, 2.0)
@@ -347,7 +346,6 @@ def test_dataclass_fields_replace_asdict():
     check(f, X)
 
 
-@pytest.mark.xfail(strict=True, reason="OrderedDict-subclass dataclass")
 def test_model_output_like_dataclass_built_read_and_returned():
     def f(x):
         out = Output(logits=x.sin(), hidden=x.cos())
@@ -358,6 +356,17 @@ def test_model_output_like_dataclass_built_read_and_returned():
     result = compiled(X)[4]
     assert type(result) is Output and list(result.keys()) == ["logits", "hidden"]
     torch.testing.assert_close(result.hidden, X.cos())
+
+
+def test_dict_views_are_not_used_up_and_iterators_are():
+    def f(x):
+        d = {"a": 1, "b": 2}
+        ks = d.keys()
+        found = "b" in ks
+        it = iter([1, 2, 3, 4])
+        return x + 1, found, list(ks), list(ks), 2 in it, list(it), "a" in d.items()
+
+    check(f, X)
 
 
 # -- functools -----------------------------------------------------------------------------------
@@ -589,3 +598,38 @@ def test_a_generator_function_consumed_by_tuple():
         return tuple(pieces(xs)), next(zip(pieces(xs), pieces(xs), strict=True))[0]
 
     check(f, [torch.randn(2), torch.randn(2)])
+
+
+def _uncaptured_cases():
+    def ordered(x):
+        d = collections.OrderedDict(a=x)
+        d["b"] = x + 1
+        d.move_to_end("a")
+        return d["a"] - d["b"], list(d)
+
+    def default(x):
+        d = collections.defaultdict(list)
+        d["a"].append(x)
+        return d["a"][0] * 2, "b" in d
+
+    def named(x):
+        p = Pair(x, x * 2)
+        return p._replace(a=1).a, p._asdict()["b"], p.total
+
+    def partial_attrs(x):
+        p = functools.partial(helper, k=3)
+        return p(x), p.keywords
+
+    def cached(x):
+        return x + sum(_table(3))
+
+    return [ordered, default, named, partial_attrs, cached]
+
+
+@pytest.mark.parametrize("fn", _uncaptured_cases(), ids=lambda fn: fn.__name__)
+def test_what_is_not_captured_yet_still_gives_cpython_s_answer(fn):
+    compiled = check(fn, X, graphs=None)
+    reasons = [b.reason for b in compiled.stats.breaks] + [
+        f.reason for f in compiled.stats.failures
+    ]
+    assert reasons and all(reasons)  # a break or an eager frame, each with its reason

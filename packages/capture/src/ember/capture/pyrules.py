@@ -169,7 +169,8 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
         return [Const(x) for x in v.value]
     if isinstance(v, IterV):
         items = list(heap.get(v.ref))
-        heap.set(v.ref, [])
+        if v.ref not in heap.views:  # an iterator is used up; a dict view is not
+            heap.set(v.ref, [])
         return items
     if isinstance(v, GenV):  # run to its end now, as list(gen) would
         return generators.drain(fs, v)
