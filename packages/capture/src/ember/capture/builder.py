@@ -195,6 +195,8 @@ def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
         return MethodV(owner, obj.__name__)
     if source is not None and not _trusted(obj):
         tracer.guards.identity(source, obj)
+        if isinstance(obj, types.FunctionType):  # the same function, given other code
+            tracer.guards.identity(guarding.attr(source, "__code__"), obj.__code__)
     if isinstance(obj, types.FunctionType) and not _trusted(obj):
         return FuncV(
             obj.__code__, obj.__globals__, fn=obj, closure_cells=obj.__closure__, source=source

@@ -104,9 +104,13 @@ def bind(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> dict[str, V
 
 
 def function_value(fs: FrameState, fn: types.FunctionType, source: Any) -> FuncV:
-    """The :class:`FuncV` of a real function, its defaults wrapped (unguarded: they are fixed)."""
-    defaults = tuple(wrap(fs.tracer, d, None) for d in fn.__defaults__ or ())
-    kwdefaults = tuple((k, wrap(fs.tracer, v, None)) for k, v in (fn.__kwdefaults__ or {}).items())
+    """The :class:`FuncV` of a real function. Its defaults are read through ``source`` when it
+    has one (guarded on use: a replaced ``__defaults__`` recompiles); without a source the
+    function is fixed (a class's method, reached through its guarded type), and so are they."""
+    defaults = tuple(_default(fs, d, source, i) for i, d in enumerate(fn.__defaults__ or ()))
+    kwdefaults = tuple(
+        (k, _default(fs, v, source, k)) for k, v in (fn.__kwdefaults__ or {}).items()
+    )
     return FuncV(
         fn.__code__,
         fn.__globals__,
@@ -116,6 +120,12 @@ def function_value(fs: FrameState, fn: types.FunctionType, source: Any) -> FuncV
         closure_cells=fn.__closure__,
         source=source,
     )
+
+
+def _default(fs: FrameState, value: Any, function: Any, key: int | str) -> Value:
+    if function is None:
+        return wrap(fs.tracer, value, None)
+    return Lazy(value, source=guarding.sources.Default(function, key))
 
 
 def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
@@ -257,31 +267,38 @@ def _call_grad_decorated(fs: FrameState, f: FuncV, args: Args, kwargs: Kwargs) -
 def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(m, ModuleV)
     module = m.module
-    if _has_hooks(module):
-        raise Unsupported(f"calling {type(module).__name__} with hooks registered", "module-hooks")
-    if m.source is not None:
+    hooks = _hooks(module)
+    if hooks and (m.source is None or hooks != "forward"):
+        raise Unsupported(f"calling {type(module).__name__} with {hooks} hooks", "module-hooks")
+    if m.source is not None:  # the hooks traced (or none) are the ones it will have
         fs.tracer.guards.module_hooks(m.source, module)
     forward = type(module).forward
     if not isinstance(forward, types.FunctionType):
         raise Unsupported(f"{type(module).__name__}.forward is not a Python function", "call")
+    if hooks:  # Module.__call__'s polyfill runs the hooks around forward
+        call = polyfills.lookup(torch.nn.Module._call_impl)
+        return call_value(fs, function_value(fs, call, None), [m, *args], kwargs)
     return call_value(fs, function_value(fs, forward, None), [m, *args], kwargs)
 
 
-def _has_hooks(module: torch.nn.Module) -> bool:
+def _hooks(module: torch.nn.Module) -> str:
+    """Which call hooks ``module`` has: "" (none), "forward" or "backward" (any at all)."""
     from torch.nn.modules import module as mod
 
-    own = (
+    if (
+        module._backward_hooks
+        or module._backward_pre_hooks
+        or mod._global_backward_hooks
+        or mod._global_backward_pre_hooks
+    ):
+        return "backward"
+    forward = (
         module._forward_hooks,
         module._forward_pre_hooks,
-        module._backward_hooks,
-        module._backward_pre_hooks,
-    )
-    globals_ = (
         mod._global_forward_hooks,
         mod._global_forward_pre_hooks,
-        mod._global_backward_hooks,
     )
-    return any(own) or any(globals_)
+    return "forward" if any(forward) else ""
 
 
 def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:

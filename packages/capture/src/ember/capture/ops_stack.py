@@ -25,7 +25,9 @@ from ember.capture.userobjects import call_special, dict_view
 from ember.capture.values import (
     Const,
     DictV,
+    FuncV,
     InstanceV,
+    IterV,
     ListV,
     ModuleV,
     ObjV,
@@ -141,13 +143,17 @@ def _is(fs: FrameState, a: Value, b: Value) -> bool:
         return False
     if isinstance(a, TupleV) or isinstance(b, TupleV):
         return a is b
-    kinds = (Const, ModuleV, ObjV)
+    if any(isinstance(v, FuncV) and v.fn is None for v in (a, b)):
+        return a is b  # a function made while tracing
+    kinds = (Const, ModuleV, ObjV, FuncV)  # a real object, maybe reached twice
     if isinstance(a, kinds) and isinstance(b, kinds):
         return _real(a) is _real(b)
     return a is b
 
 
 def _real(v: Value) -> Any:
+    if isinstance(v, FuncV):
+        return v.fn
     return v.value if isinstance(v, Const) else v.module if isinstance(v, ModuleV) else v.obj  # type: ignore[attr-defined]
 
 
@@ -164,6 +170,8 @@ def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
         found = native_read(fs, container, operator.contains, constant_of(fs, item)).value
     elif isinstance(container, DictV):
         found = constant_of(fs, item) in fs.tracer.heap.get(container.ref)
+    elif isinstance(container, IterV):
+        found = _iter_contains(fs, container, constant_of(fs, item))
     elif isinstance(container, ModuleV) and isinstance(container.module, torch.nn.ModuleDict):
         found = constant_of(fs, item) in container.module
     elif isinstance(container, TensorV) or isinstance(item, TensorV):
@@ -171,6 +179,20 @@ def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
     else:
         found = constant_of(fs, item) in constant_of(fs, container)
     fs.push(Const(found != bool(inst.arg)))
+
+
+def _iter_contains(fs: FrameState, it: IterV, key: Any) -> bool:
+    """``key in it``: a dict view is searched; an iterator is consumed up to the match."""
+    heap = fs.tracer.heap
+    items = heap.get(it.ref)
+    for i, v in enumerate(items):
+        if constant_of(fs, v) == key:
+            if it.ref not in heap.views:
+                heap.set(it.ref, items[i + 1 :])
+            return True
+    if it.ref not in heap.views:
+        heap.set(it.ref, [])
+    return False
 
 
 @handler("UNARY_NEGATIVE", "UNARY_POSITIVE", "UNARY_INVERT")

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from ember.capture import guarding, trace_rules
-from ember.capture.builder import TRUSTED_MODULE_PREFIXES
+from ember.capture.builder import TRUSTED_MODULE_PREFIXES, wrap
 from ember.capture.pyrules import (
+    FIXED_VIEWS,
     OBJECT_KINDS,
     Args,
     Kwargs,
@@ -273,7 +274,12 @@ def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     from ember.capture.calls import materialize
 
     cls = materialize(fs, fs.tracer.heap.get(cell.ref))
-    first = materialize(fs, fs.locals.get(fs.code.co_varnames[0], Const(None)))
+    name = fs.code.co_varnames[0]
+    first = fs.locals.get(name, Const(None))
+    self_cell = fs.cells.get(name)
+    if isinstance(self_cell, CellV):  # self is also a closure's: CPython reads the cell
+        first = fs.tracer.heap.get(self_cell.ref)
+    first = materialize(fs, first)
     if not isinstance(cls, ObjV) or not isinstance(cls.obj, type):
         raise Unsupported("super() without a class", "call")
     return SuperV(cls.obj, first)
@@ -451,15 +457,21 @@ def _set_method(fs: FrameState, s: SetV, name: str, args: Args, kwargs: Kwargs) 
     raise Unsupported(f"set.{name}() inside compiled code", "call")
 
 
+def _view_items(items: dict[Any, Value], name: str) -> list[Value]:
+    if name == "keys":
+        return [Const(k) for k in items]
+    if name == "values":
+        return list(items.values())
+    return [TupleV((Const(k), v)) for k, v in items.items()]
+
+
 def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:
     heap = fs.tracer.heap
     items: dict[Any, Value] = heap.get(d.ref)
-    if name == "keys":
-        return make_iter(fs, [Const(k) for k in items])
-    if name == "values":
-        return make_iter(fs, list(items.values()))
-    if name == "items":
-        return make_iter(fs, [TupleV((Const(k), v)) for k, v in items.items()])
+    if name in ("keys", "values", "items"):
+        view = make_iter(fs, _view_items(items, name))
+        heap.views.add(view.ref)
+        return view
     if name == "get":
         key = constant_of(fs, args[0])
         return items.get(key, args[1] if len(args) > 1 else Const(None))
@@ -561,3 +573,22 @@ def _signature(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     if real is None:
         raise Unsupported(f"inspect.signature of a {type(target).__name__}", "call")
     return ObjV(inspect.signature(real, **options))
+
+
+def _signature_view_method(obj: Any) -> bool:
+    """``sig.parameters.values()`` and friends: a method of a signature's parameter mapping
+    (or its views), which ember computed while tracing and nobody can change."""
+    owner: Any = getattr(obj, "__self__", None)
+    if not isinstance(obj, types.BuiltinMethodType) or type(owner) not in FIXED_VIEWS:
+        return False
+    mapping = owner if isinstance(owner, types.MappingProxyType) else owner.mapping
+    return all(isinstance(v, inspect.Parameter) for v in mapping.values())
+
+
+def _call_signature_view_method(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> Value:
+    real_args = [constant_of(fs, a) for a in args]
+    real_kwargs = {k: constant_of(fs, v) for k, v in kwargs.items()}
+    return wrap(fs.tracer, obj(*real_args, **real_kwargs), None)
+
+
+OBJECT_KINDS.append((_signature_view_method, _call_signature_view_method))

@@ -9,6 +9,7 @@ values a ``for`` loop will see, so loops unroll.
 
 from __future__ import annotations
 
+import collections
 import math
 import operator
 import types
@@ -168,7 +169,8 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
         return [Const(x) for x in v.value]
     if isinstance(v, IterV):
         items = list(heap.get(v.ref))
-        heap.set(v.ref, [])
+        if v.ref not in heap.views:  # an iterator is used up; a dict view is not
+            heap.set(v.ref, [])
         return items
     if isinstance(v, GenV):  # run to its end now, as list(gen) would
         return generators.drain(fs, v)
@@ -189,7 +191,29 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
             wrap(fs.tracer, x, guarding.item(src, i) if src is not None else None)
             for i, x in enumerate(v.obj)
         ]
+    if isinstance(v, ObjV) and _fixed_view(v):
+        # computed while tracing from guarded objects (a signature's parameters): fixed
+        return [wrap(fs.tracer, x, None) for x in v.obj]
     raise Unsupported(f"iterating over a {type(v).__name__}", "iteration")
+
+
+def _fixed_view(v: ObjV) -> bool:
+    return v.source is None and type(v.obj) in FIXED_VIEWS
+
+
+# Read-only views of objects ember computed while tracing (``inspect.signature(f).parameters``
+# and its ``keys()``/``values()``/``items()``): nothing can change them during the trace.
+FIXED_VIEWS = frozenset(
+    {
+        types.MappingProxyType,
+        type({}.keys()),
+        type({}.values()),
+        type({}.items()),
+        type(collections.OrderedDict().keys()),
+        type(collections.OrderedDict().values()),
+        type(collections.OrderedDict().items()),
+    }
+)
 
 
 def _module_items(fs: FrameState, v: ModuleV) -> list[Value]:
@@ -754,6 +778,12 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
         return wrap(
             fs.tracer, container.obj[key], guarding.item(src, key) if src is not None else None
         )
+    if (
+        isinstance(container, ObjV)
+        and container.source is None
+        and type(container.obj) in FIXED_VIEWS
+    ):
+        return wrap(fs.tracer, container.obj[constant_of(fs, index)], None)
     if isinstance(container, ObjV) and not isinstance(container.obj, type):
         return native_read(fs, container, operator.getitem, constant_of(fs, index))
     return _fold(fs, operator.getitem, [container, index], {})

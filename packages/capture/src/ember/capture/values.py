@@ -380,6 +380,9 @@ class Heap:
     # refs holding the items of a real dict subclass instance (written back with its base
     # class's own methods, which the subclass may have overridden)
     subclassed: set[int] = field(default_factory=set)
+    # refs of IterVs that stand for a dict's keys()/values()/items() view: iterating one or
+    # testing ``in`` leaves it as it was (an iterator is consumed)
+    views: set[int] = field(default_factory=set)
 
     def new(self, content: Any, *, from_frame: bool = False) -> int:
         ref = len(self.cells)

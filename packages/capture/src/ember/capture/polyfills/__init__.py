@@ -103,6 +103,7 @@ def lazy_builtin(obj: Any) -> Any:
 
 _MODULES = (
     "builtins", "collections_abc", "contextlib", "copy", "dataclasses", "torch_compiler",
+    "torch_nn",
 )  # fmt: skip
 _loaded = False
 
