@@ -259,13 +259,15 @@ def _drop_when_freed(
         return
     key = id(entry)
     code_ref, cache_ref = weakref.ref(code), weakref.ref(cache)
+    # Bound now: at interpreter exit the objects die after module globals are cleared.
+    watchers, remove_entry = _watchers, hook.remove_entry
 
     def freed(_: weakref.ref[Any]) -> None:
-        if _watchers.pop(key, None) is None:
+        if watchers.pop(key, None) is None:
             return
         live_code, live_cache = code_ref(), cache_ref()
         if live_code is not None:
-            hook.remove_entry(live_code, entry)
+            remove_entry(live_code, entry)
         if live_cache is not None:
             live_cache.remove(cache_entry)
 
