@@ -416,18 +416,40 @@ def test_autocast_and_inference_mode_blocks_are_captured():
     assert not torch.is_autocast_enabled("cpu") and not torch.is_inference_mode_enabled()
 
 
-def test_a_break_inside_an_autocast_block_runs_the_frame_eagerly(capsys):
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_break_inside_an_autocast_block_resumes_inside_it(backend, capsys):
     def f(x, w):
+        y = x.sin()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = x @ w
+            z = y @ w
             print("inside")
-            return y
+            z2 = z @ w
+            inside = torch.is_autocast_enabled("cpu")
+        return z2.float().cos(), z.dtype, z2.dtype, inside, torch.is_autocast_enabled("cpu")
 
-    compiled = ember.compiler.compile(f, backend=CompileCounter())
+    compiled = ember.compiler.compile(f, backend=backend)
     x, w = torch.randn(4, 4), torch.randn(4, 4)
-    assert compiled(x, w).dtype == torch.bfloat16
-    (failure,) = compiled.stats.failures
-    assert "with block" in failure.reason or "rebuilt" in failure.reason
+    for _ in range(2):
+        got = compiled(x, w)
+    want = f(x, w)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == (torch.bfloat16, torch.bfloat16, True, False)
+    assert not compiled.stats.failures  # no frame ran eagerly
+    assert "print" in compiled.stats.breaks[0].reason
+    assert capsys.readouterr().out.count("inside") == 3
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_an_exception_after_a_break_inside_autocast_leaves_autocast():
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ x
+            print("inside")
+            raise ValueError(str(y.dtype))
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    with pytest.raises(ValueError, match="bfloat16"):
+        compiled(torch.randn(2, 2))
     assert not torch.is_autocast_enabled("cpu")
 
 

@@ -84,6 +84,29 @@ class GradModeExit:
         return f"GradModeExit(previous={self.previous})"
 
 
+class ModeReentry:
+    """The ``__exit__`` of an autocast or inference-mode ``with`` block that a graph break
+    splits. The graph leaves the mode at its end; making this object enters it again for the
+    native instruction and the resume function, and calling it (at the block's end, or on an
+    exception) leaves it, as the block's own exit would.
+
+    >>> import torch
+    >>> from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+    >>> block = ModeReentry(_enter_autocast, _exit_autocast, "cpu", torch.bfloat16, True, None)
+    >>> torch.is_autocast_enabled("cpu"), block(None, None, None), torch.is_autocast_enabled("cpu")
+    (True, None, False)
+    """
+
+    __slots__ = ("exit", "token")
+
+    def __init__(self, enter: Callable[..., Any], exit: Callable[[Any], Any], *args: Any) -> None:
+        self.exit = exit
+        self.token = enter(*args)
+
+    def __call__(self, *exc_info: object) -> None:
+        self.exit(self.token)  # None: an exception propagates
+
+
 def make_function(
     code: types.CodeType,
     globals_: dict[str, Any],

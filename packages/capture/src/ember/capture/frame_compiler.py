@@ -232,7 +232,7 @@ def _grad_block(t: Translation, block_exit: int) -> bool:
         return False
     index = sum(slot != breaks.NULL_SLOT for slot in t.layout.stack[:block_exit])
     kind, payload = t.output[1][index]
-    return kind == "new" and payload[0] is codegen.GradModeExit
+    return kind == "new" and payload[0] in (codegen.GradModeExit, codegen.ModeReentry)
 
 
 # Entries whose identity guards name objects that may be freed (a model, a user object):

@@ -20,7 +20,7 @@ import torch.fx
 from ember.capture import breaks, generators, guarding
 from ember.capture.breaks import Layout
 from ember.capture.builder import _trusted, is_constant
-from ember.capture.codegen import GradModeExit, Part, make_namedtuple
+from ember.capture.codegen import GradModeExit, ModeReentry, Part, make_namedtuple
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
@@ -39,6 +39,7 @@ from ember.capture.values import (
     Lazy,
     ListV,
     MethodV,
+    ModeExitV,
     ModuleV,
     ObjV,
     SetV,
@@ -79,6 +80,9 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     try:
         result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
         generators.check_finished(tracer)  # none left with a finally the graph cannot run
+        while result is None and tracer.modes:  # a break inside autocast: the graph leaves
+            token, exit_, _ = tracer.modes[-1]  # it; the replacement enters it again
+            tracer.exit_mode(exit_, token)
     finally:
         tracer.leave_modes()  # autocast and inference-mode blocks entered while tracing
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
@@ -293,6 +297,10 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("shared", (v.ref, ("object", (v.cls, attrs, own))))
     if isinstance(v, GradExitV):  # a grad-mode block split by a break
         return ("new", (GradModeExit, [("const", v.previous)]))
+    if isinstance(v, ModeExitV):  # an autocast/inference-mode block split by a break
+        enter, args = v.token.target, v.token.args  # the graph node that entered it
+        parts = [("const", enter), ("const", v.exit), *(("const", a) for a in args)]
+        return ("new", (ModeReentry, parts))
     if isinstance(v, ExcV):
         return ("new", (v.cls, [_output_part(fs, x, tensors) for x in v.args]))
     if isinstance(v, GenV):
