@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember.compiler
-from ember.compiler.testing import CompileCounter
+from ember.compiler.testing import CompileCounter, assert_same
 
 CORPUS: list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]]]] = []
 SCALE = 3.0
@@ -551,22 +551,6 @@ def test_corpus_is_big_enough():
     assert len(CORPUS) >= 60, len(CORPUS)
 
 
-def _assert_same(got: Any, want: Any) -> None:
-    assert type(got) is type(want)
-    if isinstance(want, torch.Tensor):
-        torch.testing.assert_close(got, want)
-    elif isinstance(want, tuple | list):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            _assert_same(g, w)
-    elif isinstance(want, dict):
-        assert got.keys() == want.keys()
-        for k in want:
-            _assert_same(got[k], want[k])
-    else:
-        assert got == want
-
-
 @pytest.mark.parametrize(("name", "fn", "make"), CORPUS, ids=[c[0] for c in CORPUS])
 def test_matches_eager_in_one_graph(name, fn, make):
     args = make()
@@ -576,9 +560,9 @@ def test_matches_eager_in_one_graph(name, fn, make):
     got = compiled(*args)
     torch.manual_seed(0)
     want = fn(*args)
-    _assert_same(got, want)
+    assert_same(got, want)
     assert compiled.stats.failures == [], compiled.stats.failures
     assert counter.frame_count == 1
     again = compiled(*args)  # served from the cache
-    _assert_same(again, want)
+    assert_same(again, want)
     assert counter.frame_count == 1

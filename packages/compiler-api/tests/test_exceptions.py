@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ember.compiler
-from ember.compiler.testing import CompileCounter
+from ember.compiler.testing import CompileCounter, assert_same
 
 
 @pytest.fixture(autouse=True)
@@ -22,18 +22,6 @@ def fresh():
     ember.compiler.reset()
     yield
     ember.compiler.reset()
-
-
-def _same(got: Any, want: Any) -> None:
-    assert type(got) is type(want), (got, want)
-    if isinstance(want, torch.Tensor):
-        torch.testing.assert_close(got, want)
-    elif isinstance(want, tuple | list):
-        assert len(got) == len(want), (got, want)
-        for g, w in zip(got, want, strict=True):
-            _same(g, w)
-    else:
-        assert got == want
 
 
 def _outcome(fn: Any, args: tuple[Any, ...]) -> tuple[str, Any]:
@@ -51,7 +39,7 @@ def check(fn: Any, *args: Any, graphs: int | None = 1) -> Any:
     compiled = ember.compiler.compile(fn, backend=counter, fullgraph=graphs == 1)
     got = _outcome(compiled, args)
     assert got[0] == want[0], (got, want)
-    _same(got[1], want[1])
+    assert_same(got[1], want[1])
     if graphs is not None:
         assert counter.frame_count == graphs
         assert compiled.stats.breaks == [] and compiled.stats.failures == []

@@ -14,7 +14,7 @@ import torch
 
 import ember.compiler
 from ember.capture import trace_rules
-from ember.compiler.testing import CompileCounter
+from ember.compiler.testing import CompileCounter, assert_same
 
 
 @pytest.fixture(autouse=True)
@@ -95,23 +95,6 @@ def test_trace_rule_table_rows_and_errors():
 # -- dict mutations are replayed with the values the frame read -----------------------------
 
 
-def same(got, expected):
-    """Tensors compared with assert_close, containers item by item, the rest with ==."""
-    assert type(got) is type(expected), (got, expected)
-    if isinstance(expected, torch.Tensor):
-        torch.testing.assert_close(got, expected)
-    elif isinstance(expected, list | tuple):
-        assert len(got) == len(expected)
-        for g, e in zip(got, expected, strict=True):
-            same(g, e)
-    elif isinstance(expected, dict):
-        assert list(got) == list(expected)
-        for k in expected:
-            same(got[k], expected[k])
-    else:
-        assert got == expected
-
-
 def _check(fn, *make_args):
     """Compile ``fn``; compare result and the mutated arguments with eager, three calls."""
     counter = CompileCounter()
@@ -120,8 +103,8 @@ def _check(fn, *make_args):
         eager_args, ember_args = make_args[0](), make_args[0]()
         expected = fn(*eager_args)
         got = compiled(*ember_args)
-        same(got, expected)
-        same(ember_args, eager_args)
+        assert_same(got, expected)
+        assert_same(ember_args, eager_args)
     return counter
 
 
@@ -135,7 +118,7 @@ def test_kwargs_pop_then_return_the_popped_value():
     compiled = ember.compiler.compile(f, backend=counter, fullgraph=True)
     x = torch.ones(2)
     got = compiled(x, flag="on", keep=3)
-    same(got, f(x, flag="on", keep=3))
+    assert_same(got, f(x, flag="on", keep=3))
     assert counter.frame_count == 1
 
 
@@ -176,7 +159,7 @@ def test_dict_held_by_a_module_mutated_and_read():
     x = torch.randn(2)
     for _ in range(2):
         torch.testing.assert_close(compiled(x), eager(x))
-        same(model.cache, eager.cache)
+        assert_same(model.cache, eager.cache)
 
 
 def test_views_taken_before_a_mutation():

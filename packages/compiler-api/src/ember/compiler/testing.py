@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CompileCounter"]
+__all__ = ["CompileCounter", "assert_same"]
 
 
 class CompileCounter:
@@ -49,3 +49,28 @@ class CompileCounter:
         """Forget what was counted."""
         self.frame_count = self.op_count = 0
         self.graphs.clear()
+
+
+def assert_same(got: Any, want: Any) -> None:
+    """Assert a compiled result equals eager's: tensors with ``torch.testing.assert_close``,
+    tuples, lists and dicts item by item (same type, length, keys in order), anything else
+    with ``==``.
+
+    >>> assert_same((torch.ones(2), {"n": 1}), (torch.ones(2), {"n": 1}))
+    >>> assert_same([1], (1,))
+    Traceback (most recent call last):
+    AssertionError: ([1], (1,))
+    """
+    assert type(got) is type(want), (got, want)
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    elif isinstance(want, tuple | list):
+        assert len(got) == len(want), (got, want)
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+    elif isinstance(want, dict):
+        assert list(got) == list(want), (got, want)
+        for key in want:
+            assert_same(got[key], want[key])
+    else:
+        assert got == want, (got, want)
