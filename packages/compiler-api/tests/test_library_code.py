@@ -254,3 +254,25 @@ def test_torch_check_that_fails_raises_as_eager_does():
         f(torch.ones(2), -1)
     with pytest.raises(RuntimeError, match="n must be positive, got -1"):
         compiled(torch.ones(2), -1)
+
+
+class _Config:
+    def __init__(self, **fields):
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+def test_delattr_on_objects_made_in_the_trace_and_on_real_ones():
+    def f(x, real):
+        made = _Config(a=2.0, b=3.0)
+        del made.a
+        delattr(made, "b")
+        missing = not hasattr(made, "a") and not hasattr(made, "b")
+        del real.scale  # a real object's attribute: runs natively (a break)
+        return x * 2, missing, hasattr(real, "scale")
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    got = compiled(torch.ones(2), _Config(scale=1))
+    assert_same(got, f(torch.ones(2), _Config(scale=1)))
+    with pytest.raises(AttributeError):
+        compiled(torch.ones(2), _Config())  # as eager raises

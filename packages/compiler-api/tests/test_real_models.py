@@ -49,6 +49,23 @@ def test_inference_is_one_graph_and_matches_eager(name):
     assert not compiled.stats.breaks and not compiled.stats.failures
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5"])
+def test_with_the_key_value_cache_on_still_one_graph(name):
+    """With ``use_cache`` on, the forward builds a cache object (T5's copies its legacy
+    config with ``copy.deepcopy`` first) and returns it: made in the trace, rebuilt after."""
+    model, inputs = HF_MODELS[name].make(quick=True)
+    model.eval()
+    with torch.no_grad():
+        expected = model(**inputs, use_cache=True)
+        compiled = ember.compiler.compile(model, backend="eager", fullgraph=True)
+        got = compiled(**inputs, use_cache=True)
+    torch.testing.assert_close(got.logits, expected.logits)
+    assert expected.past_key_values is not None
+    assert type(got.past_key_values) is type(expected.past_key_values)
+    assert got.past_key_values.get_seq_length() == expected.past_key_values.get_seq_length()
+    assert compiled.stats.graphs == 1
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_explain_reports_one_graph_no_break(name):
     model, inputs = HF_MODELS[name].make(quick=True)

@@ -426,6 +426,23 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value, raw: bool = 
     fs.tracer.effects.append(("object_setattr" if raw else "setattr", obj.source, name, value))
 
 
+def delete_attr(fs: FrameState, obj: Value, name: str) -> None:
+    """``del obj.name``: on an instance made in this trace (through its class's Python
+    ``__delattr__`` if it has one); on anything else a side effect ember does not replay."""
+    if not isinstance(obj, InstanceV):
+        raise Unsupported(f"deleting .{name} of a {type(obj).__name__}", "side-effect")
+    delattr_fn = python_special(obj.cls, "__delattr__")
+    if delattr_fn is not None:
+        from ember.capture.calls import call_value
+
+        call_value(fs, function_value(fs, delattr_fn, None), [obj, Const(name)], {})
+        return
+    own = fs.tracer.heap.get(obj.ref)
+    if name not in own:
+        raise no_attribute(f"{obj.cls.__name__} object", name)
+    del own[name]
+
+
 def load_attr(fs: FrameState, v: Value, name: str) -> Value:
     """The value of ``v.name``."""
     if fs.tracer.attr_overlay and isinstance(v, ModuleV | ObjV):

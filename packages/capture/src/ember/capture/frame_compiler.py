@@ -19,6 +19,7 @@ A frame that cannot be captured runs eagerly with its reason recorded in
 
 from __future__ import annotations
 
+import sys
 import time
 import types
 import weakref
@@ -259,11 +260,12 @@ def _drop_when_freed(
         return
     key = id(entry)
     code_ref, cache_ref = weakref.ref(code), weakref.ref(cache)
-    # Bound now: at interpreter exit the objects die after module globals are cleared.
-    watchers, remove_entry = _watchers, hook.remove_entry
+    # Bound now: at interpreter exit the objects die after module globals are cleared, and
+    # then there is nothing left to keep consistent.
+    watchers, remove_entry, finalizing = _watchers, hook.remove_entry, sys.is_finalizing
 
     def freed(_: weakref.ref[Any]) -> None:
-        if watchers.pop(key, None) is None:
+        if finalizing() or watchers.pop(key, None) is None:
             return
         live_code, live_cache = code_ref(), cache_ref()
         if live_code is not None:

@@ -34,7 +34,6 @@ UNSUPPORTED: dict[str, str] = {
     "LOAD_CLASSDEREF": "class bodies are not captured",
     "LOAD_BUILD_CLASS": "defining a class inside compiled code",
     "DELETE_GLOBAL": "deleting a global inside compiled code (a side effect)",
-    "DELETE_ATTR": "deleting an attribute inside compiled code (a side effect)",
     "BEFORE_ASYNC_WITH": "async code",
     "CHECK_EG_MATCH": "except* inside compiled code",
     "PREP_RERAISE_STAR": "except* inside compiled code",

@@ -6,7 +6,7 @@ import builtins
 import sys
 
 from ember.capture import guarding
-from ember.capture.attrs import load_attr, store_attr
+from ember.capture.attrs import delete_attr, load_attr, store_attr
 from ember.capture.builder import TRUSTED_MODULE_PREFIXES, wrap
 from ember.capture.calls import materialize
 from ember.capture.interpreter import handler
@@ -150,6 +150,11 @@ def IMPORT_FROM(fs: FrameState, inst: Instr) -> None:
 @handler("LOAD_ATTR")
 def LOAD_ATTR(fs: FrameState, inst: Instr) -> None:
     fs.push(load_attr(fs, fs.pop(), inst.argval))
+
+
+@handler("DELETE_ATTR")
+def DELETE_ATTR(fs: FrameState, inst: Instr) -> None:
+    delete_attr(fs, fs.pop(), inst.argval)
 
 
 @handler("LOAD_METHOD")

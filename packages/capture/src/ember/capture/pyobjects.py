@@ -213,6 +213,23 @@ def _object_getattribute(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     return attrs.load_attr(fs, target, name)
 
 
+@rule(delattr, object.__delattr__)
+def _delattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """``delattr(obj, name)`` (``object.__delattr__`` skips the class's own override)."""
+    from ember.capture import attrs
+
+    _no_kwargs("delattr", kwargs)
+    target, name = args[0], constant_of(fs, args[1])
+    if fs.tracer.calling is object.__delattr__ and isinstance(target, InstanceV):
+        own = fs.tracer.heap.get(target.ref)
+        if name not in own:
+            raise attrs.no_attribute(f"{target.cls.__name__} object", name)
+        del own[name]
+    else:
+        attrs.delete_attr(fs, target, name)
+    return Const(None)
+
+
 @rule(object.__new__)
 def _object_new(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     """``object.__new__(cls)`` for a class ember instantiates (``copy`` makes objects so):
