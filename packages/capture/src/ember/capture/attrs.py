@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding, trace_rules
+from ember.capture import guarding, polyfills, trace_rules
 from ember.capture.builder import is_constant, wrap
 from ember.capture.calls import function_value
 from ember.capture.graphops import graph_call
@@ -253,6 +253,10 @@ def _const_attr(fs: FrameState, v: Value, name: str) -> Value:
 
 
 def _container_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """A method of a list, dict or set (``{}.move_to_end`` is an AttributeError, as in Python)."""
+    python_type = {ListV: list, DictV: dict, SetV: set}[type(v)]
+    if not hasattr(python_type, name):
+        raise no_attribute(f"'{python_type.__name__}' object", name)
     return MethodV(v, name)
 
 
@@ -265,9 +269,17 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     fields: tuple[str, ...] = cls._fields
     if name in fields:
         return v.items[fields.index(name)]
-    found = inspect.getattr_static(cls, name, None)
-    if trace_rules.traceable(found):
-        return BoundV(function_value(fs, found, None), v)  # a user method
+    found: Any = inspect.getattr_static(cls, name, None)
+    inner: Any = found.__func__ if isinstance(found, classmethod) else None
+    if inner is not None and polyfills.lookup(inner) is not None:
+        return BoundV(function_value(fs, inner, None), ObjV(cls))  # _make
+    if trace_rules.traceable(found) or polyfills.lookup(found) is not None:
+        return BoundV(function_value(fs, found, None), v)  # a user method, _replace, _asdict
+    getter: Any = found.fget if isinstance(found, property) else None
+    if trace_rules.traceable(getter):
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, getter, None), [v], {})  # a subclass's
     if name in ("_fields", "_field_defaults") or is_constant(found):
         return Const(getattr(cls, name))
     return MethodV(v, name)
