@@ -6,6 +6,7 @@ Each must be one graph with no break and give eager's answer."""
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any
 
 import pytest
@@ -232,3 +233,55 @@ def test_namedtuple_make_with_the_wrong_length_raises():
         return t
 
     check(f, X)
+
+
+# -- functools.partial ---------------------------------------------------------------------------
+
+
+def _scale(x, k, *, shift=0.0):
+    return x * k + shift
+
+
+def test_partial_attributes_of_one_made_in_the_trace():
+    def f(x):
+        p = functools.partial(_scale, x, shift=1.0)
+        q = functools.partial(p, 2.0)
+        return q(), p.func is _scale, p.args[0] + 1, p.keywords, q.args, q.func is p
+
+    check(f, X)
+
+
+def test_partial_keywords_mutated_in_the_trace_change_later_calls():
+    def f(x):
+        p = functools.partial(_scale, k=2.0)
+        p.keywords["k"] = 5.0
+        return p(x), dict(p.keywords)
+
+    check(f, X)
+
+
+def test_partial_argument_keywords_are_guarded():
+    p = functools.partial(_scale, k=2.0, shift=1.0)
+
+    def f(x):
+        return p(x), sorted(p.keywords), p.args
+
+    check(f, X)
+    compiled = ember.compiler.compile(f, backend="eager")
+    compiled(X)
+    p.keywords["shift"] = 10.0  # the same partial, another keyword value: recompiles
+    torch.testing.assert_close(compiled(X)[0], X * 2.0 + 10.0)
+    p.keywords["extra"] = 1  # a new keyword: recompiles (and eager raises)
+    with pytest.raises(TypeError):
+        compiled(X)
+
+
+def test_partial_argument_keywords_mutated_in_the_trace_are_written_back():
+    p = functools.partial(_scale, k=2.0)
+
+    def f(x):
+        p.keywords["k"] = 3.0
+        return p(x)
+
+    torch.testing.assert_close(ember.compiler.compile(f, backend="eager")(X), X * 3.0)
+    assert p.keywords == {"k": 3.0}

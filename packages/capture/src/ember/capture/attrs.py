@@ -9,6 +9,7 @@ objects; methods become :class:`MethodV`, called later.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from ember.capture.values import (
     MethodV,
     ModuleV,
     ObjV,
+    PartialV,
     SetV,
     SuperV,
     SymV,
@@ -370,6 +372,20 @@ def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
     raise no_attribute("super()", name)
 
 
+def _partial_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """``p.func``, ``p.args``, ``p.keywords`` of a ``functools.partial``."""
+    assert isinstance(v, PartialV)
+    if name == "func":
+        return v.func
+    if name == "args":
+        return TupleV(v.args)
+    if name == "keywords":
+        return v.kwargs
+    if v.source is not None or hasattr(functools.partial, name):  # its __dict__, its class's
+        raise Unsupported(f"attribute {name!r} of a functools.partial", "attribute")
+    raise no_attribute("'functools.partial' object", name)  # made in the trace: no others
+
+
 def _number_attr(fs: FrameState, v: Value, name: str) -> Value:
     """``s.real``, ``s.is_integer``: the number is needed, so it is specialized."""
     assert isinstance(v, SymV)
@@ -379,6 +395,7 @@ def _number_attr(fs: FrameState, v: Value, name: str) -> Value:
 ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     SuperV: _super_attr,
     SymV: _number_attr,
+    PartialV: _partial_attr,
     InstanceV: _instance_attr,
     ExcV: _exception_attr,
     GenV: _generator_attr,

@@ -254,7 +254,11 @@ def _wrap_partial(tracer: Tracer, obj: Any, source: Any) -> Value:
             wrap(tracer, a, guarding.item(args_src, i) if args_src is not None else None)
             for i, a in enumerate(obj.args)
         ),
-        tuple((k, wrap(tracer, v, None)) for k, v in obj.keywords.items()),
+        # keys guarded, values reached as p.keywords[k]: a changed keyword recompiles
+        wrap_dict_items(
+            tracer, obj.keywords, guarding.attr(source, "keywords") if source else None
+        ),
+        source=source,
     )
 
 

@@ -303,7 +303,11 @@ def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(functools.partial)
 def _partial(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    return PartialV(args[0], tuple(args[1:]), tuple(kwargs.items()))
+    func, rest, keywords = args[0], args[1:], dict(kwargs)
+    if isinstance(func, PartialV):  # a partial of a partial is flattened, as CPython does
+        keywords = {**fs.tracer.heap.get(func.kwargs.ref), **keywords}
+        func, rest = func.func, [*func.args, *rest]
+    return PartialV(func, tuple(rest), DictV(fs.tracer.heap.new(keywords)))
 
 
 @rule(map)

@@ -280,11 +280,12 @@ class SuperV(Value):
 
 @dataclass(frozen=True, slots=True)
 class PartialV(Value):
-    """``functools.partial(func, *args, **kwargs)``."""
+    """``functools.partial(func, *args, **kwargs)``; ``kwargs`` is its ``keywords`` dict (in the
+    heap: mutating ``p.keywords`` changes what later calls pass, as in CPython)."""
 
     func: Value
     args: tuple[Value, ...]
-    kwargs: tuple[tuple[str, Value], ...]
+    kwargs: DictV
 
 
 @dataclass(frozen=True, slots=True)
