@@ -285,3 +285,40 @@ def test_partial_argument_keywords_mutated_in_the_trace_are_written_back():
 
     torch.testing.assert_close(ember.compiler.compile(f, backend="eager")(X), X * 3.0)
     assert p.keywords == {"k": 3.0}
+
+
+# -- functools.lru_cache / cache -----------------------------------------------------------------
+
+
+@functools.cache
+def _powers(n):
+    return tuple(2**i for i in range(n))
+
+
+@functools.lru_cache(maxsize=4)
+def _affine(x, scale=2.0):
+    return x * scale + 1
+
+
+def test_cached_functions_are_traced_and_their_cache_left_alone():
+    _powers.cache_clear()
+    _affine.cache_clear()
+
+    def f(x):
+        return _affine(x, scale=3.0) + sum(_powers(3)), _powers(2)
+
+    check(f, X)
+    assert _powers.cache_info().currsize == 2  # the eager run's calls only
+    assert _affine.cache_info().currsize == 1
+
+
+def test_a_cached_function_rebound_recompiles():
+    g = {"fn": _affine}
+
+    def f(x):
+        return g["fn"](x)
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(X), X * 2 + 1)
+    g["fn"] = functools.lru_cache(lambda x: x - 1)
+    torch.testing.assert_close(compiled(X), X - 1)

@@ -206,7 +206,10 @@ def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 # Callable objects whose behaviour is state no source reaches (an itemgetter's keys):
 # guarded by identity, so rebinding the name to another one recompiles.
-OPAQUE_CALLABLES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
+OPAQUE_CALLABLES = (
+    operator.itemgetter, operator.attrgetter, operator.methodcaller,
+    functools._lru_cache_wrapper,  # its __wrapped__ is traced
+)  # fmt: skip
 IDENTITY_GUARDED = (type, types.ModuleType, types.BuiltinFunctionType, *OPAQUE_CALLABLES)
 
 

@@ -266,8 +266,18 @@ def _user_class(obj: Any) -> bool:
     return is_plain_class(obj) and (polyfill or module.split(".")[0] not in TRUSTED_MODULE_PREFIXES)
 
 
+def _call_cached(fs: FrameState, wrapper: Any, args: Args, kwargs: Kwargs) -> Value:
+    """A function wrapped by ``functools.lru_cache``/``cache`` (identity-guarded): its
+    ``__wrapped__`` traced, with constants or tensors alike. What one caches is a pure
+    function, so the call's value is the cache's; the real cache is neither read nor filled."""
+    from ember.capture.calls import call_value
+
+    return call_value(fs, wrap(fs.tracer, wrapper.__wrapped__, None), args, kwargs)
+
+
 OBJECT_KINDS.extend(
     [
+        (lambda obj: type(obj) is functools._lru_cache_wrapper, _call_cached),
         (is_namedtuple_class, _namedtuple),
         (lambda obj: type(obj) in GETTER_RULES, _call_getter),
         (_user_class, _instantiate),
@@ -303,10 +313,11 @@ def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(functools.partial)
 def _partial(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    func, rest, keywords = args[0], args[1:], dict(kwargs)
+    func, rest, keywords = args[0], list(args[1:]), dict(kwargs)
     if isinstance(func, PartialV):  # a partial of a partial is flattened, as CPython does
         keywords = {**fs.tracer.heap.get(func.kwargs.ref), **keywords}
-        func, rest = func.func, [*func.args, *rest]
+        rest = [*func.args, *rest]
+        func = func.func
     return PartialV(func, tuple(rest), DictV(fs.tracer.heap.new(keywords)))
 
 
