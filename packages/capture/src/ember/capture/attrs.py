@@ -9,6 +9,7 @@ objects; methods become :class:`MethodV`, called later.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding, trace_rules
+from ember.capture import guarding, polyfills, trace_rules
 from ember.capture.builder import is_constant, wrap
 from ember.capture.calls import function_value
 from ember.capture.graphops import graph_call
@@ -34,6 +35,7 @@ from ember.capture.values import (
     MethodV,
     ModuleV,
     ObjV,
+    PartialV,
     SetV,
     SuperV,
     SymV,
@@ -253,6 +255,10 @@ def _const_attr(fs: FrameState, v: Value, name: str) -> Value:
 
 
 def _container_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """A method of a list, dict or set (``{}.move_to_end`` is an AttributeError, as in Python)."""
+    python_type = {ListV: list, DictV: dict, SetV: set}[type(v)]
+    if not hasattr(python_type, name):
+        raise no_attribute(f"'{python_type.__name__}' object", name)
     return MethodV(v, name)
 
 
@@ -265,9 +271,17 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     fields: tuple[str, ...] = cls._fields
     if name in fields:
         return v.items[fields.index(name)]
-    found = inspect.getattr_static(cls, name, None)
-    if trace_rules.traceable(found):
-        return BoundV(function_value(fs, found, None), v)  # a user method
+    found: Any = inspect.getattr_static(cls, name, None)
+    inner: Any = found.__func__ if isinstance(found, classmethod) else None
+    if inner is not None and polyfills.lookup(inner) is not None:
+        return BoundV(function_value(fs, inner, None), ObjV(cls))  # _make
+    if trace_rules.traceable(found) or polyfills.lookup(found) is not None:
+        return BoundV(function_value(fs, found, None), v)  # a user method, _replace, _asdict
+    getter: Any = found.fget if isinstance(found, property) else None
+    if trace_rules.traceable(getter):
+        from ember.capture.calls import call_value
+
+        return call_value(fs, function_value(fs, getter, None), [v], {})  # a subclass's
     if name in ("_fields", "_field_defaults") or is_constant(found):
         return Const(getattr(cls, name))
     return MethodV(v, name)
@@ -358,6 +372,20 @@ def _super_attr(fs: FrameState, v: Value, name: str) -> Value:
     raise no_attribute("super()", name)
 
 
+def _partial_attr(fs: FrameState, v: Value, name: str) -> Value:
+    """``p.func``, ``p.args``, ``p.keywords`` of a ``functools.partial``."""
+    assert isinstance(v, PartialV)
+    if name == "func":
+        return v.func
+    if name == "args":
+        return TupleV(v.args)
+    if name == "keywords":
+        return v.kwargs
+    if v.source is not None or hasattr(functools.partial, name):  # its __dict__, its class's
+        raise Unsupported(f"attribute {name!r} of a functools.partial", "attribute")
+    raise no_attribute("'functools.partial' object", name)  # made in the trace: no others
+
+
 def _number_attr(fs: FrameState, v: Value, name: str) -> Value:
     """``s.real``, ``s.is_integer``: the number is needed, so it is specialized."""
     assert isinstance(v, SymV)
@@ -367,6 +395,7 @@ def _number_attr(fs: FrameState, v: Value, name: str) -> Value:
 ATTR_RULES: dict[type, Callable[[FrameState, Value, str], Value]] = {
     SuperV: _super_attr,
     SymV: _number_attr,
+    PartialV: _partial_attr,
     InstanceV: _instance_attr,
     ExcV: _exception_attr,
     GenV: _generator_attr,

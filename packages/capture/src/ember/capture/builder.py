@@ -206,7 +206,10 @@ def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
 
 # Callable objects whose behaviour is state no source reaches (an itemgetter's keys):
 # guarded by identity, so rebinding the name to another one recompiles.
-OPAQUE_CALLABLES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
+OPAQUE_CALLABLES = (
+    operator.itemgetter, operator.attrgetter, operator.methodcaller,
+    functools._lru_cache_wrapper,  # its __wrapped__ is traced
+)  # fmt: skip
 IDENTITY_GUARDED = (type, types.ModuleType, types.BuiltinFunctionType, *OPAQUE_CALLABLES)
 
 
@@ -254,7 +257,11 @@ def _wrap_partial(tracer: Tracer, obj: Any, source: Any) -> Value:
             wrap(tracer, a, guarding.item(args_src, i) if args_src is not None else None)
             for i, a in enumerate(obj.args)
         ),
-        tuple((k, wrap(tracer, v, None)) for k, v in obj.keywords.items()),
+        # keys guarded, values reached as p.keywords[k]: a changed keyword recompiles
+        wrap_dict_items(
+            tracer, obj.keywords, guarding.attr(source, "keywords") if source else None
+        ),
+        source=source,
     )
 
 

@@ -372,7 +372,7 @@ def _call_bound(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
 
 def _call_partial(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(f, PartialV)
-    return call_value(fs, f.func, [*f.args, *args], {**dict(f.kwargs), **kwargs})
+    return call_value(fs, f.func, [*f.args, *args], {**fs.tracer.heap.get(f.kwargs.ref), **kwargs})
 
 
 def _call_instance(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:

@@ -21,7 +21,7 @@ from ember.capture.pyrules import (
     truth,
 )
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.userobjects import call_special, dict_view
+from ember.capture.userobjects import call_special, dict_equal, dict_view
 from ember.capture.values import (
     Const,
     DictV,
@@ -104,6 +104,8 @@ def COMPARE_OP(fs: FrameState, inst: Instr) -> None:
     elif op in (operator.eq, operator.ne) and _identity_comparable(a, b):
         same = _same_object(a, b)
         fs.push(Const(same if op is operator.eq else not same))
+    elif op in (operator.eq, operator.ne) and (equal := dict_equal(fs, a, b)) is not None:
+        fs.push(Const(equal if op is operator.eq else not equal))  # dict-derived objects
     else:
         fs.push(Const(op(constant_of(fs, a), constant_of(fs, b))))
 

@@ -51,12 +51,13 @@ from ember.capture.pyrules import (
     truth,
 )
 from ember.capture.tracer import FrameState, Raised, Unsupported
-from ember.capture.userobjects import DICT_BASES, class_of, dict_base, dict_view
+from ember.capture.userobjects import BUILTIN_DICTS, DICT_BASES, class_of, dict_base, dict_view
 from ember.capture.values import (
     BoundV,
     CellV,
     Const,
     DictV,
+    ExcV,
     FuncV,
     GenV,
     InstanceV,
@@ -144,7 +145,9 @@ def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value
         if args or kwargs:
             raise Unsupported(f"{cls.__name__}() takes no arguments")
         return instance
-    if items is not None and init in (dict.__init__, collections.OrderedDict.__init__):
+    if items is not None and init in _DICT_INITS:
+        if init is collections.defaultdict.__init__:  # defaultdict(factory, *args, **kwargs)
+            args = _set_factory(fs, instance, args)
         _dict_method(fs, DictV(items), "update", args, kwargs)  # dict(*args, **kwargs)
         return instance
     if not trace_rules.traceable(init):
@@ -153,6 +156,18 @@ def _instantiate(fs: FrameState, cls: type, args: Args, kwargs: Kwargs) -> Value
     if not _is_none(inline(fs, init_value, [instance, *args], kwargs)):
         raise Unsupported(f"{cls.__name__}.__init__ returned a value")
     return instance
+
+
+def _set_factory(fs: FrameState, instance: Value, args: Args) -> Args:
+    """``defaultdict.__init__(instance, factory, *rest)``: the factory stored; ``rest``."""
+    if not isinstance(instance, InstanceV):
+        raise Unsupported("defaultdict.__init__ of an object made outside the trace", "call")
+    factory, *rest = args or [Const(None)]
+    fs.tracer.heap.get(instance.ref)["default_factory"] = factory
+    return rest
+
+
+_DICT_INITS = (dict.__init__, collections.OrderedDict.__init__, collections.defaultdict.__init__)
 
 
 def _is_none(v: Value) -> bool:
@@ -268,11 +283,22 @@ def _user_class(obj: Any) -> bool:
     return is_plain_class(obj) and (polyfill or module.split(".")[0] not in TRUSTED_MODULE_PREFIXES)
 
 
+def _call_cached(fs: FrameState, wrapper: Any, args: Args, kwargs: Kwargs) -> Value:
+    """A function wrapped by ``functools.lru_cache``/``cache`` (identity-guarded): its
+    ``__wrapped__`` traced, with constants or tensors alike. What one caches is a pure
+    function, so the call's value is the cache's; the real cache is neither read nor filled."""
+    from ember.capture.calls import call_value
+
+    return call_value(fs, wrap(fs.tracer, wrapper.__wrapped__, None), args, kwargs)
+
+
 OBJECT_KINDS.extend(
     [
+        (lambda obj: type(obj) is functools._lru_cache_wrapper, _call_cached),
         (is_namedtuple_class, _namedtuple),
         (lambda obj: type(obj) in GETTER_RULES, _call_getter),
         (_user_class, _instantiate),
+        (lambda obj: obj in BUILTIN_DICTS, _instantiate),  # OrderedDict(), defaultdict(list)
     ]
 )
 
@@ -304,7 +330,12 @@ def _super(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(functools.partial)
 def _partial(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    return PartialV(args[0], tuple(args[1:]), tuple(kwargs.items()))
+    func, rest, keywords = args[0], list(args[1:]), dict(kwargs)
+    if isinstance(func, PartialV):  # a partial of a partial is flattened, as CPython does
+        keywords = {**fs.tracer.heap.get(func.kwargs.ref), **keywords}
+        rest = [*func.args, *rest]
+        func = func.func
+    return PartialV(func, tuple(rest), DictV(fs.tracer.heap.new(keywords)))
 
 
 @rule(map)
@@ -402,7 +433,10 @@ def _call_dict_base_method(fs: FrameState, method: Any, args: Args, kwargs: Kwar
         view = args[0] if args and isinstance(args[0], DictV) else None
     if view is None:
         raise Unsupported(f"{method.__qualname__} on a {type(args[0]).__name__}", "call")
-    return _dict_method(fs, view, method.__name__, args[1:], kwargs)
+    rest = args[1:]
+    if method is collections.defaultdict.__init__:  # super().__init__(factory, ...)
+        rest = _set_factory(fs, args[0], rest)
+    return _dict_method(fs, view, method.__name__, rest, kwargs)
 
 
 OBJECT_KINDS.append((_dict_base_method, _call_dict_base_method))
@@ -508,9 +542,34 @@ def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs
     if name == "clear":
         _mutate(fs, d).clear()
         return Const(None)
+    if name in ("popitem", "move_to_end"):  # dict's and OrderedDict's (reached only by those)
+        return _reorder(fs, d, name, args, kwargs)
     if name in _DICT_SPECIALS:
         return _DICT_SPECIALS[name](fs, d, *args)
     raise Unsupported(f"dict.{name}() inside compiled code", "call")
+
+
+def _reorder(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:
+    """``popitem(last=True)`` and ``move_to_end(key, last=True)``; a plain dict's
+    ``popitem()`` takes the last item, as an OrderedDict's does by default."""
+    items: dict[Any, Value] = fs.tracer.heap.get(d.ref)
+    if name == "popitem":
+        last = constant_of(fs, args[0] if args else kwargs.get("last", Const(True)))
+        if not items:
+            raise Unsupported("popitem() of an empty dict", "call")
+        key = next(reversed(items)) if last else next(iter(items))
+        return TupleV((Const(key), _mutate(fs, d).pop(key)))
+    key = constant_of(fs, args[0])
+    last = constant_of(fs, args[1] if len(args) > 1 else kwargs.get("last", Const(True)))
+    if key not in items:
+        raise Raised(ExcV(KeyError, (Const(key),)), f"KeyError: {key!r}")
+    moved = _mutate(fs, d)
+    value, rest = moved.pop(key), {} if last else dict(moved)
+    if not last:
+        moved.clear()
+    moved[key] = value
+    moved.update(rest)
+    return Const(None)
 
 
 def _dict_setitem(fs: FrameState, d: DictV, key: Value, value: Value) -> Value:

@@ -22,7 +22,7 @@ from ember.capture import generators, guarding, markers, polyfills
 from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Raised, Unsupported
-from ember.capture.userobjects import call_special, dict_view
+from ember.capture.userobjects import call_special, dict_getitem, dict_view
 from ember.capture.values import (
     Const,
     DictV,
@@ -401,8 +401,8 @@ def _list(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 def _dict(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     items: dict[Any, Value] = {}
     if args:
-        src = args[0]
-        if isinstance(src, DictV):
+        src = args[0] if isinstance(args[0], DictV) else dict_view(fs, args[0]) or args[0]
+        if isinstance(src, DictV):  # a dict, or a dict-derived object's items
             items.update(fs.tracer.heap.get(src.ref))
         else:
             for pair in iterate(fs, src):
@@ -745,7 +745,7 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
     if isinstance(container, InstanceV | ObjV):
         found = _special(fs, container, "__getitem__", [index])
         if found is not None:
-            return found if not isinstance(found, DictV) else subscript(fs, found, index)
+            return dict_getitem(fs, container, found, index) if isinstance(found, DictV) else found
     if isinstance(container, TensorV):
         return graph_call(fs, "call_function", operator.getitem, [container, index], {})
     if isinstance(container, ModuleV):

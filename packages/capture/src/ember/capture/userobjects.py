@@ -31,14 +31,19 @@ from typing import Any
 
 from ember.capture import trace_rules
 from ember.capture.tracer import FrameState, Unsupported
-from ember.capture.values import DictV, InstanceV, ObjV, Value
+from ember.capture.values import Const, DictV, InstanceV, ObjV, Value
 
 # The builtin dict types an object's items can live in, most derived first.
-DICT_BASES: tuple[type, ...] = (collections.OrderedDict, dict)
+DICT_BASES: tuple[type, ...] = (collections.OrderedDict, collections.defaultdict, dict)
+
+# The C dict types made in a trace as an :class:`InstanceV` of the type itself (attributes:
+# a defaultdict's ``default_factory``; items: a view), as their user subclasses are.
+BUILTIN_DICTS: tuple[type, ...] = (collections.OrderedDict, collections.defaultdict)
 
 
 def dict_base(cls: Any) -> type | None:
-    """The builtin dict type that ``cls`` derives from (``dict`` or ``OrderedDict``), if any."""
+    """The builtin dict type that ``cls`` derives from (``dict``, ``OrderedDict`` or
+    ``defaultdict``), if any."""
     if not isinstance(cls, type):
         return None
     for base in cls.__mro__:
@@ -130,5 +135,58 @@ def make_instance(cls: type, attributes: dict[str, Any], items: dict[Any, Any] |
     obj: Any = base.__new__(cls) if base is not None else object.__new__(cls)
     if items:
         replace_items(obj, items)
-    obj.__dict__.update(attributes)
+    for name, value in attributes.items():
+        if isinstance(inspect.getattr_static(cls, name, None), types.MemberDescriptorType):
+            object.__setattr__(obj, name, value)  # a slot of a C type: a defaultdict's factory
+        else:
+            obj.__dict__[name] = value
     return obj
+
+
+def dict_getitem(fs: FrameState, obj: Value, view: DictV, key: Value) -> Value:
+    """``obj[key]`` for a dict-derived object whose ``__getitem__`` is dict's: the item, or
+    what the class's ``__missing__`` makes of a missing key (a defaultdict's factory called
+    and its result stored, or the class's own Python method traced)."""
+    from ember.capture.attrs import load_attr
+    from ember.capture.calls import call_value
+    from ember.capture.pyrules import constant_of, store_subscript, subscript
+
+    cls = class_of(obj)
+    if cls is None or constant_of(fs, key) in fs.tracer.heap.get(view.ref):
+        return subscript(fs, view, key)
+    found = call_special(fs, obj, "__missing__", [key])
+    if found is not None:
+        return found
+    if inspect.getattr_static(cls, "__missing__", None) is not _DEFAULTDICT_MISSING:
+        return subscript(fs, view, key)  # KeyError, as dict raises it
+    factory = load_attr(fs, obj, "default_factory")
+    if isinstance(factory, Const) and factory.value is None:
+        return subscript(fs, view, key)
+    value = call_value(fs, factory, [], {})
+    store_subscript(fs, obj, key, value)  # through the class's own __setitem__, if any
+    return value
+
+
+_DEFAULTDICT_MISSING = collections.defaultdict.__missing__
+
+
+def dict_equal(fs: FrameState, a: Value, b: Value) -> bool | None:
+    """``a == b`` where one side is a dict-derived object and both hold items ember knows:
+    two OrderedDicts compare in order, anything else as dicts; None where this does not
+    apply (a class with its own ``__eq__``, no items on one side). Values must be constants.
+    """
+    from ember.capture.pyrules import constant_of
+
+    classes = [class_of(v) or (dict if isinstance(v, DictV) else None) for v in (a, b)]
+    if classes == [dict, dict] or any(dict_base(c) is None for c in classes):
+        return None
+    if any(python_special(c, "__eq__") is not None for c in classes if c is not None):
+        return None
+    views = [v if isinstance(v, DictV) else dict_view(fs, v) for v in (a, b)]
+    if views[0] is None or views[1] is None:
+        return None
+    left, right = fs.tracer.heap.get(views[0].ref), fs.tracer.heap.get(views[1].ref)
+    ordered = all(issubclass(c, collections.OrderedDict) for c in classes if c is not None)
+    if (list(left) != list(right)) if ordered else (left.keys() != right.keys()):
+        return False
+    return all(constant_of(fs, left[k]) == constant_of(fs, right[k]) for k in left)

@@ -182,7 +182,8 @@ class InstanceV(Value):
 def is_plain_class(cls: Any) -> bool:
     """A class ember can instantiate while tracing: made by a class statement (any
     metaclass that keeps ``type.__call__``, ``ABCMeta`` included), with ``object``'s
-    ``__new__`` (or ``dict``'s or ``OrderedDict``'s, whose items ember then keeps),
+    ``__new__`` (or ``dict``'s or ``OrderedDict``'s, whose items ember then keeps; a
+    ``defaultdict`` subclass too),
     instances with a ``__dict__`` and no other builtin base. A ``__setattr__`` of its
     own is traced like any method.
 
@@ -206,7 +207,9 @@ def is_plain_class(cls: Any) -> bool:
 
 _TYPE_CALL: Any = type.__call__
 _PLAIN_NEW: tuple[Any, ...] = (object.__new__, dict.__new__, collections.OrderedDict.__new__)
-_PLAIN_BASES: tuple[type, ...] = (object, dict, collections.OrderedDict)
+_PLAIN_BASES: tuple[type, ...] = (
+    object, dict, collections.OrderedDict, collections.defaultdict,
+)  # fmt: skip
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a builtin
 
 
@@ -277,11 +280,12 @@ class SuperV(Value):
 
 @dataclass(frozen=True, slots=True)
 class PartialV(Value):
-    """``functools.partial(func, *args, **kwargs)``."""
+    """``functools.partial(func, *args, **kwargs)``; ``kwargs`` is its ``keywords`` dict (in the
+    heap: mutating ``p.keywords`` changes what later calls pass, as in CPython)."""
 
     func: Value
     args: tuple[Value, ...]
-    kwargs: tuple[tuple[str, Value], ...]
+    kwargs: DictV
 
 
 @dataclass(frozen=True, slots=True)

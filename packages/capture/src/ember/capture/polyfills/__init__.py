@@ -8,9 +8,10 @@ inlined, a class (``contextlib.nullcontext``'s stand-in) is instantiated like an
 user class. Polyfills live in one module per module they stand in for
 (``polyfills/dataclasses.py`` for ``dataclasses``, ``polyfills/torch_compiler.py``
 for ``torch.compiler`` and ``torch._dynamo``) and register with :func:`polyfill`,
-keyed by the real callable, or by its ``"module.qualname"`` where ember must not
-import the module (``torch._dynamo``). :func:`lookup` also finds callables that are
-one of many made by a library function (each ``@contextlib.contextmanager``
+keyed by the real callable, by its ``"module.qualname"`` where ember must not
+import the module (``torch._dynamo``), or by its code object where a library makes
+many functions of one code (each namedtuple class's ``_replace``). :func:`lookup` also
+finds callables that are one of many made by a library function (each ``@contextlib.contextmanager``
 function is its own ``helper`` closure: :func:`contextmanager_parts`). Polyfill code
 is traced although it lives in ember's package (its trace rule says so).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,6 +80,8 @@ def lookup(fn: Any) -> Any:
         found = POLYFILLS.get(fn)
     except TypeError:  # unhashable
         return None
+    if found is None and isinstance(fn, types.FunctionType):
+        found = POLYFILLS.get(fn.__code__)  # one of many functions a library makes (namedtuple's)
     if found is None and hasattr(fn, "__qualname__"):
         found = POLYFILLS.get(qualified_name(fn))
     return found
@@ -102,8 +106,8 @@ def lazy_builtin(obj: Any) -> Any:
 
 
 _MODULES = (
-    "builtins", "collections_abc", "contextlib", "copy", "dataclasses", "torch_compiler",
-    "torch_nn",
+    "builtins", "collections", "collections_abc", "contextlib", "copy", "dataclasses",
+    "torch_compiler", "torch_nn",
 )  # fmt: skip
 _loaded = False
 
