@@ -8,13 +8,12 @@ and message) the same. Most must be captured as one graph with no break.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import pytest
 import torch
 
 import ember.compiler
-from ember.compiler.testing import CompileCounter, assert_same
+from ember.compiler.testing import CompileCounter, check_like_eager
 
 
 @pytest.fixture(autouse=True)
@@ -22,28 +21,6 @@ def fresh():
     ember.compiler.reset()
     yield
     ember.compiler.reset()
-
-
-def _outcome(fn: Any, args: tuple[Any, ...]) -> tuple[str, Any]:
-    try:
-        return "value", fn(*args)
-    except Exception as e:  # compared by type and message
-        return "raise", (type(e), str(e))
-
-
-def check(fn: Any, *args: Any, graphs: int | None = 1) -> Any:
-    """Run ``fn`` eagerly and compiled; the outcomes must match. ``graphs``: the number of
-    graphs expected with no break (None: not checked, e.g. an exception escapes)."""
-    want = _outcome(fn, args)
-    counter = CompileCounter()
-    compiled = ember.compiler.compile(fn, backend=counter, fullgraph=graphs == 1)
-    got = _outcome(compiled, args)
-    assert got[0] == want[0], (got, want)
-    assert_same(got[1], want[1])
-    if graphs is not None:
-        assert counter.frame_count == graphs
-        assert compiled.stats.breaks == [] and compiled.stats.failures == []
-    return compiled
 
 
 def x4() -> torch.Tensor:
@@ -62,7 +39,7 @@ def test_except_matches_the_raised_class():
             x = x * 2
         return x
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_except_that_does_not_match_lets_the_next_one_catch():
@@ -77,7 +54,7 @@ def test_except_that_does_not_match_lets_the_next_one_catch():
             log.append("outer")
         return x - 1, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_tuple_of_classes_and_bare_except():
@@ -93,7 +70,7 @@ def test_tuple_of_classes_and_bare_except():
             log.append("bare")
         return x.sin(), log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_except_as_reads_the_arguments_and_message():
@@ -105,7 +82,7 @@ def test_except_as_reads_the_arguments_and_message():
             text = str(e)
         return x * k, name, text
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_nested_try_with_reraise_and_finally_order():
@@ -126,7 +103,7 @@ def test_nested_try_with_reraise_and_finally_order():
             log.append("outer finally")
         return x + len(log), log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_return_inside_try_runs_finally_and_keeps_the_value():
@@ -142,7 +119,7 @@ def test_return_inside_try_runs_finally_and_keeps_the_value():
         y = g(x, log)
         return y, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_finally_on_the_exception_path_then_the_exception_reaches_the_caller():
@@ -160,7 +137,7 @@ def test_finally_on_the_exception_path_then_the_exception_reaches_the_caller():
             log.append(str(e))
         return x.cos(), log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def _inner_raises(x):
@@ -177,7 +154,7 @@ def test_exception_raised_in_an_inlined_callee_is_caught_in_the_caller():
             return x * 2, str(e)
         return x, ""
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_raise_from_sets_the_cause():
@@ -191,7 +168,7 @@ def test_raise_from_sets_the_cause():
             cause = type(e.__cause__).__name__
         return x + 1, cause
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_modelled_python_errors_are_caught():
@@ -213,7 +190,7 @@ def test_modelled_python_errors_are_caught():
             log.append("stop")
         return x * len(log), log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_an_exception_escaping_the_frame_is_raised_for_real():
@@ -225,7 +202,7 @@ def test_an_exception_escaping_the_frame_is_raised_for_real():
             pass
         raise KeyError(f"escapes {y.dim()}")
 
-    check(f, x4(), graphs=None)
+    check_like_eager(f, x4(), graphs=None)
 
 
 def test_an_error_from_a_tensor_operation_is_not_caught_while_tracing():
@@ -235,7 +212,7 @@ def test_an_error_from_a_tensor_operation_is_not_caught_while_tracing():
         except RuntimeError:
             return x
 
-    check(f, torch.ones(2, 2), graphs=None)  # the frame runs eagerly, same result
+    check_like_eager(f, torch.ones(2, 2), graphs=None)  # the frame runs eagerly, same result
 
 
 # -- with blocks ---------------------------------------------------------------------------
@@ -264,7 +241,7 @@ def test_user_context_manager_normal_exit():
             x = x * ten
         return x, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_user_context_manager_sees_the_exception_and_may_suppress_it():
@@ -280,7 +257,7 @@ def test_user_context_manager_sees_the_exception_and_may_suppress_it():
             log.append("propagated")
         return x, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 @contextlib.contextmanager
@@ -303,7 +280,7 @@ def test_contextmanager_runs_the_code_after_yield_at_block_exit():
         log.append("after")
         return x, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_contextmanager_receives_the_exception_at_its_yield():
@@ -318,7 +295,7 @@ def test_contextmanager_receives_the_exception_at_its_yield():
             log.append("caught outside")
         return x - 2, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_nested_with_blocks_exit_in_reverse_order():
@@ -329,7 +306,7 @@ def test_nested_with_blocks_exit_in_reverse_order():
                 x = x * three
         return x, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_exit_stack():
@@ -341,7 +318,7 @@ def test_exit_stack():
             log.append("body")
         return x + 1, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_with_blocks_and_tensor_ops_are_one_graph():
@@ -360,7 +337,7 @@ def test_with_blocks_and_tensor_ops_are_one_graph():
         return y.cos(), grad, log
 
     x = torch.randn(4, requires_grad=True)
-    check(f, x)
+    check_like_eager(f, x)
     assert torch.is_grad_enabled()
 
 
@@ -384,7 +361,7 @@ def test_generator_consumed_by_a_for_loop_interleaves_side_effects():
             total = total + y
         return total, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_next_and_stop_iteration_value():
@@ -399,7 +376,7 @@ def test_next_and_stop_iteration_value():
             returned = e.value
         return a + b, returned, next(g, "default"), log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_yield_from_passes_values_and_the_return_value():
@@ -412,7 +389,7 @@ def test_yield_from_passes_values_and_the_return_value():
         log = []
         return list(outer(x, log)), log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_send_into_a_generator():
@@ -435,7 +412,7 @@ def test_send_into_a_generator():
             final = e.value
         return x * last, final
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_generator_close_runs_its_finally():
@@ -454,7 +431,7 @@ def test_generator_close_runs_its_finally():
         log.append("after close")
         return x * first, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_generator_left_suspended_inside_try_is_not_silently_dropped():
@@ -490,7 +467,7 @@ def test_stop_iteration_inside_a_generator_becomes_runtime_error():
             return x + 1, str(e)
         return x, ""
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_unstarted_generator_alive_at_a_break_is_made_again():
@@ -519,7 +496,7 @@ def test_enumerate_and_zip_resume_a_generator_item_by_item():
             log.append(str(e))
         return x, log
 
-    check(f, x4())
+    check_like_eager(f, x4())
 
 
 def test_any_stops_at_the_first_true_item():
@@ -529,4 +506,4 @@ def test_any_stops_at_the_first_true_item():
         found = any(table[k] for k in keys)  # CPython never reads table["missing"]
         return x + found
 
-    check(f, x4())
+    check_like_eager(f, x4())

@@ -16,13 +16,12 @@ import functools
 import inspect
 import numbers
 import typing
-from typing import Any
 
 import pytest
 import torch
 
 import ember.compiler
-from ember.compiler.testing import CompileCounter, assert_same
+from ember.compiler.testing import CompileCounter, check_like_eager
 
 
 @pytest.fixture(autouse=True)
@@ -30,28 +29,6 @@ def fresh():
     ember.compiler.reset()
     yield
     ember.compiler.reset()
-
-
-def _outcome(fn: Any, args: tuple[Any, ...]) -> tuple[str, Any]:
-    try:
-        return "value", fn(*args)
-    except Exception as e:  # compared by type and message
-        return "raise", (type(e), str(e))
-
-
-def check(fn: Any, *args: Any, graphs: int | None = 1, backend: Any = None) -> Any:
-    """Run ``fn`` eagerly and compiled; the outcomes must match. ``graphs``: the number of
-    graphs expected with no break (None: not checked)."""
-    want = _outcome(fn, args)
-    counter = CompileCounter()
-    compiled = ember.compiler.compile(fn, backend=backend or counter, fullgraph=graphs == 1)
-    got = _outcome(compiled, args)
-    assert got[0] == want[0], (got, want)
-    assert_same(got[1], want[1])
-    if graphs is not None and backend is None:
-        assert counter.frame_count == graphs
-        assert compiled.stats.breaks == [] and compiled.stats.failures == []
-    return compiled
 
 
 X = torch.randn(3, 4)
@@ -85,7 +62,7 @@ class Grandchild(Child):
 
 def test_zero_argument_super_in_a_module_chain_is_one_graph():
     model = Grandchild()
-    check(model, X)
+    check_like_eager(model, X)
 
 
 class Captured(Base):
@@ -97,7 +74,7 @@ class Captured(Base):
 
 
 def test_zero_argument_super_with_self_captured_by_a_closure():
-    check(Captured(), X)
+    check_like_eager(Captured(), X)
 
 
 class AfterBreak(Base):
@@ -109,7 +86,7 @@ class AfterBreak(Base):
 
 def test_zero_argument_super_in_a_resumed_function():
     model = AfterBreak()
-    compiled = check(model, X, graphs=None)
+    compiled = check_like_eager(model, X, graphs=None)
     assert len(compiled.stats.breaks) == 1
 
 
@@ -121,7 +98,7 @@ class CapturedAfterBreak(Base):
 
 
 def test_zero_argument_super_resumed_with_self_in_a_cell():
-    check(CapturedAfterBreak(), X, graphs=None)
+    check_like_eager(CapturedAfterBreak(), X, graphs=None)
 
 
 # -- function and code attributes ----------------------------------------------------------------
@@ -144,7 +121,7 @@ def test_function_attributes_are_constants():
         )
         return x + code.co_argcount, info
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_wrapped_is_followed():
@@ -155,7 +132,7 @@ def test_wrapped_is_followed():
     def f(x):
         return wrapper(x, 3), wrapper.__wrapped__ is helper, wrapper.__name__
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_replacing_code_or_defaults_recompiles():
@@ -219,7 +196,7 @@ def test_signature_of_a_bound_method_and_its_parameters():
         kinds = [q.kind for q in sig.parameters.values()]
         return x * p.default, names, p.default, p.kind == p.KEYWORD_ONLY, kinds
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_signature_bind_runs_natively_with_a_reason():
@@ -229,7 +206,7 @@ def test_signature_bind_runs_natively_with_a_reason():
         bound = inspect.signature(model.forward).bind(x, scale=3.0)
         return x.sin() * bound.arguments["scale"]
 
-    compiled = check(f, X, graphs=None)
+    compiled = check_like_eager(f, X, graphs=None)
     # the signature is made inside the frame and cannot be rebuilt at a break: eager
     (failure,) = compiled.stats.failures
     assert "Signature.bind" in failure.reason
@@ -243,7 +220,7 @@ def test_signature_filters_kwargs_like_a_library():
         accepted = set(inspect.signature(target).parameters)
         return target(x, **{k: v for k, v in kwargs.items() if k in accepted})
 
-    check(lambda x: f(x, alpha=2.0, unused=3), X)
+    check_like_eager(lambda x: f(x, alpha=2.0, unused=3), X)
 
 
 # -- object.__getattribute__ / __setattr__ -------------------------------------------------------
@@ -262,7 +239,7 @@ def test_object_getattribute_and_setattr():
         g = Guarded(2.0)
         return x * object.__getattribute__(g, "w")
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_object_setattr_on_an_argument_is_replayed():
@@ -275,7 +252,7 @@ def test_object_setattr_on_an_argument_is_replayed():
         object.__setattr__(box, "v", 3)
         return x * object.__getattribute__(box, "v")
 
-    check(f, X, graphs=None)
+    check_like_eager(f, X, graphs=None)
     assert box.v == 3
 
 
@@ -327,7 +304,7 @@ def test_dataclass_fields_replace_asdict():
         d = dataclasses.asdict(q)
         return q.x * q.y + d["x"], names, d["y"], d["tags"], dataclasses.is_dataclass(p)
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_model_output_like_dataclass_built_read_and_returned():
@@ -336,7 +313,7 @@ def test_model_output_like_dataclass_built_read_and_returned():
         a = out.logits + out["hidden"] + out[0] + out[1]
         return a, len(out), list(out.keys()), out.loss is None, out
 
-    compiled = check(f, X)
+    compiled = check_like_eager(f, X)
     result = compiled(X)[4]
     assert type(result) is Output and list(result.keys()) == ["logits", "hidden"]
     torch.testing.assert_close(result.hidden, X.cos())
@@ -350,7 +327,7 @@ def test_dict_views_are_not_used_up_and_iterators_are():
         it = iter([1, 2, 3, 4])
         return x + 1, found, list(ks), list(ks), 2 in it, list(it), "a" in d.items()
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 # -- functools -----------------------------------------------------------------------------------
@@ -366,7 +343,7 @@ def test_partial_and_wraps():
         q = functools.partial(scale, shift=2.0)
         return p(x) + q(x, 2.0), p.args, sorted(p.keywords)
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 @functools.lru_cache(maxsize=8)
@@ -378,7 +355,7 @@ def test_lru_cache_of_a_pure_function_with_constants():
     def f(x):
         return x + sum(_table(4))
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 @functools.lru_cache(maxsize=8)
@@ -409,7 +386,7 @@ def test_ordered_dict_and_its_methods():
         k, v = d.popitem(last=False)
         return v + d["b"], first, k, list(d)
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_defaultdict_missing():
@@ -422,7 +399,7 @@ def test_defaultdict_missing():
             counts[k] += 1
         return torch.stack(d["a"]).sum(0), dict(counts), "z" in counts
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 class DefaultZero(collections.defaultdict):
@@ -435,7 +412,7 @@ def test_defaultdict_subclass_missing():
         d = DefaultZero()
         return x * d[3]
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 class Pair(collections.namedtuple("Pair", ["a", "b"])):
@@ -455,7 +432,7 @@ def test_namedtuple_subclass_with_methods():
         s = p.swap()
         return p.total, s.a, s._replace(a=1).a, p._asdict()["b"], p._fields
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_namedtuple_returned_and_indexed():
@@ -466,7 +443,7 @@ def test_namedtuple_returned_and_indexed():
         a, b = p
         return P(a * b, p[1]), p.b
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 # -- isinstance / issubclass ---------------------------------------------------------------------
@@ -502,7 +479,7 @@ def test_isinstance_over_abcs_and_typing_aliases():
         )
         return x + 1, checks
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 # -- getattr / hasattr ---------------------------------------------------------------------------
@@ -543,7 +520,7 @@ def test_getattr_default_and_hasattr():
             hasattr(local, "broken"),
         )
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 # -- generators and comprehensions ---------------------------------------------------------------
@@ -563,7 +540,7 @@ def test_comprehensions_and_genexps():
         total = sum(x.sum() for x in scaled)
         return tuple(x + 1 for x in xs), named, sizes, nested, flags, total
 
-    check(f, [torch.randn(3), torch.randn(3)], 2.0)
+    check_like_eager(f, [torch.randn(3), torch.randn(3)], 2.0)
 
 
 def test_a_generator_function_consumed_by_tuple():
@@ -574,7 +551,7 @@ def test_a_generator_function_consumed_by_tuple():
     def f(xs):
         return tuple(pieces(xs)), next(zip(pieces(xs), pieces(xs), strict=True))[0]
 
-    check(f, [torch.randn(2), torch.randn(2)])
+    check_like_eager(f, [torch.randn(2), torch.randn(2)])
 
 
 def _uncaptured_cases():
@@ -592,7 +569,7 @@ def _uncaptured_cases():
 
 @pytest.mark.parametrize("fn", _uncaptured_cases(), ids=lambda fn: fn.__name__)
 def test_what_is_not_captured_yet_still_gives_cpython_s_answer(fn):
-    compiled = check(fn, X, graphs=None)
+    compiled = check_like_eager(fn, X, graphs=None)
     reasons = [b.reason for b in compiled.stats.breaks] + [
         f.reason for f in compiled.stats.failures
     ]

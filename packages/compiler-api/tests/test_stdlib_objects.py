@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any
 
 import pytest
 import torch
 
 import ember.compiler
-from ember.compiler.testing import CompileCounter
+from ember.compiler.testing import check_like_eager
 
 
 @pytest.fixture(autouse=True)
@@ -21,44 +20,6 @@ def fresh():
     ember.compiler.reset()
     yield
     ember.compiler.reset()
-
-
-def _same(got: Any, want: Any) -> None:
-    assert type(got) is type(want), (got, want)
-    if isinstance(want, torch.Tensor):
-        torch.testing.assert_close(got, want)
-    elif isinstance(want, tuple | list):
-        assert len(got) == len(want), (got, want)
-        for g, w in zip(got, want, strict=True):
-            _same(g, w)
-    elif isinstance(want, dict):
-        assert list(got) == list(want), (got, want)
-        for key in want:
-            _same(got[key], want[key])
-    else:
-        assert got == want
-
-
-def _outcome(fn: Any, args: tuple[Any, ...]) -> tuple[str, Any]:
-    try:
-        return "value", fn(*args)
-    except Exception as e:  # compared by type and message
-        return "raise", (type(e), str(e))
-
-
-def check(fn: Any, *args: Any, graphs: int | None = 1, backend: Any = None) -> Any:
-    """Run ``fn`` eagerly and compiled; the outcomes must match. ``graphs``: the number of
-    graphs expected with no break (None: not checked)."""
-    want = _outcome(fn, args)
-    counter = CompileCounter()
-    compiled = ember.compiler.compile(fn, backend=backend or counter, fullgraph=graphs == 1)
-    got = _outcome(compiled, args)
-    assert got[0] == want[0], (got, want)
-    _same(got[1], want[1])
-    if graphs is not None and backend is None:
-        assert counter.frame_count == graphs
-        assert compiled.stats.breaks == [] and compiled.stats.failures == []
-    return compiled
 
 
 X = torch.randn(3, 4)
@@ -87,7 +48,7 @@ def test_ordered_dict_built_from_kwargs_pairs_and_a_dict_and_returned():
         c = collections.OrderedDict({"q": x * 2}, r=3)
         return a, b, c, MyOD(c)
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_ordered_dict_item_get_set_del_and_reordering():
@@ -101,7 +62,7 @@ def test_ordered_dict_item_get_set_del_and_reordering():
         first = d.popitem(last=False)
         return value + 1, key, first, list(d), list(reversed(d)), d.get("zz", 4), d
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_ordered_dict_equality_is_ordered_only_between_ordered_dicts():
@@ -110,7 +71,7 @@ def test_ordered_dict_equality_is_ordered_only_between_ordered_dicts():
         b = collections.OrderedDict(b=2, a=1)
         return x + 1, a == b, a == {"b": 2, "a": 1}, {"a": 1, "b": 2} == b, a != b, a == a
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_move_to_end_of_a_missing_key_raises_key_error():
@@ -122,7 +83,7 @@ def test_move_to_end_of_a_missing_key_raises_key_error():
             return x + 1, e.args
         return x
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_defaultdict_returned_with_its_factory_and_order():
@@ -133,7 +94,7 @@ def test_defaultdict_returned_with_its_factory_and_order():
         d["k"].append(x * 2)
         return d, torch.stack(d["k"]).sum(0)
 
-    got = check(f, X)(X)
+    got = check_like_eager(f, X)(X)
     assert got[0].default_factory is list
 
 
@@ -145,7 +106,7 @@ def test_defaultdict_without_a_factory_raises_key_error():
         except KeyError:
             return x + d["a"]
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_defaultdict_subclass_with_init_calling_super():
@@ -155,7 +116,7 @@ def test_defaultdict_subclass_with_init_calling_super():
             d[k] += 1
         return x * d["a"], d, d.default_factory
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_ordered_dict_subclass_setitem_override_is_traced():
@@ -165,7 +126,7 @@ def test_ordered_dict_subclass_setitem_override_is_traced():
         d["b"] = 3
         return d["a"], d, isinstance(d, collections.OrderedDict), isinstance(d, dict)
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_defaultdict_argument_missing_key_is_written_back():
@@ -175,7 +136,7 @@ def test_defaultdict_argument_missing_key_is_written_back():
 
     d = collections.defaultdict(list)
     d["old"].append(1)
-    check(f, X, d)
+    check_like_eager(f, X, d)
     assert dict(d) == {"old": [1], "new": [1, 1]}  # eager once, compiled once
 
 
@@ -188,7 +149,7 @@ def test_move_to_end_is_not_a_dict_method():
             return x + 1, str(e)
         return x
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 # -- namedtuple helpers --------------------------------------------------------------------------
@@ -203,14 +164,14 @@ def test_namedtuple_helpers_on_one_made_in_the_trace():
         r = Point._make([t * 2, 5])
         return q, p._asdict(), r, Point._fields, p._fields, Point._field_defaults, q.y * t
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_namedtuple_helpers_on_one_passed_in():
     def f(p):
         return p._replace(x=p.x * 2), p._asdict(), type(p)._make(reversed(p)), p._make((1, p.y))
 
-    check(f, Point(X, X + 1))
+    check_like_eager(f, Point(X, X + 1))
 
 
 def test_namedtuple_replace_with_an_unknown_field_raises():
@@ -221,7 +182,7 @@ def test_namedtuple_replace_with_an_unknown_field_raises():
             return t + 1, str(e)
         return t
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_namedtuple_make_with_the_wrong_length_raises():
@@ -232,7 +193,7 @@ def test_namedtuple_make_with_the_wrong_length_raises():
             return t + 1, str(e)
         return t
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 # -- functools.partial ---------------------------------------------------------------------------
@@ -248,7 +209,7 @@ def test_partial_attributes_of_one_made_in_the_trace():
         q = functools.partial(p, 2.0)
         return q(), p.func is _scale, p.args[0] + 1, p.keywords, q.args, q.func is p
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_partial_keywords_mutated_in_the_trace_change_later_calls():
@@ -257,7 +218,7 @@ def test_partial_keywords_mutated_in_the_trace_change_later_calls():
         p.keywords["k"] = 5.0
         return p(x), dict(p.keywords)
 
-    check(f, X)
+    check_like_eager(f, X)
 
 
 def test_partial_argument_keywords_are_guarded():
@@ -266,7 +227,7 @@ def test_partial_argument_keywords_are_guarded():
     def f(x):
         return p(x), sorted(p.keywords), p.args
 
-    check(f, X)
+    check_like_eager(f, X)
     compiled = ember.compiler.compile(f, backend="eager")
     compiled(X)
     p.keywords["shift"] = 10.0  # the same partial, another keyword value: recompiles
@@ -307,7 +268,7 @@ def test_cached_functions_are_traced_and_their_cache_left_alone():
     def f(x):
         return _affine(x, scale=3.0) + sum(_powers(3)), _powers(2)
 
-    check(f, X)
+    check_like_eager(f, X)
     assert _powers.cache_info().currsize == 2  # the eager run's calls only
     assert _affine.cache_info().currsize == 1
 

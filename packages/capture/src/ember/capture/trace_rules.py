@@ -118,6 +118,16 @@ def lookup(module: str) -> TraceRule:
     >>> lookup("my_project.model").action
     'trace'
     """
+    found = _looked_up.get(module)
+    if found is None:
+        found = _looked_up[module] = _lookup(module)
+    return found
+
+
+_looked_up: dict[str, TraceRule] = {}  # module -> its row (cleared when the rows change)
+
+
+def _lookup(module: str) -> TraceRule:
     best: TraceRule | None = None
     for row in (*RULES, *_added):
         if row.matches(module) and (best is None or len(row.prefix) >= len(best.prefix)):
@@ -205,9 +215,11 @@ def set_rule(prefix: str, action: Action, reason: str) -> TraceRule:
     remove_rule(prefix)
     row = TraceRule(prefix, action, reason)
     _added.append(row)
+    _looked_up.clear()
     return row
 
 
 def remove_rule(prefix: str) -> None:
     """Remove the row :func:`set_rule` added for ``prefix`` (if any)."""
     _added[:] = [row for row in _added if row.prefix != prefix]
+    _looked_up.clear()

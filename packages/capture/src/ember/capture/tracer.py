@@ -15,6 +15,7 @@ from __future__ import annotations
 import dis
 import linecache
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,10 +111,23 @@ class Instr:
 def decode(code: types.CodeType) -> list[Instr]:
     """The code's instructions (no CACHE or EXTENDED_ARG units), jump targets as indices.
 
+    Decoded once per code object (a transformers forward inlines the same few hundred
+    functions on every translation): callers must not change the list.
+
     Indices are those of :func:`ember.capture.bytecode_311.decode`, which the graph
     break code uses to build resume functions. Opnames are the real 3.11 ones
     (``POP_JUMP_FORWARD_IF_FALSE``), as the handlers are registered under them.
     """
+    found = _decoded.get(code)
+    if found is None:
+        found = _decoded[code] = _decode(code)
+    return found
+
+
+_decoded: weakref.WeakKeyDictionary[types.CodeType, list[Instr]] = weakref.WeakKeyDictionary()
+
+
+def _decode(code: types.CodeType) -> list[Instr]:
     instrs, _ = bytecode_311.decode(code)
     where = bytecode_311.label_index(instrs)
     raw = code.co_code

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CompileCounter", "assert_same"]
+__all__ = ["CompileCounter", "assert_same", "check_like_eager", "outcome"]
 
 
 class CompileCounter:
@@ -74,3 +74,41 @@ def assert_same(got: Any, want: Any) -> None:
             assert_same(got[key], want[key])
     else:
         assert got == want, (got, want)
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """``("value", fn(*args))``, or ``("raise", (type, message))`` if it raises.
+
+    >>> outcome(int, "12"), outcome(int, "x")[0]
+    (('value', 12), 'raise')
+    """
+    try:
+        return "value", fn(*args)
+    except Exception as e:  # compared by type and message
+        return "raise", (type(e), str(e))
+
+
+def check_like_eager(
+    fn: Callable[..., Any], *args: Any, graphs: int | None = 1, backend: Any = None
+) -> Any:
+    """Run ``fn`` eagerly and compiled on ``args``: the same value (:func:`assert_same`) or
+    the same exception type and message. With ``graphs`` (and the default counting
+    backend) that many graphs with no break; ``graphs=1`` compiles with ``fullgraph=True``.
+    Returns the compiled function.
+
+    >>> compiled = check_like_eager(lambda x: torch.relu(x) * 2, torch.ones(2))
+    >>> compiled.stats.graphs
+    1
+    """
+    import ember.compiler
+
+    want = outcome(fn, *args)
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(fn, backend=backend or counter, fullgraph=graphs == 1)
+    got = outcome(compiled, *args)
+    assert got[0] == want[0], (got, want)
+    assert_same(got[1], want[1])
+    if graphs is not None and backend is None:
+        assert counter.frame_count == graphs, (counter.frame_count, graphs)
+        assert compiled.stats.breaks == [] and compiled.stats.failures == []
+    return compiled
