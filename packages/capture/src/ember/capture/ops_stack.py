@@ -10,14 +10,10 @@ import torch
 
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.interpreter import handler
+from ember.capture.pyitems import binary, delete_subscript, native_read, store_subscript, subscript
 from ember.capture.pyrules import (
-    binary,
     constant_of,
-    delete_subscript,
     is_numeric,
-    native_read,
-    store_subscript,
-    subscript,
     truth,
 )
 from ember.capture.tracer import FrameState, Instr, Unsupported

@@ -27,6 +27,7 @@ import torch
 
 from ember.capture import guarding, trace_rules
 from ember.capture.builder import TRUSTED_MODULE_PREFIXES, wrap
+from ember.capture.pyitems import delete_subscript, store_subscript, subscript
 from ember.capture.pyrules import (
     FIXED_VIEWS,
     OBJECT_KINDS,
@@ -41,13 +42,10 @@ from ember.capture.pyrules import (
     call_python_object,
     class_arg,
     constant_of,
-    delete_subscript,
     is_const_value,
     iterate,
     make_iter,
     rule,
-    store_subscript,
-    subscript,
     truth,
 )
 from ember.capture.tracer import FrameState, Raised, Unsupported

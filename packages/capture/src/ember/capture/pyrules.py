@@ -22,7 +22,7 @@ from ember.capture import generators, guarding, markers, polyfills
 from ember.capture.builder import is_constant, wrap
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Raised, Unsupported
-from ember.capture.userobjects import call_special, dict_getitem, dict_view
+from ember.capture.userobjects import call_special, dict_view
 from ember.capture.values import (
     Const,
     DictV,
@@ -425,7 +425,7 @@ def _set(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 def _sum(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     total: Value = args[1] if len(args) > 1 else kwargs.get("start", Const(0))
     for item in iterate(fs, args[0]):
-        total = binary(fs, operator.add, total, item)
+        total = pyitems.binary(fs, operator.add, total, item)
     return total
 
 
@@ -614,9 +614,9 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
     ):
         return _fold(fs, obj, args, kwargs)
     if obj is operator.getitem and len(args) == 2 and not kwargs:
-        return subscript(fs, args[0], args[1])
+        return pyitems.subscript(fs, args[0], args[1])
     if obj is operator.setitem and len(args) == 3 and not kwargs:
-        store_subscript(fs, args[0], args[1], args[2])
+        pyitems.store_subscript(fs, args[0], args[1], args[2])
         return Const(None)
     containers = (ListV, DictV, TupleV)
     if (
@@ -675,56 +675,6 @@ OPERATOR_TENSOR_FUNCTIONS = frozenset(
 )
 
 
-def binary(fs: FrameState, op: Callable[[Any, Any], Any], a: Value, b: Value) -> Value:
-    """``op(a, b)`` for a binary operator."""
-    if op in _PLAIN_OF_INPLACE and not isinstance(a, TensorV | ListV):
-        op = _PLAIN_OF_INPLACE[op]  # ``n += t`` on a number: numbers have no __iadd__
-    if isinstance(a, TensorV) or isinstance(b, TensorV):
-        return graph_call(fs, "call_function", op, [a, b], {})
-    if is_numeric([a, b]):
-        return scalar_call(fs, op, [a, b])
-    if isinstance(a, TupleV | ListV) or isinstance(b, TupleV | ListV):
-        structured = _sequence_binary(fs, op, a, b)
-        if structured is not None:
-            return structured
-    return _fold(fs, op, [a, b], {})
-
-
-# In-place operators and the plain ones Python falls back to on immutable left operands.
-_PLAIN_OF_INPLACE = {
-    getattr(operator, name): getattr(operator, name[1:] + ("_" if name in ("iand", "ior") else ""))
-    for name in (
-        "iadd", "iand", "ifloordiv", "ilshift", "imatmul", "imod", "imul", "ior", "ipow",
-        "irshift", "isub", "itruediv", "ixor",
-    )
-}  # fmt: skip
-
-
-def _sequence_binary(fs: FrameState, op: Any, a: Value, b: Value) -> Value | None:
-    """Concatenation and repetition of tuples/lists that may hold tensors."""
-    heap = fs.tracer.heap
-    if op in (operator.add, operator.iadd) and type(a) is type(b):
-        if isinstance(a, TupleV) and isinstance(b, TupleV):
-            return TupleV(a.items + b.items)
-        if isinstance(a, ListV) and isinstance(b, ListV):
-            if op is operator.iadd:
-                _mutate(fs, a).extend(heap.get(b.ref))
-                return a
-            return ListV(heap.new(heap.get(a.ref) + heap.get(b.ref)))
-    if op in (operator.add, operator.iadd) and isinstance(a, TupleV) and isinstance(b, Const):
-        if isinstance(b.value, tuple):
-            return TupleV(a.items + tuple(Const(x) for x in b.value))
-    if op in (operator.add,) and isinstance(a, Const) and isinstance(b, TupleV):
-        if isinstance(a.value, tuple):
-            return TupleV(tuple(Const(x) for x in a.value) + b.items)
-    if op is operator.mul and isinstance(b, Const) and isinstance(b.value, int):
-        if isinstance(a, TupleV):
-            return TupleV(a.items * b.value)
-        if isinstance(a, ListV):
-            return ListV(heap.new(heap.get(a.ref) * b.value))
-    return None
-
-
 def _mutate(fs: FrameState, v: ListV | DictV) -> Any:
     """The heap content of a container about to be mutated.
 
@@ -737,124 +687,6 @@ def _mutate(fs: FrameState, v: ListV | DictV) -> Any:
         if not any(e[0] == "container" and e[1].ref == v.ref for e in fs.tracer.effects):
             fs.tracer.effects.append(("container", v))
     return fs.tracer.heap.get(v.ref)
-
-
-def subscript(fs: FrameState, container: Value, index: Value) -> Value:
-    """``container[index]``."""
-    heap = fs.tracer.heap
-    if isinstance(container, InstanceV | ObjV):
-        found = _special(fs, container, "__getitem__", [index])
-        if found is not None:
-            return dict_getitem(fs, container, found, index) if isinstance(found, DictV) else found
-    if isinstance(container, TensorV):
-        return graph_call(fs, "call_function", operator.getitem, [container, index], {})
-    if isinstance(container, ModuleV):
-        return _module_subscript(fs, container, constant_of(fs, index))
-    if isinstance(container, TupleV | ListV):
-        items = container.items if isinstance(container, TupleV) else heap.get(container.ref)
-        key = constant_of(fs, index)
-        if isinstance(key, slice):
-            part = items[key]
-            return (
-                TupleV(tuple(part))
-                if isinstance(container, TupleV)
-                else ListV(heap.new(list(part)))
-            )
-        try:
-            return items[key]  # type: ignore[no-any-return]
-        except IndexError as e:
-            raise Raised(ExcV(IndexError, (Const(str(e)),)), f"indexing raised {e}") from None
-        except TypeError as e:
-            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
-    if isinstance(container, DictV):
-        key = constant_of(fs, index)
-        items = heap.get(container.ref)
-        if key not in items:
-            raise Raised(ExcV(KeyError, (Const(key),)), f"KeyError: {key!r}")
-        return items[key]  # type: ignore[no-any-return]
-    if isinstance(container, ObjV) and isinstance(container.obj, tuple):
-        key = constant_of(fs, index)
-        src = container.source
-        return wrap(
-            fs.tracer, container.obj[key], guarding.item(src, key) if src is not None else None
-        )
-    if (
-        isinstance(container, ObjV)
-        and container.source is None
-        and type(container.obj) in FIXED_VIEWS
-    ):
-        return wrap(fs.tracer, container.obj[constant_of(fs, index)], None)
-    if isinstance(container, ObjV) and not isinstance(container.obj, type):
-        return native_read(fs, container, operator.getitem, constant_of(fs, index))
-    return _fold(fs, operator.getitem, [container, index], {})
-
-
-def native_read(fs: FrameState, v: ObjV, fn: Callable[..., Any], *args: Any) -> Const:
-    """``fn(obj, *args)`` computed for real, for an object whose methods run natively (an
-    ``os.environ`` lookup): a constant, guarded through the same computation.
-
-    Only reads with a constant result are taken; anything else is a break.
-    """
-    try:
-        result = fn(v.obj, *args)
-    except Exception as e:
-        raise Unsupported(f"{fn.__name__}() raised {type(e).__name__}: {e}") from e
-    if not is_constant(result):
-        raise Unsupported(f"{fn.__name__}() of a {type(v.obj).__name__} (not a constant)")
-    if v.source is not None:
-        fs.tracer.guards.equals(guarding.computed(fn, (v.source, *args)), result)
-    return Const(result)
-
-
-def _module_subscript(fs: FrameState, container: ModuleV, key: Any) -> Value:
-    """``modules[key]`` for ModuleList/Sequential (int, slice) and ModuleDict (str)."""
-    m = container.module
-    names = list(m._modules)
-    if isinstance(m, torch.nn.ModuleDict) and isinstance(key, str) and key in m._modules:
-        return _module_child(fs, container, key)
-    if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
-        if isinstance(key, int) and -len(names) <= key < len(names):
-            return _module_child(fs, container, names[key])
-        if isinstance(key, slice):
-            return TupleV(tuple(_module_child(fs, container, n) for n in names[key]))
-    raise Unsupported(f"{type(m).__name__}[{key!r}]", "call")
-
-
-def store_subscript(fs: FrameState, container: Value, index: Value, value: Value) -> None:
-    """``container[index] = value``."""
-    if isinstance(container, InstanceV | ObjV):
-        found = _special(fs, container, "__setitem__", [index, value])
-        if isinstance(found, DictV):
-            container = found
-        elif found is not None:
-            return
-    if isinstance(container, TensorV):
-        graph_call(fs, "call_function", operator.setitem, [container, index, value], {})
-        return
-    if isinstance(container, ListV):
-        _mutate(fs, container)[constant_of(fs, index)] = value
-        return
-    if isinstance(container, DictV):
-        _mutate(fs, container)[constant_of(fs, index)] = value
-        return
-    raise Unsupported(f"item assignment on a {type(container).__name__}", "side-effect")
-
-
-def delete_subscript(fs: FrameState, container: Value, index: Value) -> None:
-    """``del container[index]`` on a list or dict (an int, a slice, or a key)."""
-    if isinstance(container, InstanceV | ObjV):
-        found = _special(fs, container, "__delitem__", [index])
-        if isinstance(found, DictV):
-            container = found
-        elif found is not None:
-            return
-    if not isinstance(container, ListV | DictV):
-        raise Unsupported(f"deleting an item of a {type(container).__name__}", "side-effect")
-    key = constant_of(fs, index)
-    try:
-        del _mutate(fs, container)[key]
-    except (KeyError, IndexError, TypeError) as e:
-        raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
 
 
 @rule(setattr)
@@ -870,13 +702,11 @@ def _setattr(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 __all__ = [
     "BUILTIN_RULES",
     "OBJECT_KINDS",
-    "binary",
     "call_python_object",
     "constant_of",
     "iterate",
-    "subscript",
     "truth",
 ]
 
 # The rules of pyobjects register themselves here (it needs this module's helpers).
-from ember.capture import pyobjects  # noqa: E402, F401
+from ember.capture import pyitems, pyobjects  # noqa: E402, F401

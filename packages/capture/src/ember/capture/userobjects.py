@@ -149,7 +149,8 @@ def dict_getitem(fs: FrameState, obj: Value, view: DictV, key: Value) -> Value:
     and its result stored, or the class's own Python method traced)."""
     from ember.capture.attrs import load_attr
     from ember.capture.calls import call_value
-    from ember.capture.pyrules import constant_of, store_subscript, subscript
+    from ember.capture.pyitems import store_subscript, subscript
+    from ember.capture.pyrules import constant_of
 
     cls = class_of(obj)
     if cls is None or constant_of(fs, key) in fs.tracer.heap.get(view.ref):
