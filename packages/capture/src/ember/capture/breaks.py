@@ -319,8 +319,8 @@ def replacement_code(
         if index == span.block_exit:  # kept apart for the handler below
             out += [Instr("COPY", 1), Instr("STORE_FAST", BLOCK_EXIT)]
         k += 1
-    carried = layout.live + tuple(cell_argument(n) for n in layout.cells)
-    for name in carried:
+    stored = layout.live + tuple(cell_argument(n) for n in layout.cells)  # prefix's order
+    for name in stored:
         out += [Instr("LOAD_FAST", temp), Instr("LOAD_CONST", k), Instr("BINARY_SUBSCR")]
         out.append(Instr("STORE_FAST", name))
         k += 1
@@ -328,22 +328,20 @@ def replacement_code(
     native = [dataclasses.replace(i, label=None) for i in instrs[span.start : span.end + 1]]
     handler, entries = _block_handler(native) if span.block_exit is not None else ([], [])
     kinds = () if span.terminal else slots_after(instrs, span, layout)
+    carried = carried_order(code, stored)  # the resume function's order
     if span.terminal:
         out += native
     elif span.conditional:
         other = Label("other_branch")
         native[-1] = dataclasses.replace(native[-1], argval=other)
-        jumped = _call_resume(resumes[1], kinds, carried_order(code, carried))
+        jumped = _call_resume(resumes[1], kinds, carried)
         jumped[0] = dataclasses.replace(jumped[0], label=other)
-        out += native + _call_resume(resumes[0], kinds, carried_order(code, carried)) + jumped
+        out += native + _call_resume(resumes[0], kinds, carried) + jumped
     else:
-        out += native + _call_resume(resumes[0], kinds, carried_order(code, carried))
+        out += native + _call_resume(resumes[0], kinds, carried)
     out = [dataclasses.replace(i, positions=i.positions or where) for i in out + handler]
     temps = tuple(f"{PREFIX}r{j}" for j in range(len(kinds)))
-    # (a resume function breaking again already has these as its arguments)
-    cell_temps = tuple(
-        name for name in map(cell_argument, layout.cells) if name not in code.co_varnames
-    )
+    cell_temps = tuple(n for n in stored[len(layout.live) :] if n not in code.co_varnames)
     spec = CodeSpec.of(
         code,  # every argument slot positional, as the hook passes them
         argcount=len(args),

@@ -310,6 +310,14 @@ def _call_lines(call: str, restore_grad_mode: bool) -> list[str]:
     ]
 
 
+def _body_lines(call: list[str], reads: list[str], writes: list[str], result: str) -> list[str]:
+    """Run the graph, read what the side effects store and the result, then mutate and
+    return: the result is read before the frame's mutations are replayed, too."""
+    if not writes:
+        return [*call, *reads, f"return {result}"]
+    return [*call, *reads, f"{PREFIX}r = {result}", *writes, f"return {PREFIX}r"]
+
+
 def generate(
     code: types.CodeType,
     function: types.FunctionType,
@@ -343,13 +351,8 @@ def generate(
     if freevars:  # names the same free variables as the original, in the same order
         lines.append(f"        if False: ({', '.join(freevars)},)")
     call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
-    lines += [f"        {line}" for line in _call_lines(call, restore_grad_mode)]
-    lines += [f"        {line}" for line in reads]
-    if writes:  # the result is read before the frame's mutations are replayed, too
-        lines.append(f"        {PREFIX}r = {result}")
-        lines += [f"        {line}" for line in writes]
-        result = f"{PREFIX}r"
-    lines.append(f"        return {result}")
+    body = _body_lines(_call_lines(call, restore_grad_mode), reads, writes, result)
+    lines += [f"        {line}" for line in body]
     lines.append(f"    return {PREFIX}fn")
     text = "\n".join(lines) + "\n"
     namespace: dict[str, Any] = {}

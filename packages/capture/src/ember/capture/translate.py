@@ -242,6 +242,15 @@ def _rebinds_free_variables(code: types.CodeType) -> bool:
     )
 
 
+def _block_exit_part(v: GradExitV | ModeExitV) -> Part:
+    """The exit of a grad-mode, autocast or inference-mode block split by a break."""
+    if isinstance(v, GradExitV):
+        return ("new", (GradModeExit, [("const", v.previous)]))
+    enter, args = v.token.target, v.token.args  # the graph node that entered the mode
+    parts = [("const", enter), ("const", v.exit), *(("const", a) for a in args)]
+    return ("new", (ModeReentry, parts))
+
+
 def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part:
     """The rebuild spec of the returned value; tensors are appended to ``tensors``."""
     heap = fs.tracer.heap
@@ -295,12 +304,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         if v.items is not None:
             own = [(k, _output_part(fs, x, tensors)) for k, x in heap.get(v.items).items()]
         return ("shared", (v.ref, ("object", (v.cls, attrs, own))))
-    if isinstance(v, GradExitV):  # a grad-mode block split by a break
-        return ("new", (GradModeExit, [("const", v.previous)]))
-    if isinstance(v, ModeExitV):  # an autocast/inference-mode block split by a break
-        enter, args = v.token.target, v.token.args  # the graph node that entered it
-        parts = [("const", enter), ("const", v.exit), *(("const", a) for a in args)]
-        return ("new", (ModeReentry, parts))
+    if isinstance(v, GradExitV | ModeExitV):
+        return _block_exit_part(v)
     if isinstance(v, ExcV):
         return ("new", (v.cls, [_output_part(fs, x, tensors) for x in v.args]))
     if isinstance(v, GenV):
