@@ -425,19 +425,54 @@ def test_a_break_inside_an_autocast_block_resumes_inside_it(backend, capsys):
             print("inside")
             z2 = z @ w
             inside = torch.is_autocast_enabled("cpu")
-        return z2.float().cos(), z.dtype, z2.dtype, inside, torch.is_autocast_enabled("cpu")
+        after = y @ w  # outside the block again: float32
+        out = (z2.float().cos(), z.dtype, z2.dtype, after.dtype)
+        return (*out, inside, torch.is_autocast_enabled("cpu"))
 
-    compiled = ember.compiler.compile(f, backend=backend)
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter if backend == "eager" else backend)
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     for _ in range(2):
         got = compiled(x, w)
     want = f(x, w)
     torch.testing.assert_close(got[0], want[0])
-    assert got[1:] == want[1:] == (torch.bfloat16, torch.bfloat16, True, False)
+    assert got[1:] == want[1:] == (torch.bfloat16, torch.bfloat16, torch.float32, True, False)
     assert not compiled.stats.failures  # no frame ran eagerly
-    assert "print" in compiled.stats.breaks[0].reason
+    (only_break,) = compiled.stats.breaks  # the print; the resume leaves the block in-graph
+    assert "print" in only_break.reason
+    if backend == "eager":
+        assert counter.frame_count == 2
     assert capsys.readouterr().out.count("inside") == 3
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_block_split_inside_an_enclosing_autocast_is_left_natively():
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+            print("inside")
+            z = y @ w
+        return z.dtype, (x @ w).dtype, torch.is_autocast_enabled("cpu")
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # on before the block: kept on after
+        assert compiled(x, w) == f(x, w) == (torch.bfloat16, torch.bfloat16, True)
+    assert not compiled.stats.failures
+
+
+def test_a_break_inside_inference_mode_resumes_inside_it():
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2
+            print("inside")
+            z = y + 1
+        return z.is_inference(), (x + 1).is_inference(), torch.is_inference_mode_enabled()
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    x = torch.ones(2)
+    assert compiled(x) == f(x) == (True, False, False)
+    assert len(compiled.stats.breaks) == 1 and not compiled.stats.failures
 
 
 def test_an_exception_after_a_break_inside_autocast_leaves_autocast():

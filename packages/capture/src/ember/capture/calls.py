@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import guarding, markers, polyfills, trace_rules
+from ember.capture import codegen, guarding, markers, polyfills, trace_rules
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Raised, Unsupported, decode
@@ -344,6 +344,8 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     from ember.capture.pyrules import call_python_object
 
     obj = f.obj if isinstance(f, ObjV) else f.value
+    if isinstance(obj, codegen.ModeReentry) and f.source is not None:
+        return _leave_split_block(fs, obj, f.source)
     if in_graph(obj):
         return graph_call(fs, "call_function", obj, args, kwargs)
     call = inspect.getattr_static(type(obj), "__call__", None)
@@ -355,6 +357,18 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     ):  # a user object with a __call__ method: inlined like any method
         return inline(fs, function_value(fs, call, None), [f, *args], kwargs)
     return call_python_object(fs, obj, args, kwargs)
+
+
+def _leave_split_block(fs: FrameState, block: Any, source: Any) -> Value:
+    """The end of an autocast/inference-mode block that a break split (the resume function
+    runs inside it): the rest of the graph runs in an off region of the mode, closed at the
+    graph's end, and the real block's exit is replayed after the graph."""
+    if block.off is None:
+        raise Unsupported("leaving a split block whose mode was already on before it", "with")
+    fs.tracer.guards.equals(guarding.attr(source, "off"), block.off)
+    fs.tracer.enter_mode(block.enter, block.exit, block.off)
+    fs.tracer.effects.append(("exit_block", source))
+    return Const(None)
 
 
 def _has_rule(fn: Any) -> bool:

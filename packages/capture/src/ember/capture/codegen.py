@@ -97,14 +97,28 @@ class ModeReentry:
     (True, None, False)
     """
 
-    __slots__ = ("exit", "token")
+    __slots__ = ("enter", "exit", "off", "token")
 
     def __init__(self, enter: Callable[..., Any], exit: Callable[[Any], Any], *args: Any) -> None:
-        self.exit = exit
+        self.enter, self.exit = enter, exit
+        # The arguments of ``enter`` that switch the mode off, when it was off before the
+        # block (a later graph leaves the block by entering that), else None.
+        self.off = _MODE_OFF[enter.__name__](*args) if enter.__name__ in _MODE_OFF else None
         self.token = enter(*args)
 
     def __call__(self, *exc_info: object) -> None:
         self.exit(self.token)  # None: an exception propagates
+
+
+# enter function -> (its arguments -> the arguments that switch the mode off, if it is off now)
+_MODE_OFF: dict[str, Callable[..., tuple[Any, ...] | None]] = {
+    "_enter_autocast": lambda device, dtype, enabled, cache: (
+        (device, dtype, False, cache) if not torch.is_autocast_enabled(device) else None
+    ),
+    "_enter_inference_mode": lambda mode: (
+        (False,) if not torch.is_inference_mode_enabled() else None
+    ),
+}
 
 
 def make_function(
@@ -262,6 +276,9 @@ def _effect_lines(
         elif kind == "global":
             reads.append(f"{value} = {expr(effect[2])}")
             writes.append(f"{PREFIX}G[{effect[1]!r}] = {value}")
+        elif kind == "exit_block":  # a split autocast/inference-mode block's real exit
+            reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}")
+            writes.append(f"{PREFIX}t{n}(None, None, None)")
         elif kind == "cell":
             reads.append(f"{value} = {expr(effect[2])}")
             writes.append(f"{effect[1]} = {value}")

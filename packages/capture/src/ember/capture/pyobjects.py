@@ -666,3 +666,10 @@ def _call_signature_view_method(fs: FrameState, obj: Any, args: Args, kwargs: Kw
 
 
 OBJECT_KINDS.append((_signature_view_method, _call_signature_view_method))
+
+
+@rule(torch.is_inference_mode_enabled)
+def _is_inference_mode_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """The mode as the graph has it here: blocks entered while tracing are entered for real."""
+    _no_kwargs("torch.is_inference_mode_enabled", kwargs)
+    return Const(torch.is_inference_mode_enabled())

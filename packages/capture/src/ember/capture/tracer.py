@@ -184,7 +184,7 @@ class Tracer:
     steps: int = 0  # jumps taken, to stop unbounded loops
     # Python side effects, replayed in this order right after the graph runs:
     #   ("setattr" | "object_setattr", obj_source, name, value) | ("global", name, value)
-    #   | ("cell", name, value)
+    #   | ("cell", name, value) | ("exit_block", source): a split mode block's real exit
     #   ("container", value): a list or dict the frame passed in, written back whole
     effects: list[tuple[Any, ...]] = field(default_factory=list)
     attr_overlay: dict[tuple[int, str], Value] = field(default_factory=dict)  # (id(obj), name)

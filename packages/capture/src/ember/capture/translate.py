@@ -80,9 +80,9 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     try:
         result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
         generators.check_finished(tracer)  # none left with a finally the graph cannot run
-        while result is None and tracer.modes:  # a break inside autocast: the graph leaves
-            token, exit_, _ = tracer.modes[-1]  # it; the replacement enters it again
-            tracer.exit_mode(exit_, token)
+        while tracer.modes:  # a break inside autocast, or a split block left (calls.
+            token, exit_, _ = tracer.modes[-1]  # _leave_split_block): the graph leaves the
+            tracer.exit_mode(exit_, token)  # mode; the replacement handles the real one
     finally:
         tracer.leave_modes()  # autocast and inference-mode blocks entered while tracing
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
@@ -128,6 +128,8 @@ def _effect_parts(fs: FrameState, tensors: list[torch.fx.Node]) -> list[tuple[An
                 parts = [(k, _output_part(fs, x, tensors)) for k, x in items.items()]
                 kind = "dict_items" if v.ref in fs.tracer.heap.subclassed else "dict"
                 out.append((kind, v.source, parts))
+        elif kind == "exit_block":  # nothing to rebuild: the object is reached by its source
+            out.append(effect)
         else:
             out.append((*effect[:-1], _output_part(fs, effect[-1], tensors)))
     return out
