@@ -237,7 +237,7 @@ def test_torch_dynamo_graph_break_and_disable_and_check():
     torch.testing.assert_close(compiled(x), f(x))
     reasons = [b.reason for b in compiled.stats.breaks]
     assert len(reasons) == 2, reasons  # at graph_break(), then at the disabled call
-    assert "graph_break() called" in reasons[0]
+    assert "graph_break" in reasons[0]  # torch's own graph_break runs natively: a break there
     assert "runs natively" in reasons[1]
     with pytest.raises(ember.compiler.FullGraphError):
         ember.compiler.compile(f, backend="eager", fullgraph=True)(x)

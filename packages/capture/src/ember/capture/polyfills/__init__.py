@@ -7,10 +7,11 @@ interpreter calls the polyfill instead (``calls.call_value``): a function is
 inlined, a class (``contextlib.nullcontext``'s stand-in) is instantiated like any
 user class. Polyfills live in one module per module they stand in for
 (``polyfills/dataclasses.py`` for ``dataclasses``, ``polyfills/torch_compiler.py``
-for ``torch.compiler`` and ``torch._dynamo``) and register with :func:`polyfill`,
-keyed by the real callable, by its ``"module.qualname"`` where ember must not
-import the module (``torch._dynamo``), or by its code object where a library makes
-many functions of one code (each namedtuple class's ``_replace``). :func:`lookup` also
+for ``torch.compiler``) and register with :func:`polyfill`, keyed by the real
+callable, or by its code object where a library makes many functions of one code
+(each namedtuple class's ``_replace``). A function whose whole body returns another
+function's result has that function's polyfill (:func:`forwarded_call`): the older
+spellings of ``is_compiling`` that torch keeps are found so, never named. :func:`lookup` also
 finds callables that are one of many made by a library function (each ``@contextlib.contextmanager``
 function is its own ``helper`` closure: :func:`contextmanager_parts`). Polyfill code
 is traced although it lives in ember's package (its trace rule says so).
@@ -24,6 +25,8 @@ True
 
 from __future__ import annotations
 
+import builtins
+import dis
 import importlib
 import os
 import types
@@ -34,6 +37,7 @@ __all__ = [
     "FOLDER",
     "POLYFILLS",
     "contextmanager_parts",
+    "forwarded_call",
     "lazy_builtin",
     "lookup",
     "polyfill",
@@ -82,9 +86,46 @@ def lookup(fn: Any) -> Any:
         return None
     if found is None and isinstance(fn, types.FunctionType):
         found = POLYFILLS.get(fn.__code__)  # one of many functions a library makes (namedtuple's)
-    if found is None and hasattr(fn, "__qualname__"):
-        found = POLYFILLS.get(qualified_name(fn))
+    if found is None and isinstance(fn, types.FunctionType):
+        forwarded = forwarded_call(fn)  # ``return torch.compiler.is_compiling()``
+        if forwarded is not None and forwarded is not fn:
+            found = lookup(forwarded)
     return found
+
+
+# What a function that only returns another's result, called with no arguments, is made of.
+_FORWARDER_OPS = frozenset(
+    {"RESUME", "NOP", "PUSH_NULL", "LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "PRECALL", "CALL",
+     "RETURN_VALUE", "CACHE"}
+)  # fmt: skip
+
+
+def forwarded_call(fn: types.FunctionType) -> Any:
+    """The function ``fn`` calls if its whole body is ``return a.b.c()`` (no arguments,
+    names reached from its globals), else None. Such a wrapper has its target's polyfill.
+
+    >>> forwarded_call(lambda: os.getcwd()) is os.getcwd
+    True
+    """
+    code = fn.__code__
+    if code.co_argcount or code.co_kwonlyargcount or code.co_flags & 0x0C:  # *args, **kw
+        return None
+    if len(code.co_code) > 64:  # far more than a forwarder's few instructions
+        return None
+    instrs = list(dis.get_instructions(code))
+    calls = [i for i in instrs if i.opname == "CALL"]
+    if any(i.opname not in _FORWARDER_OPS for i in instrs) or len(calls) != 1 or calls[0].arg:
+        return None
+    target: Any = None
+    for ins in instrs:
+        if ins.opname == "LOAD_GLOBAL":
+            if target is not None:
+                return None
+            name = ins.argval[1] if isinstance(ins.argval, tuple) else ins.argval
+            target = fn.__globals__.get(name, getattr(builtins, name, None))
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            target = getattr(target, ins.argval, None)
+    return target
 
 
 def contextmanager_parts(fn: Any) -> tuple[Any, int] | None:

@@ -4,8 +4,9 @@ Libraries ask whether they are being compiled and take their compile-friendly
 path when they are (transformers skips ``ContextVar`` and pytree registration,
 for example). Inside a capture ``is_compiling()`` is true, ``is_exporting()``
 false, and TorchScript's ``is_scripting``/``is_tracing`` false; the functions are
-traced, so the answer folds into a constant. ``torch._dynamo``'s functions are
-named by string: ember never imports the peer.
+traced, so the answer folds into a constant. Other functions that only return
+one of these (the older ``is_compiling`` spellings torch keeps) are recognised by
+their body (``polyfills.forwarded``), so ember names and imports nothing else.
 """
 
 from __future__ import annotations
@@ -18,12 +19,7 @@ from ember.capture import markers
 from ember.capture.polyfills import polyfill
 
 
-@polyfill(
-    torch.compiler.is_compiling,
-    torch.compiler.is_dynamo_compiling,
-    "torch._dynamo.external_utils.is_compiling",
-    "torch._utils.is_compiling",
-)
+@polyfill(torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)
 def is_compiling() -> bool:
     return True
 
@@ -38,7 +34,7 @@ def is_scripting() -> bool:
     return False
 
 
-@polyfill("torch._dynamo.decorators.graph_break", torch.compiler.cudagraph_mark_step_begin)
+@polyfill(torch.compiler.cudagraph_mark_step_begin)
 def graph_break(msg: str = "") -> None:
     markers.graph_break()
 
