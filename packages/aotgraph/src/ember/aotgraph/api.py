@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from ember.aotgraph import check, store
+from ember.aotgraph.aliasing import Merge
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -173,7 +174,8 @@ class AOTCompiled:
         key = store.record_key(self.lifted, inputs, grad, self.settings.cache_key)
         traced = store.cached(key, lambda: self._trace(inputs, grad=grad))  # disk cache
         self.cache_hit = traced.from_cache if key is not None else None
-        runtime = self._compile(traced, inputs)
+        merge = Merge.of(inputs, traced.signature.versions, grad=grad)  # as _trace made it
+        runtime = self._compile(traced, inputs, merge)
         if traced.signature.training or grad:
             self.training = runtime
         else:
@@ -182,15 +184,23 @@ class AOTCompiled:
 
     def _trace(self, inputs: list[torch.Tensor], *, grad: bool) -> Traced:
         signature = analyze(self.lifted, inputs, grad=grad)
+        fn: Callable[..., Any] = self.lifted
+        merge = Merge.of(inputs, signature.versions, grad=grad)  # inputs sharing storage
+        if merge is not None:
+            fn, inputs = merge.wrap(fn), merge.inputs(inputs)
+            grad_inputs = tuple(map(merge.graph_index, signature.grad_inputs))
+            signature = dataclasses.replace(signature, grad_inputs=grad_inputs)
         if signature.training:
-            return self._trace_training(inputs, signature)
-        graph = trace_forward(self.lifted, inputs, signature, self.settings.table())
+            return self._trace_training(fn, inputs, signature)
+        graph = trace_forward(fn, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(graph)
         return Traced(signature, graph.mutated, graph.gm)
 
-    def _trace_training(self, inputs: list[torch.Tensor], signature: Signature) -> Traced:
-        joint = trace_joint(self.lifted, inputs, signature, self.settings.table())
+    def _trace_training(
+        self, fn: Callable[..., Any], inputs: list[torch.Tensor], signature: Signature
+    ) -> Traced:
+        joint = trace_joint(fn, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(joint)
         for i in joint.mutated:
@@ -209,18 +219,20 @@ class AOTCompiled:
         numbers = tuple(k for k, v in enumerate(saved_values) if not isinstance(v, torch.Tensor))
         return Traced(signature, joint.mutated, part.forward, part, clone, numbers)
 
-    def _compile(self, traced: Traced, inputs: list[torch.Tensor]) -> Runtime:
+    def _compile(self, traced: Traced, inputs: list[torch.Tensor], merge: Merge | None) -> Runtime:
         """Run the caller's compilers on traced (or cached) graphs; wrap them in a Runtime."""
         sig, part = traced.signature, traced.partition
+        graph_inputs = list(inputs) if merge is None else merge.inputs(inputs)
         if part is None:
             self.inference_graph = traced.forward
-            compiled = self.settings.inference_compiler(traced.forward, list(inputs))
-            return Runtime(sig, traced.mutated, compiled)
+            compiled = self.settings.inference_compiler(traced.forward, graph_inputs)
+            return Runtime(sig, traced.mutated, compiled, merge=merge)
         self.partition = part
-        fw = self.settings.fw_compiler(part.forward, list(inputs))
+        fw = self.settings.fw_compiler(part.forward, graph_inputs)
         bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
         bw = self.settings.bw_compiler(part.backward, bw_inputs)
-        return Runtime(sig, traced.mutated, fw, bw, traced.clone_saved, traced.number_saved)
+        saved = traced.clone_saved, traced.number_saved
+        return Runtime(sig, traced.mutated, fw, bw, *saved, merge=merge)
 
 
 def bw_inputs_nodes(part: Partition) -> list[torch.fx.Node]:

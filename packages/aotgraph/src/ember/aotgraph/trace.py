@@ -48,6 +48,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
+from ember.aotgraph.aliasing import storage_groups
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
@@ -118,8 +119,12 @@ class Signature:
     out_spec: pytree.TreeSpec  # how the flat outputs nest (tuple, list, single tensor)
     graph_outputs: tuple[int, ...]  # for each graph output, its position among the leaves
     grad_outputs: tuple[int, ...]  # graph outputs that take a tangent (they require grad)
-    grad_inputs: tuple[int, ...]  # tensor inputs that get a gradient
+    grad_inputs: tuple[int, ...]  # tensor inputs that get a gradient (graph input indices)
     training: bool  # traced with autograd (joint graph) rather than forward only
+    # per input: how far eager's in-place ops move its version counter (0 for floats)
+    versions: tuple[int, ...] = ()
+    # per graph output: the first graph output sharing its storage in eager (itself if none)
+    out_storage: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,9 +320,11 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     """
     mode = _fake_mode()
     fakes = _fakes(mode, inputs)
+    before = [_version(f) for f in fakes]
     with mode, torch.set_grad_enabled(grad):
         leaves, spec = pytree.tree_flatten(fn(*fakes))
     _unspecialized(mode)
+    versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
     outputs: list[Output] = []
     positions: list[int] = []
     for pos, leaf in enumerate(leaves):
@@ -328,7 +335,18 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
     grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t)) if grad else ()
     training = bool(grad_outputs) and bool(grad_inputs)
-    return Signature(tuple(outputs), spec, tuple(positions), grad_outputs, grad_inputs, training)
+    shared = storage_groups([leaves[p] for p in positions])  # eager's outputs share these
+    graph = tuple(positions)
+    return Signature(
+        tuple(outputs), spec, graph, grad_outputs, grad_inputs, training, versions, shared
+    )
+
+
+def _version(value: Any) -> int:
+    """A tensor's version counter (0 for a number or an inference tensor, which has none)."""
+    if not isinstance(value, torch.Tensor) or value.is_inference():
+        return 0
+    return int(value._version)
 
 
 def _requires_grad(value: Any) -> bool:
@@ -372,7 +390,7 @@ class JointGraph:
         return self.num_outputs + len(self.mutated)
 
 
-def _graph_outputs(fn: Lifted, sig: Signature) -> Callable[..., list[torch.Tensor]]:
+def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list[torch.Tensor]]:
     def run(*primals: torch.Tensor) -> list[torch.Tensor]:
         leaves = pytree.tree_leaves(fn(*primals))
         return [leaves[pos] for pos in sig.graph_outputs]
@@ -380,7 +398,7 @@ def _graph_outputs(fn: Lifted, sig: Signature) -> Callable[..., list[torch.Tenso
     return run
 
 
-def _joint_function(fn: Lifted, sig: Signature, n: int) -> Callable[..., list[Any]]:
+def _joint_function(fn: Callable[..., Any], sig: Signature, n: int) -> Callable[..., list[Any]]:
     forward = _graph_outputs(fn, sig)
 
     def joint(*args: torch.Tensor) -> list[Any]:
@@ -531,7 +549,7 @@ def _viewed(node: torch.fx.Node) -> bool:
 
 
 def trace_joint(
-    fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
+    fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
     """The functional joint forward+backward graph of ``fn`` (see the module docstring)."""
     mode = _fake_mode()
@@ -546,7 +564,7 @@ def trace_joint(
 
 
 def trace_forward(
-    fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
+    fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
     """The functional forward-only graph of ``fn``, for inference (no tangents, no grads).
 

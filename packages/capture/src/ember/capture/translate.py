@@ -99,6 +99,8 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
     tracer.guards.backend(backend_name)  # an entry never serves another backend
+    # which tensor inputs share storage: aliased inputs need another graph
+    tracer.guards.storage_aliasing(tracer.input_sources, tracer.example_inputs)
     return Translation(
         code=frame.code,
         graph_module=gm,
