@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Group", "Merge", "outputs_to_clone"]
+__all__ = ["Group", "Merge", "fresh_copy", "outputs_to_clone", "own_views", "restride"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +120,98 @@ def _group(inputs: Sequence[Any], members: list[int]) -> Group:
     for k in members:
         t = inputs[k]
         offset = int(t.storage_offset())
-        extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-        end = max(end, offset + extent + 1 if t.numel() else offset)
+        end = max(end, _extent(t.shape, t.stride(), offset))
         specs.append((k, tuple(t.shape), tuple(t.stride()), offset))
     return Group(members[0], end, tuple(specs))
+
+
+def own_views(
+    fn: Callable[..., Any],
+    restrided: Sequence[tuple[int, Any]],
+    written: Sequence[int],
+    inputs: Sequence[Any],
+    grad: bool,
+) -> tuple[Callable[..., Any], tuple[int, ...]]:
+    """``fn`` with each input whose metadata it changes in place (``t_``, ``unsqueeze_``,
+    ``resize_``) replaced by a view of it: the metadata change stays on the view, where the
+    graph can follow it, while writes still reach the input (functionalization copies them
+    back); :func:`restride` gives the caller's tensor its new metadata after the call.
+
+    Some inputs are *replaced* by a copy instead, whose final value ``fn`` then also
+    returns, after its own outputs: one resized past its storage (``resize_``, an ``out=``
+    argument), and each of ``written`` (inputs that require grad and are written: the copy
+    keeps the value before the write for the gradient). The second result lists them.
+
+    >>> f, replaced = own_views(lambda x: x.t_(), [(0, None)], [], [torch.zeros(2, 3)], False)
+    >>> x = torch.zeros(2, 3)
+    >>> f(x).shape, x.shape, replaced
+    (torch.Size([3, 2]), torch.Size([2, 3]), ())
+    """
+    for i, _ in restrided:
+        if grad and inputs[i].requires_grad:
+            raise NotImplementedError(
+                f"aot_compile: input {i} requires grad and its metadata is changed in place "
+                "(t_, resize_, ...); run this function eagerly"
+            )
+    grown = [i for i, meta in restrided if meta is not None and _grows(inputs[i], meta)]
+    replaced = (*grown, *written)
+    views = [i for i, _ in restrided if i not in grown]
+
+    def run(*args: Any) -> Any:
+        args_ = list(args)
+        for i in views:
+            t = args_[i]
+            args_[i] = t.as_strided(t.size(), t.stride(), t.storage_offset())
+        for i in replaced:
+            args_[i] = args_[i].clone()
+        out = fn(*args_)
+        return (out, tuple(args_[i] for i in replaced)) if replaced else out
+
+    return run, replaced
+
+
+def restride(
+    inputs: Sequence[torch.Tensor],
+    restrided: Sequence[tuple[int, Any]],
+    replaced: Sequence[int] = (),
+    values: Sequence[torch.Tensor] = (),
+) -> None:
+    """Give each input the size, stride and offset eager's in-place ops left it with, and
+    each ``replaced`` one its value from ``values`` (first the storage it needs). A value
+    that requires grad is copied under grad mode: the input's history moves onto it.
+
+    >>> from ember.aotgraph.trace import TensorMeta
+    >>> x = torch.zeros(2, 3)
+    >>> restride([x], [(0, TensorMeta.of(torch.zeros(2, 3).t()))]); x.shape
+    torch.Size([3, 2])
+    >>> y = torch.zeros(0)
+    >>> restride([y], [(0, TensorMeta.of(torch.zeros(2)))], [0], [torch.ones(2)]); y
+    tensor([1., 1.])
+    """
+    new = dict(zip(replaced, values, strict=True))
+    for i, meta in restrided:
+        t = inputs[i]
+        if i in new:
+            need = _extent(meta.size, meta.stride, meta.offset) * t.element_size()
+            if t.untyped_storage().nbytes() < need:
+                t.untyped_storage().resize_(need)
+        t.as_strided_(meta.size, meta.stride, meta.offset)
+    for i, value in new.items():
+        with torch.set_grad_enabled(torch.is_grad_enabled() and value.requires_grad):
+            inputs[i].copy_(value)
+
+
+def _grows(t: torch.Tensor, meta: Any) -> bool:
+    """Whether the layout ``meta`` reaches past ``t``'s storage."""
+    capacity = t.untyped_storage().nbytes() // t.element_size()
+    return _extent(meta.size, meta.stride, meta.offset) > capacity
+
+
+def _extent(size: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    """Elements of storage a tensor of this layout reaches, from the storage's start."""
+    if any(n == 0 for n in size):
+        return offset
+    return offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
 
 
 def storage_groups(values: Sequence[Any]) -> tuple[int, ...]:
@@ -139,6 +227,23 @@ def storage_groups(values: Sequence[Any]) -> tuple[int, ...]:
         key = v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else -k - 1
         out.append(first.setdefault(key, k))
     return tuple(out)
+
+
+def fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in new memory, with its strides and offset, and a view (of a hidden
+    base) where ``t`` is one, as eager's output of the same expression would be.
+
+    >>> y = torch.arange(6.0).reshape(2, 3).t()
+    >>> c = fresh_copy(y)
+    >>> c.stride(), c._is_view(), c.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    ((1, 3), True, True)
+    """
+    if not t._is_view():
+        return t.clone()
+    base = t.new_empty(_extent(t.shape, t.stride(), int(t.storage_offset())))
+    view = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    view.copy_(t)
+    return view
 
 
 def outputs_to_clone(

@@ -35,7 +35,7 @@ import torch
 import torch.fx
 
 from ember.aotgraph import check, store
-from ember.aotgraph.aliasing import Merge
+from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -185,7 +185,16 @@ class AOTCompiled:
     def _trace(self, inputs: list[torch.Tensor], *, grad: bool) -> Traced:
         signature = analyze(self.lifted, inputs, grad=grad)
         fn: Callable[..., Any] = self.lifted
+        written = _written_with_grad(signature, inputs, grad)
+        if signature.restrided or written:  # t_, resize_ on inputs: on views inside the graph
+            fn, replaced = own_views(fn, signature.restrided, written, inputs, grad)
+            signature = _with_replaced(signature, replaced, grad and bool(written))
         merge = Merge.of(inputs, signature.versions, grad=grad)  # inputs sharing storage
+        if merge is not None and signature.replaced:
+            raise NotImplementedError(
+                "aot_compile: inputs that share storage, one replaced by a copy (resized past "
+                "its storage, or written while requiring grad); run this function eagerly"
+            )
         if merge is not None:
             fn, inputs = merge.wrap(fn), merge.inputs(inputs)
             grad_inputs = tuple(map(merge.graph_index, signature.grad_inputs))
@@ -213,7 +222,9 @@ class AOTCompiled:
         if self._check:
             check.check_partition(joint, part)
         self.joint = joint
-        mutated_saved = {f"primals_{i + 1}" for i in joint.mutated}
+        # inputs the call writes or restrides: saved as they are, the write would show
+        touched = {*joint.mutated, *_bumped_graph_inputs(signature, len(inputs))}
+        mutated_saved = {f"primals_{i + 1}" for i in touched}
         clone = tuple(k for k, name in enumerate(part.saved) if name in mutated_saved)
         saved_values = [n.meta.get("val") for n in bw_inputs_nodes(part)[: len(part.saved)]]
         numbers = tuple(k for k, v in enumerate(saved_values) if not isinstance(v, torch.Tensor))
@@ -233,6 +244,48 @@ class AOTCompiled:
         bw = self.settings.bw_compiler(part.backward, bw_inputs)
         saved = traced.clone_saved, traced.number_saved
         return Runtime(sig, traced.mutated, fw, bw, *saved, merge=merge)
+
+
+def _bumped_graph_inputs(sig: Signature, n: int) -> list[int]:
+    """The graph inputs whose version counter the call moves: a saved one must be a copy
+    (the backward pass checks versions). With inputs merged the indices moved: then every
+    graph input counts (a rare case, a few copies more)."""
+    if not any(sig.versions):
+        return []
+    if len(sig.versions) != n:  # merged: indices moved, so be safe and copy every written one
+        return list(range(n))
+    return [i for i, v in enumerate(sig.versions) if v]
+
+
+def _written_with_grad(sig: Signature, inputs: Sequence[Any], grad: bool) -> tuple[int, ...]:
+    """Inputs that require grad and that the call writes in place (not leaves: eager raises
+    for those, and capture ends the graph there)."""
+    if not grad:
+        return ()
+    restrided = {i for i, _ in sig.restrided}
+    return tuple(
+        i
+        for i, v in enumerate(sig.versions)
+        if v and inputs[i].requires_grad and i not in restrided
+    )
+
+
+def _with_replaced(sig: Signature, replaced: tuple[int, ...], differentiable: bool) -> Signature:
+    """``sig`` with the final values of the ``replaced`` inputs as its last graph outputs;
+    those of inputs that require grad take a gradient (``differentiable``: some do)."""
+    leaves, n = len(sig.outputs), len(sig.graph_outputs)
+    new = tuple(range(n, n + len(replaced)))
+    grad_outputs = sig.grad_outputs
+    if differentiable:
+        grad_outputs += tuple(j for j, i in zip(new, replaced, strict=True) if i in sig.grad_inputs)
+    return dataclasses.replace(
+        sig,
+        graph_outputs=sig.graph_outputs + tuple(range(leaves, leaves + len(replaced))),
+        out_storage=sig.out_storage + new,
+        replaced=replaced,
+        grad_outputs=grad_outputs,
+        training=bool(grad_outputs) and bool(sig.grad_inputs),
+    )
 
 
 def bw_inputs_nodes(part: Partition) -> list[torch.fx.Node]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ember.aotgraph.aliasing import Merge, outputs_to_clone
+from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
 from ember.aotgraph.trace import Signature
 
 __all__ = ["CompiledFunction", "Runtime"]
@@ -71,6 +71,10 @@ class Runtime:
         if self.bumped:
             start = [_version(inputs[i]) for i, _ in self.bumped]
         outs = self._run(inputs if self.merge is None else self.merge.inputs(inputs))
+        sig = self.signature
+        if sig.restrided or sig.replaced:  # replaced inputs' values: the last graph outputs
+            n = len(sig.graph_outputs)
+            restride(inputs, sig.restrided, sig.replaced, outs[n - len(sig.replaced) : n])
         if self.bumped:
             set_versions(inputs, self.bumped, start)
         if not self.clone:  # once: how the compiled graph's outputs share storage
@@ -78,7 +82,7 @@ class Runtime:
         if self.clone[0]:
             outs = list(outs)
             for j in self.clone[0]:
-                outs[j] = outs[j].clone()
+                outs[j] = fresh_copy(outs[j])
         return self.assemble(inputs, outs)
 
     def _run(self, inputs: list[torch.Tensor]) -> Sequence[Any]:

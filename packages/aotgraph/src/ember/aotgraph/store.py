@@ -419,8 +419,16 @@ def _encode_signature(sig: Signature) -> JSON:
         list(sig.grad_inputs),
         list(sig.versions),
         list(sig.out_storage),
+        list(sig.replaced),
     ]
-    return {"outputs": outputs, "out_spec": spec, "ints": ints, "training": sig.training}
+    restrided = [[i, _encode_meta(meta)] for i, meta in sig.restrided]
+    return {
+        "outputs": outputs,
+        "out_spec": spec,
+        "ints": ints,
+        "training": sig.training,
+        "restrided": restrided,
+    }
 
 
 def _decode_signature(data: JSON) -> Signature:
@@ -431,10 +439,25 @@ def _decode_signature(data: JSON) -> Signature:
         value = serialize.decode_value(value)
         outputs.append(Output(kind, int(index), bool(grad), _decode_meta(meta), value))
     spec = pytree.treespec_loads(data["out_spec"])
-    graph, grad_outputs, grad_inputs, versions, shared = (_ints(v) for v in data["ints"])
+    graph, grad_outputs, grad_inputs, versions, shared, replaced = map(_ints, data["ints"])
     training = bool(data["training"])
+    restrided = []
+    for i, meta in data["restrided"]:
+        decoded = _decode_meta(meta)
+        if decoded is None:
+            raise ValueError("an input's metadata after the call is missing")
+        restrided.append((int(i), decoded))
     return Signature(
-        tuple(outputs), spec, graph, grad_outputs, grad_inputs, training, versions, shared
+        tuple(outputs),
+        spec,
+        graph,
+        grad_outputs,
+        grad_inputs,
+        training,
+        versions,
+        shared,
+        tuple(restrided),
+        replaced,
     )
 
 

@@ -125,6 +125,12 @@ class Signature:
     versions: tuple[int, ...] = ()
     # per graph output: the first graph output sharing its storage in eager (itself if none)
     out_storage: tuple[int, ...] = ()
+    # (input, its size, stride and offset after the call) for inputs whose metadata eager's
+    # in-place ops change (t_, unsqueeze_, resize_, as_strided_)
+    restrided: tuple[tuple[int, TensorMeta], ...] = ()
+    # inputs the graph gets a copy of (grown past their storage, or written while requiring
+    # grad): their final values are the last graph outputs, copied back by the runtime
+    replaced: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,10 +327,19 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     mode = _fake_mode()
     fakes = _fakes(mode, inputs)
     before = [_version(f) for f in fakes]
+    metas = [_meta(f) for f in fakes]
+    wanted = [_requires_grad(f) for f in fakes]
     with mode, torch.set_grad_enabled(grad):
         leaves, spec = pytree.tree_flatten(fn(*fakes))
     _unspecialized(mode)
+    changed = [i for i, f in enumerate(fakes) if _requires_grad(f) != wanted[i]]
+    if changed:  # the graph cannot set the flag at the point the function does
+        raise NotImplementedError(
+            f"aot_compile: the function calls requires_grad_() on input {changed[0]}; "
+            "run this function eagerly"
+        )
     versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
+    restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _meta(f) != metas[i])
     outputs: list[Output] = []
     positions: list[int] = []
     for pos, leaf in enumerate(leaves):
@@ -338,8 +353,20 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     shared = storage_groups([leaves[p] for p in positions])  # eager's outputs share these
     graph = tuple(positions)
     return Signature(
-        tuple(outputs), spec, graph, grad_outputs, grad_inputs, training, versions, shared
+        tuple(outputs),
+        spec,
+        graph,
+        grad_outputs,
+        grad_inputs,
+        training,
+        versions,
+        shared,
+        tuple((i, m) for i, m in restrided if m is not None),
     )
+
+
+def _meta(value: Any) -> TensorMeta | None:
+    return TensorMeta.of(value) if isinstance(value, torch.Tensor) else None
 
 
 def _version(value: Any) -> int:
@@ -412,8 +439,11 @@ def _joint_function(fn: Callable[..., Any], sig: Signature, n: int) -> Callable[
     return joint
 
 
-def _tangents(mode: FakeTensorMode, sig: Signature) -> list[torch.Tensor]:
+def _tangents(mode: FakeTensorMode, sig: Signature, inputs: Sequence[Any]) -> list[torch.Tensor]:
     metas = {o.index: o.meta for o in sig.outputs if o.kind == "graph"}
+    first = len(sig.graph_outputs) - len(sig.replaced)
+    for k, i in enumerate(sig.replaced):  # the final value of a replaced input: its shape
+        metas[first + k] = TensorMeta.of(inputs[i])
     out = []
     with mode:
         for j in sig.grad_outputs:
@@ -554,7 +584,7 @@ def trace_joint(
     """The functional joint forward+backward graph of ``fn`` (see the module docstring)."""
     mode = _fake_mode()
     primals = _fakes(mode, inputs)
-    tangents = _tangents(mode, sig)
+    tangents = _tangents(mode, sig, inputs)
     with torch.enable_grad():
         gm = _trace(_joint_function(fn, sig, len(primals)), [*primals, *tangents], table)
     _unspecialized(mode)

@@ -403,9 +403,10 @@ def _msg_storage(g: Guard, fetch: Fetch) -> str:
         if got_groups[i] != groups[i]:
             want = "its own storage" if groups[i] == i else f"the storage of {sources[groups[i]]}"
             have = "its own" if got_groups[i] == i else f"that of {sources[got_groups[i]]}"
-            return f"{src}: expected {want}, got {have}"
+            return f"storage sharing changed: {src} expected {want}, got {have}"
+    for i, src in enumerate(sources):
         if got_offsets[i] != offsets[i]:
-            return f"{src}: storage offset expected {offsets[i]}, got {got_offsets[i]}"
+            return f"storage offset of {src} expected {offsets[i]}, got {got_offsets[i]}"
     return "storage sharing changed"
 
 
