@@ -114,20 +114,34 @@ def py_distinct(*objects: object) -> bool:
 
 def storage_layout(tensors: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(groups, offsets)`` of ``tensors``: ``groups[i]`` is the first index whose tensor shares
-    storage with tensor ``i``; ``offsets[i]`` its storage offset if it shares, else -1.
+    storage with tensor ``i``; ``offsets[i]`` its storage offset if it shares, else -1. When
+    none shares (the usual case) both are empty: the check then only compares storages.
 
     >>> import torch
     >>> x = torch.zeros(4)
-    >>> storage_layout((x, torch.zeros(1), x[1:]))
-    ((0, 1, 0), (0, -1, 1))
+    >>> storage_layout((x, torch.zeros(1), x[1:])), storage_layout((x, torch.zeros(1)))
+    (((0, 1, 0), (0, -1, 1)), ((), ()))
     """
     first: dict[int, int] = {}
     groups = tuple(first.setdefault(_storage_id(t), i) for i, t in enumerate(tensors))
     shared = {g for i, g in enumerate(groups) if g != i}
+    if not shared:
+        return (), ()
     offsets = tuple(
         int(t.storage_offset()) if groups[i] in shared else -1 for i, t in enumerate(tensors)
     )
     return groups, offsets
+
+
+def full_layout(
+    layout: tuple[tuple[int, ...], tuple[int, ...]], n: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``layout`` with the empty "none shares" form spelled out for ``n`` tensors.
+
+    >>> full_layout(((), ()), 2)
+    ((0, 1), (-1, -1))
+    """
+    return layout if layout[0] else (tuple(range(n)), (-1,) * n)
 
 
 def _storage_id(t: Any) -> int:

@@ -101,10 +101,17 @@ const void* storage_of(PyObject* obj) {
   return t.storage().unsafeGetStorageImpl();
 }
 
+// Whether the storages are pairwise distinct (sorted in place).
+bool all_distinct(const void** first, const void** last) {
+  std::sort(first, last);
+  return std::adjacent_find(first, last) == last;
+}
+
 // storage_groups((groups, offsets), *tensors): the tensors share storage exactly as
 // _accel.storage_layout says (tensor i with the first tensor groups[i], and only those),
-// each shared one at offsets[i]. Linear in the number of tensors, plus a sort of the
-// distinct storages: this runs on every call of a frame with two or more tensor inputs.
+// each shared one at offsets[i]; empty groups: no two share. Linear in the tensors plus a
+// sort of their storages: this runs on every call of a frame with two or more tensor inputs,
+// after the tensor checks, and costs about what they do.
 PyObject* storage_groups(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 2) {
     PyErr_SetString(PyExc_TypeError, "expected ((groups, offsets), *tensors)");
@@ -113,26 +120,38 @@ PyObject* storage_groups(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* groups = PyTuple_GET_ITEM(args[0], 0);
   PyObject* offsets = PyTuple_GET_ITEM(args[0], 1);
   const Py_ssize_t n = nargs - 1;
-  if (!PyTuple_Check(groups) || !PyTuple_Check(offsets) || PyTuple_GET_SIZE(groups) != n ||
-      PyTuple_GET_SIZE(offsets) != n) {
+  const bool apart = PyTuple_Check(groups) && PyTuple_GET_SIZE(groups) == 0;
+  if (!PyTuple_Check(groups) || !PyTuple_Check(offsets) ||
+      (!apart && (PyTuple_GET_SIZE(groups) != n || PyTuple_GET_SIZE(offsets) != n))) {
     PyErr_SetString(PyExc_TypeError, "groups and offsets must be tuples, one per tensor");
     return nullptr;
   }
-  std::vector<const void*> storages(n);
-  std::vector<const void*> firsts;
+  constexpr Py_ssize_t kStack = 64;
+  const void* stack[kStack];
+  std::vector<const void*> heap;
+  const void** storages = stack;
+  if (n > kStack) {
+    heap.resize(n);
+    storages = heap.data();
+  }
+  Py_ssize_t firsts = 0;  // storages[0:firsts]: those of the first tensor of each group
   try {
     for (Py_ssize_t i = 0; i < n; i++) {
       PyObject* obj = args[i + 1];
       if (!THPVariable_Check(obj)) Py_RETURN_FALSE;
-      storages[i] = storage_of(obj);
+      const void* storage = storage_of(obj);
+      if (apart) {
+        storages[firsts++] = storage;
+        continue;
+      }
       const Py_ssize_t group = PyLong_AsSsize_t(PyTuple_GET_ITEM(groups, i));
       if (group < 0 || group > i) {
         PyErr_Clear();
         Py_RETURN_FALSE;
       }
       if (group == i) {
-        firsts.push_back(storages[i]);
-      } else if (storages[i] != storages[group]) {
+        storages[firsts++] = storage;
+      } else if (storage != storage_of(args[group + 1])) {
         Py_RETURN_FALSE;
       }
       const long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(offsets, i));
@@ -142,8 +161,7 @@ PyObject* storage_groups(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_Clear();
     Py_RETURN_FALSE;
   }
-  std::sort(firsts.begin(), firsts.end());
-  if (std::adjacent_find(firsts.begin(), firsts.end()) != firsts.end()) Py_RETURN_FALSE;
+  if (!all_distinct(storages, storages + firsts)) Py_RETURN_FALSE;
   Py_RETURN_TRUE;
 }
 

@@ -393,12 +393,14 @@ def _emit_storage(g: Guard, em: Emitter) -> str:
 
 
 def _msg_storage(g: Guard, fetch: Fetch) -> str:
-    others, (groups, offsets) = g.expected
+    others, layout = g.expected
     sources = (g.source, *others)
+    groups, offsets = _accel.full_layout(layout, len(sources))
     values = [fetch(src) for src in sources]
     if not all(isinstance(v, torch.Tensor) for v in values):
         return "expected tensors"
-    got_groups, got_offsets = _accel.storage_layout(tuple(values))
+    got = _accel.storage_layout(tuple(values))
+    got_groups, got_offsets = _accel.full_layout(got, len(sources))
     for i, src in enumerate(sources):
         if got_groups[i] != groups[i]:
             want = "its own storage" if groups[i] == i else f"the storage of {sources[groups[i]]}"
@@ -411,8 +413,9 @@ def _msg_storage(g: Guard, fetch: Fetch) -> str:
 
 
 def _describe_storage(g: Guard) -> str:
-    others, (groups, offsets) = g.expected
+    others, layout = g.expected
     sources = (g.source, *others)
+    groups, offsets = _accel.full_layout(layout, len(sources))
     shared = [
         f"{sources[i]} shares with {sources[k]} at offset {offsets[i]}"
         for i, k in enumerate(groups)
