@@ -213,6 +213,37 @@ def test_outputs_alias_as_in_eager(backend, fn):
     assert_same(out, want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: (lambda y: (y, y.view(-1), y[0]))(x * 2),
+        lambda x: (lambda y: (y, y))(x * 2),
+        lambda x: (torch.remainder(x, 3), x % 3),
+        lambda x: (x.view(-1), x * 1),
+    ],
+    ids=["views-of-an-output", "same-object", "remainder", "view-of-the-input"],
+)
+def test_outputs_alias_as_in_eager_when_training(backend, fn):
+    def make():
+        return [torch.arange(6.0).reshape(2, 3).requires_grad_()]
+
+    _no_failures(check(fn, make, backend, grads=lambda args: args, calls=2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aliased_inputs_written_beside_a_gradient(backend):
+    def f(w, base, view):
+        view.mul_(2)
+        return (w * base).sum()
+
+    def make():
+        base = torch.arange(6.0).reshape(3, 2)
+        return [torch.ones(3, 2, requires_grad=True), base, base[1]]
+
+    _no_failures(check(f, make, backend, grads=lambda args: args[:1], calls=2))
+
+
 # -- version counters --------------------------------------------------------------------------
 
 
