@@ -127,9 +127,24 @@ def test_written_input_that_requires_grad_gets_eagers_history():
     assert v1 == v2
 
 
-def test_requires_grad_set_inside_is_refused():
+def test_requires_grad_set_inside_takes_the_gradient_from_there():
+    def fn(x):
+        y = x * 2  # before requires_grad_(): no gradient flows through y
+        x.requires_grad_()
+        return (x * y).sum()
+
+    f = compile_(fn, [torch.arange(3.0)])
+    for run in (fn, f, f):
+        x = torch.arange(3.0)
+        out = run(x)
+        assert x.requires_grad and out.requires_grad
+        out.backward()
+        torch.testing.assert_close(x.grad, 2 * torch.arange(3.0))
+
+
+def test_requires_grad_false_inside_is_refused():
     with pytest.raises(NotImplementedError, match="requires_grad_"):
-        compile_(lambda x: (x.requires_grad_(), x * 2)[1], [torch.ones(2)])
+        compile_(lambda x: (x.requires_grad_(False), x * 2)[1], [torch.ones(2, requires_grad=True)])
 
 
 def test_outputs_a_compiler_merged_are_copied():

@@ -124,6 +124,8 @@ class AOTCompiled:
     # set when tracing needed a float input's value: the version with floats as constants
     fallback: AOTCompiled | None = None
     _check: bool = field(default_factory=check.enabled)
+    # the function calls requires_grad_() on an input: under grad mode, always train
+    _sets_grad: bool = False
     _tensor_slots: list[int] | None = field(default=None, repr=False)
 
     def __call__(self, *args: Any) -> Any:
@@ -134,7 +136,9 @@ class AOTCompiled:
         inputs = self.lifted.flat_inputs(args)
         if self._tensor_slots is None:  # which inputs are tensors (the rest are floats)
             self._tensor_slots = [k for k, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
-        grad = torch.is_grad_enabled() and any(inputs[k].requires_grad for k in self._tensor_slots)
+        grad = torch.is_grad_enabled() and (
+            self._sets_grad or any(inputs[k].requires_grad for k in self._tensor_slots)
+        )
         runtime = (self.training if grad else self.inference) or self.build(inputs, grad=grad)
         if runtime is None:
             assert self.fallback is not None
@@ -165,7 +169,11 @@ class AOTCompiled:
         """Trace, partition and compile the training (``grad``) or inference path; ``None``
         if tracing needed a float input's value (``fallback`` is then set)."""
         try:
-            return self._build(inputs, grad=grad)
+            runtime = self._build(inputs, grad=grad)
+            if not grad and runtime.signature.grad_set and torch.is_grad_enabled():
+                self._sets_grad = True  # the outputs need gradients after all
+                runtime = self._build(inputs, grad=True)
+            return runtime
         except Specialized:
             self.fallback = AOTCompiled(self.lifted.specialized(), self.settings)
             return None
@@ -190,6 +198,11 @@ class AOTCompiled:
             fn, replaced = own_views(fn, signature.restrided, written, inputs, grad)
             signature = _with_replaced(signature, replaced, grad and bool(written))
         merge = Merge.of(inputs, signature.versions, grad=grad)  # inputs sharing storage
+        if signature.grad_set and (merge is not None or signature.restrided or written):
+            raise NotImplementedError(
+                "aot_compile: requires_grad_() on an input that shares storage, is written or "
+                "is restrided in place; run this function eagerly"
+            )
         if merge is not None and signature.replaced:
             raise NotImplementedError(
                 "aot_compile: inputs that share storage, one replaced by a copy (resized past "

@@ -68,6 +68,8 @@ class Runtime:
         object.__setattr__(self, "clone", [])
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
+        for i in self.signature.grad_set:  # the function's requires_grad_() calls
+            inputs[i].requires_grad_()
         if self.bumped:
             start = [_version(inputs[i]) for i, _ in self.bumped]
         outs = self._run(inputs if self.merge is None else self.merge.inputs(inputs))

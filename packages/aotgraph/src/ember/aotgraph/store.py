@@ -420,6 +420,7 @@ def _encode_signature(sig: Signature) -> JSON:
         list(sig.versions),
         list(sig.out_storage),
         list(sig.replaced),
+        list(sig.grad_set),
     ]
     restrided = [[i, _encode_meta(meta)] for i, meta in sig.restrided]
     return {
@@ -439,7 +440,9 @@ def _decode_signature(data: JSON) -> Signature:
         value = serialize.decode_value(value)
         outputs.append(Output(kind, int(index), bool(grad), _decode_meta(meta), value))
     spec = pytree.treespec_loads(data["out_spec"])
-    graph, grad_outputs, grad_inputs, versions, shared, replaced = map(_ints, data["ints"])
+    graph, grad_outputs, grad_inputs, versions, shared, replaced, grad_set = map(
+        _ints, data["ints"]
+    )
     training = bool(data["training"])
     restrided = []
     for i, meta in data["restrided"]:
@@ -458,6 +461,7 @@ def _decode_signature(data: JSON) -> Signature:
         shared,
         tuple(restrided),
         replaced,
+        grad_set,
     )
 
 

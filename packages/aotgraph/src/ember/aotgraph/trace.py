@@ -131,6 +131,9 @@ class Signature:
     # inputs the graph gets a copy of (grown past their storage, or written while requiring
     # grad): their final values are the last graph outputs, copied back by the runtime
     replaced: tuple[int, ...] = ()
+    # inputs the function calls requires_grad_() on: the runtime sets the flag before the
+    # graph runs (the gradient formulas traced only count what follows the call)
+    grad_set: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,9 +336,9 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
         leaves, spec = pytree.tree_flatten(fn(*fakes))
     _unspecialized(mode)
     changed = [i for i, f in enumerate(fakes) if _requires_grad(f) != wanted[i]]
-    if changed:  # the graph cannot set the flag at the point the function does
+    if any(wanted[i] for i in changed):  # requires_grad_(False): nothing to replay it with
         raise NotImplementedError(
-            f"aot_compile: the function calls requires_grad_() on input {changed[0]}; "
+            f"aot_compile: the function calls requires_grad_(False) on input {changed[0]}; "
             "run this function eagerly"
         )
     versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
@@ -348,7 +351,8 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
         if out.kind == "graph":
             positions.append(pos)
     grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
-    grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t)) if grad else ()
+    grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t) or i in changed)
+    grad_inputs = grad_inputs if grad else ()
     training = bool(grad_outputs) and bool(grad_inputs)
     shared = storage_groups([leaves[p] for p in positions])  # eager's outputs share these
     graph = tuple(positions)
@@ -362,6 +366,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
         versions,
         shared,
         tuple((i, m) for i, m in restrided if m is not None),
+        grad_set=tuple(changed),
     )
 
 
