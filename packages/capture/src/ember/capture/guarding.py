@@ -166,10 +166,11 @@ class GuardCollector:
     def storage_aliasing(self, sources: Sequence[Any], values: Sequence[Any]) -> None:
         """The graph's tensor inputs still share storage exactly as now (none, often): a graph
         traced for distinct inputs mutates one and reads another as if they were apart."""
-        pairs = [(s, v) for s, v in zip(sources, values, strict=True) if _plain_tensor(v)]
-        if len(pairs) >= 2:
-            srcs, tensors = zip(*pairs, strict=True)
-            self._add(kinds.storage_aliasing(srcs, tensors, self._where()))
+        with torch._C.DisableTorchFunctionSubclass():  # a subclass's handler sees nothing
+            pairs = [(s, v) for s, v in zip(sources, values, strict=True) if _plain_tensor(v)]
+            if len(pairs) >= 2:
+                srcs, tensors = zip(*pairs, strict=True)
+                self._add(kinds.storage_aliasing(srcs, tensors, self._where()))
 
     def equals(self, source: Source, value: Any) -> None:
         try:
