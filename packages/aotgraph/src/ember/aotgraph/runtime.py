@@ -50,6 +50,7 @@ class Runtime:
     bumped: tuple[tuple[int, int], ...] = field(init=False)
     # graph outputs to copy (they share storage where eager's do not): found on the first call
     clone: list[tuple[int, ...]] = field(init=False)
+    plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
     num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
     non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
     # the caller's output structure from (inputs, graph outputs): see ``assembler``
@@ -66,26 +67,33 @@ class Runtime:
         object.__setattr__(self, "assemble", assembler(sig))
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
         object.__setattr__(self, "clone", [])
+        replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
+        object.__setattr__(self, "plain", self.merge is None and not replay)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
-        for i in self.signature.grad_set:  # the function's requires_grad_() calls
-            inputs[i].requires_grad_()
-        if self.bumped:
-            start = [_version(inputs[i]) for i, _ in self.bumped]
-        outs = self._run(inputs if self.merge is None else self.merge.inputs(inputs))
+        outs = self._run(inputs) if self.plain else self._run_replaying(inputs)
+        clone = self.clone
+        if not clone:  # once: how the compiled graph's outputs share storage
+            clone.append(outputs_to_clone(self.signature.out_storage, inputs, outs))
+        if clone[0]:
+            outs = list(outs)
+            for j in clone[0]:
+                outs[j] = fresh_copy(outs[j])
+        return self.assemble(inputs, outs)
+
+    def _run_replaying(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
+        """:meth:`_run`, and what else eager's in-place ops did to the inputs: the flags
+        ``requires_grad_()`` set, the metadata ``t_`` changed, the version counters."""
         sig = self.signature
+        for i in sig.grad_set:  # the function's requires_grad_() calls
+            inputs[i].requires_grad_()
+        start = [_version(inputs[i]) for i, _ in self.bumped]
+        outs = self._run(inputs if self.merge is None else self.merge.inputs(inputs))
         if sig.restrided or sig.replaced:  # replaced inputs' values: the last graph outputs
             n = len(sig.graph_outputs)
             restride(inputs, sig.restrided, sig.replaced, outs[n - len(sig.replaced) : n])
-        if self.bumped:
-            set_versions(inputs, self.bumped, start)
-        if not self.clone:  # once: how the compiled graph's outputs share storage
-            self.clone.append(outputs_to_clone(self.signature.out_storage, inputs, outs))
-        if self.clone[0]:
-            outs = list(outs)
-            for j in self.clone[0]:
-                outs[j] = fresh_copy(outs[j])
-        return self.assemble(inputs, outs)
+        set_versions(inputs, self.bumped, start)
+        return outs
 
     def _run(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
         """Run the graphs on the graph's inputs; write the mutated ones back."""
