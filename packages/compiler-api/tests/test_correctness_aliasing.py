@@ -158,6 +158,63 @@ def test_other_offset_of_the_same_base_recompiles(backend):
     _no_failures(compiled)
 
 
+def _two(make: Callable[[torch.Tensor], list[torch.Tensor]], t: torch.Tensor) -> Any:
+    return lambda: make(t.clone())
+
+
+ALIASED_CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[Any]]]] = {
+    "returns-the-written-view": (
+        lambda base, view: (view.mul_(2), (view, base.view(-1)))[1],
+        _two(lambda t: [t, t[1]], torch.arange(6.0).reshape(3, 2)),
+    ),
+    "overlapping-slices": (
+        lambda a, b: (a.add_(1), b * 1)[1],
+        _two(lambda t: [t[:4], t[2:]], torch.arange(6.0)),
+    ),
+    "transposed": (
+        lambda a, b: (b.mul_(10), a.sum(0))[1],
+        _two(lambda t: [t, t.t()], torch.arange(4.0).reshape(2, 2)),
+    ),
+    "expanded-read": (
+        lambda a, b: (a.add_(1), b.sum())[1],
+        _two(lambda t: [t, t.expand(3, 4)], torch.arange(4.0)),
+    ),
+    "same-tensor-restrided": (
+        lambda a, b: (a.t_(), a + b)[1],
+        _two(lambda t: [t, t], torch.arange(4.0).reshape(2, 2)),
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(ALIASED_CASES))
+def test_aliased_inputs(backend, name):
+    fn, make = ALIASED_CASES[name]
+    _no_failures(check(fn, make, backend, calls=2))
+
+
+FALLBACK_CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[Any]], str]] = {
+    "two-dtypes": (
+        lambda a, b: (a.add_(1), b * 1)[1],
+        _two(lambda t: [t, t.view(torch.int32)], torch.arange(4.0)),
+        "different dtypes",
+    ),
+    "restrided-view-of-a-base": (
+        lambda base, view: (view.unsqueeze_(0), view.add_(1), base * 1)[2],
+        _two(lambda t: [t, t[1]], torch.arange(6.0).reshape(3, 2)),
+        "metadata changed in place",
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", list(FALLBACK_CASES))
+def test_aliased_inputs_out_of_reach_fall_back_with_a_reason(backend, name):
+    fn, make, reason = FALLBACK_CASES[name]
+    compiled = check(fn, make, backend)
+    assert compiled.stats.failures and reason in compiled.stats.failures[0].reason
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_aliased_inputs_read_only_and_distinct_again(backend):
     def f(a, b):

@@ -203,10 +203,10 @@ class AOTCompiled:
                 "aot_compile: requires_grad_() on an input that shares storage, is written or "
                 "is restrided in place; run this function eagerly"
             )
-        if merge is not None and signature.replaced:
+        if merge is not None and (signature.replaced or signature.restrided):
             raise NotImplementedError(
-                "aot_compile: inputs that share storage, one replaced by a copy (resized past "
-                "its storage, or written while requiring grad); run this function eagerly"
+                "aot_compile: inputs that share storage, one with its metadata changed in place "
+                "(t_, resize_, ...) or written while requiring grad; run this function eagerly"
             )
         if merge is not None:
             fn, inputs = merge.wrap(fn), merge.inputs(inputs)
