@@ -3,11 +3,14 @@
 The pipeline, one pass per line (:meth:`AOTCompiled.build`):
 
     signature = analyze(lifted, inputs)         # outputs: need grad? alias an input?
-    joint     = trace_joint(lifted, inputs)     # functional aten joint forward+backward
+    fn        = own_views(lifted)               # inputs restrided (t_) or written needing grad
+    fn        = Merge.of(inputs).wrap(fn)       # inputs sharing a written storage: one base
+    joint     = trace_joint(fn, inputs)         # functional aten joint forward+backward
     part      = partition(joint)                # forward graph, backward graph, saved values
     forward   = fw_compiler(part.forward)       # the caller's compilers, once each
     backward  = bw_compiler(part.backward)
     Runtime(signature, forward, backward)       # autograd.Function + write-backs + views
+                                                # + metadata, versions, requires_grad_ replayed
 
 The first three passes are what the disk cache (:mod:`ember.aotgraph.store`) keeps:
 a graph traced before, in this process or another, with the same inputs' metadata and
