@@ -60,6 +60,20 @@ def make_namedtuple(cls: type[tuple[Any, ...]], *items: Any) -> tuple[Any, ...]:
     return tuple.__new__(cls, items)
 
 
+def inference_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as an inference tensor, as eager makes a tensor computed inside
+    ``torch.inference_mode()``: a backend that traces the graph to aten ops (aotgraph)
+    computes it as a normal tensor, so it is copied once under the mode.
+
+    >>> inference_tensor(torch.ones(2)).is_inference()
+    True
+    """
+    if t.is_inference():
+        return t
+    with torch.inference_mode():
+        return t.clone()
+
+
 class GradModeExit:
     """The ``__exit__`` of a grad-mode ``with`` block that a graph break splits: the frame's
     replacement and the resume function hold this in its place, and calling it (at the

@@ -20,7 +20,13 @@ import torch.fx
 from ember.capture import breaks, generators, guarding
 from ember.capture.breaks import Layout
 from ember.capture.builder import _trusted, is_constant
-from ember.capture.codegen import GradModeExit, ModeReentry, Part, make_namedtuple
+from ember.capture.codegen import (
+    GradModeExit,
+    ModeReentry,
+    Part,
+    inference_tensor,
+    make_namedtuple,
+)
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
@@ -192,6 +198,9 @@ def _top_frame(tracer: Tracer, frame: Frame) -> FrameState:
     return fs
 
 
+# node.meta key: the heap reference naming a graph output's inference-tensor copy
+INFERENCE_REF = "ember_inference_ref"
+
 # Functions CPython makes for comprehensions: called at once, never stored anywhere.
 COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 
@@ -263,6 +272,9 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
     if isinstance(v, TensorV):
         if v.node not in tensors:
             tensors.append(v.node)
+        if v.fake.is_inference():  # made inside torch.inference_mode(): one copy, however used
+            ref = v.node.meta.setdefault(INFERENCE_REF, heap.new(None))
+            return ("shared", (ref, ("new", (inference_tensor, [("out", tensors.index(v.node))]))))
         return ("out", tensors.index(v.node))
     if isinstance(v, Const):
         return ("const", v.value)
