@@ -293,6 +293,8 @@ def _effect_lines(
         elif kind == "exit_block":  # a split autocast/inference-mode block's real exit
             reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}")
             writes.append(f"{PREFIX}t{n}(None, None, None)")
+        elif kind == "grad_mode":  # the mode the frame left set (a backend may restore its own)
+            writes.append(f"{_const_ref(constants, torch._C._set_grad_enabled)}({effect[1]!r})")
         elif kind == "cell":
             reads.append(f"{value} = {expr(effect[2])}")
             writes.append(f"{effect[1]} = {value}")

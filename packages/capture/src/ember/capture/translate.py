@@ -99,6 +99,8 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     else:
         output = _output_part(fs, result, tensors)  # how to rebuild the return value
     effects = _effect_parts(fs, tensors)  # side effects, replayed after the graph
+    if tracer.grad_enabled != grad_mode:  # aotgraph runs a graph in the mode it found
+        effects.append(("grad_mode", tracer.grad_enabled))
     tracer.graph.output(tuple(tensors))  # graph outputs: every tensor in it
     tracer.drop_unused_scalars()  # number arithmetic only guards needed
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
