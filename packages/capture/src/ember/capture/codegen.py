@@ -74,6 +74,22 @@ def inference_tensor(t: torch.Tensor) -> torch.Tensor:
         return t.clone()
 
 
+def normal_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a normal tensor, as eager makes a tensor computed outside (or after) an
+    inference-mode block: an aotgraph-traced graph entered inside a split block runs whole
+    under the mode, so it is copied once outside it.
+
+    >>> with torch.inference_mode():
+    ...     t = torch.ones(2)
+    >>> normal_tensor(t).is_inference()
+    False
+    """
+    if not t.is_inference():
+        return t
+    with torch.inference_mode(False):
+        return t.clone()
+
+
 class GradModeExit:
     """The ``__exit__`` of a grad-mode ``with`` block that a graph break splits: the frame's
     replacement and the resume function hold this in its place, and calling it (at the

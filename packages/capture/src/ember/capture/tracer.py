@@ -190,6 +190,9 @@ class Tracer:
     # grad mode as the graph will have it at this point (it starts as the frame found it)
     grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
     entry_grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
+    # the graph runs (partly) in inference mode: its tensor outputs are made inference
+    # tensors or normal ones as eager's would be (set when the outputs are built)
+    inference_outputs: bool = False
     steps: int = 0  # jumps taken, to stop unbounded loops
     # Python side effects, replayed in this order right after the graph runs:
     #   ("setattr" | "object_setattr", obj_source, name, value) | ("global", name, value)

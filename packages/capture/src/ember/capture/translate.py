@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.autograd.grad_mode import _enter_inference_mode
 
 from ember.capture import breaks, generators, guarding
 from ember.capture.breaks import Layout
@@ -26,6 +27,7 @@ from ember.capture.codegen import (
     Part,
     inference_tensor,
     make_namedtuple,
+    normal_tensor,
 )
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
@@ -94,6 +96,9 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
     tensors: list[torch.fx.Node] = []
     layout: Layout | None = None
+    tracer.inference_outputs = torch.is_inference_mode_enabled() or any(
+        node.target is _enter_inference_mode for node in tracer.graph.nodes
+    )
     if result is None:  # stopped at a graph break: rebuild the stack and the locals
         output, layout = _break_state(fs, tensors)
     else:
@@ -274,9 +279,10 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
     if isinstance(v, TensorV):
         if v.node not in tensors:
             tensors.append(v.node)
-        if v.fake.is_inference():  # made inside torch.inference_mode(): one copy, however used
+        if fs.tracer.inference_outputs:  # eager's inference-ness: one copy, however used
             ref = v.node.meta.setdefault(INFERENCE_REF, heap.new(None))
-            return ("shared", (ref, ("new", (inference_tensor, [("out", tensors.index(v.node))]))))
+            as_eager = inference_tensor if v.fake.is_inference() else normal_tensor
+            return ("shared", (ref, ("new", (as_eager, [("out", tensors.index(v.node))]))))
         return ("out", tensors.index(v.node))
     if isinstance(v, Const):
         return ("const", v.value)
