@@ -269,6 +269,19 @@ def _block_exit_part(v: GradExitV | ModeExitV) -> Part:
     return ("new", (ModeReentry, parts))
 
 
+def _tensor_part(fs: FrameState, v: TensorV, tensors: list[torch.fx.Node]) -> Part:
+    """A tensor the graph computes: its output slot (appended to ``tensors`` if new)."""
+    if v.node not in tensors:
+        tensors.append(v.node)
+    out: Part = ("out", tensors.index(v.node))
+    if not fs.tracer.inference_outputs:
+        return out
+    # Inference-ness as eager's (a backend may compute it otherwise): one copy, however used.
+    ref = v.node.meta.setdefault(INFERENCE_REF, fs.tracer.heap.new(None))
+    as_eager = inference_tensor if v.fake.is_inference() else normal_tensor
+    return ("shared", (ref, ("new", (as_eager, [out]))))
+
+
 def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part:
     """The rebuild spec of the returned value; tensors are appended to ``tensors``."""
     heap = fs.tracer.heap
@@ -277,13 +290,7 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
     if isinstance(v, TensorV) and v.node.op == "placeholder" and v.source is not None:
         return ("source", v.source)  # an input handed back: reached again, not a graph output
     if isinstance(v, TensorV):
-        if v.node not in tensors:
-            tensors.append(v.node)
-        if fs.tracer.inference_outputs:  # eager's inference-ness: one copy, however used
-            ref = v.node.meta.setdefault(INFERENCE_REF, heap.new(None))
-            as_eager = inference_tensor if v.fake.is_inference() else normal_tensor
-            return ("shared", (ref, ("new", (as_eager, [("out", tensors.index(v.node))]))))
-        return ("out", tensors.index(v.node))
+        return _tensor_part(fs, v, tensors)
     if isinstance(v, Const):
         return ("const", v.value)
     if isinstance(v, SymV):
