@@ -58,11 +58,12 @@ HINTS: dict[str, str] = {
     "autograd": "change requires_grad or call autograd outside the compiled code",
     "double-backward": "compute gradients of gradients outside the compiled code",
     "grad-mode": "enable grad outside the compiled code (the caller's no_grad)",
+    "subclass": "backend='eager' runs a tensor subclass's __torch_function__ as eager does",
 }
 
 # Categories that are no graph break: the whole frame runs eagerly (a break would hand the
 # graph before it to the backend, and a compiled backward graph cannot be differentiated).
-NO_BREAK = frozenset({"double-backward"})
+NO_BREAK = frozenset({"double-backward", "subclass"})
 
 
 class Unsupported(Exception):

@@ -85,13 +85,18 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
     grad_mode = torch.is_grad_enabled()
+    # A tensor subclass's __torch_function__ sees the torch calls eager makes, and those
+    # only: not what tracing and guarding read of its tensors.
+    no_handlers = torch._C.DisableTorchFunctionSubclass()
     try:
+        no_handlers.__enter__()
         result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
         generators.check_finished(tracer)  # none left with a finally the graph cannot run
         while tracer.modes:  # a break inside autocast, or a split block left (calls.
             token, exit_, _ = tracer.modes[-1]  # _leave_split_block): the graph leaves the
             tracer.exit_mode(exit_, token)  # mode; the replacement handles the real one
     finally:
+        no_handlers.__exit__(None, None, None)
         tracer.leave_modes()  # autocast and inference-mode blocks entered while tracing
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
     tensors: list[torch.fx.Node] = []
