@@ -377,3 +377,59 @@ def test_one_inference_tensor_returned_twice_is_one_object(backend):
     compiled = like_eager(f, ones(), backend, backward=False)
     y, [again] = compiled(torch.ones(4))
     assert y is again and y.is_inference()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_called_under_inference_mode(backend):
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2
+        return y, x + 1, torch.is_inference_mode_enabled()
+
+    like_eager(f, ones(), backend, outer=torch.inference_mode, backward=False)
+
+
+# -- combinations -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autograd_grad_inside_enable_grad_under_no_grad(backend):
+    def f(x, w):
+        with torch.enable_grad():
+            loss = (x * w).sum()
+            (g,) = torch.autograd.grad(loss, w, retain_graph=True)
+        return g, loss
+
+    def make_args():
+        return [torch.ones(4), torch.arange(4.0, requires_grad=True)]
+
+    like_eager(f, make_args, backend, outer=torch.no_grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeded_dropout_with_backward(backend):
+    def f(x):
+        torch.manual_seed(0)
+        return F.dropout(x, 0.5, training=True) * 2
+
+    like_eager(f, ones(True), backend)
+
+
+class Logged(torch.Tensor):
+    """A subclass with its own ``__torch_function__`` (it only forwards)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subclass_with_torch_function_keeps_its_type(backend):
+    def f(x):
+        return (x + 1) * 2
+
+    compiled = ember.compiler.compile(f, backend=backend)
+    for _ in range(2):
+        x = torch.ones(2).as_subclass(Logged)
+        got, want = compiled(x), f(x)
+        assert type(got) is type(want) is Logged and torch.equal(got, want)
