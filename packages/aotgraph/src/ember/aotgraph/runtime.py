@@ -189,7 +189,10 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             leaves.append(inputs[o.index])
         elif o.kind == "alias":
             assert o.meta is not None
-            leaves.append(inputs[o.index].as_strided(o.meta.size, o.meta.stride, o.meta.offset))
+            base = inputs[o.index]
+            if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
+                base = base.detach()
+            leaves.append(base.as_strided(o.meta.size, o.meta.stride, o.meta.offset))
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)

@@ -313,7 +313,9 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
     storage = leaf.untyped_storage()._cdata
     for i, f in enumerate(fakes):
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
-            return Output("alias", i, meta=TensorMeta.of(leaf))
+            # requires_grad: whether the view records autograd history (``x.detach()``
+            # does not), so that the runtime's rebuilt view does not either
+            return Output("alias", i, leaf.requires_grad, meta=TensorMeta.of(leaf))
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
 
@@ -325,7 +327,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     >>> x = torch.randn(2, 3, requires_grad=True)
     >>> sig = analyze(Lifted.of(gm, [x, x]), [x, x], grad=True)
     >>> [(o.kind, o.index, o.requires_grad) for o in sig.outputs]
-    [('alias', 0, False), ('graph', 0, True), ('constant', -1, False)]
+    [('alias', 0, True), ('graph', 0, True), ('constant', -1, False)]
     """
     mode = _fake_mode()
     fakes = _fakes(mode, inputs)
