@@ -343,9 +343,18 @@ TENSOR_AUTOGRAD_METHODS = {
 }
 
 
+def _graph_input_requires_grad(t: TensorV, name: str, args: Args, kwargs: Kwargs) -> bool:
+    """``x.requires_grad_()`` on a tensor the frame was given stays in the graph: aotgraph
+    sets the flag before it runs and takes gradients from the call on, as eager does. On
+    a tensor made inside the graph (``x.detach().requires_grad_()``) it is a break."""
+    flags = [*args, *kwargs.values()]
+    turns_on = all(isinstance(a, Const) and a.value is True for a in flags)
+    return name == "requires_grad_" and turns_on and t.source is not None
+
+
 def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwargs) -> Value:
     """``t.name(*args, **kwargs)``: metadata folds to a constant, the rest is a graph node."""
-    if name in TENSOR_AUTOGRAD_METHODS:
+    if name in TENSOR_AUTOGRAD_METHODS and not _graph_input_requires_grad(t, name, args, kwargs):
         raise Unsupported(TENSOR_AUTOGRAD_METHODS[name], "autograd")
     if name == "backward":
         _no_double_backward("Tensor.backward", [t, *args], kwargs, 3)
