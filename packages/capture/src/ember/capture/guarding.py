@@ -83,6 +83,41 @@ def computed(fn: Callable[..., Any], args: tuple[Any, ...]) -> Source:
     return sources.Computed(fn, args)
 
 
+def class_attribute(cls: type, name: str) -> Any:
+    """``name`` as the first class of ``cls.__mro__`` defining it holds it (None if none does).
+
+    >>> class C:
+    ...     k = 2
+    >>> class_attribute(C, "k"), class_attribute(C, "missing")
+    (2, None)
+    """
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def attribute_found(obj: Any, name: str) -> Any:
+    """What ``obj.name`` finds, unbound, as ``object.__getattribute__`` looks: a data
+    descriptor on the class, else the instance's own ``__dict__``, else the class attribute
+    (None if there is none). Guarded by identity where a method or property was read, so
+    that one set on the instance (``m.forward = ...``) or on the class changes the guard.
+
+    >>> class C:
+    ...     def f(self): ...
+    >>> c = C(); found = attribute_found(c, "f"); c.f = print
+    >>> found is C.f, attribute_found(c, "f") is print
+    (True, True)
+    """
+    on_class = class_attribute(type(obj), name)
+    if hasattr(type(on_class), "__set__"):
+        return on_class
+    own = getattr(obj, "__dict__", None)
+    if type(own) is dict and name in own:
+        return own[name]
+    return on_class
+
+
 def source_key(source: Source) -> str:
     """A key equal for two sources exactly when they reach the value the same way."""
     return repr(source)
@@ -197,6 +232,8 @@ class GuardCollector:
 __all__ = [
     "GuardCollector",
     "attr",
+    "attribute_found",
+    "class_attribute",
     "cell",
     "closure_cell",
     "computed",

@@ -20,6 +20,7 @@ import torch
 
 from ember.capture import generators, guarding, markers, polyfills
 from ember.capture.builder import is_constant, wrap
+from ember.capture.codegen import make_namedtuple
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Raised, Unsupported
 from ember.capture.userobjects import call_special, dict_view
@@ -78,7 +79,7 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return fs.tracer.specialize(v)
     if isinstance(v, TupleV):
         items = tuple(constant_of(fs, x) for x in v.items)
-        return v.cls(*items) if v.cls is not None else items
+        return make_namedtuple(v.cls, *items) if v.cls is not None else items
     if isinstance(v, ListV):
         return [constant_of(fs, x) for x in fs.tracer.heap.get(v.ref)]
     if isinstance(v, DictV):

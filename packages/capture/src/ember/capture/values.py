@@ -63,6 +63,8 @@ __all__ = [
     "TupleV",
     "Value",
     "is_namedtuple_class",
+    "is_structseq_class",
+    "tuple_fields",
     "is_plain_class",
 ]
 
@@ -121,7 +123,10 @@ class TupleV(Value):
     """A tuple of values (immutable, so held inline); ``cls`` is a namedtuple's class."""
 
     items: tuple[Value, ...]
-    cls: Any = None  # a namedtuple class, or None for a plain tuple
+    cls: Any = None  # a namedtuple or struct sequence class, or None for a plain tuple
+    # the tuple itself when read from the frame as an instance of a namedtuple subclass:
+    # its class attributes and instance ``__dict__`` are looked up on it (through ``source``)
+    real: Any = field(default=None, compare=False)
 
 
 def is_namedtuple_class(cls: Any) -> bool:
@@ -138,6 +143,34 @@ def is_namedtuple_class(cls: Any) -> bool:
         and isinstance(getattr(cls, "_fields", None), tuple)
         and (getattr(cls.__new__, "__doc__", None) or "").startswith("Create new instance of")
     )
+
+
+def is_structseq_class(cls: Any) -> bool:
+    """A C struct sequence whose every field is a tuple item: what torch ops with named
+    results return (``torch.return_types.sort``), built as ``cls(items)``.
+
+    >>> import torch
+    >>> is_structseq_class(type(torch.sort(torch.ones(2)))), is_structseq_class(tuple)
+    (True, False)
+    """
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, tuple)
+        and isinstance(getattr(cls, "n_sequence_fields", None), int)
+        and getattr(cls, "n_fields", None) == cls.n_sequence_fields  # type: ignore[attr-defined]
+    )
+
+
+def tuple_fields(cls: Any) -> tuple[str, ...]:
+    """The field names of a namedtuple or struct sequence class, in item order.
+
+    >>> import torch
+    >>> tuple_fields(type(torch.sort(torch.ones(2))))
+    ('values', 'indices')
+    """
+    if is_structseq_class(cls):
+        return tuple(cls.__match_args__)
+    return tuple(cls._fields)
 
 
 @dataclass(frozen=True, slots=True)
