@@ -47,6 +47,7 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
+    ViewV,
 )
 
 
@@ -298,6 +299,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return _function_part(fs, v, tensors)
     if isinstance(v, MethodV):
         return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
+    if isinstance(v, ViewV):  # a live view of the dict it came from (made whole first)
+        return ("new", (getattr(dict, v.kind), [_output_part(fs, v.of, tensors)]))
     if isinstance(v, IterV):
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
     if isinstance(v, InstanceV):  # made in the trace: made for real, once however shared

@@ -62,10 +62,11 @@ __all__ = [
     "TensorV",
     "TupleV",
     "Value",
+    "ViewV",
     "is_namedtuple_class",
+    "is_plain_class",
     "is_structseq_class",
     "tuple_fields",
-    "is_plain_class",
 ]
 
 
@@ -200,6 +201,15 @@ class IterV(Value):
     """An iterator over a static sequence; the heap holds ``[remaining values]``."""
 
     ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class ViewV(Value):
+    """``d.keys()``, ``d.values()`` or ``d.items()``: a live view of the dict's items in the
+    heap, so a change to the dict after the view was made shows through it, as in Python."""
+
+    of: DictV
+    kind: str  # "keys", "values" or "items"
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,9 +427,10 @@ class Heap:
     # refs holding the items of a real dict subclass instance (written back with its base
     # class's own methods, which the subclass may have overridden)
     subclassed: set[int] = field(default_factory=set)
-    # refs of IterVs that stand for a dict's keys()/values()/items() view: iterating one or
-    # testing ``in`` leaves it as it was (an iterator is consumed)
-    views: set[int] = field(default_factory=set)
+    # refs of IterVs over a dict (``iter(d)``, ``iter(d.items())``): (the dict's ref, "keys",
+    # "values" or "items", its keys when the iterator was made); each step reads the dict
+    # as it is then, as CPython's dict iterators do
+    dict_iters: dict[int, tuple[int, str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def new(self, content: Any, *, from_frame: bool = False) -> int:
         ref = len(self.cells)
