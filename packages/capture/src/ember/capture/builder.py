@@ -14,6 +14,7 @@ and tensors-free structures are accepted without one.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import operator
@@ -178,15 +179,23 @@ def wrap_dict_items(tracer: Tracer, obj: Any, source: Any) -> DictV:
     if source is not None:
         tracer.guards.type_of(source, obj)
         tracer.guards.dict_keys(source, obj)
+    item = guarding.item if type(obj) is dict else guarding.dict_item  # past a __getitem__
     items = {
-        k: wrap(tracer, v, guarding.item(source, k) if source is not None else None)
-        for k, v in obj.items()
+        k: wrap(tracer, v, item(source, k) if source is not None else None)
+        for k, v in _base_items(obj)
     }
     value = DictV(tracer.heap.new(items, from_frame=source is not None), source=source)
     if type(obj) is not dict:
         tracer.heap.subclassed.add(value.ref)
     tracer.containers[id(obj)] = (obj, value)
     return value
+
+
+def _base_items(obj: Any) -> Any:
+    """The items of a dict (subclass instance) as its builtin base keeps them, in order."""
+    if isinstance(obj, collections.OrderedDict):
+        return collections.OrderedDict.items(obj)
+    return dict.items(obj)
 
 
 def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:

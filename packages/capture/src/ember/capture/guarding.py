@@ -22,6 +22,7 @@ from ember.guards.sources import (
     Attr,
     Cell,
     Default,
+    DictItem,
     Global,
     Item,
     Local,
@@ -61,6 +62,15 @@ def item(base: Source, key: Any) -> Source | None:
     if type(key) not in (int, str):
         return None
     return Item(base, key)
+
+
+def dict_item(base: Source, key: Any) -> Source | None:
+    """An item of the dict subclass instance at ``base``, read as ``dict.__getitem__`` reads
+    it (the subclass's ``__getitem__`` is traced where the program calls it, never run by the
+    guards or the graph's inputs); None for a key that is not an int or str."""
+    if type(key) not in (int, str):
+        return None
+    return DictItem(base, key)
 
 
 def closure_cell(function: Source, index: int) -> Source:
@@ -136,6 +146,7 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
     Cell: lambda s, sub, g: s.name,
     Attr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
     Item: lambda s, sub, g: f"{sub(s.base)}[{s.key!r}]",
+    DictItem: lambda s, sub, g: f"{g[:-1]}B.dict.__getitem__({sub(s.base)}, {s.key!r})",
     ModuleChild: lambda s, sub, g: f"{sub(s.base)}.__dict__[{s.slot!r}][{s.name!r}]",
     Default: lambda s, sub, g: (
         f"{sub(s.base)}.__defaults__[{s.key}]"
@@ -237,6 +248,7 @@ __all__ = [
     "class_attribute",
     "closure_cell",
     "computed",
+    "dict_item",
     "global_",
     "item",
     "local",

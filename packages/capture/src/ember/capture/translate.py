@@ -259,20 +259,14 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
     heap = fs.tracer.heap
     if isinstance(v, Lazy) and v.source is not None:
         return ("source", v.source)  # never read while tracing: passed on as it is
-    if isinstance(v, TensorV) and v.node.op == "placeholder" and v.source is not None:
-        return ("source", v.source)  # an input handed back: reached again, not a graph output
-    if isinstance(v, TensorV):
+    if isinstance(v, TensorV | SymV):
+        if v.node.op == "placeholder" and v.source is not None:
+            return ("source", v.source)  # an input handed back: reached again, not an output
         if v.node not in tensors:
             tensors.append(v.node)
         return ("out", tensors.index(v.node))
     if isinstance(v, Const):
         return ("const", v.value)
-    if isinstance(v, SymV):
-        if v.node.op == "placeholder" and v.source is not None:
-            return ("source", v.source)
-        if v.node not in tensors:
-            tensors.append(v.node)
-        return ("out", tensors.index(v.node))
     if isinstance(v, TupleV) and v.cls is not None:  # a namedtuple: made again
         items = [_output_part(fs, x, tensors) for x in v.items]
         return ("new", (make_namedtuple, [("const", v.cls), *items]))
