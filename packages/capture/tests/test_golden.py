@@ -99,7 +99,7 @@ def forward(self, x, lr):
     relu = torch.relu(x);  x = None
     mul = relu * lr;  relu = lr = None
     return (mul,)
-GuardSet of 12 guards:
+GuardSet of 13 guards:
   BACKEND       backend == 'eager'
   GLOBAL_STATE  grad mode == enabled
   GLOBAL_STATE  inference mode == disabled
@@ -111,6 +111,7 @@ GuardSet of 12 guards:
   EQUALS        bias == None  # test_golden.py:38
   TYPE_MATCH    type(lr) is float  # test_golden.py:37
   ID_MATCH      G['print'] is the builtin_function_or_method print  # test_golden.py:40
+  ID_MATCH      G['torch'].relu is the builtin_function_or_method _VariableFunctionsClass.relu  # test_golden.py:37
   TENSOR_MATCH  x: Tensor(torch.float32, cpu, size=(3,), stride=(1,))  # test_golden.py:37
 graph break at File "test_golden.py", line 40, in step
 == step.<resume at 90> (test_golden.py:36)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ember.capture import guarding, polyfills, trace_rules
-from ember.capture.builder import is_constant, wrap
+from ember.capture.builder import TRUSTED_MODULE_PREFIXES, is_constant, wrap
 from ember.capture.calls import function_value
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Raised, Unsupported
@@ -43,6 +43,7 @@ from ember.capture.values import (
     TupleV,
     Value,
     is_frozen_dataclass,
+    tuple_fields,
 )
 
 # Tensor attributes that are static metadata of the (guarded) fake tensor.
@@ -159,6 +160,8 @@ def _object_attr(fs: FrameState, v: Value, name: str) -> Value:
 
 
 _OBJECT_GETATTRIBUTE = object.__getattribute__
+# Class attributes read as values through their own source (``obj.k``), which guards them.
+_GUARDED_BY_VALUE = (int, float, str, bool, bytes, type(None), tuple, frozenset, torch.dtype)
 
 
 def generic_attr(
@@ -180,6 +183,10 @@ def generic_attr(
     if isinstance(instance_dict, dict) and name in instance_dict:
         return wrap(fs.tracer, instance_dict[name], src)
     if cls_attr is not _MISSING:
+        if v.source is not None and not isinstance(cls_attr, _GUARDED_BY_VALUE):
+            # a method or descriptor: neither set on the instance since, nor replaced
+            found = guarding.computed(guarding.attribute_found, (v.source, name))
+            guard_found(fs, found, cls_attr)
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field
         return wrap(fs.tracer, getattr(obj, name), src)
@@ -193,6 +200,14 @@ def generic_attr(
     if v.source is not None:  # the attribute must still be missing when this graph runs
         fs.tracer.guards.equals(guarding.computed(hasattr, (v.source, name)), False)
     raise no_attribute(f"{cls.__name__} object", name)
+
+
+def guard_found(fs: FrameState, found: Any, value: Any) -> None:
+    """The attribute lookup ``found`` (a computed source) still finds ``value``: the same
+    object, and for a function the same code (``f.__code__ = ...`` recompiles)."""
+    fs.tracer.guards.identity(found, value)
+    if isinstance(value, types.FunctionType) and not _is_library(value):
+        fs.tracer.guards.identity(guarding.attr(found, "__code__"), value.__code__)
 
 
 def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -263,15 +278,22 @@ def _container_attr(fs: FrameState, v: Value, name: str) -> Value:
 
 
 def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
-    """A namedtuple's field, class attribute or method; a plain tuple's method."""
+    """A namedtuple's field, class attribute, method or (a subclass's) instance attribute; a
+    plain tuple's method."""
     assert isinstance(v, TupleV)
     cls = v.cls
     if cls is None:
         return MethodV(v, name)
-    fields: tuple[str, ...] = cls._fields
+    fields = tuple_fields(cls)
     if name in fields:
         return v.items[fields.index(name)]
-    found: Any = inspect.getattr_static(cls, name, None)
+    own = getattr(v.real, "__dict__", None)
+    if isinstance(own, dict) and name in own:  # a subclass's instance attribute
+        return wrap(fs.tracer, own[name], guarding.attr(v.source, name))
+    found: Any = inspect.getattr_static(cls, name, _MISSING)
+    _guard_tuple_class_attr(fs, v, name, None if found is _MISSING else found)
+    if found is _MISSING:
+        raise no_attribute(f"'{cls.__name__}' object", name)
     inner: Any = found.__func__ if isinstance(found, classmethod) else None
     if inner is not None and polyfills.lookup(inner) is not None:
         return BoundV(function_value(fs, inner, None), ObjV(cls))  # _make
@@ -285,6 +307,28 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     if name in ("_fields", "_field_defaults") or is_constant(found):
         return Const(getattr(cls, name))
     return MethodV(v, name)
+
+
+def _guard_tuple_class_attr(fs: FrameState, v: TupleV, name: str, found: Any) -> None:
+    """What a namedtuple's class attribute was found to be is what the graph assumes: from
+    the frame, nothing set on the instance since nor on the class; made in the trace,
+    nothing set on the class (a subclass's constant or method replaced)."""
+    if v.source is not None:
+        where = guarding.computed(guarding.attribute_found, (v.source, name))
+    elif not _is_library(v.cls):
+        where = guarding.computed(guarding.class_attribute, (v.cls, name))
+    else:
+        return  # a struct sequence of torch, a namedtuple class of the stdlib
+    if is_constant(found):
+        fs.tracer.guards.equals(where, found)
+    else:
+        fs.tracer.guards.identity(where, found)
+
+
+def _is_library(obj: Any) -> bool:
+    """Defined by torch or the stdlib modules ember trusts (not replaced by user code)."""
+    module = getattr(obj, "__module__", "") or ""
+    return module.split(".")[0] in (*TRUSTED_MODULE_PREFIXES, "collections", "typing")
 
 
 def _exception_attr(fs: FrameState, v: Value, name: str) -> Value:

@@ -14,6 +14,7 @@ and tensors-free structures are accepted without one.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import operator
@@ -40,6 +41,7 @@ from ember.capture.values import (
     TupleV,
     Value,
     is_namedtuple_class,
+    is_structseq_class,
 )
 
 # Python values compared by equality in guards and folded as constants.
@@ -152,8 +154,10 @@ def _wrap_tuple(tracer: Tracer, obj: Any, source: Any) -> Value:
         wrap(tracer, x, guarding.item(source, i) if source is not None else None)
         for i, x in enumerate(obj)
     )
-    if is_namedtuple_class(type(obj)):
-        return TupleV(items, cls=type(obj), source=source)
+    if is_namedtuple_class(type(obj)) or is_structseq_class(type(obj)):
+        # kept whole from the frame: a subclass's class attributes and instance attributes
+        # are read on it (guarded through their source)
+        return TupleV(items, cls=type(obj), source=source, real=obj if source else None)
     if type(obj) is not tuple:  # torch.Size, other tuple subclasses: kept as objects
         if isinstance(obj, torch.Size):
             return Const(obj, source=source)
@@ -196,15 +200,23 @@ def wrap_dict_items(tracer: Tracer, obj: Any, source: Any) -> DictV:
     if source is not None:
         tracer.guards.type_of(source, obj)
         tracer.guards.dict_keys(source, obj)
+    item = guarding.item if type(obj) is dict else guarding.dict_item  # past a __getitem__
     items = {
-        k: wrap(tracer, v, guarding.item(source, k) if source is not None else None)
-        for k, v in obj.items()
+        k: wrap(tracer, v, item(source, k) if source is not None else None)
+        for k, v in _base_items(obj)
     }
     value = DictV(tracer.heap.new(items, from_frame=source is not None), source=source)
     if type(obj) is not dict:
         tracer.heap.subclassed.add(value.ref)
     tracer.containers[id(obj)] = (obj, value)
     return value
+
+
+def _base_items(obj: Any) -> Any:
+    """The items of a dict (subclass instance) as its builtin base keeps them, in order."""
+    if isinstance(obj, collections.OrderedDict):
+        return collections.OrderedDict.items(obj)
+    return dict.items(obj)
 
 
 def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
@@ -214,8 +226,9 @@ def _wrap_function(tracer: Tracer, obj: Any, source: Any) -> Value:
         tracer.guards.equals(guarding.attr(source, "__name__"), obj.__name__)
         owner = wrap(tracer, obj.__self__, guarding.attr(source, "__self__"))
         return MethodV(owner, obj.__name__)
-    if source is not None and not _trusted(obj):
+    if source is not None:  # torch's too: F.relu = my_relu (and back) is seen
         tracer.guards.identity(source, obj)
+    if source is not None and not _trusted(obj):
         if isinstance(obj, types.FunctionType):  # the same function, given other code
             tracer.guards.identity(guarding.attr(source, "__code__"), obj.__code__)
     if isinstance(obj, types.FunctionType) and not _trusted(obj):

@@ -272,7 +272,15 @@ def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
         raise Unsupported(f"calling {type(module).__name__} with {hooks} hooks", "module-hooks")
     if m.source is not None:  # the hooks traced (or none) are the ones it will have
         fs.tracer.guards.module_hooks(m.source, module)
+    if "forward" in module.__dict__:  # set on the instance: nn.Module.__call__ calls it
+        if m.source is None or hooks:
+            raise Unsupported(f"calling a {type(module).__name__} with its own forward", "call")
+        own = wrap(fs.tracer, module.__dict__["forward"], guarding.attr(m.source, "forward"))
+        return call_value(fs, own, list(args), kwargs)
     forward = type(module).forward
+    if m.source is not None:  # still the class's forward: none set on the instance since
+        found = guarding.computed(guarding.attribute_found, (m.source, "forward"))
+        fs.tracer.guards.identity(found, forward)
     if not isinstance(forward, types.FunctionType):
         raise Unsupported(f"{type(module).__name__}.forward is not a Python function", "call")
     if hooks:  # Module.__call__'s polyfill runs the hooks around forward

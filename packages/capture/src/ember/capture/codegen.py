@@ -50,13 +50,15 @@ _UNBOUND = object()  # an empty closure cell
 
 
 def make_namedtuple(cls: type[tuple[Any, ...]], *items: Any) -> tuple[Any, ...]:
-    """``cls(*items)`` for a namedtuple class, without running its ``__new__`` in Python
-    (which the hook would then compile as a frame of its own).
+    """``cls(*items)`` for a namedtuple class (``cls(items)`` for a struct sequence), without
+    running its ``__new__`` in Python (which the hook would then compile as a frame of its own).
 
     >>> import collections
     >>> make_namedtuple(collections.namedtuple("P", "a b"), 1, 2)
     P(a=1, b=2)
     """
+    if hasattr(cls, "n_sequence_fields"):  # a struct sequence (torch.return_types.sort)
+        return cls(items)
     return tuple.__new__(cls, items)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ember.capture import bytecode_311
 from ember.capture.tracer import FrameState, Raised, Tracer, Unsupported
-from ember.capture.values import Const, ExcV, GenV, IterV, Value
+from ember.capture.values import Const, ExcV, GenV, IterV, TupleV, Value
 
 __all__ = [
     "GenState",
@@ -174,11 +174,36 @@ def drain(fs: FrameState, g: GenV) -> list[Value]:
         out.append(value)
 
 
+def refresh_dict_iter(fs: FrameState, it: IterV) -> None:
+    """Bring the remaining items of an iterator over a dict up to date with the dict: its
+    values as they are now, RuntimeError if it changed size (as CPython raises)."""
+    heap = fs.tracer.heap
+    live = heap.dict_iters.get(it.ref)
+    if live is None:
+        return
+    ref, kind, keys = live
+    items: dict[Any, Value] = heap.get(ref)
+    if len(items) != len(keys):
+        message = "dictionary changed size during iteration"
+        raise Raised(ExcV(RuntimeError, (Const(message),)), message)
+    if tuple(items) != keys:
+        raise Unsupported("a dict's keys changed while iterating it", "iteration")
+    rest = keys[len(keys) - len(heap.get(it.ref)) :]
+    heap.set(it.ref, [_dict_step(kind, k, items) for k in rest])
+
+
+def _dict_step(kind: str, key: Any, items: dict[Any, Value]) -> Value:
+    if kind == "keys":
+        return Const(key)
+    return items[key] if kind == "values" else TupleV((Const(key), items[key]))
+
+
 def next_value(fs: FrameState, it: Value) -> tuple[bool, Value]:
     """One step of iterating ``it`` (a generator or a static iterator): (exhausted, value)."""
     if isinstance(it, GenV):
         return resume(fs, it, Const(None))
     if isinstance(it, IterV):
+        refresh_dict_iter(fs, it)
         remaining = fs.tracer.heap.get(it.ref)
         return (False, remaining.pop(0)) if remaining else (True, Const(None))
     raise Unsupported(f"iterating a {type(it).__name__} ember cannot read ahead", "iteration")

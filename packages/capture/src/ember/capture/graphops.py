@@ -21,8 +21,18 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 
+from ember.capture import guarding
 from ember.capture.tracer import FrameState, Unsupported
-from ember.capture.values import Const, DictV, ListV, SymV, TensorV, TupleV, Value
+from ember.capture.values import (
+    Const,
+    DictV,
+    ListV,
+    SymV,
+    TensorV,
+    TupleV,
+    Value,
+    is_structseq_class,
+)
 
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
@@ -83,11 +93,29 @@ def graph_call(
         # A genuine user error (shape mismatch, bad dtype): eager raises it for real.
         raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", "call") from e
     if not _contains_tensor(fake):
+        if target in OFFSET_READS:
+            _guard_offsets(fs, args[0])
         if mutates(target, node_kwargs):
             fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
         return Const(fake)  # sizes, bools, numbers computed from static metadata
     node = fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
     return wrap_output(fs, node, fake)
+
+
+# Reads of a tensor's storage offset, which the input tensors' match guards do not pin (a
+# view at another offset has the same sizes and strides).
+OFFSET_READS = ("storage_offset", torch.Tensor.storage_offset)
+
+
+def _guard_offsets(fs: FrameState, t: Value) -> None:
+    """The offset read folds to a constant: guard the offsets it follows from, the tensor's
+    own if it is a graph input, else every input tensor's (it may be a view of any)."""
+    inputs = fs.tracer.input_tensors()
+    if isinstance(t, TensorV) and t.node.op == "placeholder" and t.source is not None:
+        inputs = [t]
+    for v in inputs:
+        offset = guarding.computed(torch.Tensor.storage_offset, (v.source,))
+        fs.tracer.guards.equals(offset, v.fake.storage_offset())
 
 
 def scalar_call(fs: FrameState, fn: Any, args: list[Value]) -> Value:
@@ -211,7 +239,8 @@ def wrap_output(fs: FrameState, node: Any, fake: Any) -> Value:
                 items.append(Const(item))
         if isinstance(fake, list):
             return ListV(fs.tracer.heap.new(items))
-        return TupleV(tuple(items))
+        named = type(fake) if is_structseq_class(type(fake)) else None  # torch.return_types
+        return TupleV(tuple(items), cls=named)
     raise Unsupported(f"an operation returning {type(fake).__name__}", "call")
 
 

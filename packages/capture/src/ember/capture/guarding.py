@@ -22,6 +22,7 @@ from ember.guards.sources import (
     Attr,
     Cell,
     Default,
+    DictItem,
     Global,
     Item,
     Local,
@@ -63,6 +64,15 @@ def item(base: Source, key: Any) -> Source | None:
     return Item(base, key)
 
 
+def dict_item(base: Source, key: Any) -> Source | None:
+    """An item of the dict subclass instance at ``base``, read as ``dict.__getitem__`` reads
+    it (the subclass's ``__getitem__`` is traced where the program calls it, never run by the
+    guards or the graph's inputs); None for a key that is not an int or str."""
+    if type(key) not in (int, str):
+        return None
+    return DictItem(base, key)
+
+
 def closure_cell(function: Source, index: int) -> Source:
     """The contents of cell ``index`` of the function at ``function``."""
     return Attr(Item(Attr(function, "__closure__"), index), "cell_contents")
@@ -83,6 +93,41 @@ def computed(fn: Callable[..., Any], args: tuple[Any, ...]) -> Source:
     return sources.Computed(fn, args)
 
 
+def class_attribute(cls: type, name: str) -> Any:
+    """``name`` as the first class of ``cls.__mro__`` defining it holds it (None if none does).
+
+    >>> class C:
+    ...     k = 2
+    >>> class_attribute(C, "k"), class_attribute(C, "missing")
+    (2, None)
+    """
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def attribute_found(obj: Any, name: str) -> Any:
+    """What ``obj.name`` finds, unbound, as ``object.__getattribute__`` looks: a data
+    descriptor on the class, else the instance's own ``__dict__``, else the class attribute
+    (None if there is none). Guarded by identity where a method or property was read, so
+    that one set on the instance (``m.forward = ...``) or on the class changes the guard.
+
+    >>> class C:
+    ...     def f(self): ...
+    >>> c = C(); found = attribute_found(c, "f"); c.f = print
+    >>> found is C.f, attribute_found(c, "f") is print
+    (True, True)
+    """
+    on_class = class_attribute(type(obj), name)
+    if hasattr(type(on_class), "__set__"):
+        return on_class
+    own = getattr(obj, "__dict__", None)
+    if type(own) is dict and name in own:
+        return own[name]
+    return on_class
+
+
 def source_key(source: Source) -> str:
     """A key equal for two sources exactly when they reach the value the same way."""
     return repr(source)
@@ -101,6 +146,7 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
     Cell: lambda s, sub, g: s.name,
     Attr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
     Item: lambda s, sub, g: f"{sub(s.base)}[{s.key!r}]",
+    DictItem: lambda s, sub, g: f"{g[:-1]}B.dict.__getitem__({sub(s.base)}, {s.key!r})",
     ModuleChild: lambda s, sub, g: f"{sub(s.base)}.__dict__[{s.slot!r}][{s.name!r}]",
     Default: lambda s, sub, g: (
         f"{sub(s.base)}.__defaults__[{s.key}]"
@@ -211,9 +257,12 @@ class GuardCollector:
 __all__ = [
     "GuardCollector",
     "attr",
+    "attribute_found",
     "cell",
+    "class_attribute",
     "closure_cell",
     "computed",
+    "dict_item",
     "global_",
     "item",
     "local",

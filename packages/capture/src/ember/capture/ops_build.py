@@ -6,9 +6,9 @@ from typing import Any
 
 from ember.capture import generators
 from ember.capture.interpreter import handler
-from ember.capture.pyrules import constant_of, iterate, make_iter
+from ember.capture.pyrules import constant_of, iter_of, iterate
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import Const, DictV, GenV, IterV, ListV, SetV, TupleV, Value
+from ember.capture.values import Const, DictV, ListV, SetV, TupleV, Value
 
 
 @handler("BUILD_TUPLE")
@@ -144,9 +144,7 @@ def UNPACK_EX(fs: FrameState, inst: Instr) -> None:
 
 @handler("GET_ITER")
 def GET_ITER(fs: FrameState, inst: Instr) -> None:
-    value = fs.pop()
-    iterator = isinstance(value, IterV | GenV)
-    fs.push(value if iterator else make_iter(fs, iterate(fs, value)))
+    fs.push(iter_of(fs, fs.pop()))
 
 
 @handler("FOR_ITER")

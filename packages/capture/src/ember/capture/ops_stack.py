@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ember.capture import generators
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.interpreter import handler
 from ember.capture.pyitems import binary, delete_subscript, native_read, store_subscript, subscript
@@ -15,6 +16,7 @@ from ember.capture.pyrules import (
     constant_of,
     is_numeric,
     truth,
+    view_items,
 )
 from ember.capture.tracer import FrameState, Instr, Unsupported
 from ember.capture.userobjects import call_special, dict_equal, dict_view
@@ -30,6 +32,7 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
+    ViewV,
 )
 
 # BINARY_OP's oparg indexes this table (mirrors opcode._nb_ops in CPython 3.11).
@@ -170,6 +173,10 @@ def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
         found = constant_of(fs, item) in fs.tracer.heap.get(container.ref)
     elif isinstance(container, IterV):
         found = _iter_contains(fs, container, constant_of(fs, item))
+    elif isinstance(container, ViewV) and container.kind == "keys":
+        found = constant_of(fs, item) in fs.tracer.heap.get(container.of.ref)
+    elif isinstance(container, ViewV):
+        found = constant_of(fs, item) in [constant_of(fs, x) for x in view_items(fs, container)]
     elif isinstance(container, ModuleV) and isinstance(container.module, torch.nn.ModuleDict):
         found = constant_of(fs, item) in container.module
     elif isinstance(container, TensorV) or isinstance(item, TensorV):
@@ -180,16 +187,15 @@ def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
 
 
 def _iter_contains(fs: FrameState, it: IterV, key: Any) -> bool:
-    """``key in it``: a dict view is searched; an iterator is consumed up to the match."""
+    """``key in it``: the iterator is consumed up to the match."""
     heap = fs.tracer.heap
+    generators.refresh_dict_iter(fs, it)
     items = heap.get(it.ref)
     for i, v in enumerate(items):
         if constant_of(fs, v) == key:
-            if it.ref not in heap.views:
-                heap.set(it.ref, items[i + 1 :])
+            heap.set(it.ref, items[i + 1 :])
             return True
-    if it.ref not in heap.views:
-        heap.set(it.ref, [])
+    heap.set(it.ref, [])
     return False
 
 

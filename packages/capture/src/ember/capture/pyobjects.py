@@ -69,6 +69,7 @@ from ember.capture.values import (
     SuperV,
     TupleV,
     Value,
+    ViewV,
     is_namedtuple_class,
     is_plain_class,
 )
@@ -506,21 +507,11 @@ def _set_method(fs: FrameState, s: SetV, name: str, args: Args, kwargs: Kwargs) 
     raise Unsupported(f"set.{name}() inside compiled code", "call")
 
 
-def _view_items(items: dict[Any, Value], name: str) -> list[Value]:
-    if name == "keys":
-        return [Const(k) for k in items]
-    if name == "values":
-        return list(items.values())
-    return [TupleV((Const(k), v)) for k, v in items.items()]
-
-
 def _dict_method(fs: FrameState, d: DictV, name: str, args: Args, kwargs: Kwargs) -> Value:
     heap = fs.tracer.heap
     items: dict[Any, Value] = heap.get(d.ref)
     if name in ("keys", "values", "items"):
-        view = make_iter(fs, _view_items(items, name))
-        heap.views.add(view.ref)
-        return view
+        return ViewV(d, name)
     if name == "get":
         key = constant_of(fs, args[0])
         return items.get(key, args[1] if len(args) > 1 else Const(None))

@@ -20,6 +20,7 @@ import torch
 
 from ember.capture import generators, guarding, markers, polyfills
 from ember.capture.builder import is_constant, wrap
+from ember.capture.codegen import make_namedtuple
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.tracer import FrameState, Raised, Unsupported
 from ember.capture.userobjects import call_special, dict_view
@@ -41,6 +42,7 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
+    ViewV,
 )
 
 Args = list[Value]
@@ -78,7 +80,7 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return fs.tracer.specialize(v)
     if isinstance(v, TupleV):
         items = tuple(constant_of(fs, x) for x in v.items)
-        return v.cls(*items) if v.cls is not None else items
+        return make_namedtuple(v.cls, *items) if v.cls is not None else items
     if isinstance(v, ListV):
         return [constant_of(fs, x) for x in fs.tracer.heap.get(v.ref)]
     if isinstance(v, DictV):
@@ -129,6 +131,8 @@ def truth(fs: FrameState, v: Value) -> bool:
         return bool(v.items)
     if isinstance(v, ListV | DictV | SetV):
         return bool(fs.tracer.heap.get(v.ref))
+    if isinstance(v, ViewV):
+        return bool(fs.tracer.heap.get(v.of.ref))
     if isinstance(v, TensorV):
         raise Unsupported("branching on a tensor's value", "data-dependent")
     if isinstance(v, SymV):  # guard the condition (``loss > 0``), not the number
@@ -167,11 +171,13 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
         return [Const(k) for k in heap.get(v.ref)]
     if isinstance(v, Const) and isinstance(v.value, frozenset):
         return [Const(x) for x in v.value]
-    if isinstance(v, IterV):
+    if isinstance(v, IterV):  # used up
+        generators.refresh_dict_iter(fs, v)
         items = list(heap.get(v.ref))
-        if v.ref not in heap.views:  # an iterator is used up; a dict view is not
-            heap.set(v.ref, [])
+        heap.set(v.ref, [])
         return items
+    if isinstance(v, ViewV):  # the dict's items now: a view is not used up
+        return view_items(fs, v)
     if isinstance(v, GenV):  # run to its end now, as list(gen) would
         return generators.drain(fs, v)
     if isinstance(v, Const) and isinstance(v.value, tuple | list | range | str | torch.Size):
@@ -241,8 +247,31 @@ def _special(fs: FrameState, v: Value, name: str, args: Args) -> Value | None:
     return dict_view(fs, v)
 
 
+def view_items(fs: FrameState, v: ViewV) -> list[Value]:
+    """What iterating the dict view ``v`` gives now."""
+    items: dict[Any, Value] = fs.tracer.heap.get(v.of.ref)
+    if v.kind == "keys":
+        return [Const(k) for k in items]
+    if v.kind == "values":
+        return list(items.values())
+    return [TupleV((Const(k), x)) for k, x in items.items()]
+
+
 def make_iter(fs: FrameState, values: list[Value]) -> IterV:
     return IterV(fs.tracer.heap.new(list(values)))
+
+
+def iter_of(fs: FrameState, v: Value) -> Value:
+    """``iter(v)``: an iterator is its own; an iterator over a dict (or a view of one) reads
+    the dict at each step, so changes made while iterating show as in CPython."""
+    if isinstance(v, IterV | GenV):
+        return v
+    it = make_iter(fs, iterate(fs, v))
+    of = v if isinstance(v, DictV) else v.of if isinstance(v, ViewV) else None
+    if of is not None:
+        kind = v.kind if isinstance(v, ViewV) else "keys"
+        fs.tracer.heap.dict_iters[it.ref] = (of.ref, kind, tuple(fs.tracer.heap.get(of.ref)))
+    return it
 
 
 # -- builtins ----------------------------------------------------------------------------------
@@ -289,6 +318,7 @@ def python_type(fs: FrameState, v: Value) -> type:
         ObjV: lambda x: type(x.obj),
         FuncV: lambda x: type(x.fn) if x.fn is not None else type(python_type),
         IterV: lambda x: type(iter(())),
+        ViewV: lambda x: type(getattr({}, x.kind)()),
         SymV: lambda x: type(x.example),
         SetV: lambda x: set,
         InstanceV: lambda x: x.cls,
@@ -372,7 +402,9 @@ def _reversed(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 def _iter(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     if isinstance(args[0], GenV):
         return args[0]  # a generator is its own iterator
-    return make_iter(fs, iterate(fs, args[0]))
+    if isinstance(args[0], IterV):
+        return args[0]
+    return iter_of(fs, args[0])
 
 
 @rule(next)

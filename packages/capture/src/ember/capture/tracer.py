@@ -231,6 +231,11 @@ class Tracer:
         self._inputs_by_id[id(real)] = value
         return value
 
+    def input_tensors(self) -> list[TensorV]:
+        """The tensors the graph takes as inputs so far, one per placeholder."""
+        unique = {id(v): v for v in self._inputs_by_key.values()}
+        return list(unique.values())
+
     def input_scalar(self, real: float, source: Any) -> SymV:
         """The graph input for the float reached by ``source``: guarded on its type only."""
         key = guarding.source_key(source)

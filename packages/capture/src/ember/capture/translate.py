@@ -55,6 +55,7 @@ from ember.capture.values import (
     TensorV,
     TupleV,
     Value,
+    ViewV,
 )
 
 
@@ -294,18 +295,16 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
     heap = fs.tracer.heap
     if isinstance(v, Lazy) and v.source is not None:
         return ("source", v.source)  # never read while tracing: passed on as it is
-    if isinstance(v, TensorV) and v.node.op == "placeholder" and v.source is not None:
-        return ("source", v.source)  # an input handed back: reached again, not a graph output
+    if isinstance(v, TensorV | SymV) and v.node.op == "placeholder" and v.source is not None:
+        return ("source", v.source)  # an input handed back: reached again, not an output
     if isinstance(v, TensorV):
         return _tensor_part(fs, v, tensors)
-    if isinstance(v, Const):
-        return ("const", v.value)
     if isinstance(v, SymV):
-        if v.node.op == "placeholder" and v.source is not None:
-            return ("source", v.source)
         if v.node not in tensors:
             tensors.append(v.node)
         return ("out", tensors.index(v.node))
+    if isinstance(v, Const):
+        return ("const", v.value)
     if isinstance(v, TupleV) and v.cls is not None:  # a namedtuple: made again
         items = [_output_part(fs, x, tensors) for x in v.items]
         return ("new", (make_namedtuple, [("const", v.cls), *items]))
@@ -332,6 +331,8 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return _function_part(fs, v, tensors)
     if isinstance(v, MethodV):
         return ("attr", (_output_part(fs, v.self_value, tensors), v.name))
+    if isinstance(v, ViewV):  # a live view of the dict it came from (made whole first)
+        return ("new", (getattr(dict, v.kind), [_output_part(fs, v.of, tensors)]))
     if isinstance(v, IterV):
         return ("iter", [_output_part(fs, x, tensors) for x in heap.get(v.ref)])
     if isinstance(v, InstanceV):  # made in the trace: made for real, once however shared

@@ -62,8 +62,11 @@ __all__ = [
     "TensorV",
     "TupleV",
     "Value",
+    "ViewV",
     "is_namedtuple_class",
     "is_plain_class",
+    "is_structseq_class",
+    "tuple_fields",
 ]
 
 
@@ -121,7 +124,10 @@ class TupleV(Value):
     """A tuple of values (immutable, so held inline); ``cls`` is a namedtuple's class."""
 
     items: tuple[Value, ...]
-    cls: Any = None  # a namedtuple class, or None for a plain tuple
+    cls: Any = None  # a namedtuple or struct sequence class, or None for a plain tuple
+    # the tuple itself when read from the frame as an instance of a namedtuple subclass:
+    # its class attributes and instance ``__dict__`` are looked up on it (through ``source``)
+    real: Any = field(default=None, compare=False)
 
 
 def is_namedtuple_class(cls: Any) -> bool:
@@ -138,6 +144,34 @@ def is_namedtuple_class(cls: Any) -> bool:
         and isinstance(getattr(cls, "_fields", None), tuple)
         and (getattr(cls.__new__, "__doc__", None) or "").startswith("Create new instance of")
     )
+
+
+def is_structseq_class(cls: Any) -> bool:
+    """A C struct sequence whose every field is a tuple item: what torch ops with named
+    results return (``torch.return_types.sort``), built as ``cls(items)``.
+
+    >>> import torch
+    >>> is_structseq_class(type(torch.sort(torch.ones(2)))), is_structseq_class(tuple)
+    (True, False)
+    """
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, tuple)
+        and isinstance(getattr(cls, "n_sequence_fields", None), int)
+        and getattr(cls, "n_fields", None) == cls.n_sequence_fields  # type: ignore[attr-defined]
+    )
+
+
+def tuple_fields(cls: Any) -> tuple[str, ...]:
+    """The field names of a namedtuple or struct sequence class, in item order.
+
+    >>> import torch
+    >>> tuple_fields(type(torch.sort(torch.ones(2))))
+    ('values', 'indices')
+    """
+    if is_structseq_class(cls):
+        return tuple(cls.__match_args__)
+    return tuple(cls._fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +201,15 @@ class IterV(Value):
     """An iterator over a static sequence; the heap holds ``[remaining values]``."""
 
     ref: int
+
+
+@dataclass(frozen=True, slots=True)
+class ViewV(Value):
+    """``d.keys()``, ``d.values()`` or ``d.items()``: a live view of the dict's items in the
+    heap, so a change to the dict after the view was made shows through it, as in Python."""
+
+    of: DictV
+    kind: str  # "keys", "values" or "items"
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,9 +427,10 @@ class Heap:
     # refs holding the items of a real dict subclass instance (written back with its base
     # class's own methods, which the subclass may have overridden)
     subclassed: set[int] = field(default_factory=set)
-    # refs of IterVs that stand for a dict's keys()/values()/items() view: iterating one or
-    # testing ``in`` leaves it as it was (an iterator is consumed)
-    views: set[int] = field(default_factory=set)
+    # refs of IterVs over a dict (``iter(d)``, ``iter(d.items())``): (the dict's ref, "keys",
+    # "values" or "items", its keys when the iterator was made); each step reads the dict
+    # as it is then, as CPython's dict iterators do
+    dict_iters: dict[int, tuple[int, str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def new(self, content: Any, *, from_frame: bool = False) -> int:
         ref = len(self.cells)

@@ -40,6 +40,7 @@ __all__ = [
     "Cell",
     "Computed",
     "Default",
+    "DictItem",
     "Emitter",
     "Global",
     "Item",
@@ -192,6 +193,26 @@ class Item(Source):
 
     def __str__(self) -> str:
         return f"{self.base}[{self.key!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class DictItem(Source):
+    """``dict.__getitem__(base, key)``: an item of a dict subclass instance, read past the
+    subclass's own ``__getitem__`` (which may compute something else, or be traced code).
+
+    >>> print(DictItem(Local("config"), "lr"))
+    dict.__getitem__(config, 'lr')
+    """
+
+    base: Source
+    key: int | str
+
+    def __post_init__(self) -> None:
+        if type(self.key) not in (int, str):
+            raise TypeError(f"an item key must be an int or a str, not {type(self.key).__name__}")
+
+    def __str__(self) -> str:
+        return f"dict.__getitem__({self.base}, {self.key!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,6 +424,11 @@ def _fetch_tensor_attr(src: TensorAttr, em: Emitter) -> str:
 @fetcher(Item)
 def _fetch_item(src: Item, em: Emitter) -> str:
     return f"{em.value(src.base)}[{src.key!r}]"
+
+
+@fetcher(DictItem)
+def _fetch_dict_item(src: DictItem, em: Emitter) -> str:
+    return f"{em.bind(dict.__getitem__)}({em.value(src.base)}, {src.key!r})"
 
 
 @fetcher(ModuleChild)
