@@ -20,6 +20,7 @@ A frame that cannot be captured runs eagerly with its reason recorded in
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import types
 import weakref
@@ -117,7 +118,21 @@ class FrameCompiler:
         code = frame.code
         if code not in self.entry_codes and not trace_rules.compiles_frames(frame.globals):
             return Decision.SKIP  # the trace rules say CPython runs this module's frames
-        cache = code_cache(code)
+        if _COMPILE_LOCK.acquire(blocking=False):
+            waited = False
+        else:  # another thread compiles: wait for it, it may be compiling this very frame
+            _COMPILE_LOCK.acquire()
+            waited = True
+        try:
+            if waited and _served_now(frame):
+                return Decision.RUN  # the other thread cached it: the next call hits
+            return self._on_miss(frame)
+        finally:
+            _COMPILE_LOCK.release()
+
+    def _on_miss(self, frame: Frame) -> CacheEntry | Decision:
+        """Compile the frame, or decide how it runs eagerly (with the compile lock held)."""
+        cache = code_cache(frame.code)
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return Decision.RUN
         try:
@@ -213,6 +228,37 @@ class FrameCompiler:
         return entry
 
 
+# One compile at a time in the process: translation and the backends use torch state
+# that is global (fx's tracing patcher, fake-tensor and dispatch modes), and two threads
+# that miss on the same frame must compile it once, not once each up to the cache limit.
+# Reentrant: a backend may call a compiled function on the thread that compiles.
+_COMPILE_LOCK = threading.RLock()
+
+
+def _served_now(frame: Frame) -> bool:
+    """Whether an entry in the code's cache (added meanwhile by another thread) serves the
+    frame: the same test the C hook makes (entry_fits_function, then the check)."""
+    fn = frame.function
+    for check, entry_fn in hook.entries(frame.code):
+        if isinstance(entry_fn, types.FunctionType) and (
+            entry_fn.__globals__ is not fn.__globals__
+            or not _same_cells(entry_fn.__closure__, fn.__closure__)
+        ):
+            continue
+        try:
+            if check(*frame.args):
+                return True
+        except Exception:  # a check that raises is a miss, as in the hook
+            return False
+    return False
+
+
+def _same_cells(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 def _replacement(frame: Frame, t: Translation, compiled: Any) -> codegen.Replacement:
     """The generated function that runs ``compiled`` in place of the frame (or its prefix)."""
     return codegen.generate(
@@ -294,8 +340,9 @@ def reset() -> None:
     """Forget every cache entry, skip decision and recompilation record."""
     from ember import guards
 
-    hook.reset()
-    guards.reset()
-    breaks.clear_cache()
-    _caches.clear()
-    _watchers.clear()
+    with _COMPILE_LOCK:  # never between a compile's cache lookups and its cache writes
+        hook.reset()
+        guards.reset()
+        breaks.clear_cache()
+        _caches.clear()
+        _watchers.clear()
