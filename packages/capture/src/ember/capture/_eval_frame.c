@@ -32,6 +32,7 @@
 typedef struct {
     PyObject *callback;        /* strong; NULL, Py_False or a callable */
     int busy;                  /* >0 while a callback or check_fn runs: pass through */
+    int foreign;               /* >0 while another evaluator's own code runs: pass through */
     PyCodeObject *skip_once;   /* borrowed; the next frame of this code is an entry's fn */
 } ThreadState;
 
@@ -52,6 +53,10 @@ static Py_ssize_t active_threads = 0;
 static CodeExtra *all_extras = NULL;              /* every live CodeExtra, for reset() */
 static Py_ssize_t live_extras = 0;
 static PyTypeObject *FrameType = NULL;
+/* Module prefixes of other frame evaluators' compilers (hook.FOREIGN_COMPILERS): while
+ * one of their frames is on the stack and their evaluator is in the chain, ember stands
+ * aside. A tuple of str; empty until hook.py sets it. */
+static PyObject *foreign_modules = NULL;
 
 static PyObject *ember_eval_frame(PyThreadState *, EmberFrame *, int);
 static void uninstall_hook(void);
@@ -292,6 +297,63 @@ lookup(ThreadState *ts, CodeExtra *extra, PyFunctionObject *func, PyObject *cons
     return found;
 }
 
+/* Whether another frame evaluator sits in the chain with ours (above or below). Only
+ * then can frames belong to another compiler's region. */
+static int
+foreign_in_chain(PyThreadState *tstate)
+{
+    return _PyInterpreterState_GetEvalFrameFunc(tstate->interp) != ember_eval_frame ||
+           previous_eval != _PyEval_EvalFrameDefault;
+}
+
+/* Whether `name` (a module name) is one of foreign_modules or below one. */
+static int
+foreign_module(PyObject *name)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(foreign_modules); i++) {
+        PyObject *prefix = PyTuple_GET_ITEM(foreign_modules, i);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(prefix);
+        if (PyUnicode_Tailmatch(name, prefix, 0, n, -1) == 1 &&
+            (PyUnicode_GET_LENGTH(name) == n || PyUnicode_READ_CHAR(name, n) == '.')) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether `f` runs code of a module in foreign_modules. */
+static int
+foreign_frame(EmberFrame *f)
+{
+    static PyObject *key = NULL;
+    if (key == NULL && (key = PyUnicode_InternFromString("__name__")) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *globals = ember_frame_globals(f);
+    PyObject *name = globals && PyDict_Check(globals) ? PyDict_GetItem(globals, key) : NULL;
+    return name != NULL && PyUnicode_Check(name) && foreign_module(name);
+}
+
+/* Whether a frame of another compiler's module is `frame` or on this thread's stack
+ * below it: that compiler is compiling, or its compiled code is running. */
+static int
+under_foreign_compiler(PyThreadState *tstate, EmberFrame *frame)
+{
+    if (foreign_modules == NULL || PyTuple_GET_SIZE(foreign_modules) == 0) {
+        return 0;
+    }
+    if (foreign_frame(frame)) {
+        return 1;
+    }
+    for (EmberFrame *f = ember_current_frame(tstate); f != NULL; f = ember_frame_previous(f)) {
+        if (foreign_frame(f)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Build the frame description handed to the callback. */
 static PyObject *
 make_frame_info(EmberFrame *frame, PyObject *const *args, Py_ssize_t nargs)
@@ -375,7 +437,7 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
 {
     ThreadState *ts = current_state;
     PyCodeObject *code = ember_frame_code(frame);
-    if (ts == NULL || ts->callback == NULL || ts->busy) {
+    if (ts == NULL || ts->callback == NULL || ts->busy || ts->foreign) {
         if (active_threads == 0) {
             /* Left behind: another PEP 523 user restored us after our last
              * thread let go. Step out of the chain now. */
@@ -393,6 +455,21 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
         !(code->co_flags & CO_OPTIMIZED)) {
         return previous_eval(tstate, frame, throwflag);
     }
+    PyFunctionObject *func = ember_frame_func(frame);
+    if (func == NULL || func->func_code != (PyObject *)code) {
+        /* Another evaluator runs code of its own in place of the function's (its
+         * compiled code): stay out of that code and of everything it calls. */
+        ts->foreign++;
+        PyObject *result = previous_eval(tstate, frame, throwflag);
+        ts->foreign--;
+        return result;
+    }
+    /* Hits are served without a look at the stack unless another evaluator is in the
+     * chain; a miss always looks (it is about to call Python, which costs far more). */
+    int chained = foreign_in_chain(tstate);
+    if (chained && under_foreign_compiler(tstate, frame)) {
+        return previous_eval(tstate, frame, throwflag);
+    }
     int run_only = ts->callback == Py_False;
     CodeExtra *extra = code_extra(code, !run_only);
     if (extra == NULL) {
@@ -406,6 +483,9 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
     Py_ssize_t nargs = ember_code_nargs(code);
     PyObject *fn = lookup(ts, extra, ember_frame_func(frame), args, nargs);
     if (fn == NULL && !PyErr_Occurred() && !run_only) {
+        if (!chained && under_foreign_compiler(tstate, frame)) {
+            return previous_eval(tstate, frame, throwflag);
+        }
         fn = compile_miss(ts, frame, extra, args, nargs);
     }
     if (fn == NULL) {
@@ -639,6 +719,21 @@ reset(PyObject *mod, PyObject *unused)
 }
 
 static PyObject *
+set_foreign_modules(PyObject *mod, PyObject *prefixes)
+{
+    if (!PyTuple_Check(prefixes)) {
+        return PyErr_Format(PyExc_TypeError, "expected a tuple of module names");
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(prefixes, i))) {
+            return PyErr_Format(PyExc_TypeError, "expected a tuple of module names");
+        }
+    }
+    Py_XSETREF(foreign_modules, Py_NewRef(prefixes));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 hook_state(PyObject *mod, PyObject *unused)
 {
     PyInterpreterState *interp = PyThreadState_GET()->interp;
@@ -685,6 +780,8 @@ static PyMethodDef methods[] = {
      "set_skip(code, flag): never (or again) intercept frames of this code."},
     {"is_skipped", is_skipped, METH_O, "Whether frames of this code are never intercepted."},
     {"reset", reset, METH_NOARGS, "Forget every cache entry and skip flag."},
+    {"set_foreign_modules", set_foreign_modules, METH_O,
+     "set_foreign_modules(prefixes): modules of other evaluators' compilers, stood aside for."},
     {"hook_state", hook_state, METH_NOARGS,
      "{'installed': top|chained|absent, 'active_threads': n, 'live_caches': n}"},
     {NULL, NULL, 0, NULL},

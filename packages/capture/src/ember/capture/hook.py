@@ -52,6 +52,10 @@ Rules the hook follows (see docs/architecture.md):
 - The eval function is installed while at least one thread has a callback and
   restored when none has; it chains to the eval function installed before it.
 - Run-only mode (:data:`RUN_ONLY`) serves hits and never calls a callback.
+- Another frame evaluator's regions are left to it: a frame whose code is not its
+  function's own (the other evaluator runs its compiled code in its place), everything
+  that code calls, and, while another evaluator is in the chain, every frame with a
+  frame of a :data:`FOREIGN_COMPILERS` module below it on the stack.
 
 Entries must not hold strong references to their own code object or function
 (use weak references): the cache lives inside the code object, so such a cycle
@@ -73,6 +77,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 from ember.capture import _eval_frame
 
 __all__ = [
+    "FOREIGN_COMPILERS",
     "RUN_ONLY",
     "CacheEntry",
     "Callback",
@@ -424,6 +429,25 @@ def function_like(code: types.CodeType, original: types.FunctionType) -> types.F
     fn.__qualname__ = original.__qualname__
     fn.__module__ = original.__module__
     return fn
+
+
+# -- other frame evaluators ---------------------------------------------------------------
+
+FOREIGN_COMPILERS: Final[dict[str, str]] = {
+    "torch._dynamo": "torch.compile's frame evaluator: its compiler, the code it generates "
+    "(bytecode, guards, dataclass and namedtuple methods) and the frames its compiled code "
+    "calls are its own; ember compiling them would compile the peer's compiler",
+    "torch._inductor": "torch.compile's code generator, run by the frame evaluator above",
+}
+"""Modules of other PEP 523 compilers. While one of their frames is on a thread's stack
+and their evaluator is chained with ember's, ember passes every frame through (the C
+hook reads the keys; the values say why).
+
+>>> sorted(FOREIGN_COMPILERS)
+['torch._dynamo', 'torch._inductor']
+"""
+
+_eval_frame.set_foreign_modules(tuple(FOREIGN_COMPILERS))
 
 
 # -- code that is never intercepted ------------------------------------------------------------
