@@ -453,6 +453,10 @@ _eval_frame.set_foreign_modules(tuple(FOREIGN_COMPILERS))
 # -- code that is never intercepted ------------------------------------------------------------
 
 _extra_prefixes: tuple[str, ...] = ()
+# File names of the code ember generates at run time (replacements, guard checks, the
+# inductor's wrappers): ember's own code too, though it lives in no ember directory.
+# autograd calls a compiled backward natively, inside a compiled call's region.
+_GENERATED = ("<ember replacement of ", "<ember guards for ", "<ember.inductor ")
 _prefix_cache: tuple[int, tuple[str, ...]] = (-1, ())
 
 
@@ -488,5 +492,5 @@ def _skipped_prefixes() -> tuple[str, ...]:
             for path in [getattr(mod, "__file__", None)]
             if path
         }
-        _prefix_cache = (count, tuple(sorted(dirs)) + _extra_prefixes)
+        _prefix_cache = (count, tuple(sorted(dirs)) + _GENERATED + _extra_prefixes)
     return _prefix_cache[1]
