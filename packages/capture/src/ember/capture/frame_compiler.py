@@ -19,6 +19,7 @@ A frame that cannot be captured runs eagerly with its reason recorded in
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -149,9 +150,10 @@ class FrameCompiler:
         except Exception as bug:
             return self._failed(frame, cache, _internal(bug))
         if translation.ops == 0 and not translation.effects:
-            # Nothing for a backend to do: running the frame as it is costs less.
+            # Nothing for a backend to do: the frame runs as it is while its guards hold;
+            # a call that breaks them (tensors where there were none) compiles again.
             self.stats.skipped.append(cache.name)
-            return Decision.SKIP if not cache.entries else Decision.RUN
+            return self._native(frame, cache, translation)
         try:
             return self._compile(frame, cache, translation)
         except Exception as error:  # the backend refused the graph: the frame runs eagerly
@@ -209,6 +211,19 @@ class FrameCompiler:
         replacement = _replacement(frame, t, self.backend(t.graph_module, t.example_inputs))
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
 
+    def _native(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
+        """An entry that runs the frame's own code, natively, under the translation's guards."""
+        guards = GuardSet(t.guards.guards)
+        checked = guards.compile(FrameSpec.from_function(frame.function))
+        fn = _native_function(frame.code, frame.function)
+        cache_entry = cache.add(checked, fn)
+        entry = CacheEntry(checked.check, fn)
+        if self.track:
+            self.made.append((frame.code, entry, cache_entry))
+        closure = (frame.function,) if frame.code.co_freevars else ()
+        _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
+        return entry
+
     def _entry(
         self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any, described: str
     ) -> CacheEntry:
@@ -220,7 +235,10 @@ class FrameCompiler:
         entry = CacheEntry(checked.check, fn)
         if self.track:
             self.made.append((frame.code, entry, cache_entry))
-        _drop_when_freed(frame.code, cache, cache_entry, entry, guards)
+        # A closure's entry serves only that closure's cells (its fn runs with them): it
+        # goes when the closure does, with the objects its cells hold.
+        closure = (frame.function,) if frame.code.co_freevars else ()
+        _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
         seconds = t.seconds + time.perf_counter() - start
         self.stats.compiled.append(
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
@@ -272,6 +290,22 @@ def _replacement(frame: Frame, t: Translation, compiled: Any) -> codegen.Replace
     )
 
 
+def _native_function(code: types.CodeType, original: types.FunctionType) -> types.FunctionType:
+    """``original``'s code as a function that takes every argument slot positionally (the
+    hook's calling convention: ``*args`` as a tuple, ``**kwargs`` as a dict), built on a
+    copy of the code: an entry must not hold its own code object (the cache lives in it,
+    a cycle the collector cannot see)."""
+    slots = len(hook.argument_names(code))
+    copy = code.replace(
+        co_argcount=slots,
+        co_kwonlyargcount=0,
+        co_flags=code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS),
+    )
+    fn = types.FunctionType(copy, original.__globals__, code.co_name, None, original.__closure__)
+    fn.__qualname__ = original.__qualname__
+    return fn
+
+
 def _grad_block(t: Translation, block_exit: int) -> bool:
     """Whether the with block around the break is a grad-mode one ember rebuilds."""
     assert t.layout is not None
@@ -294,6 +328,7 @@ def _drop_when_freed(
     cache_entry: Any,
     entry: CacheEntry,
     guards: GuardSet,
+    also: tuple[Any, ...] = (),
 ) -> None:
     watched = [
         obj
@@ -301,7 +336,7 @@ def _drop_when_freed(
         if isinstance(g.expected, WeakIdentity)
         and (obj := g.expected.get()) is not None
         and not isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType)
-    ]
+    ] + list(also)
     if not watched:
         return
     key = id(entry)
