@@ -128,6 +128,10 @@ class FrameCompiler:
             if waited and _served_now(frame):
                 return Decision.RUN  # the other thread cached it: the next call hits
             return self._on_miss(frame)
+        except FullGraphError:
+            raise
+        except Exception as bug:  # a bug in ember (guards, codegen) never reaches the user
+            return self._failed(frame, code_cache(code), _internal(bug))
         finally:
             _COMPILE_LOCK.release()
 
@@ -155,14 +159,20 @@ class FrameCompiler:
             self.stats.skipped.append(cache.name)
             return self._native(frame, cache, translation)
         try:
-            return self._compile(frame, cache, translation)
+            compiled = self.backend(translation.graph_module, translation.example_inputs)
         except Exception as error:  # the backend refused the graph: the frame runs eagerly
             return self._failed(frame, cache, _backend_failed(self.backend_name, error))
+        return self._compile(frame, cache, translation, compiled)
 
     def _failed(
         self, frame: Frame, cache: CodeCache[Any], e: Unsupported, why: str = ""
     ) -> Decision:
-        location = str(e.location) if e.location is not None else "?"
+        code = frame.code  # where translation stopped, else the frame's own def line
+        location = (
+            str(e.location)
+            if e.location is not None
+            else f'File "{code.co_filename}", line {code.co_firstlineno}, in {code.co_name}'
+        )
         reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
         failure = Failure(cache.name, reason, e.category, location, e.hint, e.location)
         self.stats.failures.append(failure)
@@ -186,7 +196,7 @@ class FrameCompiler:
         if span.block_exit is not None and not _grad_block(t, span.block_exit):
             raise breaks.CannotBreak("the break is inside a with block of a context manager")
         prefix = self._prefix(frame, t)
-        hook.skip(prefix.__code__)  # the prefix is ember's: never intercepted
+        hook.own(prefix.__code__)  # the prefix is ember's: never intercepted
         resumes = tuple(
             hook.function_like(
                 breaks.resume_code(code, target, after, t.layout.live, t.layout.cells),
@@ -207,8 +217,10 @@ class FrameCompiler:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
         return _replacement(frame, t, compiled).fn
 
-    def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
-        replacement = _replacement(frame, t, self.backend(t.graph_module, t.example_inputs))
+    def _compile(
+        self, frame: Frame, cache: CodeCache[Any], t: Translation, compiled: Any
+    ) -> CacheEntry:
+        replacement = _replacement(frame, t, compiled)
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
 
     def _native(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:

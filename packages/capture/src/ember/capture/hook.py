@@ -70,6 +70,7 @@ import functools
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
@@ -94,6 +95,7 @@ __all__ = [
     "get_callback",
     "intercepting",
     "is_skipped",
+    "own",
     "remove_entry",
     "reset",
     "set_callback",
@@ -362,6 +364,22 @@ def skip(code: types.CodeType, flag: bool = True) -> None:
     _eval_frame.set_skip(code, flag)
 
 
+_OWN: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # codes reset() keeps skipped
+
+
+def own(code: types.CodeType) -> None:
+    """Mark ``code`` as ember's own (code it generated): never intercepted, also after
+    :func:`reset` (which forgets other skip flags), so that a call in flight on another
+    thread never has ember compile ember's code.
+
+    >>> def prefix(x): return x
+    >>> own(prefix.__code__); reset(); is_skipped(prefix.__code__)
+    True
+    """
+    _OWN.add(code)
+    _eval_frame.set_skip(code, True)
+
+
 def is_skipped(code: types.CodeType) -> bool:
     """Whether frames of ``code`` are never intercepted.
 
@@ -378,6 +396,8 @@ def reset() -> None:
     True
     """
     _eval_frame.reset()
+    for code in list(_OWN):
+        _eval_frame.set_skip(code, True)
 
 
 def state() -> HookState:
