@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._subclasses.fake_impls import _compute_stride
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
@@ -118,10 +119,17 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Decompositions need not give eager's strides, so a later view may need a copy."""
-    if not a.is_contiguous():
-        a = aten.clone.default(a, memory_format=torch.contiguous_format)
+def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> Any:
+    """Decompositions need not give eager's strides, so a later view may need a copy.
+
+    A view that ``a``'s strides allow stays a view (``NotImplemented`` tells ``make_fx`` to
+    record the op itself): it aliases ``a``, so an in-place op through it reaches ``a``
+    when ``ember.aotgraph`` functionalizes the graph. Only a view that the decomposed
+    strides forbid (where eager's strides allowed it) becomes a copy."""
+    shape = torch._prims_common.infer_size(size, a.numel())
+    if _compute_stride(a.shape, a.stride(), shape) is not None:
+        return NotImplemented
+    a = aten.clone.default(a, memory_format=torch.contiguous_format)
     out: torch.Tensor = aten._unsafe_view.default(a, size)
     return out
 
@@ -164,11 +172,15 @@ PRIM_VIEWS: dict[Any, Callable[..., Any]] = {
 }
 
 
+# Table entries that leave the op as it is when they can (returning NotImplemented).
+KEPT_VIEWS = frozenset({aten.view.default})
+
+
 def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
     """Re-trace ``gm`` with :func:`decompositions` if it has composite ops or lacks fake values."""
     table = decompositions()
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    if all("val" in n.meta and n.target not in table for n in calls):
+    if all("val" in n.meta and (n.target not in table or n.target in KEPT_VIEWS) for n in calls):
         return gm
     if not all(isinstance(t, torch.Tensor) for t in example_inputs):
         # make_fx would bake the example numbers into the graph as constants
