@@ -48,6 +48,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
+from ember.aotgraph.eager_checks import check_mutations
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
@@ -412,6 +413,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     mutable schema): functionalization would give the same graph back.
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     out_of_place(aten_gm)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)

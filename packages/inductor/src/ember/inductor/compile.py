@@ -37,7 +37,7 @@ from ember.inductor.rewrite import simplify
 from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
 from ember.inductor.wrapper import bind, wrapper_source
 
-__all__ = ["CompiledGraph", "compile_graph", "decompositions"]
+__all__ = ["CompiledGraph", "compile_graph", "decompositions", "subclass_input"]
 
 aten = torch.ops.aten
 
@@ -126,7 +126,7 @@ def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> Any:
     record the op itself): it aliases ``a``, so an in-place op through it reaches ``a``
     when ``ember.aotgraph`` functionalizes the graph. Only a view that the decomposed
     strides forbid (where eager's strides allowed it) becomes a copy."""
-    shape = torch._prims_common.infer_size(size, a.numel())
+    shape = torch._prims_common.infer_size(list(size), a.numel())
     if _compute_stride(a.shape, a.stride(), shape) is not None:
         return NotImplemented
     a = aten.clone.default(a, memory_format=torch.contiguous_format)
@@ -354,6 +354,13 @@ def compile_graph(
     >>> torch.testing.assert_close(compiled(x), f(x))
     """
     opts = options or {}
+    if (kind := subclass_input(example_inputs)) is not None:
+        warnings.warn(
+            f"ember.inductor: running the graph eagerly: an input is a {kind.__name__}, "
+            "whose type eager keeps in the outputs and kernels would not",
+            stacklevel=2,
+        )
+        return gm.forward
     compile_options = _compile_options(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
@@ -389,6 +396,30 @@ def compile_graph(
         compiled._build = cache.build_async(source, compile_options)
     compiled._record = None if key is None else (key, original)
     return compiled
+
+
+def subclass_input(example_inputs: Sequence[Any]) -> type | None:
+    """The type of the first input whose ops' results keep its type, or None.
+
+    Eager wraps the result of an op on a ``torch.Tensor`` subclass in that subclass
+    (through ``__torch_function__``); generated kernels return plain tensors, so a
+    graph with such an input runs as aten calls, which wrap as eager does.
+    ``nn.Parameter`` (and fake tensors) disable ``__torch_function__``: their
+    results are plain tensors in eager too.
+
+    >>> class Tagged(torch.Tensor):
+    ...     pass
+    >>> subclass_input([torch.ones(1), torch.nn.Parameter(torch.ones(1))]) is None
+    True
+    >>> subclass_input([torch.ones(1).as_subclass(Tagged)]).__name__
+    'Tagged'
+    """
+    for t in example_inputs:
+        kind = type(t)
+        if isinstance(t, torch.Tensor) and kind is not torch.Tensor:
+            if kind.__torch_function__ is not torch._C._disabled_torch_function_impl:
+                return kind
+    return None
 
 
 def _compile_options(opts: dict[str, Any]) -> cache.CompileOptions:
