@@ -351,6 +351,8 @@ def arange(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
     out = ctx.meta
     if not all(isinstance(x, int) for x in (start, step)):
         raise Fallback("arange over floats")
+    if out.dtype == torch.bool:  # eager has no bool kernel: the aten call raises its error
+        raise Fallback("arange of bool")
     return Value(
         tuple(out.shape),
         out.dtype,
