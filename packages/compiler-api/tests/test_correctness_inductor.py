@@ -290,6 +290,31 @@ def test_casts_from_every_dtype(backend: str, dtype: torch.dtype) -> None:
     assert_like_eager(f, lambda: [values.clone()], backend)
 
 
+# Fill values out of the dtype's range: eager raises ("value cannot be converted to type
+# int8_t without overflow") where a kernel would store a wrapped number; the rest are allowed.
+FILLS: dict[str, Callable[[T], T]] = {
+    "full_int8_300": lambda x: torch.full((3,), 300, dtype=torch.int8),
+    "fill_int8_300": lambda x: x.to(torch.int8).fill_(300),
+    "new_full_int16": lambda x: x.new_full((3,), 70000, dtype=torch.int16),
+    "full_like_int8": lambda x: torch.full_like(x, 1000, dtype=torch.int8),
+    "full_half_1e6": lambda x: torch.full((3,), 1e6, dtype=torch.float16),
+    "full_bf16_1e39": lambda x: torch.full((3,), 1e39, dtype=torch.bfloat16),
+    "where_int8_200": lambda x: torch.where(x > 1, x.to(torch.int8), 200),
+    "masked_fill_int8": lambda x: x.to(torch.int8).masked_fill(x > 1, 500),
+    "full_uint8_minus_1": lambda x: torch.full((3,), -1, dtype=torch.uint8),
+    "full_int_from_float": lambda x: torch.full((3,), 2.5, dtype=torch.int64) + x.long(),
+    "full_half_inf": lambda x: torch.full((3,), float("inf"), dtype=torch.float16) * x.half(),
+    "full_bf16_minus_0": lambda x: torch.full((3,), -0.0, dtype=torch.bfloat16),
+    "int8_plus_300": lambda x: x.to(torch.int8) + 300,
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(FILLS))
+def test_fill_values_out_of_range(backend: str, case: str) -> None:
+    assert_like_eager(FILLS[case], lambda: [torch.tensor([1.0, 2.0, 3.0])], backend)
+
+
 # -- tensor subclasses --------------------------------------------------------------------------
 
 

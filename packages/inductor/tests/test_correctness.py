@@ -110,6 +110,24 @@ def test_bool_arange_raises_as_in_eager() -> None:
         compiled(torch.ones(2))
 
 
+OVERFLOWING_FILLS: dict[str, Callable[[T], T]] = {
+    "full_int8": lambda x: torch.full((3,), 300, dtype=torch.int8),
+    "full_like_int16": lambda x: torch.full_like(x, 70000, dtype=torch.int16),
+    "full_half": lambda x: torch.full((3,), 1e6, dtype=torch.float16),
+    "where_int8": lambda x: torch.where(x > 1, x.to(torch.int8), 200),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERFLOWING_FILLS))
+def test_fill_values_eager_cannot_convert_raise_as_in_eager(case: str) -> None:
+    fn, x = OVERFLOWING_FILLS[case], torch.tensor([1.0, 2.0, 3.0])
+    with pytest.raises(RuntimeError, match="overflow"):
+        fn(x)
+    compiled = compile_graph(make_fx(fn, tracing_mode="fake")(x), [x], {"graph_cache": False})
+    with pytest.raises(RuntimeError, match="overflow"):
+        compiled(x)
+
+
 @pytest.mark.parametrize(
     ("value", "bits"),
     [(1.0, 0x3F80), (-2.5, 0xC020), (0.0, 0), (-0.0, 0x8000), (math.inf, 0x7F80), (1e-40, 0x0001)],

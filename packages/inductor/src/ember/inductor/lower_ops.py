@@ -47,6 +47,19 @@ def _convert(value: Any, dtype: torch.dtype) -> Any:
     return float(value) if dtype.is_floating_point else int(value)
 
 
+def _fits(value: Any, dtype: torch.dtype) -> Any:
+    """``value``, if eager can fill a ``dtype`` tensor with it; else Fallback: the aten call
+    raises eager's error ("value cannot be converted to type int8_t without overflow")
+    where a kernel would store a wrapped number."""
+    if not isinstance(value, bool | int | float):
+        return value
+    try:
+        torch.full((2,), value, dtype=dtype, device="cpu")  # eager's check (one element: none)
+    except RuntimeError as e:
+        raise Fallback(f"fill value {value!r} for {dtype}: {e}") from None
+    return value
+
+
 def _compute(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -246,6 +259,7 @@ def where_(c: Expr, a: Expr, b: Expr) -> Expr:
     scalars=True,
 )
 def where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
+    a, b = _fits(a, ctx.meta.dtype), _fits(b, ctx.meta.dtype)
     metas = [_meta_of(ctx, x) for x in (a, b)]
     compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=KIND.NO_OPMATH)[0])
     return pointwise(ctx, lambda c, x, y: where_(_as_bool(c), x, y), cond, a, b, compute=compute)
@@ -325,7 +339,7 @@ def _filled(ctx: Lowerer, value: Any) -> Value:
             raise Fallback("fill of integers with a float")
         leaf = cast(scalar(value), out.dtype)
         return Value(tuple(out.shape), out.dtype, lambda idx: leaf)
-    e = const(_convert(value, out.dtype), out.dtype)
+    e = const(_convert(_fits(value, out.dtype), out.dtype), out.dtype)
     return Value(tuple(out.shape), out.dtype, lambda idx: e)
 
 
