@@ -167,6 +167,31 @@ def test_inplace_through_a_view_then_read_in_the_same_graph(backend: str) -> Non
     assert_like_eager(f, m23, backend)
 
 
+def ones4() -> list[Any]:
+    return [torch.ones(4)]
+
+
+# Views that reinterpret the bytes under another dtype: an output that is such a view of an
+# input was rebuilt with the input's dtype (the graph runs eagerly now, with a reason).
+DTYPE_VIEWS: dict[str, tuple[Callable[..., Any], Callable[[], list[Any]]]] = {
+    "returned": (lambda x: (x.view(torch.int32), x * 2), ones4),
+    "inplace": (lambda x: x.view(torch.int32).add_(1), ones4),
+    "read": (lambda x: x.view(torch.int32) + 1, ones4),
+    "bytes": (lambda x: x.view(torch.uint8).sum(), ones4),
+    "wider": (lambda x: x.view(torch.float64).mul_(2), lambda: [torch.arange(4)]),
+    "as_complex": (lambda x: torch.view_as_complex(x).mul_(2), lambda: [torch.ones(3, 2)]),
+    "as_real": (lambda x: torch.view_as_real(x) * 2, lambda: [torch.ones(3, dtype=torch.cfloat)]),
+    "bits": (lambda x: (x.view(torch.int32) >> 23) & 255, lambda: [torch.tensor([1.0, 0.5])]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(DTYPE_VIEWS))
+def test_dtype_views(backend: str, case: str) -> None:
+    fn, make = DTYPE_VIEWS[case]
+    assert_like_eager(fn, make, backend, compiles=False)
+
+
 # -- expanded tensors and bool tensors ----------------------------------------------------------
 
 

@@ -48,7 +48,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph.eager_checks import check_mutations
+from ember.aotgraph.eager_checks import EagerOnly, check_mutations
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
@@ -300,6 +300,8 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
     storage = leaf.untyped_storage()._cdata
     for i, f in enumerate(fakes):
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
+            if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
+                raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
             return Output("alias", i, meta=TensorMeta.of(leaf))
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
