@@ -354,13 +354,6 @@ def compile_graph(
     >>> torch.testing.assert_close(compiled(x), f(x))
     """
     opts = options or {}
-    if (kind := subclass_input(example_inputs)) is not None:
-        warnings.warn(
-            f"ember.inductor: running the graph eagerly: an input is a {kind.__name__}, "
-            "whose type eager keeps in the outputs and kernels would not",
-            stacklevel=2,
-        )
-        return gm.forward
     compile_options = _compile_options(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
@@ -371,6 +364,8 @@ def compile_graph(
         return hit  # type: ignore[no-any-return]
     original = gm
     try:
+        if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
+            raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
         lower = functools.partial(lower_graph, fused_random=fused_random)
         prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
@@ -436,7 +431,7 @@ def _graph_key(
     opts: dict[str, Any],
 ) -> str | None:
     """The graph-cache key (None: not cached, by request or for want of a key)."""
-    if not opts.get("graph_cache", 1):
+    if not opts.get("graph_cache", 1) or subclass_input(example_inputs) is not None:
         return None
     try:
         key = graph_cache.graph_key(gm, example_inputs, options)
