@@ -340,6 +340,23 @@ def test_fill_values_out_of_range(backend: str, case: str) -> None:
     assert_like_eager(FILLS[case], lambda: [torch.tensor([1.0, 2.0, 3.0])], backend)
 
 
+# Ops eager has no CPU kernel for at these dtypes: fake tensors trace them, eager raises.
+NO_KERNEL: dict[str, tuple[Callable[..., Any], Callable[[], list[Any]]]] = {
+    "abs_bool": (lambda x: x.abs(), bools),
+    "relu_bool": (lambda x: x.relu() + 0, bools),
+    "gelu_int": (lambda x: F.gelu(x), ints),
+    "softmax_int": (lambda x: x.softmax(-1), ints),
+    "sign_bool": (lambda x: x.sign(), bools),  # eager has this one
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(NO_KERNEL))
+def test_ops_without_an_eager_kernel(backend: str, case: str) -> None:
+    fn, make = NO_KERNEL[case]
+    assert_like_eager(fn, make, backend)
+
+
 # -- tensor subclasses --------------------------------------------------------------------------
 
 

@@ -136,6 +136,36 @@ def test_bf16_literals_are_their_bit_patterns(value: float, bits: int) -> None:
     assert CppPrinter().const(value, torch.bfloat16) == f"static_cast<uint16_t>({bits:#06x})"
 
 
+# -- ops eager has no kernel for at these dtypes ------------------------------------------------
+
+NO_KERNEL: dict[str, tuple[Callable[[T], Any], list[torch.dtype]]] = {
+    "abs": (torch.abs, [torch.bool]),
+    "relu": (torch.relu, [torch.bool]),
+    "argmax": (lambda x: x.argmax(), [torch.bool]),
+    "gelu": (F.gelu, [torch.bool, torch.int8, torch.int64, torch.uint8]),
+    "silu": (lambda x: F.silu(x), [torch.bool, torch.int64]),
+    "softmax": (lambda x: x.softmax(-1), [torch.bool, torch.int32]),
+    "frac": (torch.frac, [torch.int16, torch.int64]),
+}
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype"), [(op, d) for op, (_, ds) in NO_KERNEL.items() for d in ds], ids=str
+)
+def test_ops_without_an_eager_kernel_raise_as_in_eager(op: str, dtype: torch.dtype) -> None:
+    fn, x = NO_KERNEL[op][0], torch.tensor([1, 0, 3]).to(dtype)
+    with pytest.raises(Exception) as want:
+        fn(x)
+    gm = make_fx(fn, tracing_mode="fake")(x)  # fake tensors do not know
+    with pytest.raises(type(want.value)):
+        compile_graph(gm, [x], {"graph_cache": False})(x)
+
+
+def test_sign_of_bools_is_computed() -> None:  # its decomposition negates bools, eager does not
+    x = torch.tensor([True, False])
+    _assert_exact(_compiled(torch.sign, x)(x), torch.sign(x))
+
+
 # -- views in the decomposition table -----------------------------------------------------------
 
 

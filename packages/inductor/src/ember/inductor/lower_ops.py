@@ -296,6 +296,8 @@ def clamp(ctx: Lowerer, a: Value, lo: Any = None, hi: Any = None) -> Value:
 @lowering(aten.sign.default, aten.sgn.default)
 def sign(ctx: Lowerer, a: Value) -> Value:
     def fn(x: Expr) -> Expr:
+        if x.dtype == torch.bool:  # a bool is its own sign (and bools have no negation)
+            return x
         zero, one = const(_convert(0, x.dtype), x.dtype), const(_convert(1, x.dtype), x.dtype)
         gt, lt = _bin(Op.GT)(x, zero), _bin(Op.LT)(x, zero)
         return (

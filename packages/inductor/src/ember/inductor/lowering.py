@@ -35,6 +35,7 @@ from torch._prims_common import (
 )
 from torch.utils import _pytree as pytree
 
+from ember.inductor.eager_kernels import lacks_kernel
 from ember.inductor.ir import (
     Buffer,
     Expr,
@@ -319,7 +320,9 @@ class Lowerer:
             return self.scalar_op(node, args, kwargs)
         fn = LOWERINGS.get(node.target)
         takes = node.target in SCALAR_OPERANDS or not scalars((args, kwargs))
-        if fn is not None and takes and _plain_meta(node.meta.get("val")):
+        plain = takes and _plain_meta(node.meta.get("val"))
+        # an op eager has no kernel for at these dtypes: the aten call raises eager's error
+        if fn is not None and plain and not lacks_kernel(node):
             try:
                 return fn(self, *args, **kwargs)
             except Fallback:
