@@ -357,6 +357,24 @@ def test_ops_without_an_eager_kernel(backend: str, case: str) -> None:
     assert_like_eager(fn, make, backend)
 
 
+# Indices out of range (or negative where the op takes none): eager raises; kernels clamp.
+INDEXING: dict[str, Callable[[T, T], T]] = {
+    "index_select": lambda x, i: x.index_select(0, i) + 1,
+    "embedding": lambda x, i: F.embedding(i, x) * 2,
+    "gather": lambda x, i: torch.gather(x, 0, i.view(-1, 1).expand(-1, 3)) + 1,
+    "index_select_computed": lambda x, i: x.index_select(0, i * 2) + 1,
+    "advanced_index": lambda x, i: x[i] * 2,
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("index", [[1, 3], [1, 7], [-1, 0], [4, 0]], ids=str)
+@pytest.mark.parametrize("case", list(INDEXING))
+def test_indices_out_of_range(backend: str, case: str, index: list[int]) -> None:
+    make = lambda: [torch.arange(12.0).view(4, 3), torch.tensor(index)]  # noqa: E731
+    assert_like_eager(INDEXING[case], make, backend)
+
+
 # -- tensor subclasses --------------------------------------------------------------------------
 
 

@@ -166,6 +166,57 @@ def test_sign_of_bools_is_computed() -> None:  # its decomposition negates bools
     _assert_exact(_compiled(torch.sign, x)(x), torch.sign(x))
 
 
+# -- indices out of range ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fn", "error"),
+    [
+        (lambda x, i: x.index_select(0, i) * 2, IndexError),
+        (lambda x, i: F.embedding(i, x) + 1, IndexError),
+        (lambda x, i: torch.gather(x, 0, i.view(-1, 1).expand(-1, 3)) + 1, RuntimeError),
+    ],
+    ids=["index_select", "embedding", "gather"],
+)
+def test_an_index_input_is_checked_before_the_kernels(fn: Any, error: type) -> None:
+    x, good = torch.arange(12.0).view(4, 3), torch.tensor([3, 0])
+    compiled = _compiled(fn, x, good)
+    assert compiled.schedule is not None
+    assert compiled.schedule.program.index_checks  # lowered into a kernel, checked
+    _assert_exact(compiled(x, good), fn(x, good))
+    for bad in ([1, 4], [-1, 0]):
+        with pytest.raises(error) as want:
+            fn(x, torch.tensor(bad))
+        with pytest.raises(error) as got:
+            compiled(x, torch.tensor(bad))
+        assert str(got.value) == str(want.value)
+
+
+def test_an_index_of_constants_is_checked_while_compiling() -> None:
+    def f(x: T) -> T:  # roll indexes with (arange + shift) % n: a kernel, no check at run time
+        return x.roll(1, 0) * 2
+
+    x = torch.arange(12.0).view(4, 3)
+    compiled = compile_graph(make_fx(f, decomposition_table=decompositions())(x), [x])
+    assert compiled.schedule is not None and not compiled.schedule.program.index_checks
+    externs = [s.target for s in compiled.schedule.steps if isinstance(s, Extern)]
+    assert aten.index_select.default not in externs, externs
+    _assert_exact(compiled(x), f(x))
+
+
+def test_an_index_computed_from_inputs_runs_as_the_aten_call() -> None:
+    def f(x: T, i: T) -> T:
+        return x.index_select(0, i * 2) + 1
+
+    x, i = torch.arange(12.0).view(4, 3), torch.tensor([1, 0])
+    compiled = _compiled(f, x, i)
+    assert compiled.schedule is not None
+    externs = [s.target for s in compiled.schedule.steps if isinstance(s, Extern)]
+    assert externs == [aten.index_select.default]
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([2, 0]))
+
+
 # -- views in the decomposition table -----------------------------------------------------------
 
 
