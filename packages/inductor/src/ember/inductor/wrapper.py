@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -337,6 +338,12 @@ CTYPES: dict[str, Any] = {
 }
 
 
+# The wrappers' file name: inside this package's folder, so that a frame hook skipping
+# ember's own code (capture's) never compiles a wrapper run inside a compiled function (a
+# backward pass that torch.autograd.grad starts there).
+WRAPPER_FILENAME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<wrapper>")
+
+
 def bind(
     source: str, consts: dict[str, Any], kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
 ) -> Callable[..., Any]:
@@ -356,6 +363,6 @@ def bind(
         fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
         fn.restype = None
         env[name] = fn
-    exec(compile(source, "<ember.inductor wrapper>", "exec"), env)
+    exec(compile(source, WRAPPER_FILENAME, "exec"), env)
     call: Callable[..., Any] = env["call"]
     return call
