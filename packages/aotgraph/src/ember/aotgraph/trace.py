@@ -49,6 +49,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from ember.aotgraph.aliasing import storage_groups
+from ember.aotgraph.eager_checks import EagerOnly, check_mutations
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
@@ -313,6 +314,8 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
     storage = leaf.untyped_storage()._cdata
     for i, f in enumerate(fakes):
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
+            if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
+                raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
             # requires_grad: whether the view records autograd history (``x.detach()``
             # does not), so that the runtime's rebuilt view does not either
             return Output("alias", i, leaf.requires_grad, meta=TensorMeta.of(leaf))
@@ -467,6 +470,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     mutable schema): functionalization would give the same graph back.
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     out_of_place(aten_gm)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)

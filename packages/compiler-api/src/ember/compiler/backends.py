@@ -184,7 +184,13 @@ def inductor(
     True
     """
     from ember.aotgraph import aot_compile
-    from ember.inductor import compile_graph, decompositions
+    from ember.inductor import compile_graph, decompositions, subclass_input
+
+    if (kind := subclass_input(example_inputs)) is not None:  # the training graphs see fakes
+        raise NotImplementedError(
+            f"an input is a {kind.__name__}, a torch.Tensor subclass whose type eager keeps "
+            "in the outputs; generated kernels return plain tensors"
+        )
 
     def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         return compile_graph(graph, inputs, options)

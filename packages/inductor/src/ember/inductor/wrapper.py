@@ -36,6 +36,16 @@ from ember.inductor.scheduler import Kernel, Schedule, may_alias
 __all__ = ["bind", "wrapper_source"]
 
 
+_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
+    """Raise eager's error if an index in ``t`` is outside ``[0, size)``."""
+    if t.numel() and not bool(((t >= 0) & (t < size)).all()):
+        bad = int(t[(t < 0) | (t >= size)].flatten()[0])
+        raise _ERRORS[error](message.format(index=bad, size=size))
+
+
 def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
     """``t`` copied into the layout the kernels were generated for."""
     if tuple(t.shape) != sizes:
@@ -125,6 +135,8 @@ def wrapper_source(
             )
     for op in prog.scalar_ops:
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
+    for c in prog.index_checks:
+        src.lines.append(f"    _check_index({c.name}, {c.size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
     if pooled:
         src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
@@ -340,6 +352,7 @@ def bind(
         "_empty": torch.empty_strided,
         "_as_strided": torch.as_strided,
         "_restride": _restride,
+        "_check_index": _check_index,
         "_leaves": _leaves,
         "_pool": [],  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
