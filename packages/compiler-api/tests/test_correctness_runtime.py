@@ -69,9 +69,11 @@ def test_reset_from_another_thread_while_calls_run(backend: str) -> None:
             while not done.is_set():
                 ember.compiler.reset()
             return
-        for x in inputs:
-            torch.testing.assert_close(compiled(x), looped(x))
-        done.set()
+        try:
+            for x in inputs:
+                torch.testing.assert_close(compiled(x), looped(x))
+        finally:
+            done.set()
 
     assert in_threads(2, body) == []
     assert all(f.category != "internal" for f in compiled.stats.failures)
