@@ -168,14 +168,29 @@ def _with_handler(
 # -- resume functions --------------------------------------------------------------------------
 
 _RESUME_CACHE: dict[tuple[Any, ...], types.CodeType] = {}
-# resume code -> (the original code, how many instructions earlier the original has each
-# instruction): a resume function that breaks again resumes from the original code, so a
-# loop that breaks on every turn reuses one resume function instead of making one per turn.
-# Weak, and kept by clear_cache(): a resume function still running on another thread
-# when reset() runs must still resume from the original code if it breaks again.
-_RESUME_ORIGIN: weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]] = (
-    weakref.WeakKeyDictionary()
-)
+# id(resume code) -> (a weak reference to it, the original code, how many instructions
+# earlier the original has each instruction): a resume function that breaks again resumes
+# from the original code, so a loop that breaks on every turn reuses one resume function
+# instead of making one per turn. Keyed by identity (code objects compare by value, so an
+# equal resume code made after reset() must not lose its entry when the old one dies), and
+# kept by clear_cache(): a resume function still running on another thread when reset()
+# runs must resume from the original too (a resume of a resume read unbound locals).
+_RESUME_ORIGIN: dict[int, tuple[weakref.ref[types.CodeType], types.CodeType, int]] = {}
+
+
+def _origin(code: types.CodeType) -> tuple[types.CodeType, int] | None:
+    found = _RESUME_ORIGIN.get(id(code))
+    return (found[1], found[2]) if found is not None and found[0]() is code else None
+
+
+def _set_origin(new: types.CodeType, original: types.CodeType, shift: int) -> None:
+    key = id(new)
+
+    def forget(ref: weakref.ref[types.CodeType]) -> None:
+        if _RESUME_ORIGIN.get(key, (None,))[0] is ref:
+            del _RESUME_ORIGIN[key]
+
+    _RESUME_ORIGIN[key] = (weakref.ref(new, forget), original, shift)
 
 
 def resume_code(
@@ -191,7 +206,7 @@ def resume_code(
     ``cells``, then the stack values (bottom first; ``kinds`` says which are
     iterators, passed as lists, and where NULLs go, not passed).
     """
-    origin = _RESUME_ORIGIN.get(code)
+    origin = _origin(code)
     if origin is not None:  # a resume function breaking again: continue the original code
         original, shift = origin
         return resume_code(original, target - shift, kinds, live, cells)
@@ -236,7 +251,7 @@ def resume_code(
     )
     new = assemble(prologue + body, entries, spec)
     _RESUME_CACHE[key] = new
-    _RESUME_ORIGIN[new] = (code, len(prologue) - removed)
+    _set_origin(new, code, len(prologue) - removed)
     return new
 
 

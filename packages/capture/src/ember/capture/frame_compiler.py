@@ -119,14 +119,13 @@ class FrameCompiler:
         code = frame.code
         if code not in self.entry_codes and not trace_rules.compiles_frames(frame.globals):
             return Decision.SKIP  # the trace rules say CPython runs this module's frames
-        if _COMPILE_LOCK.acquire(blocking=False):
-            waited = False
-        else:  # another thread compiles: wait for it, it may be compiling this very frame
-            _COMPILE_LOCK.acquire()
-            waited = True
+        # Another thread may be compiling this very frame: wait for it. Its entry reaches
+        # the hook's list only after its callback returns, so look (in the policy's list,
+        # written under the lock) even without waiting.
+        _COMPILE_LOCK.acquire()
         try:
-            if waited and _served_now(frame):
-                return Decision.RUN  # the other thread cached it: the next call hits
+            if _served_now(frame):
+                return Decision.RUN  # another thread's entry serves it: the next call hits
             return self._on_miss(frame)
         except FullGraphError:
             raise
@@ -266,10 +265,11 @@ _COMPILE_LOCK = threading.RLock()
 
 
 def _served_now(frame: Frame) -> bool:
-    """Whether an entry in the code's cache (added meanwhile by another thread) serves the
-    frame: the same test the C hook makes (entry_fits_function, then the check)."""
+    """Whether an entry made meanwhile by another thread serves the frame: the same test
+    the C hook makes (entry_fits_function, then the check)."""
     fn = frame.function
-    for check, entry_fn in hook.entries(frame.code):
+    cache = _caches.get(frame.code)
+    for check, entry_fn in cache.hook_entries if cache is not None else ():
         if isinstance(entry_fn, types.FunctionType) and (
             entry_fn.__globals__ is not fn.__globals__
             or not _same_cells(entry_fn.__closure__, fn.__closure__)

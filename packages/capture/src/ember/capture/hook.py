@@ -195,7 +195,7 @@ class _Dispatch:
         self.callback = callback
 
     def __call__(self, frame: Frame) -> tuple[object, object] | bool | None:
-        if frame.code.co_filename.startswith(_skipped_prefixes()):
+        if frame.code.co_filename.startswith(_skipped_prefixes()) or _is_own(frame.code):
             return False
         decision = self.callback(frame)
         if decision is Decision.RUN:
@@ -364,7 +364,9 @@ def skip(code: types.CodeType, flag: bool = True) -> None:
     _eval_frame.set_skip(code, flag)
 
 
-_OWN: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # codes reset() keeps skipped
+# id(code) -> a weak reference to it: the codes reset() keeps skipped. By identity: code
+# objects compare by value, and an equal code made later must not share (and lose) a slot.
+_OWN: dict[int, weakref.ref[types.CodeType]] = {}
 
 
 def own(code: types.CodeType) -> None:
@@ -376,8 +378,19 @@ def own(code: types.CodeType) -> None:
     >>> own(prefix.__code__); reset(); is_skipped(prefix.__code__)
     True
     """
-    _OWN.add(code)
+    key = id(code)
+
+    def forget(ref: weakref.ref[types.CodeType]) -> None:
+        if _OWN.get(key) is ref:
+            del _OWN[key]
+
+    _OWN[key] = weakref.ref(code, forget)
     _eval_frame.set_skip(code, True)
+
+
+def _is_own(code: types.CodeType) -> bool:
+    ref = _OWN.get(id(code))
+    return ref is not None and ref() is code
 
 
 def is_skipped(code: types.CodeType) -> bool:
@@ -396,8 +409,9 @@ def reset() -> None:
     True
     """
     _eval_frame.reset()
-    for code in list(_OWN):
-        _eval_frame.set_skip(code, True)
+    for ref in list(_OWN.values()):
+        if (code := ref()) is not None:
+            _eval_frame.set_skip(code, True)
 
 
 def state() -> HookState:
