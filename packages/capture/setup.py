@@ -10,7 +10,7 @@ setup(
         Extension(
             "ember.capture._eval_frame",
             sources=["src/ember/capture/_eval_frame.c"],
-            depends=["src/ember/capture/_frame_311.h"],
+            depends=["src/ember/capture/_frame_311.h", "src/ember/capture/_foreign.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ],

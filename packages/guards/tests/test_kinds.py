@@ -126,6 +126,21 @@ def test_same_tensor_and_no_aliasing() -> None:
     assert verdict(distinct, a, a) == (False, "x: expected distinct tensors, got x is y")
 
 
+def test_storage_aliasing() -> None:
+    base, other = torch.zeros(6), torch.zeros(6)
+    g = compiled(eg.storage_aliasing([Local("x"), Local("y")], [base, base[2:]]))
+    assert verdict(g, base, base[2:]) == (True, None)
+    assert verdict(g, other, other[2:]) == (True, None)  # another storage, the same relation
+    changed = "x: storage sharing changed: y expected"
+    assert verdict(g, base, other) == (False, f"{changed} the storage of x, got its own")
+    assert verdict(g, base, base[1:]) == (False, "x: storage offset of y expected 2, got 1")
+    assert verdict(g, base, 1.0)[0] is False
+    apart = compiled(eg.storage_aliasing([Local("x"), Local("y")], [base, other]))
+    assert verdict(apart, base, other) == (True, None)
+    assert verdict(apart, base, base) == (False, f"{changed} its own storage, got that of x")
+    assert verdict(apart, base, base.view(2, 3))[0] is False
+
+
 @pytest.mark.parametrize(
     ("field", "context", "message"),
     [

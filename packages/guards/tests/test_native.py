@@ -116,3 +116,18 @@ def test_subclass_overriding_shape_in_python_is_guarded_on_real_metadata() -> No
     packed = _accel.pack_tensor(TensorSpec.of(t))
     assert TensorSpec.of(t).size == (2,)
     assert _accel.tensor_match(packed, t) and _accel.py_tensor_match(packed, t)
+
+
+def test_storage_groups_twins_agree() -> None:
+    a, b = torch.zeros(6), torch.zeros(6)
+    cases = [(a, b), (a, a), (a, a[1:]), (a, b, a[2:]), (a, b[1:], b[2:]), (a, torch.zeros(0))]
+    for layout_of in cases:
+        layout = _accel.storage_layout(layout_of)
+        for args in cases:
+            if len(args) != len(layout_of):
+                continue
+            want = _accel.storage_layout(args) == layout
+            assert _accel.storage_groups(layout, *args) is want
+            assert _accel.py_storage_groups(layout, *args) is want
+    assert _accel.storage_groups(_accel.storage_layout((a, b)), a, "x") is False
+    assert _accel.py_storage_groups(_accel.storage_layout((a, b)), a, "x") is False

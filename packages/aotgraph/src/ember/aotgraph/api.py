@@ -3,11 +3,14 @@
 The pipeline, one pass per line (:meth:`AOTCompiled.build`):
 
     signature = analyze(lifted, inputs)         # outputs: need grad? alias an input?
-    joint     = trace_joint(lifted, inputs)     # functional aten joint forward+backward
+    fn        = own_views(lifted)               # inputs restrided (t_) or written needing grad
+    fn        = Merge.of(inputs).wrap(fn)       # inputs sharing a written storage: one base
+    joint     = trace_joint(fn, inputs)         # functional aten joint forward+backward
     part      = partition(joint)                # forward graph, backward graph, saved values
     forward   = fw_compiler(part.forward)       # the caller's compilers, once each
     backward  = bw_compiler(part.backward)
     Runtime(signature, forward, backward)       # autograd.Function + write-backs + views
+                                                # + metadata, versions, requires_grad_ replayed
 
 The first three passes are what the disk cache (:mod:`ember.aotgraph.store`) keeps:
 a graph traced before, in this process or another, with the same inputs' metadata and
@@ -35,6 +38,7 @@ import torch
 import torch.fx
 
 from ember.aotgraph import check, store
+from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -123,6 +127,8 @@ class AOTCompiled:
     # set when tracing needed a float input's value: the version with floats as constants
     fallback: AOTCompiled | None = None
     _check: bool = field(default_factory=check.enabled)
+    # the function calls requires_grad_() on an input: under grad mode, always train
+    _sets_grad: bool = False
     _tensor_slots: list[int] | None = field(default=None, repr=False)
 
     def __call__(self, *args: Any) -> Any:
@@ -133,7 +139,9 @@ class AOTCompiled:
         inputs = self.lifted.flat_inputs(args)
         if self._tensor_slots is None:  # which inputs are tensors (the rest are floats)
             self._tensor_slots = [k for k, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
-        grad = torch.is_grad_enabled() and any(inputs[k].requires_grad for k in self._tensor_slots)
+        grad = torch.is_grad_enabled() and (
+            self._sets_grad or any(inputs[k].requires_grad for k in self._tensor_slots)
+        )
         runtime = (self.training if grad else self.inference) or self.build(inputs, grad=grad)
         if runtime is None:
             assert self.fallback is not None
@@ -164,7 +172,11 @@ class AOTCompiled:
         """Trace, partition and compile the training (``grad``) or inference path; ``None``
         if tracing needed a float input's value (``fallback`` is then set)."""
         try:
-            return self._build(inputs, grad=grad)
+            runtime = self._build(inputs, grad=grad)
+            if not grad and runtime.signature.grad_set and torch.is_grad_enabled():
+                self._sets_grad = True  # the outputs need gradients after all
+                runtime = self._build(inputs, grad=True)
+            return runtime
         except Specialized:
             self.fallback = AOTCompiled(self.lifted.specialized(), self.settings)
             return None
@@ -173,7 +185,8 @@ class AOTCompiled:
         key = store.record_key(self.lifted, inputs, grad, self.settings.cache_key)
         traced = store.cached(key, lambda: self._trace(inputs, grad=grad))  # disk cache
         self.cache_hit = traced.from_cache if key is not None else None
-        runtime = self._compile(traced, inputs)
+        merge = Merge.of(inputs, traced.signature.versions, grad=grad)  # as _trace made it
+        runtime = self._compile(traced, inputs, merge)
         if traced.signature.training or grad:
             self.training = runtime
         else:
@@ -182,15 +195,37 @@ class AOTCompiled:
 
     def _trace(self, inputs: list[torch.Tensor], *, grad: bool) -> Traced:
         signature = analyze(self.lifted, inputs, grad=grad)
+        fn: Callable[..., Any] = self.lifted
+        written = _written_with_grad(signature, inputs, grad)
+        if signature.restrided or written:  # t_, resize_ on inputs: on views inside the graph
+            fn, replaced = own_views(fn, signature.restrided, written, inputs, grad)
+            signature = _with_replaced(signature, replaced, grad and bool(written))
+        merge = Merge.of(inputs, signature.versions, grad=grad)  # inputs sharing storage
+        if signature.grad_set and (merge is not None or signature.restrided or written):
+            raise NotImplementedError(
+                "aot_compile: requires_grad_() on an input that shares storage, is written or "
+                "is restrided in place; run this function eagerly"
+            )
+        if merge is not None and (signature.replaced or signature.restrided):
+            raise NotImplementedError(
+                "aot_compile: inputs that share storage, one with its metadata changed in place "
+                "(t_, resize_, ...) or written while requiring grad; run this function eagerly"
+            )
+        if merge is not None:
+            fn, inputs = merge.wrap(fn), merge.inputs(inputs)
+            grad_inputs = tuple(map(merge.graph_index, signature.grad_inputs))
+            signature = dataclasses.replace(signature, grad_inputs=grad_inputs)
         if signature.training:
-            return self._trace_training(inputs, signature)
-        graph = trace_forward(self.lifted, inputs, signature, self.settings.table())
+            return self._trace_training(fn, inputs, signature)
+        graph = trace_forward(fn, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(graph)
         return Traced(signature, graph.mutated, graph.gm)
 
-    def _trace_training(self, inputs: list[torch.Tensor], signature: Signature) -> Traced:
-        joint = trace_joint(self.lifted, inputs, signature, self.settings.table())
+    def _trace_training(
+        self, fn: Callable[..., Any], inputs: list[torch.Tensor], signature: Signature
+    ) -> Traced:
+        joint = trace_joint(fn, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(joint)
         for i in joint.mutated:
@@ -203,24 +238,70 @@ class AOTCompiled:
         if self._check:
             check.check_partition(joint, part)
         self.joint = joint
-        mutated_saved = {f"primals_{i + 1}" for i in joint.mutated}
+        # inputs the call writes or restrides: saved as they are, the write would show
+        touched = {*joint.mutated, *_bumped_graph_inputs(signature, len(inputs))}
+        mutated_saved = {f"primals_{i + 1}" for i in touched}
         clone = tuple(k for k, name in enumerate(part.saved) if name in mutated_saved)
         saved_values = [n.meta.get("val") for n in bw_inputs_nodes(part)[: len(part.saved)]]
         numbers = tuple(k for k, v in enumerate(saved_values) if not isinstance(v, torch.Tensor))
         return Traced(signature, joint.mutated, part.forward, part, clone, numbers)
 
-    def _compile(self, traced: Traced, inputs: list[torch.Tensor]) -> Runtime:
+    def _compile(self, traced: Traced, inputs: list[torch.Tensor], merge: Merge | None) -> Runtime:
         """Run the caller's compilers on traced (or cached) graphs; wrap them in a Runtime."""
         sig, part = traced.signature, traced.partition
+        graph_inputs = list(inputs) if merge is None else merge.inputs(inputs)
         if part is None:
             self.inference_graph = traced.forward
-            compiled = self.settings.inference_compiler(traced.forward, list(inputs))
-            return Runtime(sig, traced.mutated, compiled)
+            compiled = self.settings.inference_compiler(traced.forward, graph_inputs)
+            return Runtime(sig, traced.mutated, compiled, merge=merge)
         self.partition = part
-        fw = self.settings.fw_compiler(part.forward, list(inputs))
+        fw = self.settings.fw_compiler(part.forward, graph_inputs)
         bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
         bw = self.settings.bw_compiler(part.backward, bw_inputs)
-        return Runtime(sig, traced.mutated, fw, bw, traced.clone_saved, traced.number_saved)
+        saved = traced.clone_saved, traced.number_saved
+        return Runtime(sig, traced.mutated, fw, bw, *saved, merge=merge)
+
+
+def _bumped_graph_inputs(sig: Signature, n: int) -> list[int]:
+    """The graph inputs whose version counter the call moves: a saved one must be a copy
+    (the backward pass checks versions). With inputs merged the indices moved: then every
+    graph input counts (a rare case, a few copies more)."""
+    if not any(sig.versions):
+        return []
+    if len(sig.versions) != n:  # merged: indices moved, so be safe and copy every written one
+        return list(range(n))
+    return [i for i, v in enumerate(sig.versions) if v]
+
+
+def _written_with_grad(sig: Signature, inputs: Sequence[Any], grad: bool) -> tuple[int, ...]:
+    """Inputs that require grad and that the call writes in place (not leaves: eager raises
+    for those, and capture ends the graph there)."""
+    if not grad:
+        return ()
+    restrided = {i for i, _ in sig.restrided}
+    return tuple(
+        i
+        for i, v in enumerate(sig.versions)
+        if v and inputs[i].requires_grad and i not in restrided
+    )
+
+
+def _with_replaced(sig: Signature, replaced: tuple[int, ...], differentiable: bool) -> Signature:
+    """``sig`` with the final values of the ``replaced`` inputs as its last graph outputs;
+    those of inputs that require grad take a gradient (``differentiable``: some do)."""
+    leaves, n = len(sig.outputs), len(sig.graph_outputs)
+    new = tuple(range(n, n + len(replaced)))
+    grad_outputs = sig.grad_outputs
+    if differentiable:
+        grad_outputs += tuple(j for j, i in zip(new, replaced, strict=True) if i in sig.grad_inputs)
+    return dataclasses.replace(
+        sig,
+        graph_outputs=sig.graph_outputs + tuple(range(leaves, leaves + len(replaced))),
+        out_storage=sig.out_storage + new,
+        replaced=replaced,
+        grad_outputs=grad_outputs,
+        training=bool(grad_outputs) and bool(sig.grad_inputs),
+    )
 
 
 def bw_inputs_nodes(part: Partition) -> list[torch.fx.Node]:

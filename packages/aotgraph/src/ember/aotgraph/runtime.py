@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
 from ember.aotgraph.trace import Signature
 
 __all__ = ["CompiledFunction", "Runtime"]
@@ -44,6 +45,12 @@ class Runtime:
     backward: Callable[..., Sequence[torch.Tensor | None]] | None = None
     clone_saved: tuple[int, ...] = ()  # saved values that are inputs mutated by this call
     number_saved: tuple[int, ...] = ()  # saved values that are numbers, not tensors
+    merge: Merge | None = None  # inputs sharing storage, passed to the graph as one base
+    # (input, how far eager moves its version counter) for each input written in place
+    bumped: tuple[tuple[int, int], ...] = field(init=False)
+    # graph outputs to copy (they share storage where eager's do not): found on the first call
+    clone: list[tuple[int, ...]] = field(init=False)
+    plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
     num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
     non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
     # the caller's output structure from (inputs, graph outputs): see ``assembler``
@@ -58,8 +65,38 @@ class Runtime:
         object.__setattr__(self, "num_forward_outputs", n)
         object.__setattr__(self, "non_differentiable", no_grad)
         object.__setattr__(self, "assemble", assembler(sig))
+        object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
+        object.__setattr__(self, "clone", [])
+        replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
+        object.__setattr__(self, "plain", self.merge is None and not replay)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
+        outs = self._run(inputs) if self.plain else self._run_replaying(inputs)
+        clone = self.clone
+        if not clone:  # once: how the compiled graph's outputs share storage
+            clone.append(outputs_to_clone(self.signature.out_storage, inputs, outs))
+        if clone[0]:
+            outs = list(outs)
+            for j in clone[0]:
+                outs[j] = fresh_copy(outs[j])
+        return self.assemble(inputs, outs)
+
+    def _run_replaying(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
+        """:meth:`_run`, and what else eager's in-place ops did to the inputs: the flags
+        ``requires_grad_()`` set, the metadata ``t_`` changed, the version counters."""
+        sig = self.signature
+        for i in sig.grad_set:  # the function's requires_grad_() calls
+            inputs[i].requires_grad_()
+        start = [_version(inputs[i]) for i, _ in self.bumped]
+        outs = self._run(inputs if self.merge is None else self.merge.inputs(inputs))
+        if sig.restrided or sig.replaced:  # replaced inputs' values: the last graph outputs
+            n = len(sig.graph_outputs)
+            restride(inputs, sig.restrided, sig.replaced, outs[n - len(sig.replaced) : n])
+        set_versions(inputs, self.bumped, start)
+        return outs
+
+    def _run(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
+        """Run the graphs on the graph's inputs; write the mutated ones back."""
         if self.backward is None:  # no output needs a gradient: record no autograd graph
             if torch.is_grad_enabled():  # (not torch.no_grad(): its Python layer costs 3 us)
                 torch._C._set_grad_enabled(False)
@@ -76,7 +113,31 @@ class Runtime:
         if self.mutated:
             n = len(self.signature.graph_outputs)
             write_back(inputs, self.mutated, outs[n : n + len(self.mutated)])
-        return self.assemble(inputs, outs)
+        return outs
+
+
+def _version(t: torch.Tensor) -> int:
+    return 0 if t.is_inference() else t._version
+
+
+def set_versions(
+    inputs: Sequence[torch.Tensor], bumped: Sequence[tuple[int, int]], start: Sequence[int]
+) -> None:
+    """Move the version counter of each written input as far as eager's in-place ops did
+    (write-back copies once per input, where eager may write twice, or through a view).
+
+    >>> x = torch.zeros(2)
+    >>> x.add_(1); _ = x.mul_(2)  # what eager does: two in-place ops
+    tensor([1., 1.])
+    >>> y = torch.zeros(2)
+    >>> _ = y.copy_(x)  # what the runtime does: one copy
+    >>> set_versions([y], [(0, 2)], [0]); (x._version, y._version)
+    (2, 2)
+    """
+    for (i, delta), before in zip(bumped, start, strict=True):
+        t = inputs[i]
+        if not t.is_inference() and t._version != before + delta:
+            torch._C._autograd._unsafe_set_version_counter((t,), (before + delta,))
 
 
 def write_back(
@@ -128,7 +189,10 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             leaves.append(inputs[o.index])
         elif o.kind == "alias":
             assert o.meta is not None
-            leaves.append(inputs[o.index].as_strided(o.meta.size, o.meta.stride, o.meta.offset))
+            base = inputs[o.index]
+            if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
+                base = base.detach()
+            leaves.append(base.as_strided(o.meta.size, o.meta.stride, o.meta.offset))
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)

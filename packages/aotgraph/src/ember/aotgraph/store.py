@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 # Bump when the record layout changes (the package hash changes with any edit anyway).
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 # Modules whose functions a cached input graph may call: identified by name, fixed by torch's
 # and Python's versions, which the key holds (and ember.aotgraph's, by the package hash).
@@ -413,8 +413,23 @@ def _encode_signature(sig: Signature) -> JSON:
         spec = pytree.treespec_dumps(sig.out_spec)
     except (NotImplementedError, TypeError, ValueError, KeyError) as e:
         raise Unencodable(f"the output structure {sig.out_spec}") from e
-    ints = [list(sig.graph_outputs), list(sig.grad_outputs), list(sig.grad_inputs)]
-    return {"outputs": outputs, "out_spec": spec, "ints": ints, "training": sig.training}
+    ints = [
+        list(sig.graph_outputs),
+        list(sig.grad_outputs),
+        list(sig.grad_inputs),
+        list(sig.versions),
+        list(sig.out_storage),
+        list(sig.replaced),
+        list(sig.grad_set),
+    ]
+    restrided = [[i, _encode_meta(meta)] for i, meta in sig.restrided]
+    return {
+        "outputs": outputs,
+        "out_spec": spec,
+        "ints": ints,
+        "training": sig.training,
+        "restrided": restrided,
+    }
 
 
 def _decode_signature(data: JSON) -> Signature:
@@ -425,9 +440,29 @@ def _decode_signature(data: JSON) -> Signature:
         value = serialize.decode_value(value)
         outputs.append(Output(kind, int(index), bool(grad), _decode_meta(meta), value))
     spec = pytree.treespec_loads(data["out_spec"])
-    graph_outputs, grad_outputs, grad_inputs = (_ints(v) for v in data["ints"])
+    graph, grad_outputs, grad_inputs, versions, shared, replaced, grad_set = map(
+        _ints, data["ints"]
+    )
     training = bool(data["training"])
-    return Signature(tuple(outputs), spec, graph_outputs, grad_outputs, grad_inputs, training)
+    restrided = []
+    for i, meta in data["restrided"]:
+        decoded = _decode_meta(meta)
+        if decoded is None:
+            raise ValueError("an input's metadata after the call is missing")
+        restrided.append((int(i), decoded))
+    return Signature(
+        tuple(outputs),
+        spec,
+        graph,
+        grad_outputs,
+        grad_inputs,
+        training,
+        versions,
+        shared,
+        tuple(restrided),
+        replaced,
+        grad_set,
+    )
 
 
 def _ints(data: JSON) -> tuple[int, ...]:

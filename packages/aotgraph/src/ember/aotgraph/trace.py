@@ -48,6 +48,8 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
+from ember.aotgraph.aliasing import storage_groups
+from ember.aotgraph.eager_checks import EagerOnly, check_mutations
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
@@ -118,8 +120,21 @@ class Signature:
     out_spec: pytree.TreeSpec  # how the flat outputs nest (tuple, list, single tensor)
     graph_outputs: tuple[int, ...]  # for each graph output, its position among the leaves
     grad_outputs: tuple[int, ...]  # graph outputs that take a tangent (they require grad)
-    grad_inputs: tuple[int, ...]  # tensor inputs that get a gradient
+    grad_inputs: tuple[int, ...]  # tensor inputs that get a gradient (graph input indices)
     training: bool  # traced with autograd (joint graph) rather than forward only
+    # per input: how far eager's in-place ops move its version counter (0 for floats)
+    versions: tuple[int, ...] = ()
+    # per graph output: the first graph output sharing its storage in eager (itself if none)
+    out_storage: tuple[int, ...] = ()
+    # (input, its size, stride and offset after the call) for inputs whose metadata eager's
+    # in-place ops change (t_, unsqueeze_, resize_, as_strided_)
+    restrided: tuple[tuple[int, TensorMeta], ...] = ()
+    # inputs the graph gets a copy of (grown past their storage, or written while requiring
+    # grad): their final values are the last graph outputs, copied back by the runtime
+    replaced: tuple[int, ...] = ()
+    # inputs the function calls requires_grad_() on: the runtime sets the flag before the
+    # graph runs (the gradient formulas traced only count what follows the call)
+    grad_set: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +314,11 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
     storage = leaf.untyped_storage()._cdata
     for i, f in enumerate(fakes):
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
-            return Output("alias", i, meta=TensorMeta.of(leaf))
+            if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
+                raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
+            # requires_grad: whether the view records autograd history (``x.detach()``
+            # does not), so that the runtime's rebuilt view does not either
+            return Output("alias", i, leaf.requires_grad, meta=TensorMeta.of(leaf))
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
 
@@ -311,13 +330,24 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     >>> x = torch.randn(2, 3, requires_grad=True)
     >>> sig = analyze(Lifted.of(gm, [x, x]), [x, x], grad=True)
     >>> [(o.kind, o.index, o.requires_grad) for o in sig.outputs]
-    [('alias', 0, False), ('graph', 0, True), ('constant', -1, False)]
+    [('alias', 0, True), ('graph', 0, True), ('constant', -1, False)]
     """
     mode = _fake_mode()
     fakes = _fakes(mode, inputs)
+    before = [_version(f) for f in fakes]
+    metas = [_meta(f) for f in fakes]
+    wanted = [_requires_grad(f) for f in fakes]
     with mode, torch.set_grad_enabled(grad):
         leaves, spec = pytree.tree_flatten(fn(*fakes))
     _unspecialized(mode)
+    changed = [i for i, f in enumerate(fakes) if _requires_grad(f) != wanted[i]]
+    if any(wanted[i] for i in changed):  # requires_grad_(False): nothing to replay it with
+        raise NotImplementedError(
+            f"aot_compile: the function calls requires_grad_(False) on input {changed[0]}; "
+            "run this function eagerly"
+        )
+    versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
+    restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _meta(f) != metas[i])
     outputs: list[Output] = []
     positions: list[int] = []
     for pos, leaf in enumerate(leaves):
@@ -326,9 +356,34 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
         if out.kind == "graph":
             positions.append(pos)
     grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
-    grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t)) if grad else ()
+    grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t) or i in changed)
+    grad_inputs = grad_inputs if grad else ()
     training = bool(grad_outputs) and bool(grad_inputs)
-    return Signature(tuple(outputs), spec, tuple(positions), grad_outputs, grad_inputs, training)
+    shared = storage_groups([leaves[p] for p in positions])  # eager's outputs share these
+    graph = tuple(positions)
+    return Signature(
+        tuple(outputs),
+        spec,
+        graph,
+        grad_outputs,
+        grad_inputs,
+        training,
+        versions,
+        shared,
+        tuple((i, m) for i, m in restrided if m is not None),
+        grad_set=tuple(changed),
+    )
+
+
+def _meta(value: Any) -> TensorMeta | None:
+    return TensorMeta.of(value) if isinstance(value, torch.Tensor) else None
+
+
+def _version(value: Any) -> int:
+    """A tensor's version counter (0 for a number or an inference tensor, which has none)."""
+    if not isinstance(value, torch.Tensor) or value.is_inference():
+        return 0
+    return int(value._version)
 
 
 def _requires_grad(value: Any) -> bool:
@@ -372,7 +427,7 @@ class JointGraph:
         return self.num_outputs + len(self.mutated)
 
 
-def _graph_outputs(fn: Lifted, sig: Signature) -> Callable[..., list[torch.Tensor]]:
+def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list[torch.Tensor]]:
     def run(*primals: torch.Tensor) -> list[torch.Tensor]:
         leaves = pytree.tree_leaves(fn(*primals))
         return [leaves[pos] for pos in sig.graph_outputs]
@@ -380,7 +435,7 @@ def _graph_outputs(fn: Lifted, sig: Signature) -> Callable[..., list[torch.Tenso
     return run
 
 
-def _joint_function(fn: Lifted, sig: Signature, n: int) -> Callable[..., list[Any]]:
+def _joint_function(fn: Callable[..., Any], sig: Signature, n: int) -> Callable[..., list[Any]]:
     forward = _graph_outputs(fn, sig)
 
     def joint(*args: torch.Tensor) -> list[Any]:
@@ -394,8 +449,11 @@ def _joint_function(fn: Lifted, sig: Signature, n: int) -> Callable[..., list[An
     return joint
 
 
-def _tangents(mode: FakeTensorMode, sig: Signature) -> list[torch.Tensor]:
+def _tangents(mode: FakeTensorMode, sig: Signature, inputs: Sequence[Any]) -> list[torch.Tensor]:
     metas = {o.index: o.meta for o in sig.outputs if o.kind == "graph"}
+    first = len(sig.graph_outputs) - len(sig.replaced)
+    for k, i in enumerate(sig.replaced):  # the final value of a replaced input: its shape
+        metas[first + k] = TensorMeta.of(inputs[i])
     out = []
     with mode:
         for j in sig.grad_outputs:
@@ -412,6 +470,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     mutable schema): functionalization would give the same graph back.
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     out_of_place(aten_gm)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)
@@ -531,12 +590,12 @@ def _viewed(node: torch.fx.Node) -> bool:
 
 
 def trace_joint(
-    fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
+    fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
     """The functional joint forward+backward graph of ``fn`` (see the module docstring)."""
     mode = _fake_mode()
     primals = _fakes(mode, inputs)
-    tangents = _tangents(mode, sig)
+    tangents = _tangents(mode, sig, inputs)
     with torch.enable_grad():
         gm = _trace(_joint_function(fn, sig, len(primals)), [*primals, *tangents], table)
     _unspecialized(mode)
@@ -546,7 +605,7 @@ def trace_joint(
 
 
 def trace_forward(
-    fn: Lifted, inputs: Sequence[torch.Tensor], sig: Signature, table: Table
+    fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
     """The functional forward-only graph of ``fn``, for inference (no tangents, no grads).
 

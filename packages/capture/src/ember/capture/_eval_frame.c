@@ -26,12 +26,14 @@
 #include <structseq.h>
 
 #include "_frame_311.h"
+#include "_foreign.h"
 
 /* ---------------------------------------------------------------- state -- */
 
 typedef struct {
     PyObject *callback;        /* strong; NULL, Py_False or a callable */
     int busy;                  /* >0 while a callback or check_fn runs: pass through */
+    int foreign;               /* >0 while another evaluator's own code runs: pass through */
     PyCodeObject *skip_once;   /* borrowed; the next frame of this code is an entry's fn */
 } ThreadState;
 
@@ -292,6 +294,15 @@ lookup(ThreadState *ts, CodeExtra *extra, PyFunctionObject *func, PyObject *cons
     return found;
 }
 
+/* Whether another frame evaluator sits in the chain with ours (above or below). Only
+ * then can frames belong to another compiler's region. */
+static int
+foreign_in_chain(PyThreadState *tstate)
+{
+    return _PyInterpreterState_GetEvalFrameFunc(tstate->interp) != ember_eval_frame ||
+           previous_eval != _PyEval_EvalFrameDefault;
+}
+
 /* Build the frame description handed to the callback. */
 static PyObject *
 make_frame_info(EmberFrame *frame, PyObject *const *args, Py_ssize_t nargs)
@@ -375,7 +386,7 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
 {
     ThreadState *ts = current_state;
     PyCodeObject *code = ember_frame_code(frame);
-    if (ts == NULL || ts->callback == NULL || ts->busy) {
+    if (ts == NULL || ts->callback == NULL || ts->busy || ts->foreign) {
         if (active_threads == 0) {
             /* Left behind: another PEP 523 user restored us after our last
              * thread let go. Step out of the chain now. */
@@ -393,6 +404,21 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
         !(code->co_flags & CO_OPTIMIZED)) {
         return previous_eval(tstate, frame, throwflag);
     }
+    PyFunctionObject *func = ember_frame_func(frame);
+    if (func == NULL || func->func_code != (PyObject *)code) {
+        /* Another evaluator runs code of its own in place of the function's (its
+         * compiled code): stay out of that code and of everything it calls. */
+        ts->foreign++;
+        PyObject *result = previous_eval(tstate, frame, throwflag);
+        ts->foreign--;
+        return result;
+    }
+    /* Hits are served without a look at the stack unless another evaluator is in the
+     * chain; a miss always looks (it is about to call Python, which costs far more). */
+    int chained = foreign_in_chain(tstate);
+    if (chained && under_foreign_compiler(tstate, frame)) {
+        return previous_eval(tstate, frame, throwflag);
+    }
     int run_only = ts->callback == Py_False;
     CodeExtra *extra = code_extra(code, !run_only);
     if (extra == NULL) {
@@ -406,6 +432,9 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
     Py_ssize_t nargs = ember_code_nargs(code);
     PyObject *fn = lookup(ts, extra, ember_frame_func(frame), args, nargs);
     if (fn == NULL && !PyErr_Occurred() && !run_only) {
+        if (!chained && under_foreign_compiler(tstate, frame)) {
+            return previous_eval(tstate, frame, throwflag);
+        }
         fn = compile_miss(ts, frame, extra, args, nargs);
     }
     if (fn == NULL) {
@@ -685,6 +714,8 @@ static PyMethodDef methods[] = {
      "set_skip(code, flag): never (or again) intercept frames of this code."},
     {"is_skipped", is_skipped, METH_O, "Whether frames of this code are never intercepted."},
     {"reset", reset, METH_NOARGS, "Forget every cache entry and skip flag."},
+    {"set_foreign_modules", set_foreign_modules, METH_O,
+     "set_foreign_modules(prefixes): modules of other evaluators' compilers, stood aside for."},
     {"hook_state", hook_state, METH_NOARGS,
      "{'installed': top|chained|absent, 'active_threads': n, 'live_caches': n}"},
     {NULL, NULL, 0, NULL},

@@ -58,6 +58,28 @@ ember_frame_args(EmberFrame *f)
     return (PyObject *const *)f->localsplus;
 }
 
+/* The frame the thread runs now: the caller of a frame the hook was handed (whose own
+ * `previous` link is set only once the eval loop starts on it). */
+static inline EmberFrame *
+ember_current_frame(PyThreadState *tstate)
+{
+    return tstate->cframe->current_frame;
+}
+
+/* The frame below a running frame on the thread's stack (its caller), or NULL. */
+static inline EmberFrame *
+ember_frame_previous(EmberFrame *f)
+{
+    return f->previous;
+}
+
+/* The frame's globals (a borrowed reference; never NULL for a running frame). */
+static inline PyObject *
+ember_frame_globals(EmberFrame *f)
+{
+    return f->f_globals;
+}
+
 /* Code flags that make a code object ineligible for interception. */
 #define EMBER_UNTRACEABLE_FLAGS \
     (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)

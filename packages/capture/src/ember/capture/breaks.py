@@ -37,6 +37,7 @@ import dataclasses
 import dis
 import inspect
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,7 +171,11 @@ _RESUME_CACHE: dict[tuple[Any, ...], types.CodeType] = {}
 # resume code -> (the original code, how many instructions earlier the original has each
 # instruction): a resume function that breaks again resumes from the original code, so a
 # loop that breaks on every turn reuses one resume function instead of making one per turn.
-_RESUME_ORIGIN: dict[types.CodeType, tuple[types.CodeType, int]] = {}
+# Weak, and kept by clear_cache(): a resume function still running on another thread
+# when reset() runs must still resume from the original code if it breaks again.
+_RESUME_ORIGIN: weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def resume_code(
@@ -452,4 +457,3 @@ def inspect_args(code: types.CodeType) -> tuple[str, ...]:
 def clear_cache() -> None:
     """Forget cached resume code (``ember.compiler.reset()`` calls this)."""
     _RESUME_CACHE.clear()
-    _RESUME_ORIGIN.clear()

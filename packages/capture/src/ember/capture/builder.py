@@ -86,7 +86,28 @@ def is_constant(obj: Any) -> bool:
 def _wrap_tensor(tracer: Tracer, obj: Any, source: Any) -> Value:
     if source is None:
         raise Unsupported("a tensor the frame cannot reach by a source (a constant tensor)")
+    if tracer.backend_name != "eager" and own_torch_function(type(obj)):
+        # aotgraph would hand its handler aten operations (or none, compiled), not the
+        # torch calls eager makes: the frame runs eagerly (the eager backend replays them).
+        reason = f"a {type(obj).__name__}, a tensor subclass with its own __torch_function__"
+        raise Unsupported(reason, "subclass")
     return tracer.input_tensor(obj, source)
+
+
+_PLAIN_TORCH_FUNCTIONS = (
+    torch.Tensor.__torch_function__.__func__,  # type: ignore[attr-defined]
+    torch._C._disabled_torch_function_impl,  # nn.Parameter's
+)
+
+
+def own_torch_function(cls: type) -> bool:
+    """Whether a tensor class overrides ``__torch_function__`` (``nn.Parameter`` does not).
+
+    >>> own_torch_function(torch.nn.Parameter), own_torch_function(torch.Tensor)
+    (False, False)
+    """
+    handler = cls.__torch_function__  # type: ignore[attr-defined]
+    return getattr(handler, "__func__", handler) not in _PLAIN_TORCH_FUNCTIONS
 
 
 def _wrap_constant(tracer: Tracer, obj: Any, source: Any) -> Value:

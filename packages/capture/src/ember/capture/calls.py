@@ -313,6 +313,10 @@ def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     from ember.capture.pyobjects import call_python_method
 
     self_value = m.self_value
+    if isinstance(self_value, ObjV) and isinstance(self_value.obj, torch.Generator):
+        # Its state lives outside the graph: the call runs natively, in order with the
+        # graph's random operations, on every call.
+        raise Unsupported(f"calling Generator.{m.name}: a random generator's state", "rng")
     if isinstance(self_value, TensorV):
         return tensor_method(fs, self_value, m.name, args, kwargs)
     if isinstance(self_value, ModuleV | ObjV):
@@ -338,8 +342,29 @@ TENSOR_DATA_METHODS = {
 }
 
 
+# Tensor methods that change autograd state: a graph traced to aten ops (aot_eager,
+# inductor) would drop the change, so each runs natively between two graphs.
+TENSOR_AUTOGRAD_METHODS = {
+    "requires_grad_": "changing requires_grad inside compiled code",
+    "detach_": "detaching a tensor in place inside compiled code",
+}
+
+
+def _graph_input_requires_grad(t: TensorV, name: str, args: Args, kwargs: Kwargs) -> bool:
+    """``x.requires_grad_()`` on a tensor the frame was given stays in the graph: aotgraph
+    sets the flag before it runs and takes gradients from the call on, as eager does. On
+    a tensor made inside the graph (``x.detach().requires_grad_()``) it is a break."""
+    flags = [*args, *kwargs.values()]
+    turns_on = all(isinstance(a, Const) and a.value is True for a in flags)
+    return name == "requires_grad_" and turns_on and t.source is not None
+
+
 def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwargs) -> Value:
     """``t.name(*args, **kwargs)``: metadata folds to a constant, the rest is a graph node."""
+    if name in TENSOR_AUTOGRAD_METHODS and not _graph_input_requires_grad(t, name, args, kwargs):
+        raise Unsupported(TENSOR_AUTOGRAD_METHODS[name], "autograd")
+    if name == "backward":
+        _no_double_backward("Tensor.backward", [t, *args], kwargs, 3)
     if name in TENSOR_DATA_METHODS:
         hint = "keep the value a tensor, e.g. torch.where" if name == "item" else ""
         raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent", hint)
@@ -435,6 +460,7 @@ def call_value(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     """The value of ``f(*args, **kwargs)``."""
     real = f.fn if isinstance(f, FuncV) else f.obj if isinstance(f, ObjV) else None
     if real is not None:
+        state_break(real, args, kwargs)
         stand_in = polyfills.lookup(real)
         if stand_in is not None:  # plain Python that does what ``real`` does: traced instead
             return call_value(fs, wrap(fs.tracer, stand_in, None), args, kwargs)
@@ -442,6 +468,55 @@ def call_value(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
     if rule is None:
         raise Unsupported(f"calling a {type(f).__name__}", "call")
     return rule(fs, f, args, kwargs)
+
+
+# -- calls that read or set state a graph cannot hold ----------------------------------------
+
+# torch functions that read or set the random generator's or autograd's state, by
+# "module.qualname" (importing torch._dynamo rebinds torch.manual_seed to a wrapper with
+# the same name, so identity would miss it). Each is a graph break: it runs natively, in
+# order with the graph's random operations, on every call, as in eager.
+STATE_CALLS: dict[str, tuple[str, str]] = {
+    **{
+        f"torch.random.{name}": (f"torch.{name}: the random generator's state", "rng")
+        for name in (
+            "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state", "fork_rng"
+        )
+    },
+    **{
+        f"torch.cuda.random.{name}": (f"torch.cuda.{name}: the random generator's state", "rng")
+        for name in (
+            "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+            "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all",
+        )
+    },
+    "torch.autograd.grad": ("torch.autograd.grad inside compiled code", "autograd"),
+    "torch.autograd.backward": ("torch.autograd.backward inside compiled code", "autograd"),
+}  # fmt: skip
+
+# Where ``create_graph`` sits among the positional arguments of each backward function.
+CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3}
+
+
+def state_break(real: Any, args: Args, kwargs: Kwargs) -> None:
+    """Raise the graph break for a call of ``real`` listed in :data:`STATE_CALLS`."""
+    name = polyfills.qualified_name(real) if callable(real) else ""
+    found = STATE_CALLS.get(name)
+    if found is None:
+        return
+    if name in CREATE_GRAPH_POSITION:
+        _no_double_backward(name, args, kwargs, CREATE_GRAPH_POSITION[name])
+    raise Unsupported(*found)
+
+
+def _no_double_backward(name: str, args: Args, kwargs: Kwargs, position: int) -> None:
+    """A backward pass with ``create_graph=True`` (or a value not known while tracing)
+    differentiates the graphs before it twice, which a compiled backward graph cannot:
+    the whole frame runs eagerly (no break, whose first graph would be compiled)."""
+    given = kwargs.get("create_graph", args[position] if len(args) > position else None)
+    if given is None or (isinstance(given, Const) and not given.value):
+        return
+    raise Unsupported(f"{name} with create_graph=True inside compiled code", "double-backward")
 
 
 # -- which callables become graph nodes -------------------------------------------------------

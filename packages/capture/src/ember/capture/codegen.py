@@ -62,6 +62,36 @@ def make_namedtuple(cls: type[tuple[Any, ...]], *items: Any) -> tuple[Any, ...]:
     return tuple.__new__(cls, items)
 
 
+def inference_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as an inference tensor, as eager makes a tensor computed inside
+    ``torch.inference_mode()``: a backend that traces the graph to aten ops (aotgraph)
+    computes it as a normal tensor, so it is copied once under the mode.
+
+    >>> inference_tensor(torch.ones(2)).is_inference()
+    True
+    """
+    if t.is_inference():
+        return t
+    with torch.inference_mode():
+        return t.clone()
+
+
+def normal_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a normal tensor, as eager makes a tensor computed outside (or after) an
+    inference-mode block: an aotgraph-traced graph entered inside a split block runs whole
+    under the mode, so it is copied once outside it.
+
+    >>> with torch.inference_mode():
+    ...     t = torch.ones(2)
+    >>> normal_tensor(t).is_inference()
+    False
+    """
+    if not t.is_inference():
+        return t
+    with torch.inference_mode(False):
+        return t.clone()
+
+
 class GradModeExit:
     """The ``__exit__`` of a grad-mode ``with`` block that a graph break splits: the frame's
     replacement and the resume function hold this in its place, and calling it (at the
@@ -281,6 +311,8 @@ def _effect_lines(
         elif kind == "exit_block":  # a split autocast/inference-mode block's real exit
             reads.append(f"{PREFIX}t{n} = {source_expr(effect[1], names)}")
             writes.append(f"{PREFIX}t{n}(None, None, None)")
+        elif kind == "grad_mode":  # the mode the frame left set (a backend may restore its own)
+            writes.append(f"{_const_ref(constants, torch._C._set_grad_enabled)}({effect[1]!r})")
         elif kind == "cell":
             reads.append(f"{value} = {expr(effect[2])}")
             writes.append(f"{effect[1]} = {value}")

@@ -19,7 +19,9 @@ A frame that cannot be captured runs eagerly with its reason recorded in
 
 from __future__ import annotations
 
+import inspect
 import sys
+import threading
 import time
 import types
 import weakref
@@ -117,7 +119,25 @@ class FrameCompiler:
         code = frame.code
         if code not in self.entry_codes and not trace_rules.compiles_frames(frame.globals):
             return Decision.SKIP  # the trace rules say CPython runs this module's frames
-        cache = code_cache(code)
+        if _COMPILE_LOCK.acquire(blocking=False):
+            waited = False
+        else:  # another thread compiles: wait for it, it may be compiling this very frame
+            _COMPILE_LOCK.acquire()
+            waited = True
+        try:
+            if waited and _served_now(frame):
+                return Decision.RUN  # the other thread cached it: the next call hits
+            return self._on_miss(frame)
+        except FullGraphError:
+            raise
+        except Exception as bug:  # a bug in ember (guards, codegen) never reaches the user
+            return self._failed(frame, code_cache(code), _internal(bug))
+        finally:
+            _COMPILE_LOCK.release()
+
+    def _on_miss(self, frame: Frame) -> CacheEntry | Decision:
+        """Compile the frame, or decide how it runs eagerly (with the compile lock held)."""
+        cache = code_cache(frame.code)
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return Decision.RUN
         try:
@@ -134,18 +154,25 @@ class FrameCompiler:
         except Exception as bug:
             return self._failed(frame, cache, _internal(bug))
         if translation.ops == 0 and not translation.effects:
-            # Nothing for a backend to do: running the frame as it is costs less.
+            # Nothing for a backend to do: the frame runs as it is while its guards hold;
+            # a call that breaks them (tensors where there were none) compiles again.
             self.stats.skipped.append(cache.name)
-            return Decision.SKIP if not cache.entries else Decision.RUN
+            return self._native(frame, cache, translation)
         try:
-            return self._compile(frame, cache, translation)
+            compiled = self.backend(translation.graph_module, translation.example_inputs)
         except Exception as error:  # the backend refused the graph: the frame runs eagerly
             return self._failed(frame, cache, _backend_failed(self.backend_name, error))
+        return self._compile(frame, cache, translation, compiled)
 
     def _failed(
         self, frame: Frame, cache: CodeCache[Any], e: Unsupported, why: str = ""
     ) -> Decision:
-        location = str(e.location) if e.location is not None else "?"
+        code = frame.code  # where translation stopped, else the frame's own def line
+        location = (
+            str(e.location)
+            if e.location is not None
+            else f'File "{code.co_filename}", line {code.co_firstlineno}, in {code.co_name}'
+        )
         reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
         failure = Failure(cache.name, reason, e.category, location, e.hint, e.location)
         self.stats.failures.append(failure)
@@ -169,7 +196,7 @@ class FrameCompiler:
         if span.block_exit is not None and not _grad_block(t, span.block_exit):
             raise breaks.CannotBreak("the break is inside a with block of a context manager")
         prefix = self._prefix(frame, t)
-        hook.skip(prefix.__code__)  # the prefix is ember's: never intercepted
+        hook.own(prefix.__code__)  # the prefix is ember's: never intercepted
         resumes = tuple(
             hook.function_like(
                 breaks.resume_code(code, target, after, t.layout.live, t.layout.cells),
@@ -190,9 +217,24 @@ class FrameCompiler:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
         return _replacement(frame, t, compiled).fn
 
-    def _compile(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
-        replacement = _replacement(frame, t, self.backend(t.graph_module, t.example_inputs))
+    def _compile(
+        self, frame: Frame, cache: CodeCache[Any], t: Translation, compiled: Any
+    ) -> CacheEntry:
+        replacement = _replacement(frame, t, compiled)
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
+
+    def _native(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
+        """An entry that runs the frame's own code, natively, under the translation's guards."""
+        guards = GuardSet(t.guards.guards)
+        checked = guards.compile(FrameSpec.from_function(frame.function))
+        fn = _native_function(frame.code, frame.function)
+        cache_entry = cache.add(checked, fn)
+        entry = CacheEntry(checked.check, fn)
+        if self.track:
+            self.made.append((frame.code, entry, cache_entry))
+        closure = (frame.function,) if frame.code.co_freevars else ()
+        _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
+        return entry
 
     def _entry(
         self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any, described: str
@@ -205,12 +247,46 @@ class FrameCompiler:
         entry = CacheEntry(checked.check, fn)
         if self.track:
             self.made.append((frame.code, entry, cache_entry))
-        _drop_when_freed(frame.code, cache, cache_entry, entry, guards)
+        # A closure's entry serves only that closure's cells (its fn runs with them): it
+        # goes when the closure does, with the objects its cells hold.
+        closure = (frame.function,) if frame.code.co_freevars else ()
+        _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
         seconds = t.seconds + time.perf_counter() - start
         self.stats.compiled.append(
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
         )
         return entry
+
+
+# One compile at a time in the process: translation and the backends use torch state
+# that is global (fx's tracing patcher, fake-tensor and dispatch modes), and two threads
+# that miss on the same frame must compile it once, not once each up to the cache limit.
+# Reentrant: a backend may call a compiled function on the thread that compiles.
+_COMPILE_LOCK = threading.RLock()
+
+
+def _served_now(frame: Frame) -> bool:
+    """Whether an entry in the code's cache (added meanwhile by another thread) serves the
+    frame: the same test the C hook makes (entry_fits_function, then the check)."""
+    fn = frame.function
+    for check, entry_fn in hook.entries(frame.code):
+        if isinstance(entry_fn, types.FunctionType) and (
+            entry_fn.__globals__ is not fn.__globals__
+            or not _same_cells(entry_fn.__closure__, fn.__closure__)
+        ):
+            continue
+        try:
+            if check(*frame.args):
+                return True
+        except Exception:  # a check that raises is a miss, as in the hook
+            return False
+    return False
+
+
+def _same_cells(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _replacement(frame: Frame, t: Translation, compiled: Any) -> codegen.Replacement:
@@ -224,6 +300,22 @@ def _replacement(frame: Frame, t: Translation, compiled: Any) -> codegen.Replace
         t.effects,
         restore_grad_mode=codegen.switches_grad_mode(t.graph_module.graph),
     )
+
+
+def _native_function(code: types.CodeType, original: types.FunctionType) -> types.FunctionType:
+    """``original``'s code as a function that takes every argument slot positionally (the
+    hook's calling convention: ``*args`` as a tuple, ``**kwargs`` as a dict), built on a
+    copy of the code: an entry must not hold its own code object (the cache lives in it,
+    a cycle the collector cannot see)."""
+    slots = len(hook.argument_names(code))
+    copy = code.replace(
+        co_argcount=slots,
+        co_kwonlyargcount=0,
+        co_flags=code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS),
+    )
+    fn = types.FunctionType(copy, original.__globals__, code.co_name, None, original.__closure__)
+    fn.__qualname__ = original.__qualname__
+    return fn
 
 
 def _grad_block(t: Translation, block_exit: int) -> bool:
@@ -248,6 +340,7 @@ def _drop_when_freed(
     cache_entry: Any,
     entry: CacheEntry,
     guards: GuardSet,
+    also: tuple[Any, ...] = (),
 ) -> None:
     watched = [
         obj
@@ -255,7 +348,7 @@ def _drop_when_freed(
         if isinstance(g.expected, WeakIdentity)
         and (obj := g.expected.get()) is not None
         and not isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType)
-    ]
+    ] + list(also)
     if not watched:
         return
     key = id(entry)
@@ -294,8 +387,9 @@ def reset() -> None:
     """Forget every cache entry, skip decision and recompilation record."""
     from ember import guards
 
-    hook.reset()
-    guards.reset()
-    breaks.clear_cache()
-    _caches.clear()
-    _watchers.clear()
+    with _COMPILE_LOCK:  # never between a compile's cache lookups and its cache writes
+        hook.reset()
+        guards.reset()
+        breaks.clear_cache()
+        _caches.clear()
+        _watchers.clear()

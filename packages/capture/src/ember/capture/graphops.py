@@ -58,6 +58,9 @@ def _convert(fs: FrameState, v: Value, leaf: Any) -> Any:
         return [_convert(fs, x, leaf) for x in fs.tracer.heap.get(v.ref)]
     if isinstance(v, DictV):
         return {k: _convert(fs, x, leaf) for k, x in fs.tracer.heap.get(v.ref).items()}
+    if isinstance(getattr(v, "obj", None), torch.Generator):
+        # Its state lives outside the graph: the operation runs natively, in order.
+        raise Unsupported("a random operation with a generator= argument", "rng")
     raise Unsupported(f"passing {type(v).__name__} {v!r:.80} to a torch operation", "call")
 
 
@@ -65,6 +68,10 @@ def graph_call(
     fs: FrameState, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     """Record ``target(*args, **kwargs)`` as a ``call_function``/``call_method`` node."""
+    wants_grad = kwargs.get("requires_grad")
+    if not isinstance(wants_grad, Const | None) or (wants_grad is not None and wants_grad.value):
+        # A new leaf that requires grad: a graph traced to aten ops would drop the flag.
+        raise Unsupported(f"{_name(target)}(requires_grad=True) inside compiled code", "autograd")
     if _has_symbol([*args, *kwargs.values()]) and not _value_free(fs, kind, target, args, kwargs):
         args = [specialized(fs, a) for a in args]
         kwargs = {k: specialized(fs, v) for k, v in kwargs.items()}

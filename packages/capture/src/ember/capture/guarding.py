@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -167,6 +167,11 @@ def source_expression(
     return sub(source)
 
 
+def _plain_tensor(value: Any) -> bool:
+    """A tensor whose storage the aliasing guard can read (not a fake or meta one)."""
+    return isinstance(value, torch.Tensor) and value.device.type != "meta"
+
+
 # -- recording guards --------------------------------------------------------------------------
 
 
@@ -188,6 +193,15 @@ class GuardCollector:
 
     def same_tensor(self, first: Source, second: Source) -> None:
         self._add(kinds.same_tensor(first, second, self._where()))
+
+    def storage_aliasing(self, sources: Sequence[Any], values: Sequence[Any]) -> None:
+        """The graph's tensor inputs still share storage exactly as now (none, often): a graph
+        traced for distinct inputs mutates one and reads another as if they were apart."""
+        with torch._C.DisableTorchFunctionSubclass():  # a subclass's handler sees nothing
+            pairs = [(s, v) for s, v in zip(sources, values, strict=True) if _plain_tensor(v)]
+            if len(pairs) >= 2:
+                srcs, tensors = zip(*pairs, strict=True)
+                self._add(kinds.storage_aliasing(srcs, tensors, self._where()))
 
     def equals(self, source: Source, value: Any) -> None:
         try:

@@ -52,6 +52,10 @@ Rules the hook follows (see docs/architecture.md):
 - The eval function is installed while at least one thread has a callback and
   restored when none has; it chains to the eval function installed before it.
 - Run-only mode (:data:`RUN_ONLY`) serves hits and never calls a callback.
+- Another frame evaluator's regions are left to it: a frame whose code is not its
+  function's own (the other evaluator runs its compiled code in its place), everything
+  that code calls, and, while another evaluator is in the chain, every frame with a
+  frame of a :data:`FOREIGN_COMPILERS` module below it on the stack.
 
 Entries must not hold strong references to their own code object or function
 (use weak references): the cache lives inside the code object, so such a cycle
@@ -66,6 +70,7 @@ import functools
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
@@ -73,6 +78,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 from ember.capture import _eval_frame
 
 __all__ = [
+    "FOREIGN_COMPILERS",
     "RUN_ONLY",
     "CacheEntry",
     "Callback",
@@ -89,6 +95,7 @@ __all__ = [
     "get_callback",
     "intercepting",
     "is_skipped",
+    "own",
     "remove_entry",
     "reset",
     "set_callback",
@@ -357,6 +364,22 @@ def skip(code: types.CodeType, flag: bool = True) -> None:
     _eval_frame.set_skip(code, flag)
 
 
+_OWN: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # codes reset() keeps skipped
+
+
+def own(code: types.CodeType) -> None:
+    """Mark ``code`` as ember's own (code it generated): never intercepted, also after
+    :func:`reset` (which forgets other skip flags), so that a call in flight on another
+    thread never has ember compile ember's code.
+
+    >>> def prefix(x): return x
+    >>> own(prefix.__code__); reset(); is_skipped(prefix.__code__)
+    True
+    """
+    _OWN.add(code)
+    _eval_frame.set_skip(code, True)
+
+
 def is_skipped(code: types.CodeType) -> bool:
     """Whether frames of ``code`` are never intercepted.
 
@@ -373,6 +396,8 @@ def reset() -> None:
     True
     """
     _eval_frame.reset()
+    for code in list(_OWN):
+        _eval_frame.set_skip(code, True)
 
 
 def state() -> HookState:
@@ -426,9 +451,32 @@ def function_like(code: types.CodeType, original: types.FunctionType) -> types.F
     return fn
 
 
+# -- other frame evaluators ---------------------------------------------------------------
+
+FOREIGN_COMPILERS: Final[dict[str, str]] = {
+    "torch._dynamo": "torch.compile's frame evaluator: its compiler, the code it generates "
+    "(bytecode, guards, dataclass and namedtuple methods) and the frames its compiled code "
+    "calls are its own; ember compiling them would compile the peer's compiler",
+    "torch._inductor": "torch.compile's code generator, run by the frame evaluator above",
+}
+"""Modules of other PEP 523 compilers. While one of their frames is on a thread's stack
+and their evaluator is chained with ember's, ember passes every frame through (the C
+hook reads the keys; the values say why).
+
+>>> sorted(FOREIGN_COMPILERS)
+['torch._dynamo', 'torch._inductor']
+"""
+
+_eval_frame.set_foreign_modules(tuple(FOREIGN_COMPILERS))
+
+
 # -- code that is never intercepted ------------------------------------------------------------
 
 _extra_prefixes: tuple[str, ...] = ()
+# File names of the code ember generates at run time (replacements, guard checks, the
+# inductor's wrappers): ember's own code too, though it lives in no ember directory.
+# autograd calls a compiled backward natively, inside a compiled call's region.
+_GENERATED = ("<ember replacement of ", "<ember guards for ", "<ember.inductor ")
 _prefix_cache: tuple[int, tuple[str, ...]] = (-1, ())
 
 
@@ -464,5 +512,5 @@ def _skipped_prefixes() -> tuple[str, ...]:
             for path in [getattr(mod, "__file__", None)]
             if path
         }
-        _prefix_cache = (count, tuple(sorted(dirs)) + _extra_prefixes)
+        _prefix_cache = (count, tuple(sorted(dirs)) + _GENERATED + _extra_prefixes)
     return _prefix_cache[1]

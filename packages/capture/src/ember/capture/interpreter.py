@@ -17,7 +17,14 @@ import dis
 from collections.abc import Callable
 
 from ember.capture import bytecode_311
-from ember.capture.tracer import MAX_INLINE_DEPTH, FrameState, Instr, Raised, Unsupported
+from ember.capture.tracer import (
+    MAX_INLINE_DEPTH,
+    NO_BREAK,
+    FrameState,
+    Instr,
+    Raised,
+    Unsupported,
+)
 from ember.capture.values import Const, Value
 
 Handler = Callable[[FrameState, Instr], None]
@@ -108,7 +115,7 @@ def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
             if e.location is None:
                 e.location = fs.location()
             e.stack.insert(0, fs.location())
-            if fs.depth == 0:
+            if fs.depth == 0 and e.category not in NO_BREAK:
                 e.top_index = index
             raise
     return fs.result

@@ -639,7 +639,7 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
     module = getattr(obj, "__module__", None) or ""
     if isinstance(obj, type) and obj in (torch.Size, slice, complex, torch.finfo, torch.iinfo):
         module = "builtins"
-    if obj in SCALAR_FUNCTIONS and is_numeric(args) and not kwargs:
+    if _hashable(obj) and obj in SCALAR_FUNCTIONS and is_numeric(args) and not kwargs:
         return scalar_call(fs, obj, args)  # math on numbers the graph takes as inputs
     if module.split(".")[0] in FOLDABLE_MODULES and all(
         is_const_value(fs, a) for a in [*args, *kwargs.values()]
@@ -652,7 +652,8 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         return Const(None)
     containers = (ListV, DictV, TupleV)
     if (
-        obj in OPERATOR_TENSOR_FUNCTIONS
+        _hashable(obj)
+        and obj in OPERATOR_TENSOR_FUNCTIONS
         and any(isinstance(a, TensorV) for a in args)
         and not any(isinstance(a, containers) for a in args)
     ):

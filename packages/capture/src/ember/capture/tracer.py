@@ -54,7 +54,16 @@ HINTS: dict[str, str] = {
     "module-hooks": "remove the module's hooks, or accept a break at its call",
     "attribute": "read the attribute outside the compiled code and pass the value in",
     "tensor-attribute": "pass the value in as an argument instead of reading it here",
+    "rng": "seed or read the random state outside the compiled code to keep one graph",
+    "autograd": "change requires_grad or call autograd outside the compiled code",
+    "double-backward": "compute gradients of gradients outside the compiled code",
+    "grad-mode": "enable grad outside the compiled code (the caller's no_grad)",
+    "subclass": "backend='eager' runs a tensor subclass's __torch_function__ as eager does",
 }
+
+# Categories that are no graph break: the whole frame runs eagerly (a break would hand the
+# graph before it to the backend, and a compiled backward graph cannot be differentiated).
+NO_BREAK = frozenset({"double-backward", "subclass"})
 
 
 class Unsupported(Exception):
@@ -181,6 +190,10 @@ class Tracer:
     calling: Any = None  # the builtin whose rule is running (rules shared by min/max, ...)
     # grad mode as the graph will have it at this point (it starts as the frame found it)
     grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
+    entry_grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
+    # the graph runs (partly) in inference mode: its tensor outputs are made inference
+    # tensors or normal ones as eager's would be (set when the outputs are built)
+    inference_outputs: bool = False
     steps: int = 0  # jumps taken, to stop unbounded loops
     # Python side effects, replayed in this order right after the graph runs:
     #   ("setattr" | "object_setattr", obj_source, name, value) | ("global", name, value)
@@ -312,10 +325,22 @@ class Tracer:
     def add_node(
         self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fake: Any
     ) -> torch.fx.Node:
+        if self.grad_enabled and not self.entry_grad_enabled and _needs_grad(fake):
+            # The graph starts under no_grad, and aotgraph compiles such a graph without
+            # autograd: an op that records a gradient starts a new graph, entered with grad on.
+            reason = "grad enabled inside compiled code entered under no_grad"
+            raise Unsupported(reason, "grad-mode")
         node = self.graph.create_node(kind, target, args, kwargs)
         node.meta["example_value"] = fake
         self.ops += 1
         return node
+
+
+def _needs_grad(fake: Any) -> bool:
+    """Whether an operation's result records autograd history."""
+    if isinstance(fake, torch.Tensor):
+        return fake.requires_grad
+    return isinstance(fake, tuple | list) and any(_needs_grad(x) for x in fake)
 
 
 def _identifier(name: str, index: int) -> str:

@@ -16,11 +16,19 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.autograd.grad_mode import _enter_inference_mode
 
 from ember.capture import breaks, generators, guarding
 from ember.capture.breaks import Layout
 from ember.capture.builder import _trusted, is_constant
-from ember.capture.codegen import GradModeExit, ModeReentry, Part, make_namedtuple
+from ember.capture.codegen import (
+    GradModeExit,
+    ModeReentry,
+    Part,
+    inference_tensor,
+    make_namedtuple,
+    normal_tensor,
+)
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
@@ -78,28 +86,40 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
     grad_mode = torch.is_grad_enabled()
+    # A tensor subclass's __torch_function__ sees the torch calls eager makes, and those
+    # only: not what tracing and guarding read of its tensors.
+    no_handlers = torch._C.DisableTorchFunctionSubclass()
     try:
+        no_handlers.__enter__()
         result = run_frame(fs, stop_at)  # symbolic execution of the bytecode
         generators.check_finished(tracer)  # none left with a finally the graph cannot run
         while tracer.modes:  # a break inside autocast, or a split block left (calls.
             token, exit_, _ = tracer.modes[-1]  # _leave_split_block): the graph leaves the
             tracer.exit_mode(exit_, token)  # mode; the replacement handles the real one
     finally:
+        no_handlers.__exit__(None, None, None)
         tracer.leave_modes()  # autocast and inference-mode blocks entered while tracing
         torch._C._set_grad_enabled(grad_mode)  # with-blocks switch it while tracing
     tensors: list[torch.fx.Node] = []
     layout: Layout | None = None
+    tracer.inference_outputs = torch.is_inference_mode_enabled() or any(
+        node.target is _enter_inference_mode for node in tracer.graph.nodes
+    )
     if result is None:  # stopped at a graph break: rebuild the stack and the locals
         output, layout = _break_state(fs, tensors)
     else:
         output = _output_part(fs, result, tensors)  # how to rebuild the return value
     effects = _effect_parts(fs, tensors)  # side effects, replayed after the graph
+    if tracer.grad_enabled != grad_mode:  # aotgraph runs a graph in the mode it found
+        effects.append(("grad_mode", tracer.grad_enabled))
     tracer.graph.output(tuple(tensors))  # graph outputs: every tensor in it
     tracer.drop_unused_scalars()  # number arithmetic only guards needed
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
     tracer.guards.backend(backend_name)  # an entry never serves another backend
+    # which tensor inputs share storage: aliased inputs need another graph
+    tracer.guards.storage_aliasing(tracer.input_sources, tracer.example_inputs)
     return Translation(
         code=frame.code,
         graph_module=gm,
@@ -193,6 +213,9 @@ def _top_frame(tracer: Tracer, frame: Frame) -> FrameState:
     return fs
 
 
+# node.meta key: the heap reference naming a graph output's inference-tensor copy
+INFERENCE_REF = "ember_inference_ref"
+
 # Functions CPython makes for comprehensions: called at once, never stored anywhere.
 COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 
@@ -254,14 +277,29 @@ def _block_exit_part(v: GradExitV | ModeExitV) -> Part:
     return ("new", (ModeReentry, parts))
 
 
+def _tensor_part(fs: FrameState, v: TensorV, tensors: list[torch.fx.Node]) -> Part:
+    """A tensor the graph computes: its output slot (appended to ``tensors`` if new)."""
+    if v.node not in tensors:
+        tensors.append(v.node)
+    out: Part = ("out", tensors.index(v.node))
+    if not fs.tracer.inference_outputs:
+        return out
+    # Inference-ness as eager's (a backend may compute it otherwise): one copy, however used.
+    ref = v.node.meta.setdefault(INFERENCE_REF, fs.tracer.heap.new(None))
+    as_eager = inference_tensor if v.fake.is_inference() else normal_tensor
+    return ("shared", (ref, ("new", (as_eager, [out]))))
+
+
 def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part:
     """The rebuild spec of the returned value; tensors are appended to ``tensors``."""
     heap = fs.tracer.heap
     if isinstance(v, Lazy) and v.source is not None:
         return ("source", v.source)  # never read while tracing: passed on as it is
-    if isinstance(v, TensorV | SymV):
-        if v.node.op == "placeholder" and v.source is not None:
-            return ("source", v.source)  # an input handed back: reached again, not an output
+    if isinstance(v, TensorV | SymV) and v.node.op == "placeholder" and v.source is not None:
+        return ("source", v.source)  # an input handed back: reached again, not an output
+    if isinstance(v, TensorV):
+        return _tensor_part(fs, v, tensors)
+    if isinstance(v, SymV):
         if v.node not in tensors:
             tensors.append(v.node)
         return ("out", tensors.index(v.node))

@@ -17,7 +17,10 @@ True
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, overload
 
 import torch
@@ -181,7 +184,13 @@ def inductor(
     True
     """
     from ember.aotgraph import aot_compile
-    from ember.inductor import compile_graph, decompositions
+    from ember.inductor import compile_graph, decompositions, subclass_input
+
+    if (kind := subclass_input(example_inputs)) is not None:  # the training graphs see fakes
+        raise NotImplementedError(
+            f"an input is a {kind.__name__}, a torch.Tensor subclass whose type eager keeps "
+            "in the outputs; generated kernels return plain tensors"
+        )
 
     def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         return compile_graph(graph, inputs, options)
@@ -199,4 +208,47 @@ def inductor(
     )
 
 
-inductor.known_options = ("cxx", "cflags", "graph_cache", "fallback_random")  # type: ignore[attr-defined]
+@dataclass(frozen=True, slots=True)
+class OptionRule:
+    """What one backend option accepts: ``check(value)`` returns ``""`` or what is wrong.
+
+    >>> INDUCTOR_OPTIONS["graph_cache"].check("yes")
+    'must be a bool, not str'
+    """
+
+    check: Callable[[Any], str]
+    meaning: str
+
+
+def _is(*types: type) -> Callable[[Any], str]:
+    names = " or ".join(t.__name__ for t in types)
+    return lambda v: "" if isinstance(v, types) else f"must be a {names}, not {type(v).__name__}"
+
+
+def _compiler(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        return f"must be the name or path of a C++ compiler, not {value!r}"
+    found = (
+        shutil.which(value)
+        if os.sep not in value
+        else (value if os.access(value, os.X_OK) else None)
+    )
+    return "" if found else f"{value!r} is not an executable C++ compiler (not found)"
+
+
+def _flags(value: Any) -> str:
+    if isinstance(value, list | tuple) and all(isinstance(f, str) for f in value):
+        return ""
+    return f"must be a list of strings (one flag each), not {value!r}"
+
+
+# inductor's options, checked by compile() so a bad one fails there, not at the first call.
+INDUCTOR_OPTIONS: dict[str, OptionRule] = {
+    "cxx": OptionRule(_compiler, "the C++ compiler"),
+    "cflags": OptionRule(_flags, "flags replacing the default ones"),
+    "graph_cache": OptionRule(_is(bool), "False: generate code again for graphs seen before"),
+    "fallback_random": OptionRule(_is(bool), "False: random ops inside the fused kernels"),
+}
+
+inductor.known_options = tuple(INDUCTOR_OPTIONS)  # type: ignore[attr-defined]
+inductor.option_rules = INDUCTOR_OPTIONS  # type: ignore[attr-defined]

@@ -62,8 +62,20 @@ def _configured(
     backend: str | Backend, mode: str | None, options: dict[str, Any] | None
 ) -> tuple[Backend, str]:
     """The backend with its options bound, and the name its guard compares (the options are
-    part of it, so callables compiled with other options never share cache entries)."""
+    part of it, so callables compiled with other options never share cache entries).
+
+    Every option is checked here, so that a bad one is an error at ``compile()`` that
+    names it, never a raw error at the first call.
+    """
+    if not isinstance(backend, str) and not callable(backend):
+        raise TypeError(f"backend must be a registered name or a callable, not {backend!r}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(
+            f"options must be a dict of option names to values, not {type(options).__name__}"
+        )
     fn, name = lookup_backend(backend), backend_name(backend)
+    if not isinstance(backend, str):
+        fn = _CheckedBackend(fn, name)
     merged = dict(options or {}) | ({"mode": mode} if mode is not None else {})
     if not merged:
         return fn, name
@@ -75,14 +87,71 @@ def _configured(
         if options:
             raise TypeError(f"backend {name!r} takes no options (got {sorted(options)})")
         return fn, name  # a mode means nothing to this backend
+    _check_options(fn, name, options or {})
+    bound: Backend = functools.partial(fn, options=merged)  # type: ignore[call-arg]
+    return bound, f"{name}{sorted(merged.items())!r}"
+
+
+def _check_options(fn: Backend, name: str, options: dict[str, Any]) -> None:
+    """Reject option names the backend does not list and values its rules refuse."""
+    if bad := [key for key in options if not isinstance(key, str)]:
+        raise TypeError(f"backend {name!r}: option names must be strings, not {bad[0]!r}")
     known = getattr(fn, "known_options", None)  # a backend may list the options it reads
-    if known is not None and (unknown := sorted(set(options or {}) - set(known))):
+    if known is not None and (unknown := sorted(set(options) - set(known))):
         raise ValueError(
             f"backend {name!r} has no option {', '.join(map(repr, unknown))}; "
             f"its options are {', '.join(sorted(known))}"
         )
-    bound: Backend = functools.partial(fn, options=merged)  # type: ignore[call-arg]
-    return bound, f"{name}{sorted(merged.items())!r}"
+    rules = getattr(fn, "option_rules", {})  # and how to check each value
+    for key, value in options.items():
+        if key in rules and (wrong := rules[key].check(value)):
+            raise ValueError(f"backend {name!r}: option {key!r} {wrong}")
+
+
+class _CheckedBackend:
+    """A user's backend callable, held to the backend contract: it must return a callable,
+    and that callable must return one value per graph output. A break of the contract is
+    an error naming the backend (at compile time, the frame runs eagerly with it as the
+    recorded reason), never a raw error or a wrong answer later.
+
+    >>> import torch
+    >>> bad = _CheckedBackend(lambda gm, inputs: 3, "mine")
+    >>> bad(torch.fx.symbolic_trace(lambda x: (x,)), [])
+    Traceback (most recent call last):
+    TypeError: backend 'mine' returned 3, which is not callable
+    """
+
+    def __init__(self, fn: Backend, name: str) -> None:
+        self.fn, self.name = fn, name
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, gm: torch.fx.GraphModule, inputs: list[Any], **kw: Any) -> Any:
+        compiled = self.fn(gm, inputs, **kw)
+        if not callable(compiled):
+            raise TypeError(f"backend {self.name!r} returned {compiled!r}, which is not callable")
+        out = gm.graph.output_node().args[0]
+        count = len(out) if isinstance(out, tuple | list) else None
+        return compiled if count is None else _CountedOutputs(compiled, count, self.name)
+
+
+class _CountedOutputs:
+    """What a user's backend compiled, checked on each call to return ``count`` outputs."""
+
+    __slots__ = ("compiled", "count", "name")
+
+    def __init__(self, compiled: Callable[..., Any], count: int, name: str) -> None:
+        self.compiled, self.count, self.name = compiled, count, name
+
+    def __call__(self, *args: Any) -> Any:
+        result = self.compiled(*args)
+        if not isinstance(result, tuple | list) or len(result) != self.count:
+            got = len(result) if isinstance(result, tuple | list) else type(result).__name__
+            raise RuntimeError(
+                f"backend {self.name!r} compiled a graph with {self.count} outputs into a "
+                f"callable that returned {got}: the backend breaks the contract "
+                "(gm, example_inputs) -> callable returning the graph's outputs"
+            )
+        return result
 
 
 def _unused() -> None:  # pragma: no cover - only a placeholder fn for bound_call's arguments
@@ -233,6 +302,10 @@ def compile(
         )
     if mode is not None and mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"fullgraph must be a bool, not {type(fullgraph).__name__}")
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
     fn, name = _configured(backend, mode, options)
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward

@@ -112,6 +112,54 @@ def py_distinct(*objects: object) -> bool:
     return len({id(obj) for obj in objects}) == len(objects)
 
 
+def storage_layout(tensors: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(groups, offsets)`` of ``tensors``: ``groups[i]`` is the first index whose tensor shares
+    storage with tensor ``i``; ``offsets[i]`` its storage offset if it shares, else -1. When
+    none shares (the usual case) both are empty: the check then only compares storages.
+
+    >>> import torch
+    >>> x = torch.zeros(4)
+    >>> storage_layout((x, torch.zeros(1), x[1:])), storage_layout((x, torch.zeros(1)))
+    (((0, 1, 0), (0, -1, 1)), ((), ()))
+    """
+    first: dict[int, int] = {}
+    groups = tuple(first.setdefault(_storage_id(t), i) for i, t in enumerate(tensors))
+    shared = {g for i, g in enumerate(groups) if g != i}
+    if not shared:
+        return (), ()
+    offsets = tuple(
+        int(t.storage_offset()) if groups[i] in shared else -1 for i, t in enumerate(tensors)
+    )
+    return groups, offsets
+
+
+def full_layout(
+    layout: tuple[tuple[int, ...], tuple[int, ...]], n: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``layout`` with the empty "none shares" form spelled out for ``n`` tensors.
+
+    >>> full_layout(((), ()), 2)
+    ((0, 1), (-1, -1))
+    """
+    return layout if layout[0] else (tuple(range(n)), (-1,) * n)
+
+
+def _storage_id(t: Any) -> int:
+    """The address of ``t``'s storage; a tensor without one is its own storage."""
+    try:
+        return int(t.untyped_storage()._cdata)
+    except Exception:  # sparse, nested, not a tensor: shares with nothing
+        return -id(t) - 1
+
+
+def py_storage_groups(expected: tuple[tuple[int, ...], tuple[int, ...]], *tensors: object) -> bool:
+    """Pure-Python twin of ``_tensor_match.storage_groups``: the tensors share storage exactly
+    as ``expected`` (made by :func:`storage_layout`) says, at the same offsets."""
+    if not all(isinstance(t, _torch.TensorBase) for t in tensors):
+        return False
+    return storage_layout(tensors) == expected
+
+
 def _load_native() -> Any:
     if os.environ.get("EMBER_GUARDS_PURE_PYTHON"):
         return None
@@ -153,6 +201,7 @@ module_match: Callable[[PackedModule, object], bool] = (
 )
 modules_match: Callable[..., bool] = _NATIVE.modules_match if NATIVE else py_modules_match
 distinct: Callable[..., bool] = _NATIVE.distinct if NATIVE else py_distinct
+storage_groups: Callable[..., bool] = _CXX.storage_groups if TENSOR_MATCH_CXX else py_storage_groups
 calls_return: Callable[[tuple[Callable[[], object], ...], tuple[object, ...]], bool] = (
     _NATIVE.calls_return if NATIVE else py_calls_return
 )

@@ -11,6 +11,9 @@
 //    requires_grad, inference, conj | None, neg)
 #include <Python.h>
 
+#include <algorithm>
+#include <vector>
+
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Layout.h>
@@ -91,11 +94,85 @@ PyObject* tensors_match(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+// The storage of `obj` (a tensor: checked by the caller), or its own address without one.
+const void* storage_of(PyObject* obj) {
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.has_storage()) return obj;
+  return t.storage().unsafeGetStorageImpl();
+}
+
+// Whether the storages are pairwise distinct (sorted in place).
+bool all_distinct(const void** first, const void** last) {
+  std::sort(first, last);
+  return std::adjacent_find(first, last) == last;
+}
+
+// storage_groups((groups, offsets), *tensors): the tensors share storage exactly as
+// _accel.storage_layout says (tensor i with the first tensor groups[i], and only those),
+// each shared one at offsets[i]; empty groups: no two share. Linear in the tensors plus a
+// sort of their storages: this runs on every call of a frame with two or more tensor inputs,
+// after the tensor checks, and costs about what they do.
+PyObject* storage_groups(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 2) {
+    PyErr_SetString(PyExc_TypeError, "expected ((groups, offsets), *tensors)");
+    return nullptr;
+  }
+  PyObject* groups = PyTuple_GET_ITEM(args[0], 0);
+  PyObject* offsets = PyTuple_GET_ITEM(args[0], 1);
+  const Py_ssize_t n = nargs - 1;
+  const bool apart = PyTuple_Check(groups) && PyTuple_GET_SIZE(groups) == 0;
+  if (!PyTuple_Check(groups) || !PyTuple_Check(offsets) ||
+      (!apart && (PyTuple_GET_SIZE(groups) != n || PyTuple_GET_SIZE(offsets) != n))) {
+    PyErr_SetString(PyExc_TypeError, "groups and offsets must be tuples, one per tensor");
+    return nullptr;
+  }
+  constexpr Py_ssize_t kStack = 64;
+  const void* stack[kStack];
+  std::vector<const void*> heap;
+  const void** storages = stack;
+  if (n > kStack) {
+    heap.resize(n);
+    storages = heap.data();
+  }
+  Py_ssize_t firsts = 0;  // storages[0:firsts]: those of the first tensor of each group
+  try {
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject* obj = args[i + 1];
+      if (!THPVariable_Check(obj)) Py_RETURN_FALSE;
+      const void* storage = storage_of(obj);
+      if (apart) {
+        storages[firsts++] = storage;
+        continue;
+      }
+      const Py_ssize_t group = PyLong_AsSsize_t(PyTuple_GET_ITEM(groups, i));
+      if (group < 0 || group > i) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+      }
+      if (group == i) {
+        storages[firsts++] = storage;
+      } else if (storage != storage_of(args[group + 1])) {
+        Py_RETURN_FALSE;
+      }
+      const long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(offsets, i));
+      if (offset >= 0 && THPVariable_Unpack(obj).storage_offset() != offset) Py_RETURN_FALSE;
+    }
+  } catch (...) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  if (!all_distinct(storages, storages + firsts)) Py_RETURN_FALSE;
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef methods[] = {
     {"tensor_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensor_match)),
      METH_FASTCALL, "tensor_match(spec, obj) -> bool"},
     {"tensors_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensors_match)),
      METH_FASTCALL, "tensors_match(specs, *objs) -> bool: every obj matches its spec"},
+    {"storage_groups",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(storage_groups)), METH_FASTCALL,
+     "storage_groups((groups, offsets), *tensors) -> bool: they share storage as expected"},
     {nullptr, nullptr, 0, nullptr},
 };
 

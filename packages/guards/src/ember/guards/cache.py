@@ -54,8 +54,13 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Translations kept per code object before it runs eagerly for good.
+#: Translations kept per code object before it runs eagerly.
 DEFAULT_CACHE_SIZE_LIMIT = 8
+
+#: Translations made per code object, over its life, as a multiple of its limit: entries
+#: dropped when what they guard dies (a closure, a model) make room for new ones, but a
+#: code that makes a new closure on every call would then compile on every call.
+CHURN_FACTOR = 4
 
 _REGISTRY: weakref.WeakSet[CodeCache[object]] = weakref.WeakSet()
 _SERIAL = itertools.count()
@@ -136,8 +141,8 @@ class CodeCache(Generic[T]):
     (None, <Decision.RECOMPILE: 'recompile'>, [])
     """
 
-    __slots__ = ("__weakref__", "_serial", "_warned", "eager", "entries", "hook_entries",
-                 "limit", "name", "reasons")  # fmt: skip
+    __slots__ = ("__weakref__", "_made", "_serial", "_warned", "eager", "entries",
+                 "hook_entries", "limit", "name", "reasons")  # fmt: skip
 
     def __init__(self, name: str | CodeType, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT):
         if cache_size_limit < 1:
@@ -151,6 +156,7 @@ class CodeCache(Generic[T]):
         self.reasons: list[RecompileReason] = []
         self.eager = False
         self._warned = False
+        self._made = 0  # translations added over the cache's life (reset by clear)
         self._serial = next(_SERIAL)
         _REGISTRY.add(self)  # type: ignore[arg-type]
 
@@ -164,11 +170,13 @@ class CodeCache(Generic[T]):
 
     def on_miss(self, *args: object) -> Decision:
         """Decide after a miss with these argument slots: record the reason and
-        recompile, or, with ``cache_size_limit`` entries, warn once and run eagerly."""
-        if self.eager:
+        recompile, or, with ``cache_size_limit`` entries, warn once and run eagerly
+        (until entries are removed, up to ``CHURN_FACTOR`` times the limit in all)."""
+        full = len(self.entries) >= self.limit or self._made >= self.limit * CHURN_FACTOR
+        if self.eager and full:
             return Decision.RUN_EAGER
         failures = tuple(self._failure(entry, args) for entry in self.entries)
-        if len(self.entries) >= self.limit:
+        if full:
             self.eager = True
             if not self._warned:
                 self._warned = True
@@ -178,6 +186,7 @@ class CodeCache(Generic[T]):
                 )
                 warnings.warn(message, CacheLimitWarning, stacklevel=2)
             return Decision.RUN_EAGER
+        self.eager = False
         if self.entries:
             self.reasons.append(RecompileReason(self.name, failures))
         return Decision.RECOMPILE
@@ -185,6 +194,7 @@ class CodeCache(Generic[T]):
     def add(self, guards: CompiledGuards, translation: T) -> CacheEntry[T]:
         """Add a new translation; it is tried first from now on."""
         entry = CacheEntry(guards, translation)
+        self._made += 1
         self.entries.insert(0, entry)
         self.hook_entries.insert(0, (guards.check, translation))
         return entry
@@ -211,6 +221,7 @@ class CodeCache(Generic[T]):
         self.hook_entries.clear()
         self.reasons.clear()
         self.eager = self._warned = False
+        self._made = 0
 
     @staticmethod
     def _failure(entry: CacheEntry[T], args: tuple[object, ...]) -> str:

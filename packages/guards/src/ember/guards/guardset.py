@@ -36,6 +36,8 @@ def _sources(guard: Guard) -> tuple[Source, ...]:
         return (guard.source, guard.expected)
     if guard.kind is GuardKind.NO_ALIASING:
         return (guard.source, *guard.expected)
+    if guard.kind is GuardKind.STORAGE_ALIASING:
+        return (guard.source, *guard.expected[0])
     return (guard.source,)
 
 

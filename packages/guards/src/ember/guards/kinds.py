@@ -49,6 +49,7 @@ __all__ = [
     "no_aliasing",
     "not_none",
     "same_tensor",
+    "storage_aliasing",
     "tensor_match",
     "type_match",
     "weakref_alive",
@@ -79,6 +80,7 @@ class GuardKind(enum.Enum):
     NO_ALIASING = "NO_ALIASING"
     MODULE_STATE = "MODULE_STATE"
     TENSOR_MATCH = "TENSOR_MATCH"
+    STORAGE_ALIASING = "STORAGE_ALIASING"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +112,10 @@ class Guard:
 class KindRule:
     """How one guard kind is checked, explained, described and ordered.
 
-    ``tier`` orders first (0: no fetch, 1: ordinary, 2: costly and batched),
-    then source depth, then ``rank``. ``batch``, when set, checks a run of
-    guards of this kind in one call inside the compiled check.
+    ``tier`` orders first (0: no fetch, 1: ordinary, 2: costly and batched, 3: relations
+    between tensors the tier-2 checks have seen), then source depth, then ``rank``.
+    ``batch``, when set, checks a run of guards of this kind in one call inside the
+    compiled check.
 
     >>> KINDS[GuardKind.TENSOR_MATCH].tier
     2
@@ -383,6 +386,44 @@ def _msg_aliasing(g: Guard, fetch: Fetch) -> str:
     return "expected distinct tensors"
 
 
+def _emit_storage(g: Guard, em: Emitter) -> str:
+    others, layout = g.expected
+    values = ", ".join(em.value(src) for src in (g.source, *others))
+    return f"{em.bind(_accel.storage_groups)}({em.bind(layout)}, {values})"
+
+
+def _msg_storage(g: Guard, fetch: Fetch) -> str:
+    others, layout = g.expected
+    sources = (g.source, *others)
+    groups, offsets = _accel.full_layout(layout, len(sources))
+    values = [fetch(src) for src in sources]
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return "expected tensors"
+    got = _accel.storage_layout(tuple(values))
+    got_groups, got_offsets = _accel.full_layout(got, len(sources))
+    for i, src in enumerate(sources):
+        if got_groups[i] != groups[i]:
+            want = "its own storage" if groups[i] == i else f"the storage of {sources[groups[i]]}"
+            have = "its own" if got_groups[i] == i else f"that of {sources[got_groups[i]]}"
+            return f"storage sharing changed: {src} expected {want}, got {have}"
+    for i, src in enumerate(sources):
+        if got_offsets[i] != offsets[i]:
+            return f"storage offset of {src} expected {offsets[i]}, got {got_offsets[i]}"
+    return "storage sharing changed"
+
+
+def _describe_storage(g: Guard) -> str:
+    others, layout = g.expected
+    sources = (g.source, *others)
+    groups, offsets = _accel.full_layout(layout, len(sources))
+    shared = [
+        f"{sources[i]} shares with {sources[k]} at offset {offsets[i]}"
+        for i, k in enumerate(groups)
+        if k != i
+    ]
+    return f"storages of {_names(sources)}: " + ("; ".join(shared) or "all distinct")
+
+
 def _names(sources: Sequence[Source]) -> str:
     return ", ".join(map(str, sources))
 
@@ -448,6 +489,10 @@ KINDS: dict[GuardKind, KindRule] = {
     GuardKind.TENSOR_MATCH: KindRule(
         2, 1, _emit_tensor, _msg_tensor, lambda g: f"{g.source}: {g.expected}",
         key=lambda expected: expected, batch=_batch_tensors,
+    ),
+    # after the tensor checks: they show the values are tensors first
+    GuardKind.STORAGE_ALIASING: KindRule(
+        3, 0, _emit_storage, _msg_storage, _describe_storage, key=lambda expected: expected,
     ),
 }  # fmt: skip
 
@@ -558,6 +603,24 @@ def no_aliasing(*sources: Source, where: str | None = None) -> Guard:
     if len(sources) < 2:
         raise ValueError("no_aliasing needs at least two sources")
     return Guard(sources[0], GuardKind.NO_ALIASING, tuple(sources[1:]), where)
+
+
+def storage_aliasing(
+    sources: Sequence[Source], tensors: Sequence[torch.Tensor], where: str | None = None
+) -> Guard:
+    """The tensors at ``sources`` share storage as ``tensors`` do now, no more and no less,
+    and those that share one sit at the same storage offsets. A graph compiled for
+    distinct inputs is wrong for aliased ones where it mutates one and reads the other.
+
+    >>> x = torch.zeros(4)
+    >>> g = storage_aliasing([Local("a"), Local("b"), Local("c")], [x, torch.zeros(1), x[1:]])
+    >>> print(KINDS[GuardKind.STORAGE_ALIASING].describe(g))
+    storages of a, b, c: c shares with a at offset 1
+    """
+    if len(sources) < 2 or len(sources) != len(tensors):
+        raise ValueError("storage_aliasing needs two or more sources, one tensor each")
+    layout = _accel.storage_layout(tuple(tensors))
+    return Guard(sources[0], GuardKind.STORAGE_ALIASING, (tuple(sources[1:]), layout), where)
 
 
 def global_state(where: str | None = None) -> list[Guard]:

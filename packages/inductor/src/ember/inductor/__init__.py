@@ -27,7 +27,7 @@ Set ``EMBER_INDUCTOR_TRACE=1`` to keep each graph's stages in a folder, and
 """
 
 from ember.inductor.cache import CompileError, CompileOptions, cache_dir
-from ember.inductor.compile import CompiledGraph, compile_graph, decompositions
+from ember.inductor.compile import CompiledGraph, compile_graph, decompositions, subclass_input
 from ember.inductor.lowering import LOWERINGS, lower_graph
 
 __version__ = "0.1.0"
@@ -40,4 +40,5 @@ __all__ = [
     "compile_graph",
     "decompositions",
     "lower_graph",
+    "subclass_input",
 ]

@@ -237,6 +237,9 @@ class CppPrinter(Printer):
             return "true" if value else "false"
         if dtype == torch.float32:
             return _float(float(value), "f")
+        if dtype == torch.bfloat16:  # raw bits in a uint16_t: a cast of 1.0 would be 0x0001
+            bits = int(torch.tensor(float(value), dtype=dtype).view(torch.int16).item()) & 0xFFFF
+            return f"static_cast<uint16_t>({bits:#06x})"
         if dtype.is_floating_point:
             return f"static_cast<{self.type(dtype)}>({_float(float(value), '')})"
         return f"static_cast<{self.type(dtype)}>({int(value)}LL)"

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._subclasses.fake_impls import _compute_stride
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
@@ -31,12 +32,13 @@ from torch.utils import _pytree as pytree
 from ember.inductor import cache, graph_cache
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
+from ember.inductor.eager_kernels import unless_lacking
 from ember.inductor.lowering import Fallback, lower_graph
 from ember.inductor.rewrite import simplify
 from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
 from ember.inductor.wrapper import bind, wrapper_source
 
-__all__ = ["CompiledGraph", "compile_graph", "decompositions"]
+__all__ = ["CompiledGraph", "compile_graph", "decompositions", "subclass_input"]
 
 aten = torch.ops.aten
 
@@ -113,15 +115,23 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     table.update(get_decompositions(list(EXTRA)))
     for op in KEEP:
         table.pop(op, None)
+    table = {op: unless_lacking(op, fn) for op, fn in table.items()}  # eager's errors stay
     table[aten.view.default] = _view_as_reshape
     table.update(PRIM_VIEWS)
     return table
 
 
-def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Decompositions need not give eager's strides, so a later view may need a copy."""
-    if not a.is_contiguous():
-        a = aten.clone.default(a, memory_format=torch.contiguous_format)
+def _view_as_reshape(a: torch.Tensor, size: Sequence[int]) -> Any:
+    """Decompositions need not give eager's strides, so a later view may need a copy.
+
+    A view that ``a``'s strides allow stays a view (``NotImplemented`` tells ``make_fx`` to
+    record the op itself): it aliases ``a``, so an in-place op through it reaches ``a``
+    when ``ember.aotgraph`` functionalizes the graph. Only a view that the decomposed
+    strides forbid (where eager's strides allowed it) becomes a copy."""
+    shape = torch._prims_common.infer_size(list(size), a.numel())
+    if _compute_stride(a.shape, a.stride(), shape) is not None:
+        return NotImplemented
+    a = aten.clone.default(a, memory_format=torch.contiguous_format)
     out: torch.Tensor = aten._unsafe_view.default(a, size)
     return out
 
@@ -164,11 +174,15 @@ PRIM_VIEWS: dict[Any, Callable[..., Any]] = {
 }
 
 
+# Table entries that leave the op as it is when they can (returning NotImplemented).
+KEPT_VIEWS = frozenset({aten.view.default})
+
+
 def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
     """Re-trace ``gm`` with :func:`decompositions` if it has composite ops or lacks fake values."""
     table = decompositions()
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    if all("val" in n.meta and n.target not in table for n in calls):
+    if all("val" in n.meta and (n.target not in table or n.target in KEPT_VIEWS) for n in calls):
         return gm
     if not all(isinstance(t, torch.Tensor) for t in example_inputs):
         # make_fx would bake the example numbers into the graph as constants
@@ -352,6 +366,8 @@ def compile_graph(
         return hit  # type: ignore[no-any-return]
     original = gm
     try:
+        if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
+            raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
         lower = functools.partial(lower_graph, fused_random=fused_random)
         prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
@@ -379,6 +395,30 @@ def compile_graph(
     return compiled
 
 
+def subclass_input(example_inputs: Sequence[Any]) -> type | None:
+    """The type of the first input whose ops' results keep its type, or None.
+
+    Eager wraps the result of an op on a ``torch.Tensor`` subclass in that subclass
+    (through ``__torch_function__``); generated kernels return plain tensors, so a
+    graph with such an input runs as aten calls, which wrap as eager does.
+    ``nn.Parameter`` (and fake tensors) disable ``__torch_function__``: their
+    results are plain tensors in eager too.
+
+    >>> class Tagged(torch.Tensor):
+    ...     pass
+    >>> subclass_input([torch.ones(1), torch.nn.Parameter(torch.ones(1))]) is None
+    True
+    >>> subclass_input([torch.ones(1).as_subclass(Tagged)]).__name__
+    'Tagged'
+    """
+    for t in example_inputs:
+        kind = type(t)
+        if isinstance(t, torch.Tensor) and kind is not torch.Tensor:
+            if kind.__torch_function__ is not torch._C._disabled_torch_function_impl:
+                return kind
+    return None
+
+
 def _compile_options(opts: dict[str, Any]) -> cache.CompileOptions:
     return cache.CompileOptions(
         cxx=opts.get("cxx", cache.CompileOptions().cxx),
@@ -393,7 +433,7 @@ def _graph_key(
     opts: dict[str, Any],
 ) -> str | None:
     """The graph-cache key (None: not cached, by request or for want of a key)."""
-    if not opts.get("graph_cache", 1):
+    if not opts.get("graph_cache", 1) or subclass_input(example_inputs) is not None:
         return None
     try:
         key = graph_cache.graph_key(gm, example_inputs, options)

@@ -32,6 +32,7 @@ __all__ = [
     "Expr",
     "Extern",
     "I",
+    "IndexCheck",
     "Layout",
     "Node",
     "Pointwise",
@@ -262,6 +263,21 @@ class ScalarOp:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexCheck:
+    """Before the first kernel, the wrapper checks that every element of input ``name`` lies
+    in ``[0, size)`` and raises ``error`` (eager's exception type and message) if not:
+    kernels clamp indices to stay in memory, and eager raises."""
+
+    name: str
+    size: int
+    error: str  # "IndexError" or "RuntimeError"
+    message: str
+
+    def __str__(self) -> str:
+        return f"check 0 <= {self.name} < {self.size} else {self.error}"
+
+
+@dataclass(frozen=True, slots=True)
 class Extern:
     """``names = target(*args, **kwargs)`` with :class:`Ref` leaves, run by aten."""
 
@@ -315,6 +331,7 @@ class Program:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr tensors
     scalars: dict[str, Scalar] = field(default_factory=dict)  # run-time numbers, by name
     scalar_ops: list[ScalarOp] = field(default_factory=list)  # computed first, in this order
+    index_checks: list[IndexCheck] = field(default_factory=list)  # run before the kernels
 
     def __str__(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]
@@ -326,6 +343,7 @@ class Program:
                 f" strides {list(b.layout.strides)}"
             )
         lines += [str(op) for op in self.scalar_ops]
+        lines += [str(c) for c in self.index_checks]
         lines += [str(n) for n in self.nodes]
         lines.append(f"outputs: {', '.join(str(o) for o in self.outputs)}")
         return "\n".join(lines)

@@ -19,10 +19,12 @@ from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
+import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
+from torch.utils import _pytree as pytree
 
-from ember.inductor.ir import Expr, I, R, Scalar, const, scalar
+from ember.inductor.ir import Expr, I, IndexCheck, Layout, R, Scalar, const, scalar
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op, Reduce
@@ -45,6 +47,19 @@ def _convert(value: Any, dtype: torch.dtype) -> Any:
     if dtype == torch.bool:
         return bool(value)
     return float(value) if dtype.is_floating_point else int(value)
+
+
+def _fits(value: Any, dtype: torch.dtype) -> Any:
+    """``value``, if eager can fill a ``dtype`` tensor with it; else Fallback: the aten call
+    raises eager's error ("value cannot be converted to type int8_t without overflow")
+    where a kernel would store a wrapped number."""
+    if not isinstance(value, bool | int | float):
+        return value
+    try:
+        torch.full((2,), value, dtype=dtype, device="cpu")  # eager's check (one element: none)
+    except RuntimeError as e:
+        raise Fallback(f"fill value {value!r} for {dtype}: {e}") from None
+    return value
 
 
 def _compute(dtype: torch.dtype) -> torch.dtype:
@@ -246,6 +261,7 @@ def where_(c: Expr, a: Expr, b: Expr) -> Expr:
     scalars=True,
 )
 def where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
+    a, b = _fits(a, ctx.meta.dtype), _fits(b, ctx.meta.dtype)
     metas = [_meta_of(ctx, x) for x in (a, b)]
     compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=KIND.NO_OPMATH)[0])
     return pointwise(ctx, lambda c, x, y: where_(_as_bool(c), x, y), cond, a, b, compute=compute)
@@ -282,6 +298,8 @@ def clamp(ctx: Lowerer, a: Value, lo: Any = None, hi: Any = None) -> Value:
 @lowering(aten.sign.default, aten.sgn.default)
 def sign(ctx: Lowerer, a: Value) -> Value:
     def fn(x: Expr) -> Expr:
+        if x.dtype == torch.bool:  # a bool is its own sign (and bools have no negation)
+            return x
         zero, one = const(_convert(0, x.dtype), x.dtype), const(_convert(1, x.dtype), x.dtype)
         gt, lt = _bin(Op.GT)(x, zero), _bin(Op.LT)(x, zero)
         return (
@@ -325,7 +343,7 @@ def _filled(ctx: Lowerer, value: Any) -> Value:
             raise Fallback("fill of integers with a float")
         leaf = cast(scalar(value), out.dtype)
         return Value(tuple(out.shape), out.dtype, lambda idx: leaf)
-    e = const(_convert(value, out.dtype), out.dtype)
+    e = const(_convert(_fits(value, out.dtype), out.dtype), out.dtype)
     return Value(tuple(out.shape), out.dtype, lambda idx: e)
 
 
@@ -351,6 +369,8 @@ def arange(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
     out = ctx.meta
     if not all(isinstance(x, int) for x in (start, step)):
         raise Fallback("arange over floats")
+    if out.dtype == torch.bool:  # eager has no bool kernel: the aten call raises its error
+        raise Fallback("arange of bool")
     return Value(
         tuple(out.shape),
         out.dtype,
@@ -568,6 +588,60 @@ def wrap_index(index: Expr, n: int) -> Expr:
     return _MIN(_MAX(i, zero), const(n - 1, torch.int64))
 
 
+def _checked(ctx: Lowerer, idx: Value, size: int, error: str, message: str) -> None:
+    """Check index tensor ``idx`` against ``[0, size)`` as eager does (kernels clamp): a whole
+    input in the wrapper before the kernels, an index made of constants (``roll``'s
+    ``arange`` arithmetic) now; any other index runs as the aten call, which checks it."""
+    if idx.ref is not None and idx.ref.name in ctx.given and _covers(ctx, idx.ref):
+        ctx.index_checks.append(IndexCheck(idx.ref.name, size, error, message))
+        return
+    assert ctx.node is not None
+    node = next((a for a in ctx.node.all_input_nodes if ctx.values.get(a) is idx), None)
+    value = _constant(node, {}) if node is not None else None
+    if value is None or not bool(((value >= 0) & (value < size)).all()):
+        raise Fallback("an index computed in the graph: the aten call checks its range")
+
+
+def _covers(ctx: Lowerer, ref: Any) -> bool:
+    """Whether window ``ref`` reads every element of its buffer (a view or an ``expand``
+    of all of it): then checking the buffer checks exactly the indices the op reads."""
+    base = ctx.buffers[ref.name].layout
+    view = ref.layout
+    if view is None:
+        return True
+    dims = sorted((st, n) for n, st in zip(view.sizes, view.strides, strict=True) if st and n > 1)
+    step = 1
+    for stride, n in dims:  # dense: each dimension steps over all the ones inside it
+        if stride != step:
+            return False
+        step *= n
+    contiguous = base.strides == Layout.contiguous(base.sizes).strides and base.offset == 0
+    return contiguous and view.offset == 0 and step == math.prod(base.sizes)
+
+
+def _constant(node: torch.fx.Node, memo: dict[torch.fx.Node, Any]) -> Any:
+    """The value of ``node`` if it depends on no input (a small tensor of constants)."""
+    if node in memo:
+        return memo[node]
+    meta = node.meta.get("val")
+    small = not isinstance(meta, torch.Tensor) or meta.numel() <= 1 << 16
+    target = node.target
+    if node.op != "call_function" or not small or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return None
+    inputs = [_constant(a, memo) for a in node.all_input_nodes]
+    if any(v is None for v in inputs):
+        return None
+    values = dict(zip(node.all_input_nodes, inputs, strict=True))
+    args, kwargs = pytree.tree_map_only(torch.fx.Node, values.get, (node.args, node.kwargs))
+    try:
+        memo[node] = target(*args, **kwargs)
+    except Exception:  # eager would raise here too: the aten calls will
+        return None
+    return memo[node]
+
+
 @lowering(aten.index_select.default, aten.embedding.default)
 def index_select(ctx: Lowerer, a: Value, dim_or_idx: Any, idx: Any = None) -> Value:
     assert ctx.node is not None
@@ -577,6 +651,7 @@ def index_select(ctx: Lowerer, a: Value, dim_or_idx: Any, idx: Any = None) -> Va
         dim = dim_or_idx % a.ndim
     if not isinstance(idx, Value) or idx.dtype not in (torch.int64, torch.int32):
         raise Fallback("index is not an integer tensor")
+    _checked(ctx, idx, a.sizes[dim], "IndexError", "index out of range in self")
     out = ctx.meta
     k = idx.ndim
 
@@ -593,6 +668,8 @@ def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = 
     d = dim % max(a.ndim, 1)
     if a.ndim == 0:
         raise Fallback("gather on a scalar")
+    message = f"index {{index}} is out of bounds for dimension {d} with size {{size}}"
+    _checked(ctx, idx, a.sizes[d], "RuntimeError", message)
     out = ctx.meta
     ref = ctx.realize(a)
     buf = ctx.buffers[ref.name]

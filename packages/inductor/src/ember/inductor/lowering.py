@@ -35,11 +35,13 @@ from torch._prims_common import (
 )
 from torch.utils import _pytree as pytree
 
+from ember.inductor.eager_kernels import lacks_kernel
 from ember.inductor.ir import (
     Buffer,
     Expr,
     Extern,
     I,
+    IndexCheck,
     Layout,
     Node,
     Pointwise,
@@ -133,6 +135,8 @@ class Lowerer:
         self._reductions: dict[tuple[Any, ...], Value] = {}
         self.scalars: dict[str, Scalar] = {}
         self.scalar_ops: list[ScalarOp] = []
+        self.index_checks: list[IndexCheck] = []
+        self.given: set[str] = set()  # buffers the caller passes in: inputs and constants
 
     # ---- buffers -------------------------------------------------------------------------
     def new_buffer(self, dtype: torch.dtype, layout: Layout) -> Buffer:
@@ -267,6 +271,7 @@ class Lowerer:
                 continue
             buf = Buffer(node.name, example.dtype, Layout(tuple(example.shape), example.stride()))
             self.buffers[buf.name] = buf
+            self.given.add(buf.name)
             self.values[node] = self.buffer_value(buf)
         outputs: list[Any] = []
         constants: dict[str, torch.Tensor] = {}
@@ -277,6 +282,7 @@ class Lowerer:
                     raise Fallback(f"get_attr {node.target} is a {type(value).__name__}")
                 buf = Buffer(node.name, value.dtype, Layout(tuple(value.shape), value.stride()))
                 self.buffers[buf.name] = buf
+                self.given.add(buf.name)
                 constants[buf.name] = value
                 self.values[node] = self.buffer_value(buf)
             if node.op == "call_function":
@@ -289,6 +295,7 @@ class Lowerer:
                 raise Fallback(f"{node.op} nodes are not lowered")
         prog = Program(self.buffers, inputs, self.nodes, outputs, constants=constants)
         prog.scalars, prog.scalar_ops = self.scalars, self.scalar_ops
+        prog.index_checks = self.index_checks
         return prog
 
     # ---- numbers -------------------------------------------------------------------------
@@ -319,7 +326,9 @@ class Lowerer:
             return self.scalar_op(node, args, kwargs)
         fn = LOWERINGS.get(node.target)
         takes = node.target in SCALAR_OPERANDS or not scalars((args, kwargs))
-        if fn is not None and takes and _plain_meta(node.meta.get("val")):
+        plain = takes and _plain_meta(node.meta.get("val"))
+        # an op eager has no kernel for at these dtypes: the aten call raises eager's error
+        if fn is not None and plain and not lacks_kernel(node):
             try:
                 return fn(self, *args, **kwargs)
             except Fallback:

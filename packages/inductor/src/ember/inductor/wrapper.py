@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,16 @@ from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
 
 __all__ = ["bind", "wrapper_source"]
+
+
+_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
+    """Raise eager's error if an index in ``t`` is outside ``[0, size)``."""
+    if t.numel() and not bool(((t >= 0) & (t < size)).all()):
+        bad = int(t[(t < 0) | (t >= size)].flatten()[0])
+        raise _ERRORS[error](message.format(index=bad, size=size))
 
 
 def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
@@ -124,6 +135,8 @@ def wrapper_source(
             )
     for op in prog.scalar_ops:
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
+    for c in prog.index_checks:
+        src.lines.append(f"    _check_index({c.name}, {c.size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
     if pooled:
         src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
@@ -325,6 +338,12 @@ CTYPES: dict[str, Any] = {
 }
 
 
+# The wrappers' file name: inside this package's folder, so that a frame hook skipping
+# ember's own code (capture's) never compiles a wrapper run inside a compiled function (a
+# backward pass that torch.autograd.grad starts there).
+WRAPPER_FILENAME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<wrapper>")
+
+
 def bind(
     source: str, consts: dict[str, Any], kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
 ) -> Callable[..., Any]:
@@ -333,6 +352,7 @@ def bind(
         "_empty": torch.empty_strided,
         "_as_strided": torch.as_strided,
         "_restride": _restride,
+        "_check_index": _check_index,
         "_leaves": _leaves,
         "_pool": [],  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
@@ -343,6 +363,6 @@ def bind(
         fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
         fn.restype = None
         env[name] = fn
-    exec(compile(source, "<ember.inductor wrapper>", "exec"), env)
+    exec(compile(source, WRAPPER_FILENAME, "exec"), env)
     call: Callable[..., Any] = env["call"]
     return call

@@ -1,0 +1,273 @@
+"""Inputs that share storage, and graph outputs that share it where eager's do not.
+
+Functionalization treats every graph input as memory of its own: a graph traced for
+``f(base, base[0])`` that writes ``base[0]`` and then reads ``base`` reads the old
+values. When inputs share a storage and the fake run saw one of them written,
+:class:`Merge` hands the graph one *base* per storage instead (a flat view of the
+storage from offset 0 to the end of its last input) and rebuilds each input inside
+the graph with ``as_strided``: functionalization then follows every write through
+the base to every other input, and the runtime writes the base back once.
+
+>>> import torch
+>>> x = torch.arange(6.0).reshape(3, 2)
+>>> merge = Merge.of([x, x[0], torch.zeros(1)], versions=(1, 1, 0), grad=False)
+>>> [tuple(t.shape) for t in merge.inputs([x, x[0], torch.zeros(1)])]
+[(6,), (1,)]
+>>> [tuple(t.shape) for t in merge.wrap(lambda *ts: ts)(torch.arange(6.0), torch.zeros(1))]
+[(3, 2), (2,), (1,)]
+
+:func:`outputs_to_clone` finds the graph outputs a compiled graph returned in one
+storage (``x % 3`` and ``torch.remainder(x, 3)``, merged as one computation) or in
+an input's storage where eager returns new tensors: the runtime clones those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Group", "Merge", "fresh_copy", "outputs_to_clone", "own_views", "restride"]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Inputs sharing one storage: ``members`` are ``(input, size, stride, offset)``; the
+    graph gets ``length`` elements of the storage from offset 0 in place of the first."""
+
+    leader: int
+    length: int
+    members: tuple[tuple[int, tuple[int, ...], tuple[int, ...], int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """Which inputs the graph receives merged, one base per shared storage."""
+
+    groups: tuple[Group, ...]
+    kept: tuple[int, ...]  # for each graph input, the input it is (a group's leader: its base)
+    count: int  # inputs before merging
+
+    @staticmethod
+    def of(inputs: Sequence[Any], versions: Sequence[int], *, grad: bool) -> Merge | None:
+        """The merge for ``inputs`` (None: nothing to merge). ``versions`` (from the fake run)
+        says which inputs are written. Shared storages that cannot be merged (members of
+        other dtypes, or needing gradients) and are written raise ``NotImplementedError``."""
+        by_storage: dict[int, list[int]] = {}
+        for i, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                by_storage.setdefault(t.untyped_storage()._cdata, []).append(i)
+        groups = []
+        for members in by_storage.values():
+            written = any(k < len(versions) and versions[k] > 0 for k in members)
+            if len(members) < 2 or not written:
+                continue
+            _check_mergeable([inputs[k] for k in members], members, grad)
+            groups.append(_group(inputs, members))
+        if not groups:
+            return None
+        dropped = {k for g in groups for k, *_ in g.members if k != g.leader}
+        kept = tuple(i for i in range(len(inputs)) if i not in dropped)
+        return Merge(tuple(groups), kept, len(inputs))
+
+    def inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        """The graph's inputs for a call with ``inputs``: views of the caller's storages."""
+        out = list(inputs)
+        for g in self.groups:
+            out[g.leader] = inputs[g.leader].as_strided((g.length,), (1,), 0)
+        return [out[i] for i in self.kept]
+
+    def graph_index(self, i: int) -> int:
+        """The graph input that input ``i`` (not a merged one) became."""
+        return self.kept.index(i)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` as a function of the graph's inputs: each merged input rebuilt as a view."""
+
+        def merged(*graph_inputs: Any) -> Any:
+            args: list[Any] = [None] * self.count
+            for pos, i in enumerate(self.kept):
+                args[i] = graph_inputs[pos]
+            for g in self.groups:
+                base = args[g.leader]
+                for k, size, stride, offset in g.members:
+                    args[k] = base.as_strided(size, stride, offset)
+            return fn(*args)
+
+        return merged
+
+
+def _check_mergeable(tensors: list[torch.Tensor], members: list[int], grad: bool) -> None:
+    first = tensors[0]
+    same = all(t.dtype == first.dtype and t.device == first.device for t in tensors)
+    if not same:
+        raise NotImplementedError(
+            f"aot_compile: inputs {members} share storage with different dtypes or devices "
+            "and one is written in place; run this function eagerly"
+        )
+    if grad and any(t.requires_grad for t in tensors):
+        raise NotImplementedError(
+            f"aot_compile: inputs {members} share storage, one requires grad and one is "
+            "written in place; run this function eagerly"
+        )
+
+
+def _group(inputs: Sequence[Any], members: list[int]) -> Group:
+    specs = []
+    end = 0
+    for k in members:
+        t = inputs[k]
+        offset = int(t.storage_offset())
+        end = max(end, _extent(t.shape, t.stride(), offset))
+        specs.append((k, tuple(t.shape), tuple(t.stride()), offset))
+    return Group(members[0], end, tuple(specs))
+
+
+def own_views(
+    fn: Callable[..., Any],
+    restrided: Sequence[tuple[int, Any]],
+    written: Sequence[int],
+    inputs: Sequence[Any],
+    grad: bool,
+) -> tuple[Callable[..., Any], tuple[int, ...]]:
+    """``fn`` with each input whose metadata it changes in place (``t_``, ``unsqueeze_``,
+    ``resize_``) replaced by a view of it: the metadata change stays on the view, where the
+    graph can follow it, while writes still reach the input (functionalization copies them
+    back); :func:`restride` gives the caller's tensor its new metadata after the call.
+
+    Some inputs are *replaced* by a copy instead, whose final value ``fn`` then also
+    returns, after its own outputs: one resized past its storage (``resize_``, an ``out=``
+    argument), and each of ``written`` (inputs that require grad and are written: the copy
+    keeps the value before the write for the gradient). The second result lists them.
+
+    >>> f, replaced = own_views(lambda x: x.t_(), [(0, None)], [], [torch.zeros(2, 3)], False)
+    >>> x = torch.zeros(2, 3)
+    >>> f(x).shape, x.shape, replaced
+    (torch.Size([3, 2]), torch.Size([2, 3]), ())
+    """
+    for i, _ in restrided:
+        if grad and inputs[i].requires_grad:
+            raise NotImplementedError(
+                f"aot_compile: input {i} requires grad and its metadata is changed in place "
+                "(t_, resize_, ...); run this function eagerly"
+            )
+    grown = [i for i, meta in restrided if meta is not None and _grows(inputs[i], meta)]
+    replaced = (*grown, *written)
+    views = [i for i, _ in restrided if i not in grown]
+
+    def run(*args: Any) -> Any:
+        args_ = list(args)
+        for i in views:
+            t = args_[i]
+            args_[i] = t.as_strided(t.size(), t.stride(), t.storage_offset())
+        for i in replaced:
+            args_[i] = args_[i].clone()
+        out = fn(*args_)
+        return (out, tuple(args_[i] for i in replaced)) if replaced else out
+
+    return run, replaced
+
+
+def restride(
+    inputs: Sequence[torch.Tensor],
+    restrided: Sequence[tuple[int, Any]],
+    replaced: Sequence[int] = (),
+    values: Sequence[torch.Tensor] = (),
+) -> None:
+    """Give each input the size, stride and offset eager's in-place ops left it with, and
+    each ``replaced`` one its value from ``values`` (first the storage it needs). A value
+    that requires grad is copied under grad mode: the input's history moves onto it.
+
+    >>> from ember.aotgraph.trace import TensorMeta
+    >>> x = torch.zeros(2, 3)
+    >>> restride([x], [(0, TensorMeta.of(torch.zeros(2, 3).t()))]); x.shape
+    torch.Size([3, 2])
+    >>> y = torch.zeros(0)
+    >>> restride([y], [(0, TensorMeta.of(torch.zeros(2)))], [0], [torch.ones(2)]); y
+    tensor([1., 1.])
+    """
+    new = dict(zip(replaced, values, strict=True))
+    for i, meta in restrided:
+        t = inputs[i]
+        if i in new:
+            need = _extent(meta.size, meta.stride, meta.offset) * t.element_size()
+            if t.untyped_storage().nbytes() < need:
+                t.untyped_storage().resize_(need)
+        t.as_strided_(meta.size, meta.stride, meta.offset)
+    for i, value in new.items():
+        with torch.set_grad_enabled(torch.is_grad_enabled() and value.requires_grad):
+            inputs[i].copy_(value)
+
+
+def _grows(t: torch.Tensor, meta: Any) -> bool:
+    """Whether the layout ``meta`` reaches past ``t``'s storage."""
+    capacity = t.untyped_storage().nbytes() // t.element_size()
+    return _extent(meta.size, meta.stride, meta.offset) > capacity
+
+
+def _extent(size: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    """Elements of storage a tensor of this layout reaches, from the storage's start."""
+    if any(n == 0 for n in size):
+        return offset
+    return offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
+
+
+def storage_groups(values: Sequence[Any]) -> tuple[int, ...]:
+    """For each value, the first of ``values`` sharing its storage (itself for a number).
+
+    >>> x = torch.zeros(4)
+    >>> storage_groups([x, torch.zeros(1), x[1:], 2.0])
+    (0, 1, 0, 3)
+    """
+    first: dict[int, int] = {}
+    out = []
+    for k, v in enumerate(values):
+        key = v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else -k - 1
+        out.append(first.setdefault(key, k))
+    return tuple(out)
+
+
+def fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in new memory, with its strides and offset, and a view (of a hidden
+    base) where ``t`` is one, as eager's output of the same expression would be.
+
+    >>> y = torch.arange(6.0).reshape(2, 3).t()
+    >>> c = fresh_copy(y)
+    >>> c.stride(), c._is_view(), c.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    ((1, 3), True, True)
+    """
+    if not t._is_view():
+        return t.clone()
+    base = t.new_empty(_extent(t.shape, t.stride(), int(t.storage_offset())))
+    view = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    view.copy_(t)
+    return view
+
+
+def outputs_to_clone(
+    expected: Sequence[int], inputs: Sequence[Any], outs: Sequence[Any]
+) -> tuple[int, ...]:
+    """The graph outputs to copy so that they share storage no more than eager's do:
+    ``expected`` is :func:`storage_groups` of eager's (fake) graph outputs.
+
+    >>> y = torch.ones(2)
+    >>> outputs_to_clone((0, 1), [], [y, y]), outputs_to_clone((0, 0), [], [y, y])
+    ((1,), ())
+    >>> x = torch.ones(2)
+    >>> outputs_to_clone((0,), [x], [x])  # a new tensor in eager, the input itself here
+    (0,)
+    """
+    if not expected:
+        return ()
+    got = storage_groups(outs[: len(expected)])
+    taken = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
+    clone = []
+    for j, want in enumerate(expected):
+        out = outs[j]
+        if not isinstance(out, torch.Tensor) or want != j:
+            continue
+        if got[j] != j or out.untyped_storage()._cdata in taken:
+            clone.append(j)
+    return tuple(clone)
