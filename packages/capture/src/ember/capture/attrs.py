@@ -160,8 +160,6 @@ def _object_attr(fs: FrameState, v: Value, name: str) -> Value:
 
 
 _OBJECT_GETATTRIBUTE = object.__getattribute__
-# Class attributes read as values through their own source (``obj.k``), which guards them.
-_GUARDED_BY_VALUE = (int, float, str, bool, bytes, type(None), tuple, frozenset, torch.dtype)
 
 
 def generic_attr(
@@ -177,16 +175,15 @@ def generic_attr(
         raise Unsupported("reading __dict__ after storing attributes", "attribute")
     cls_attr = inspect.getattr_static(cls, name, _MISSING)
     is_data_descriptor = hasattr(type(cls_attr), "__set__") or hasattr(type(cls_attr), "__delete__")
+    if cls_attr is not _MISSING and v.source is not None and hasattr(type(cls_attr), "__get__"):
+        # a method, property or other descriptor: still the class's, not set on the instance
+        fs.tracer.guards.class_member(v.source, obj, name, cls_attr)
     if cls_attr is not _MISSING and is_data_descriptor:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     instance_dict = getattr(obj, "__dict__", None)
     if isinstance(instance_dict, dict) and name in instance_dict:
         return wrap(fs.tracer, instance_dict[name], src)
     if cls_attr is not _MISSING:
-        if v.source is not None and not isinstance(cls_attr, _GUARDED_BY_VALUE):
-            # a method or descriptor: neither set on the instance since, nor replaced
-            found = guarding.computed(guarding.attribute_found, (v.source, name))
-            guard_found(fs, found, cls_attr)
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field
         return wrap(fs.tracer, getattr(obj, name), src)
@@ -200,14 +197,6 @@ def generic_attr(
     if v.source is not None:  # the attribute must still be missing when this graph runs
         fs.tracer.guards.equals(guarding.computed(hasattr, (v.source, name)), False)
     raise no_attribute(f"{cls.__name__} object", name)
-
-
-def guard_found(fs: FrameState, found: Any, value: Any) -> None:
-    """The attribute lookup ``found`` (a computed source) still finds ``value``: the same
-    object, and for a function the same code (``f.__code__ = ...`` recompiles)."""
-    fs.tracer.guards.identity(found, value)
-    if isinstance(value, types.FunctionType) and not _is_library(value):
-        fs.tracer.guards.identity(guarding.attr(found, "__code__"), value.__code__)
 
 
 def _instance_attr(fs: FrameState, v: Value, name: str) -> Value:
@@ -291,9 +280,13 @@ def _tuple_attr(fs: FrameState, v: Value, name: str) -> Value:
     if isinstance(own, dict) and name in own:  # a subclass's instance attribute
         return wrap(fs.tracer, own[name], guarding.attr(v.source, name))
     found: Any = inspect.getattr_static(cls, name, _MISSING)
-    _guard_tuple_class_attr(fs, v, name, None if found is _MISSING else found)
     if found is _MISSING:
+        if v.source is not None:  # still missing when the graph runs
+            fs.tracer.guards.equals(guarding.computed(hasattr, (v.source, name)), False)
+        elif not _is_library(cls):
+            fs.tracer.guards.equals(guarding.computed(hasattr, (cls, name)), False)
         raise no_attribute(f"'{cls.__name__}' object", name)
+    _guard_tuple_class_attr(fs, v, name, found)
     inner: Any = found.__func__ if isinstance(found, classmethod) else None
     if inner is not None and polyfills.lookup(inner) is not None:
         return BoundV(function_value(fs, inner, None), ObjV(cls))  # _make
@@ -313,8 +306,11 @@ def _guard_tuple_class_attr(fs: FrameState, v: TupleV, name: str, found: Any) ->
     """What a namedtuple's class attribute was found to be is what the graph assumes: from
     the frame, nothing set on the instance since nor on the class; made in the trace,
     nothing set on the class (a subclass's constant or method replaced)."""
-    if v.source is not None:
-        where = guarding.computed(guarding.attribute_found, (v.source, name))
+    if v.source is not None and hasattr(type(found), "__get__"):
+        fs.tracer.guards.class_member(v.source, v.real, name, found)
+        return
+    if v.source is not None:  # a class constant, read through the instance
+        where = guarding.attr(v.source, name)
     elif not _is_library(v.cls):
         where = guarding.computed(guarding.class_attribute, (v.cls, name))
     else:

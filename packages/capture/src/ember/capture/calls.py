@@ -279,8 +279,7 @@ def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
         return call_value(fs, own, list(args), kwargs)
     forward = type(module).forward
     if m.source is not None:  # still the class's forward: none set on the instance since
-        found = guarding.computed(guarding.attribute_found, (m.source, "forward"))
-        fs.tracer.guards.identity(found, forward)
+        fs.tracer.guards.class_member(m.source, module, "forward", forward)
     if not isinstance(forward, types.FunctionType):
         raise Unsupported(f"{type(module).__name__}.forward is not a Python function", "call")
     if hooks:  # Module.__call__'s polyfill runs the hooks around forward

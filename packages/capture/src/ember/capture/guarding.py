@@ -8,7 +8,9 @@ reached again by the generated replacement (:func:`source_expression`).
 
 from __future__ import annotations
 
+import operator
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -107,25 +109,8 @@ def class_attribute(cls: type, name: str) -> Any:
     return None
 
 
-def attribute_found(obj: Any, name: str) -> Any:
-    """What ``obj.name`` finds, unbound, as ``object.__getattribute__`` looks: a data
-    descriptor on the class, else the instance's own ``__dict__``, else the class attribute
-    (None if there is none). Guarded by identity where a method or property was read, so
-    that one set on the instance (``m.forward = ...``) or on the class changes the guard.
-
-    >>> class C:
-    ...     def f(self): ...
-    >>> c = C(); found = attribute_found(c, "f"); c.f = print
-    >>> found is C.f, attribute_found(c, "f") is print
-    (True, True)
-    """
-    on_class = class_attribute(type(obj), name)
-    if hasattr(type(on_class), "__set__"):
-        return on_class
-    own = getattr(obj, "__dict__", None)
-    if type(own) is dict and name in own:
-        return own[name]
-    return on_class
+def _data_descriptor(obj: Any) -> bool:
+    return hasattr(type(obj), "__set__") or hasattr(type(obj), "__delete__")
 
 
 def source_key(source: Source) -> str:
@@ -244,6 +229,28 @@ class GuardCollector:
         if source is not None:
             self._add(kinds.id_match(source, obj, self._where()))
 
+    def class_member(self, source: Source, obj: Any, name: str, found: Any) -> None:
+        """``obj.name`` (``obj`` at ``source``, whose type its own guard fixes) still finds
+        ``found``, a method or other descriptor of its class: nothing of that name set on the
+        instance since (``m.forward = ...``), the class attribute the same object, and a user
+        function's the same code. The class's part is one check per class, however many
+        instances share it; all are C calls and attribute loads, cheap on the hot path.
+
+        >>> class C:
+        ...     def f(self): ...
+        >>> guards = GuardCollector(); guards.class_member(Local("c"), C(), "f", C.f)
+        >>> [(g.kind.name, str(g.source).replace(repr(C), "C")) for g in guards.guards]
+        [('EQUALS', "contains(c.__dict__, 'f')"), ('ID_MATCH', "getattr(C, 'f')"), \
+('ID_MATCH', "getattr(C, 'f').__code__")]
+        """
+        if isinstance(getattr(obj, "__dict__", None), dict) and not _data_descriptor(found):
+            self.equals(computed(operator.contains, (Attr(source, "__dict__"), name)), False)
+        plain = isinstance(found, types.FunctionType | property)  # getattr would bind the rest
+        on_class = computed(getattr if plain else class_attribute, (type(obj), name))
+        self.identity(on_class, found)
+        if isinstance(found, types.FunctionType):
+            self.identity(Attr(on_class, "__code__"), found.__code__)
+
     def module_hooks(self, source: Source, module: torch.nn.Module) -> None:
         self._add(kinds.module_state(source, module, self._where()))
 
@@ -257,7 +264,6 @@ class GuardCollector:
 __all__ = [
     "GuardCollector",
     "attr",
-    "attribute_found",
     "cell",
     "class_attribute",
     "closure_cell",
