@@ -33,8 +33,18 @@ GATES: dict[str, str] = {
     "grad_mode": "grad-mode changes: views and results made under no_grad/enable_grad",
     # Not in issue 16's list: where eager raises on an in-place write, ember computes.
     "inplace_expanded": "new: in-place op on an expanded tensor does not raise",
+    "inplace_flat_view": "in-place through views in inductor: view(-1)/reshape(-1) of a "
+    "non-contiguous input that eager views, inductor copies",
+    "rng": "RNG: inductor drops a dead random op, so later ones draw different numbers",
+    "low_precision": "low-precision constants in inductor (bf16/f16 rounding of intermediates)",
     "chunk": "new: in-place op on an output of chunk/split (multi-output view) does not raise",
+    "cse_outputs": "input/output aliasing: inductor returns one tensor for two equal outputs "
+    "(CSE), eager two",
+    "detach": "input/output aliasing: a returned x.detach() of an input requiring grad "
+    "comes back with requires_grad=True (aot_eager, inductor)",
     "grad_mutated_inputs": "new: the gradient through an input mutated in the graph is wrong",
+    # After a break, a tensor and a view of it are two inputs of the next graph.
+    "inplace_after_break": "input/output aliasing: in-place op on aliased graph inputs",
     # Not in issue 16's list: a leaf that reaches no output through a graph break gets a
     # zero .grad instead of None (ember's autograd.Function materialises unused grads).
     "grad_none_vs_zero": "new: zero grad instead of None across a graph break",
@@ -96,6 +106,14 @@ CONDITIONS = [
 ]
 
 
+# Views whose in-place writes hit a known bug: (text in the expression, gate).
+RISKY_VIEWS = [
+    (".expand(", "inplace_expanded"),
+    (".view(-1)", "inplace_flat_view"),
+    (".reshape(-1)", "inplace_flat_view"),
+]
+
+
 def _flat(shape: Shape) -> str:
     return "*".join(shape) if shape else "1"
 
@@ -121,7 +139,8 @@ class Builder:
     depth: int = 0
     tensors: dict[str, Shape] = field(default_factory=lambda: dict(INPUTS))
     views: set[str] = field(default_factory=lambda: set(INPUTS))  # inputs and their views
-    expanded: set[str] = field(default_factory=set)  # views with overlapping elements
+    risky: dict[str, str] = field(default_factory=dict)  # var -> gate for writing it in place
+    prebreak: set[str] = field(default_factory=set)  # made before a graph break (or views)
     lists: dict[str, list[tuple[str, Shape]]] = field(default_factory=dict)  # (var, shape)
     dicts: dict[str, dict[str, tuple[str, Shape]]] = field(default_factory=dict)
     scalars: list[str] = field(default_factory=list)
@@ -153,10 +172,15 @@ class Builder:
         return self.draw(st.sampled_from(sorted(names)))
 
     def target(self, ok: Callable[[Shape], bool] = lambda s: True) -> str:
-        """A tensor to write in place (expanded ones behind their gate)."""
-        if enabled("inplace_expanded"):
-            return self.pick(ok, prefer_views=True)
-        return self.pick(lambda s: ok(s), prefer_views=True, exclude=self.expanded)
+        """A tensor to write in place (expanded ones, and ones from before a graph break,
+        behind their gates)."""
+        exclude = {n for n, gate in self.risky.items() if not enabled(gate)}
+        exclude |= set() if enabled("inplace_after_break") else self.prebreak
+        return self.pick(ok, prefer_views=True, exclude=exclude)
+
+    def graph_break(self) -> None:
+        """What exists now becomes an input of the next graph."""
+        self.prebreak |= set(self.tensors)
 
     def assign(self, expr: str, shape: Shape, view_of: str = "") -> str:
         name = self.new()
@@ -164,8 +188,11 @@ class Builder:
         self.tensors[name] = shape
         if view_of in self.views:
             self.views.add(name)
-        if view_of in self.expanded or ".expand(" in expr:
-            self.expanded.add(name)
+        gate = self.risky.get(view_of) or next((g for p, g in RISKY_VIEWS if p in expr), "")
+        if gate:
+            self.risky[name] = gate
+        if view_of in self.prebreak:
+            self.prebreak.add(name)
         return name
 
 
@@ -192,7 +219,7 @@ def p_rebind(b: Builder) -> bool:
     x = b.pick()
     y = b.pick(lambda s: _broadcast(b.tensors[x], s) == b.tensors[x])
     b.emit(f"{x} = " + b.draw(st.sampled_from(BINARY)).format(x=x, y=y))
-    b.views.discard(x), b.expanded.discard(x)
+    b.views.discard(x), b.risky.pop(x, None), b.prebreak.discard(x)
     return True
 
 
@@ -226,7 +253,8 @@ def p_matmul(b: Builder) -> bool:
 
 def _view_rules(b: Builder, x: str, s: Shape) -> list[tuple[str, Shape]]:
     """The views applicable to a tensor of shape s: (expression, new shape)."""
-    rules: list[tuple[str, Shape]] = [(f"{x}.detach()", s), (f"{x}.view(-1)", (_flat(s),))]
+    rules: list[tuple[str, Shape]] = [(f"{x}.view(-1)", (_flat(s),))]
+    rules += [(f"{x}.detach()", s)] if enabled("detach") else []
     rules.append((f"{x}.reshape(-1)", (_flat(s),)))
     if len(s) <= 2:
         rules += [(f"{x}.unsqueeze(0)", ("1", *s)), (f"{x}.expand(2, *{x}.shape)", ("2", *s))]
@@ -295,13 +323,13 @@ def p_metadata_inplace(b: Builder) -> bool:
 
 def _block(b: Builder, keep: bool, lo: int = 1, hi: int = 3) -> None:
     """Statements one level deeper; ``keep=False`` forgets what they defined (a branch)."""
-    saved = dict(b.tensors), set(b.views), set(b.expanded), list(b.scalars)
+    saved = dict(b.tensors), set(b.views), dict(b.risky), list(b.scalars)
     b.depth += 1
     for _ in range(b.draw(st.integers(lo, hi))):
         statement(b)
     b.depth -= 1
     if not keep:
-        b.tensors, b.views, b.expanded, b.scalars = saved
+        b.tensors, b.views, b.risky, b.scalars = saved
 
 
 def p_if_tensor(b: Builder) -> bool:
@@ -311,6 +339,7 @@ def p_if_tensor(b: Builder) -> bool:
     x = b.pick()
     test = b.draw(st.sampled_from(["{x}.sum() > 0", "({x} > 0).any()", "{x}.mean() < 0.1"]))
     b.emit(f"if {test.format(x=x)}:")
+    b.graph_break()
     _block(b, keep=False)
     b.emit("else:")
     _block(b, keep=False)
@@ -350,6 +379,9 @@ def p_try_view(b: Builder) -> bool:
     b.emit("except RuntimeError:")
     b.emit(f"    {v} = {x}.reshape(-1)")
     b.tensors[v] = (_flat(b.tensors[x]),)
+    b.risky[v] = b.risky.get(x, "inplace_flat_view")
+    b.views.update([v] if x in b.views else [])
+    b.prebreak.update([v] if x in b.prebreak else [])
     return True
 
 
@@ -412,7 +444,9 @@ def p_swap(b: Builder) -> bool:
     x = b.pick()
     y = b.pick(lambda s: s == b.tensors[x])
     b.emit(f"{x}, {y} = {y}, {x}")
-    for marks in (b.views, b.expanded):
+    rx, ry = b.risky.pop(x, ""), b.risky.pop(y, "")
+    b.risky.update({n: g for n, g in ((x, ry), (y, rx)) if g})
+    for marks in (b.views, b.prebreak):
         xv, yv = x in marks, y in marks
         marks.discard(x), marks.discard(y)
         marks.update(([x] if yv else []) + ([y] if xv else []))
@@ -437,8 +471,10 @@ def p_scalar(b: Builder) -> bool:
         "float({x}.mean())",
     ]
     rules += [f"len({n})" for n in b.lists] + ["{x}.dim()", "G_SCALE"]
-    name = b.new("s")
-    b.emit(f"{name} = {b.draw(st.sampled_from(rules)).format(x=x)}")
+    name, rule = b.new("s"), b.draw(st.sampled_from(rules))
+    b.emit(f"{name} = {rule.format(x=x)}")
+    if "item" in rule or "float" in rule:
+        b.graph_break()
     b.scalars.append(name)
     return True
 
@@ -515,7 +551,9 @@ def p_helper(b: Builder) -> bool:
         v, w = b.new(), b.new()
         b.emit(f"{v}, {w} = h_pair({x}, {y})")
         b.tensors[v], b.tensors[w] = b.tensors[y], b.tensors[x]
-        b.expanded.update(n for n, src in ((v, y), (w, x)) if src in b.expanded)
+        b.risky.update({n: b.risky[src] for n, src in ((v, y), (w, x)) if src in b.risky})
+        for marks in (b.views, b.prebreak):
+            marks.update(n for n, src in ((v, y), (w, x)) if src in marks)
         return True
     b.assign(f"h_{kind}({x})", b.tensors[x], view_of=x if kind == "mutate" else "")
     return True

@@ -27,7 +27,7 @@ import fuzzgen
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 # Examples per backend in CI; inductor compiles C++ per graph, so it gets fewer.
-CI_EXAMPLES = {"eager": 60, "aot_eager": 60, "inductor": 40}
+CI_EXAMPLES = {"eager": 100, "aot_eager": 100, "inductor": 60}
 
 
 def examples(backend: str) -> int:
@@ -63,3 +63,46 @@ def _run(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_programs_match_eager(backend: str) -> None:
     _run(backend)
+
+
+def _nudged(gm, example_inputs):
+    """A wrong backend: every float output is off by 1e-3."""
+
+    def run(*args):
+        outs = gm(*args)
+        return type(outs)(o + 1e-3 if o.is_floating_point() else o for o in outs)
+
+    return run
+
+
+def _stale(gm, example_inputs):
+    """A wrong backend: every call returns the first call's outputs."""
+    first = []
+
+    def run(*args):
+        first.append(first[0] if first else gm(*args))
+        return first[0]
+
+    return run
+
+
+SAMPLE = fuzzgen.PRELUDE + "    v1 = a.sin() * G_SCALE\n    c.add_(1)\n    return v1, c\n"
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"), [(_nudged, "value: out[0]"), (_stale, "call 1: value")]
+)
+def test_the_comparison_catches_a_wrong_backend(backend, expected) -> None:
+    plan = [(fuzzcheck.CallSpec(seed=s), fuzzcheck.GlobalState()) for s in (0, 1)]
+    problems = fuzzcheck.differential(SAMPLE, plan, backend)
+    assert any(expected in p for p in problems), problems
+    assert not fuzzcheck.differential(SAMPLE, plan, "eager")
+
+
+def test_every_gate_is_used() -> None:
+    """A gate name that no production or check reads is a typo that gates nothing."""
+    here = Path(__file__).parent
+    text = "".join((here / f).read_text() for f in ("fuzzgen.py", "fuzzcheck.py"))
+    for gate in fuzzgen.GATES:
+        aliasing = gate.removeprefix("alias_") in fuzzcheck.ALIASING
+        assert text.count(f'"{gate}"') >= 2 or aliasing, gate

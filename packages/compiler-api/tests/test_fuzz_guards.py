@@ -25,7 +25,7 @@ import fuzzcheck
 import fuzzgen
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
-CI_EXAMPLES = {"eager": 40, "aot_eager": 40, "inductor": 25}
+CI_EXAMPLES = {"eager": 50, "aot_eager": 50, "inductor": 30}
 
 
 def examples(backend: str) -> int:
