@@ -26,9 +26,10 @@ Shape = tuple[str, ...]
 # Gated productions: name -> the issue-16 bug class it hits. Remove an entry (or set
 # EMBER_FUZZ_ENABLE) once the fix for its class is merged.
 GATES: dict[str, str] = {
-    "alias_same": "input/output aliasing: the same tensor passed as two arguments",
-    "alias_overlap": "input/output aliasing: arguments that are overlapping views of one base",
-    "alias_row": "input/output aliasing: an argument that is a view of another",
+    "alias_overlap": "input/output aliasing: a write to one of two overlapping argument views "
+    "is not seen through the other (silent wrong result)",
+    "alias_row": "guard miss: an output view of an input is rebuilt with the first call's "
+    "storage offset (c = a[1] then a fresh c: internal error or a silently wrong result)",
     "metadata_inplace_input": "metadata in-place ops on inputs (t_, unsqueeze_)",
     "grad_mode": "grad-mode changes: views and results made under no_grad/enable_grad",
     # Not in issue 16's list: where eager raises on an in-place write, ember computes.
