@@ -43,6 +43,10 @@ GATES: dict[str, str] = {
     "(CSE), eager two",
     "detach": "input/output aliasing: a returned x.detach() of an input requiring grad "
     "comes back with requires_grad=True (aot_eager, inductor)",
+    "inplace_self_overlap": "new: an in-place op reading a view of its own destination "
+    "(b.mul_(b[0])): eager raises or sees its own writes, ember reads the old values",
+    "dead_raising_op": "new: an unused op that raises in eager (matmul of float64 and "
+    "float32) is dropped by ember, so nothing raises",
     "grad_mutated_inputs": "new: the gradient through an input mutated in the graph is wrong",
     # After a break, a tensor and a view of it are two inputs of the next graph.
     "inplace_after_break": "input/output aliasing: in-place op on aliased graph inputs",
@@ -142,6 +146,7 @@ class Builder:
     views: set[str] = field(default_factory=lambda: set(INPUTS))  # inputs and their views
     risky: dict[str, str] = field(default_factory=dict)  # var -> gate for writing it in place
     prebreak: set[str] = field(default_factory=set)  # made before a graph break (or views)
+    roots: dict[str, str] = field(default_factory=dict)  # view -> the tensor it views
     lists: dict[str, list[tuple[str, Shape]]] = field(default_factory=dict)  # (var, shape)
     dicts: dict[str, dict[str, tuple[str, Shape]]] = field(default_factory=dict)
     scalars: list[str] = field(default_factory=list)
@@ -179,6 +184,17 @@ class Builder:
         exclude |= set() if enabled("inplace_after_break") else self.prebreak
         return self.pick(ok, prefer_views=True, exclude=exclude)
 
+    def root(self, x: str) -> str:
+        return self.roots.get(x, x)
+
+    def source(self, y: str, x: str) -> str:
+        """``y`` as the source of an in-place write to ``x``: cloned where the two may
+        overlap, unless that is enabled (eager's answer then depends on its loop order)."""
+        if enabled("inplace_self_overlap"):
+            return y
+        ry, rx = self.root(y), self.root(x)
+        return f"{y}.clone()" if ry == rx or (ry in INPUTS and rx in INPUTS) else y
+
     def graph_break(self) -> None:
         """What exists now becomes an input of the next graph."""
         self.prebreak |= set(self.tensors)
@@ -194,6 +210,7 @@ class Builder:
             self.risky[name] = gate
         if view_of in self.prebreak:
             self.prebreak.add(name)
+        self.roots[name] = self.root(view_of) if view_of else name
         return name
 
 
@@ -220,7 +237,7 @@ def p_rebind(b: Builder) -> bool:
     x = b.pick()
     y = b.pick(lambda s: _broadcast(b.tensors[x], s) == b.tensors[x])
     b.emit(f"{x} = " + b.draw(st.sampled_from(BINARY)).format(x=x, y=y))
-    b.views.discard(x), b.risky.pop(x, None), b.prebreak.discard(x)
+    b.views.discard(x), b.risky.pop(x, None), b.prebreak.discard(x), b.roots.pop(x, None)
     return True
 
 
@@ -248,7 +265,9 @@ def p_matmul(b: Builder) -> bool:
         return False
     sx = b.tensors[x]
     y = b.pick(lambda s: len(s) == 2 and s[1] == sx[1])
-    b.assign(f"{x} @ {y}.t()", (sx[0], b.tensors[y][0]))
+    # Unused, a matmul of two dtypes (which raises in eager) is dropped by ember: gated.
+    cast = "" if enabled("dead_raising_op") else f".to({x}.dtype)"
+    b.assign(f"{x} @ {y}.t(){cast}", (sx[0], b.tensors[y][0]))
     return True
 
 
@@ -289,7 +308,7 @@ def p_inplace(b: Builder) -> bool:
         b.emit(b.draw(st.sampled_from(INPLACE_UNARY)).format(x=x))
         return True
     y = b.pick(lambda s: _broadcast(b.tensors[x], s) == b.tensors[x])
-    b.emit(b.draw(st.sampled_from(INPLACE_BINARY)).format(x=x, y=y))
+    b.emit(b.draw(st.sampled_from(INPLACE_BINARY)).format(x=x, y=b.source(y, x)))
     return True
 
 
@@ -298,7 +317,8 @@ def p_setitem(b: Builder) -> bool:
     if not x:
         return False
     s = b.tensors[x]
-    y = b.pick(lambda t: _broadcast(s[1:], t) == s[1:]) or "1.0"
+    y = b.pick(lambda t: _broadcast(s[1:], t) == s[1:])
+    y = b.source(y, x) if y else "1.0"
     b.emit(b.draw(st.sampled_from([f"{x}[0] = {y}", f"{x}[..., 0] = 1.5", f"{x}[:1] *= 2"])))
     return True
 
@@ -324,13 +344,13 @@ def p_metadata_inplace(b: Builder) -> bool:
 
 def _block(b: Builder, keep: bool, lo: int = 1, hi: int = 3) -> None:
     """Statements one level deeper; ``keep=False`` forgets what they defined (a branch)."""
-    saved = dict(b.tensors), set(b.views), dict(b.risky), list(b.scalars)
+    saved = dict(b.tensors), set(b.views), dict(b.risky), list(b.scalars), dict(b.roots)
     b.depth += 1
     for _ in range(b.draw(st.integers(lo, hi))):
         statement(b)
     b.depth -= 1
     if not keep:
-        b.tensors, b.views, b.risky, b.scalars = saved
+        b.tensors, b.views, b.risky, b.scalars, b.roots = saved
 
 
 def p_if_tensor(b: Builder) -> bool:
@@ -381,6 +401,7 @@ def p_try_view(b: Builder) -> bool:
     b.emit(f"    {v} = {x}.reshape(-1)")
     b.tensors[v] = (_flat(b.tensors[x]),)
     b.risky[v] = b.risky.get(x, "inplace_flat_view")
+    b.roots[v] = b.root(x)
     b.views.update([v] if x in b.views else [])
     b.prebreak.update([v] if x in b.prebreak else [])
     return True
@@ -445,6 +466,7 @@ def p_swap(b: Builder) -> bool:
     x = b.pick()
     y = b.pick(lambda s: s == b.tensors[x])
     b.emit(f"{x}, {y} = {y}, {x}")
+    b.roots[x], b.roots[y] = b.root(y), b.root(x)
     rx, ry = b.risky.pop(x, ""), b.risky.pop(y, "")
     b.risky.update({n: g for n, g in ((x, ry), (y, rx)) if g})
     for marks in (b.views, b.prebreak):
@@ -460,7 +482,9 @@ def p_chunk(b: Builder) -> bool:
     b.emit(f"{v}, {w} = {x}.chunk(2, dim=-1)")
     for name in (v, w):
         b.tensors[name] = (*b.tensors[x][:-1], b.dim())
-        b.views.add(name) if x in b.views else None
+        b.roots[name] = b.root(x)
+        b.views.update([name] if x in b.views else [])
+        b.prebreak.update([name] if x in b.prebreak else [])
     return True
 
 
@@ -553,6 +577,7 @@ def p_helper(b: Builder) -> bool:
         b.emit(f"{v}, {w} = h_pair({x}, {y})")
         b.tensors[v], b.tensors[w] = b.tensors[y], b.tensors[x]
         b.risky.update({n: b.risky[src] for n, src in ((v, y), (w, x)) if src in b.risky})
+        b.roots[v], b.roots[w] = b.root(y), b.root(x)
         for marks in (b.views, b.prebreak):
             marks.update(n for n, src in ((v, y), (w, x)) if src in marks)
         return True
