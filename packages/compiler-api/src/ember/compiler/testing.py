@@ -16,7 +16,39 @@ from typing import Any
 
 import torch
 
-__all__ = ["CompileCounter", "assert_same", "check_like_eager", "outcome"]
+__all__ = [
+    "TOLERANCES",
+    "CompileCounter",
+    "assert_same",
+    "check_like_eager",
+    "outcome",
+    "tolerance",
+]
+
+# How far a compiled float result may be from eager's, as (rtol, atol) for
+# torch.testing.assert_close: |got - want| <= atol + rtol * |want|. docs/correctness.md
+# explains them; assert_same and the fuzzers use exactly these. Every other dtype (integers,
+# bool) must be exact, and NaN must be NaN in both.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex64: (1.3e-6, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """The ``rtol``/``atol`` keywords for comparing results of ``dtype`` (see TOLERANCES).
+
+    >>> tolerance(torch.float32)
+    {'rtol': 1.3e-06, 'atol': 1e-05}
+    >>> tolerance(torch.int64)
+    {'rtol': 0.0, 'atol': 0.0}
+    """
+    rtol, atol = TOLERANCES.get(dtype, (0.0, 0.0))
+    return {"rtol": rtol, "atol": atol}
 
 
 class CompileCounter:
@@ -63,7 +95,8 @@ def assert_same(got: Any, want: Any) -> None:
     """
     assert type(got) is type(want), (got, want)
     if isinstance(want, torch.Tensor):
-        torch.testing.assert_close(got, want)
+        rtol, atol = TOLERANCES.get(want.dtype, (0.0, 0.0))
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
     elif isinstance(want, tuple | list):
         assert len(got) == len(want), (got, want)
         for g, w in zip(got, want, strict=True):
