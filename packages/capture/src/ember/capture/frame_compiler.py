@@ -372,7 +372,8 @@ def _drop_when_freed(
 def _backend_failed(backend: str, error: Exception) -> Unsupported:
     """A backend that raised while compiling a graph, turned into a reason to run eagerly."""
     e = Unsupported(f"backend {backend!r} failed: {type(error).__name__}: {error}", "backend")
-    e.hint = "the frame ran eagerly; another backend (eager, aot_eager) may take this graph"
+    others = ", ".join(b for b in ("eager", "aot_eager") if b != backend)
+    e.hint = f"the frame ran eagerly; another backend ({others}) may take this graph"
     return e
 
 
