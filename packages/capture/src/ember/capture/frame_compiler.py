@@ -224,22 +224,12 @@ class FrameCompiler:
 
     def _native(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
         """An entry that runs the frame's own code, natively, under the translation's guards."""
-        guards = GuardSet(t.guards.guards)
-        checked = guards.compile(FrameSpec.from_function(frame.function))
-        fn = _native_function(frame.code, frame.function)
-        cache_entry = cache.add(checked, fn)
-        entry = CacheEntry(checked.check, fn)
-        if self.track:
-            self.made.append((frame.code, entry, cache_entry))
-        closure = (frame.function,) if frame.code.co_freevars else ()
-        _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
-        return entry
+        return self._guarded(frame, cache, t, _native_function(frame.code, frame.function))[1]
 
-    def _entry(
-        self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any, described: str
-    ) -> CacheEntry:
-        """Guard ``fn`` with the translation's guards, cache it, record it in the stats."""
-        start = time.perf_counter()
+    def _guarded(
+        self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any
+    ) -> tuple[GuardSet, CacheEntry]:
+        """``fn`` behind the translation's guards, in the code's cache."""
         guards = GuardSet(t.guards.guards)
         checked = guards.compile(FrameSpec.from_function(frame.function))
         cache_entry = cache.add(checked, fn)
@@ -250,6 +240,14 @@ class FrameCompiler:
         # goes when the closure does, with the objects its cells hold.
         closure = (frame.function,) if frame.code.co_freevars else ()
         _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
+        return guards, entry
+
+    def _entry(
+        self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any, described: str
+    ) -> CacheEntry:
+        """Guard ``fn`` with the translation's guards, cache it, record it in the stats."""
+        start = time.perf_counter()
+        guards, entry = self._guarded(frame, cache, t, fn)
         seconds = t.seconds + time.perf_counter() - start
         self.stats.compiled.append(
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
