@@ -87,20 +87,56 @@ def pointwise(
     if not isinstance(out_meta, torch.Tensor):
         raise Fallback("pointwise op without a tensor result")
     sizes, out_dtype = tuple(out_meta.shape), out_meta.dtype
+    low = None
     if compute is None:
         numbers = Value | Scalar | int | float | bool
         metas = [_meta_of(ctx, a) for a in args if isinstance(a, numbers)]
         compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=kind)[0])
+        common = elementwise_dtypes(*metas, type_promotion_kind=KIND.DEFAULT)[1]
+        low = common if common in LOW else None
     if compute not in FLOATS and fn in FLOAT_ONLY:
         raise Fallback(f"{fn.__name__} on {compute}")
     loaders = [
         broadcast(a, sizes).loader if isinstance(a, Value) else _scalar(a, compute) for a in args
     ]
+    if low is not None:
+        loaders = [
+            _rounded(ld, low) if _to_common(fn, a, low) else ld
+            for ld, a in zip(loaders, args, strict=True)
+        ]
 
     def loader(idx: Sequence[sympy.Expr]) -> Expr:
         return cast(fn(*[cast(load(idx), compute) for load in loaders]), out_dtype)
 
     return Value(sizes, out_dtype, loader)
+
+
+LOW = (torch.float16, torch.bfloat16)
+OPMATH_SCALAR = frozenset({"mul", "div"})  # _bin's names of the ops that keep a number's digits
+
+
+def _to_common(fn: Callable[..., Expr], a: Any, low: torch.dtype) -> bool:
+    """Whether eager rounds operand ``a`` to the op's half/bfloat16 common dtype first.
+
+    TensorIterator casts every operand to the common dtype, but mul and div read a
+    number or 0-dim operand at its original precision: ``x_bf16 + 0.3`` adds bf16(0.3),
+    ``x_bf16 * 0.3`` multiplies by float(0.3)."""
+    if isinstance(a, Value) and a.dtype == low:
+        return False
+    scalar_like = not isinstance(a, Value) or a.ndim == 0
+    return not (scalar_like and fn.__name__ in OPMATH_SCALAR)
+
+
+def _rounded(
+    load: Callable[[Sequence[sympy.Expr]], Expr], low: torch.dtype
+) -> Callable[[Sequence[sympy.Expr]], Expr]:
+    def loader(idx: Sequence[sympy.Expr]) -> Expr:
+        e = load(idx)
+        if e.op is Op.CONST and isinstance(e.arg, float):  # cast() keeps a constant's digits
+            return const(torch.tensor(e.arg, dtype=low).item(), e.dtype)
+        return cast(Expr(Op.CAST, low, (e,)) if e.dtype != low else e, e.dtype)
+
+    return loader
 
 
 def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr]:
