@@ -25,6 +25,7 @@ from torch._prims_common import elementwise_dtypes
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Expr, I, IndexCheck, Layout, R, Scalar, const, scalar
+from ember.inductor.low_precision import LOW, rounded, to_common
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op, Reduce
@@ -101,7 +102,7 @@ def pointwise(
     ]
     if low is not None:
         loaders = [
-            _rounded(ld, low) if _to_common(fn, a, low) else ld
+            rounded(ld, low) if to_common(fn, a, low) else ld
             for ld, a in zip(loaders, args, strict=True)
         ]
 
@@ -109,34 +110,6 @@ def pointwise(
         return cast(fn(*[cast(load(idx), compute) for load in loaders]), out_dtype)
 
     return Value(sizes, out_dtype, loader)
-
-
-LOW = (torch.float16, torch.bfloat16)
-OPMATH_SCALAR = frozenset({"mul", "div"})  # _bin's names of the ops that keep a number's digits
-
-
-def _to_common(fn: Callable[..., Expr], a: Any, low: torch.dtype) -> bool:
-    """Whether eager rounds operand ``a`` to the op's half/bfloat16 common dtype first.
-
-    TensorIterator casts every operand to the common dtype, but mul and div read a
-    number or 0-dim operand at its original precision: ``x_bf16 + 0.3`` adds bf16(0.3),
-    ``x_bf16 * 0.3`` multiplies by float(0.3)."""
-    if isinstance(a, Value) and a.dtype == low:
-        return False
-    scalar_like = not isinstance(a, Value) or a.ndim == 0
-    return not (scalar_like and fn.__name__ in OPMATH_SCALAR)
-
-
-def _rounded(
-    load: Callable[[Sequence[sympy.Expr]], Expr], low: torch.dtype
-) -> Callable[[Sequence[sympy.Expr]], Expr]:
-    def loader(idx: Sequence[sympy.Expr]) -> Expr:
-        e = load(idx)
-        if e.op is Op.CONST and isinstance(e.arg, float):  # cast() keeps a constant's digits
-            return const(torch.tensor(e.arg, dtype=low).item(), e.dtype)
-        return cast(Expr(Op.CAST, low, (e,)) if e.dtype != low else e, e.dtype)
-
-    return loader
 
 
 def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr]:
