@@ -449,6 +449,8 @@ RANDOM: dict[str, Callable[[T], T]] = {
     "unused_randn": lambda x: (torch.randn(x.shape), torch.rand_like(x))[1],
     "unused_dropout": lambda x: (F.dropout(x, 0.5), x + torch.randn_like(x))[1],
     "unused_rand_like": lambda x: (torch.rand_like(x), x * 2)[1],
+    "unused_randn_then_mul": lambda x: (torch.randn(x.shape), torch.rand_like(x) * x)[1],
+    "unused_dropout_then_add": lambda x: (F.dropout(x, 0.5), torch.rand_like(x) + x)[1],
 }
 
 
@@ -482,7 +484,10 @@ def test_random_ops_draw_eagers_numbers(backend: str, op: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("op", ["dropout", "rrelu", "bernoulli", "normal"])
+@pytest.mark.parametrize(
+    "op",
+    ["dropout", "rrelu", "bernoulli", "normal", "unused_randn_then_mul", "unused_dropout_then_add"],
+)
 def test_random_ops_in_training_draw_eagers_numbers(backend: str, op: str) -> None:
     fn = RANDOM[op]
     want = _draws(fn, grad=True)
