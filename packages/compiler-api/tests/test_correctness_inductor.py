@@ -445,6 +445,12 @@ RANDOM: dict[str, Callable[[T], T]] = {
     "multinomial": lambda x: torch.multinomial(x.abs() + 0.1, 2).float() + 1,
     "rrelu": lambda x: F.rrelu(x, training=True) * 2,
     "two_draws": lambda x: torch.rand(3, 4) + torch.randn(3, 4) + x,
+    # An unused draw still moves the generator: the next draw must see it.
+    "unused_randn": lambda x: (torch.randn(x.shape), torch.rand_like(x))[1],
+    "unused_dropout": lambda x: (F.dropout(x, 0.5), x + torch.randn_like(x))[1],
+    "unused_rand_like": lambda x: (torch.rand_like(x), x * 2)[1],
+    "unused_randn_then_mul": lambda x: (torch.randn(x.shape), torch.rand_like(x) * x)[1],
+    "unused_dropout_then_add": lambda x: (F.dropout(x, 0.5), torch.rand_like(x) + x)[1],
 }
 
 
@@ -478,10 +484,74 @@ def test_random_ops_draw_eagers_numbers(backend: str, op: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("op", ["dropout", "rrelu", "bernoulli", "normal"])
+@pytest.mark.parametrize(
+    "op",
+    ["dropout", "rrelu", "bernoulli", "normal", "unused_randn_then_mul", "unused_dropout_then_add"],
+)
 def test_random_ops_in_training_draw_eagers_numbers(backend: str, op: str) -> None:
     fn = RANDOM[op]
     want = _draws(fn, grad=True)
     got = _draws(ember.compiler.compile(fn, backend=backend), grad=True)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+# -- half and bfloat16: rounded as eager rounds, at each op --------------------------------------
+
+# TensorIterator rounds a number to the op's half/bfloat16 dtype first (``x + 0.3`` adds
+# bf16(0.3)), except for mul and div, which keep its float digits.
+LOW_PRECISION: dict[str, Callable[[T], Any]] = {
+    "bf16_add_then_float": lambda x: (x.bfloat16() + 0.3).float(),
+    "f16_add_then_float": lambda x: (x.half() + 0.3).float(),
+    "bf16_rsub": lambda x: 1.7 - x.bfloat16(),
+    "bf16_mul_add": lambda x: x.bfloat16() * 0.3 + 1.7,
+    "bf16_div_sub": lambda x: x.bfloat16() / 0.3 - 1.7,
+    "f16_mul": lambda x: x.half() * 0.1,
+    "bf16_plus_0dim": lambda x: x.bfloat16() + torch.tensor(0.3),
+    "bf16_times_0dim": lambda x: x.bfloat16() * torch.tensor(0.3),
+    "bf16_compare": lambda x: x.bfloat16() > 0.3,
+    "bf16_int_operand": lambda x: (x * 1000).int() + x.bfloat16(),
+    "to_bf16": lambda x: x.to(torch.bfloat16),
+    "f16_sum": lambda x: x.half().sum(-1),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(LOW_PRECISION))
+def test_half_and_bfloat16_round_as_in_eager(backend: str, case: str) -> None:
+    assert_like_eager(LOW_PRECISION[case], lambda: [torch.linspace(-3, 3, 70).view(7, 10)], backend)
+
+
+# -- ops eager refuses, even unused -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["matmul", "bmm", "addmm", "dot"])
+def test_an_unused_product_of_two_dtypes_raises_as_in_eager(backend: str, op: str) -> None:
+    products = {
+        "matmul": lambda a, b: a @ b.float().t(),
+        "bmm": lambda a, b: torch.bmm(a[None], b.float().t()[None]),
+        "addmm": lambda a, b: torch.addmm(a[:, :1], a, b.float().t()),
+        "dot": lambda a, b: torch.dot(a[0], b[0].float()),
+    }
+
+    def fn(a: T, b: T) -> T:
+        products[op](a, b)  # unused: fake tensors accept two dtypes, eager raises
+        return a * 2
+
+    def make() -> list[Any]:
+        return [torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)]
+
+    assert_like_eager(fn, make, backend, compiles=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flatten", ["reshape", "view"])
+def test_inplace_through_a_flat_view_of_a_strided_input(backend: str, flatten: str) -> None:
+    def fn(a: T) -> T:
+        v = getattr(a, flatten)(-1)  # a[:, ::2] of a (6, 6) tensor flattens as a view
+        v[0] = 1.5
+        v[4:6].mul_(2)
+        return v
+
+    assert_like_eager(fn, lambda: [torch.arange(36.0).view(6, 6)[:, ::2]], backend)

@@ -29,7 +29,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-__all__ = ["EagerOnly", "check_mutations"]
+__all__ = ["EagerOnly", "check_mutations", "check_operand_dtypes"]
 
 _OVERLAP_YES = 1  # torch._debug_has_internal_overlap: 0 no, 1 yes, 2 too hard to tell
 
@@ -100,3 +100,46 @@ def check_mutations(gm: torch.fx.GraphModule) -> None:
             why = rule(node, twin)
             if why is not None:
                 raise EagerOnly(f"{target} {why}: eager decides what happens (it usually raises)")
+
+
+aten = torch.ops.aten
+
+# Products whose CPU kernels refuse operands of two dtypes ("expected m1 and m2 to have the
+# same dtype") but whose meta functions accept them: traced with fake tensors, an unused
+# one would be dropped and nothing would raise.
+SAME_DTYPE_OPS = frozenset(
+    {
+        aten.mm.default,
+        aten.bmm.default,
+        aten.mv.default,
+        aten.dot.default,
+        aten.vdot.default,
+        aten.addmm.default,
+        aten.addmv.default,
+        aten.baddbmm.default,
+        aten.addbmm.default,
+    }
+)
+
+
+def check_operand_dtypes(gm: torch.fx.GraphModule) -> None:
+    """Raise :class:`EagerOnly` if a product in ``gm`` (fake values in ``meta["val"]``)
+    has tensor operands of two dtypes, which eager refuses when it runs the op.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> x = torch.ones(2, 2)
+    >>> gm = make_fx(lambda a, b: a @ b, tracing_mode="fake")(x, x.double())
+    >>> try:
+    ...     check_operand_dtypes(gm)
+    ... except EagerOnly as e:
+    ...     print(str(e).split(":")[0])
+    aten.mm.default has operands of two dtypes (torch.float32, torch.float64)
+    """
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in SAME_DTYPE_OPS:
+            continue
+        vals = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
+        dtypes = sorted({v.dtype for v in vals if isinstance(v, torch.Tensor)}, key=str)
+        if len(dtypes) > 1:
+            listed = ", ".join(map(str, dtypes))
+            raise EagerOnly(f"{node.target} has operands of two dtypes ({listed}): eager raises")

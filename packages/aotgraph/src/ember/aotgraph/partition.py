@@ -116,15 +116,20 @@ def descendants(roots: Iterable[Node]) -> set[Node]:
 
 
 def extract(
-    joint: torch.fx.GraphModule, inputs: Sequence[Node], outputs: Sequence[Node | None], what: str
+    joint: torch.fx.GraphModule,
+    inputs: Sequence[Node],
+    outputs: Sequence[Node | None],
+    what: str,
+    keep: Sequence[Node] = (),
 ) -> torch.fx.GraphModule:
-    """A new graph module computing ``outputs`` from ``inputs`` with the joint graph's nodes."""
+    """A new graph module computing ``outputs`` from ``inputs`` with the joint graph's nodes
+    (and the nodes in ``keep``, which no output reads: random draws)."""
     graph = torch.fx.Graph()
     env: dict[Node, Node] = {}
     for node in inputs:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
-    needed = ancestors(outputs, stop=set(inputs))
+    needed = ancestors([*outputs, *keep], stop=set(inputs))
     for node in joint.graph.nodes:
         if node not in needed or node in env:
             continue
@@ -154,7 +159,7 @@ def partition_from_saved(joint: JointGraph, saved: Iterable[Node]) -> Partition:
     primals, tangents, fw_outs, grads = joint_parts(joint)
     order = {n: i for i, n in enumerate(joint.gm.graph.nodes)}
     saved_nodes = sorted(set(saved), key=order.__getitem__)
-    forward = extract(joint.gm, primals, [*fw_outs, *saved_nodes], "forward")
+    forward = extract(joint.gm, primals, [*fw_outs, *saved_nodes], "forward", _draws(joint))
     backward = extract(joint.gm, [*saved_nodes, *tangents], grads, "backward")
     sizes = [tensor_bytes(n.meta.get("val")) for n in saved_nodes]
     inputs = [s for s, n in zip(sizes, saved_nodes, strict=True) if _view_of_input(n)]
@@ -166,6 +171,15 @@ def partition_from_saved(joint: JointGraph, saved: Iterable[Node]) -> Partition:
         sum(sizes) - sum(inputs),
         joint.num_forward_outputs,
     )
+
+
+def _draws(joint: JointGraph) -> list[Node]:
+    """The forward's random ops that nothing reads: they still move torch's generator, so
+    the forward graph runs them (a later draw would see other numbers without them)."""
+    _, tangents, _, _ = joint_parts(joint)
+    backward = descendants(tangents)
+    nodes = joint.gm.graph.nodes
+    return [n for n in nodes if node_class(n) is OpClass.RANDOM and n not in backward]
 
 
 def _view_of_input(node: Node) -> bool:

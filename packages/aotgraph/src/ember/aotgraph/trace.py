@@ -49,7 +49,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from ember.aotgraph.aliasing import storage_groups
-from ember.aotgraph.eager_checks import EagerOnly, check_mutations
+from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
 __all__ = [
@@ -471,6 +471,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
+    check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
     out_of_place(aten_gm)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)

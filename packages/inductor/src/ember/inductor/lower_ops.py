@@ -25,6 +25,7 @@ from torch._prims_common import elementwise_dtypes
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Expr, I, IndexCheck, Layout, R, Scalar, const, scalar
+from ember.inductor.low_precision import LOW, rounded, to_common
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op, Reduce
@@ -87,15 +88,23 @@ def pointwise(
     if not isinstance(out_meta, torch.Tensor):
         raise Fallback("pointwise op without a tensor result")
     sizes, out_dtype = tuple(out_meta.shape), out_meta.dtype
+    low = None
     if compute is None:
         numbers = Value | Scalar | int | float | bool
         metas = [_meta_of(ctx, a) for a in args if isinstance(a, numbers)]
         compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=kind)[0])
+        common = elementwise_dtypes(*metas, type_promotion_kind=KIND.DEFAULT)[1]
+        low = common if common in LOW else None
     if compute not in FLOATS and fn in FLOAT_ONLY:
         raise Fallback(f"{fn.__name__} on {compute}")
     loaders = [
         broadcast(a, sizes).loader if isinstance(a, Value) else _scalar(a, compute) for a in args
     ]
+    if low is not None:
+        loaders = [
+            rounded(ld, low) if to_common(fn, a, low) else ld
+            for ld, a in zip(loaders, args, strict=True)
+        ]
 
     def loader(idx: Sequence[sympy.Expr]) -> Expr:
         return cast(fn(*[cast(load(idx), compute) for load in loaders]), out_dtype)

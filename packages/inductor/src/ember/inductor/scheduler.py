@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
+import torch
 
 from ember.inductor.ir import (
     Expr,
@@ -158,11 +159,12 @@ def output_names(prog: Program) -> set[str]:
 
 
 def eliminate_dead(prog: Program) -> Program:
-    """Drop nodes whose results nobody reads (externs that mutate are kept)."""
+    """Drop nodes whose results nobody reads (externs that mutate or draw random numbers
+    are kept: a dropped draw would shift every later draw from torch's generator)."""
     live = output_names(prog)
     kept: list[Node] = []
     for node in reversed(prog.nodes):
-        if any(n in live for n in writes(node)) or _mutates(node):
+        if any(n in live for n in writes(node)) or _impure(node):
             kept.append(node)
             live |= reads(node)
     kept.reverse()
@@ -199,6 +201,12 @@ def _live_scalar_ops(prog: Program, nodes: list[Node]) -> list[Any]:
 def _mutates(node: Node) -> bool:
     schema = getattr(getattr(node, "target", None), "_schema", None)
     return bool(schema is not None and schema.is_mutable)
+
+
+def _impure(node: Node) -> bool:
+    """Whether a node must run even when nobody reads its result."""
+    tags = getattr(getattr(node, "target", None), "tags", ())
+    return _mutates(node) or torch.Tag.nondeterministic_seeded in tags
 
 
 # ---- grouping -----------------------------------------------------------------------------
