@@ -2,9 +2,11 @@
 
 Eager refuses to write into a tensor whose elements share memory (an ``expand``ed
 input: "more than one element of the written-to tensor refers to a single memory
-location") and to write a result whose dtype cannot be cast to the destination's
-(``bool_tensor.mul_(2.5)``). Fake tensors skip both checks, and functionalization
-turns the op into an out-of-place one that succeeds, so the compiled graph would
+location"), to write a result whose dtype cannot be cast to the destination's
+(``bool_tensor.mul_(2.5)``) and to read a source that partly overlaps the destination
+(``b.mul_(b[0])``; where it cannot tell, it reads what it has already written). Fake
+tensors skip these checks, and functionalization turns the op into an out-of-place
+one that succeeds, so the compiled graph would
 return an answer where eager raises (or, for the few ops that accept overlapping
 destinations, a different answer). :func:`check_mutations` looks at the first,
 unfunctionalized trace and raises :class:`EagerOnly` for such a node: the backend
@@ -63,6 +65,42 @@ def _overlapping(node: torch.fx.Node, twin: Any) -> str | None:
     return None
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and last storage element ``t`` can reach."""
+    start = int(t.storage_offset())
+    last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+    return start, start + last
+
+
+def _same_view(t: torch.Tensor, u: torch.Tensor) -> bool:
+    return (t.shape, t.stride(), t.storage_offset()) == (u.shape, u.stride(), u.storage_offset())
+
+
+def _read_overlap(node: torch.fx.Node, twin: Any) -> str | None:
+    """A source sharing memory with the destination but not the same view: eager raises
+    (both dense) or reads what it has already written, a functional graph the old values."""
+    written = _written(node)
+    reads = [
+        v.meta.get("val")
+        for v in pytree.tree_leaves((node.args, node.kwargs))
+        if isinstance(v, torch.fx.Node)
+    ]
+    for w in written:
+        if w.layout != torch.strided:
+            continue
+        storage = w.untyped_storage()._cdata
+        lo, hi = _span(w)
+        for r in reads:
+            if not isinstance(r, torch.Tensor) or r is w or r.numel() == 0 or w.numel() == 0:
+                continue
+            if r.layout != torch.strided or r.untyped_storage()._cdata != storage:
+                continue
+            r_lo, r_hi = _span(r)
+            if r_lo <= hi and lo <= r_hi and not _same_view(r, w):
+                return "reads a tensor overlapping the one it writes"
+    return None
+
+
 def _uncastable(node: torch.fx.Node, twin: Any) -> str | None:
     """The out-of-place twin's result dtype, if it cannot be cast to the destination's."""
     if twin is None:
@@ -81,7 +119,11 @@ def _uncastable(node: torch.fx.Node, twin: Any) -> str | None:
 
 
 # Each rule returns why only eager can run the node, or None.
-RULES: tuple[Callable[[torch.fx.Node, Any], str | None], ...] = (_overlapping, _uncastable)
+RULES: tuple[Callable[[torch.fx.Node, Any], str | None], ...] = (
+    _overlapping,
+    _read_overlap,
+    _uncastable,
+)
 
 
 def check_mutations(gm: torch.fx.GraphModule) -> None:

@@ -192,7 +192,8 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             base = inputs[o.index]
             if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
                 base = base.detach()
-            leaves.append(base.as_strided(o.meta.size, o.meta.stride, o.meta.offset))
+            offset = base.storage_offset() + o.meta.offset  # relative: see Output
+            leaves.append(base.as_strided(o.meta.size, o.meta.stride, offset))
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)

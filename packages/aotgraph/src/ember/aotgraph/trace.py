@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -93,7 +93,8 @@ class Output:
 
     ``kind`` is ``"graph"`` (output ``index`` of the compiled graph), ``"input"``
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
-    with ``meta``'s size, stride and offset) or ``"constant"`` (``value``).
+    with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
+    storage offset) or ``"constant"`` (``value``).
 
     >>> Output("constant", value=None)
     Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None)
@@ -318,7 +319,11 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
                 raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
             # requires_grad: whether the view records autograd history (``x.detach()``
             # does not), so that the runtime's rebuilt view does not either
-            return Output("alias", i, leaf.requires_grad, meta=TensorMeta.of(leaf))
+            # offset relative to the input's: the next call's input may sit elsewhere in
+            # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
+            meta = TensorMeta.of(leaf)
+            meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
+            return Output("alias", i, leaf.requires_grad, meta=meta)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
 
