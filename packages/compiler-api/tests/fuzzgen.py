@@ -31,28 +31,18 @@ GATES: dict[str, str] = {
     "alias_row": "guard miss: an output view of an input is rebuilt with the first call's "
     "storage offset (c = a[1] then a fresh c: internal error or a silently wrong result)",
     "metadata_inplace_input": "metadata in-place ops on inputs (t_, unsqueeze_)",
-    "grad_mode": "grad-mode changes: views and results made under no_grad/enable_grad",
-    # Not in issue 16's list: where eager raises on an in-place write, ember computes.
-    "inplace_expanded": "new: in-place op on an expanded tensor does not raise",
     "inplace_flat_view": "in-place through views in inductor: view(-1)/reshape(-1) of a "
     "non-contiguous input that eager views, inductor copies",
     "rng": "RNG: inductor drops a dead random op, so later ones draw different numbers",
     "low_precision": "low-precision constants in inductor (bf16/f16 rounding of intermediates)",
-    "chunk": "new: in-place op on an output of chunk/split (multi-output view) does not raise",
     "cse_outputs": "input/output aliasing: inductor returns one tensor for two equal outputs "
     "(CSE), eager two",
-    "detach": "input/output aliasing: a returned x.detach() of an input requiring grad "
-    "comes back with requires_grad=True (aot_eager, inductor)",
     "inplace_self_overlap": "new: an in-place op reading a view of its own destination "
     "(b.mul_(b[0])): eager raises or sees its own writes, ember reads the old values",
     "dead_raising_op": "new: an unused op that raises in eager (matmul of float64 and "
     "float32) is dropped by ember, so nothing raises",
-    "grad_mutated_inputs": "new: the gradient through an input mutated in the graph is wrong",
     # After a break, a tensor and a view of it are two inputs of the next graph.
     "inplace_after_break": "input/output aliasing: in-place op on aliased graph inputs",
-    # Not in issue 16's list: a leaf that reaches no output through a graph break gets a
-    # zero .grad instead of None (ember's autograd.Function materialises unused grads).
-    "grad_none_vs_zero": "new: zero grad instead of None across a graph break",
 }
 
 

@@ -303,7 +303,7 @@ def _unspecialized(mode: FakeTensorMode) -> None:
         raise Specialized(f"tracing needed the value of a float input: {env.guards}")
 
 
-def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
+def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Output:
     if isinstance(leaf, torch.SymFloat | torch.SymInt | torch.SymBool):
         return Output("graph", graph_index)  # computed from float inputs: the graph returns it
     if not isinstance(leaf, torch.Tensor):
@@ -316,6 +316,10 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
             if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
                 raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
+            if grad and leaf.requires_grad and leaf.grad_fn is None:
+                # made under no_grad: it requires grad but has no history, which a view
+                # rebuilt with autograd on (as_strided) cannot be; eager decides its rules
+                raise EagerOnly("an output is a view of an input made under no_grad")
             # requires_grad: whether the view records autograd history (``x.detach()``
             # does not), so that the runtime's rebuilt view does not either
             return Output("alias", i, leaf.requires_grad, meta=TensorMeta.of(leaf))
@@ -351,7 +355,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     outputs: list[Output] = []
     positions: list[int] = []
     for pos, leaf in enumerate(leaves):
-        out = _classify(leaf, fakes, len(positions))
+        out = _classify(leaf, fakes, len(positions), grad)
         outputs.append(out)
         if out.kind == "graph":
             positions.append(pos)
