@@ -211,3 +211,22 @@ def test_a_returned_detach_does_not_require_grad(backend: str) -> None:
     (got,) = compiled(*leaves(1))
     (want,) = return_detached(*leaves(1))
     assert (got.requires_grad, got.grad_fn) == (want.requires_grad, want.grad_fn) == (False, None)
+
+
+# --- inputs sharing a storage, read only -----------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_and_a_view_of_it_each_get_their_own_gradient(backend: str) -> None:
+    def fn(b: torch.Tensor, v: torch.Tensor) -> Any:
+        unused = [b]  # b is an input of the graph, v a view of it: b gets no gradient here
+        del unused
+        return torch.where(v > 0, v, v * 2)
+
+    results = []
+    for f in (fn, ember.compiler.compile(fn, backend=backend)):
+        leaf = leaves()[0]
+        b = leaf * 1
+        f(b, b[:, 3:]).double().sum().backward()
+        results.append(leaf.grad)
+    assert_same(results[1], results[0])

@@ -439,11 +439,15 @@ def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list
     return run
 
 
-def _joint_function(fn: Callable[..., Any], sig: Signature, n: int) -> Callable[..., list[Any]]:
+def _joint_function(
+    fn: Callable[..., Any], sig: Signature, n: int, separate: bool = False
+) -> Callable[..., list[Any]]:
     forward = _graph_outputs(fn, sig)
 
     def joint(*args: torch.Tensor) -> list[Any]:
         primals, tangents = args[:n], args[n:]
+        if separate:  # each input its own autograd leaf: see trace_joint
+            primals = tuple(_own_leaf(p) for p in primals)
         outs = forward(*primals)
         diff = [outs[j] for j in sig.grad_outputs]
         wrt = [primals[i] for i in sig.grad_inputs]
@@ -593,6 +597,18 @@ def _viewed(node: torch.fx.Node) -> bool:
     return False
 
 
+def _share_storage(values: Sequence[Any]) -> bool:
+    storages = [v.untyped_storage()._cdata for v in values if isinstance(v, torch.Tensor)]
+    return len(set(storages)) < len(storages)
+
+
+def _own_leaf(value: Any) -> Any:
+    """``value`` cut from the autograd history of the tensor it is a view of."""
+    if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        return value
+    return value.detach().requires_grad_()
+
+
 def trace_joint(
     fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
@@ -600,8 +616,13 @@ def trace_joint(
     mode = _fake_mode()
     primals = _fakes(mode, inputs)
     tangents = _tangents(mode, sig, inputs)
+    # Fakes of inputs sharing a storage are views of one fake base, so autograd would pass
+    # one input's gradient on to the other (b and b[1:]: b's gradient counted twice); eager's
+    # inputs are separate tensors. Written inputs sharing storage are merged or refused.
+    separate = not any(sig.versions) and _share_storage(primals)
     with torch.enable_grad():
-        gm = _trace(_joint_function(fn, sig, len(primals)), [*primals, *tangents], table)
+        joint_fn = _joint_function(fn, sig, len(primals), separate)
+        gm = _trace(joint_fn, [*primals, *tangents], table)
     _unspecialized(mode)
     n_outs = len(sig.graph_outputs)
     mutated = _finish(gm, len(primals), n_outs)
