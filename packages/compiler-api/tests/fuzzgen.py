@@ -31,16 +31,6 @@ GATES: dict[str, str] = {
     # back wrong on the rows only the other covers (aot_eager, random campaign of 400).
     "alias_overlap": "input aliasing: gradients through overlapping argument views that "
     "require grad (a dead op on one view, a reshape of the other)",
-    "grad_mode": "grad-mode changes: views and results made under no_grad/enable_grad",
-    # Not in issue 16's list: where eager raises on an in-place write, ember computes.
-    "inplace_expanded": "new: in-place op on an expanded tensor does not raise",
-    "chunk": "new: in-place op on an output of chunk/split (multi-output view) does not raise",
-    "detach": "input/output aliasing: a returned x.detach() of an input requiring grad "
-    "comes back with requires_grad=True (aot_eager, inductor)",
-    "grad_mutated_inputs": "new: the gradient through an input mutated in the graph is wrong",
-    # Not in issue 16's list: a leaf that reaches no output through a graph break gets a
-    # zero .grad instead of None (ember's autograd.Function materialises unused grads).
-    "grad_none_vs_zero": "new: zero grad instead of None across a graph break",
 }
 
 

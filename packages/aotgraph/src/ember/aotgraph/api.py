@@ -44,6 +44,7 @@ from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
 from ember.aotgraph.store import Traced
+from ember.aotgraph.tangents import TangentUse
 from ember.aotgraph.trace import (
     JointGraph,
     Lifted,
@@ -259,7 +260,8 @@ class AOTCompiled:
         bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
         bw = self.settings.bw_compiler(part.backward, bw_inputs)
         saved = traced.clone_saved, traced.number_saved
-        return Runtime(sig, traced.mutated, fw, bw, *saved, merge=merge)
+        use = TangentUse.of(part.backward, bw_inputs[len(bw_inputs) - len(sig.grad_outputs) :])
+        return Runtime(sig, traced.mutated, fw, bw, *saved, merge=merge, tangent_use=use)
 
 
 def _bumped_graph_inputs(sig: Signature, n: int) -> list[int]:

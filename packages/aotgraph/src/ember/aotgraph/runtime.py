@@ -30,6 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
+from ember.aotgraph.tangents import TangentUse
 from ember.aotgraph.trace import Signature
 
 __all__ = ["CompiledFunction", "Runtime"]
@@ -46,6 +47,8 @@ class Runtime:
     clone_saved: tuple[int, ...] = ()  # saved values that are inputs mutated by this call
     number_saved: tuple[int, ...] = ()  # saved values that are numbers, not tensors
     merge: Merge | None = None  # inputs sharing storage, passed to the graph as one base
+    # undefined output gradients stay undefined (eager's None .grad); None: materialised
+    tangent_use: TangentUse | None = None
     # (input, how far eager moves its version counter) for each input written in place
     bumped: tuple[tuple[int, int], ...] = field(init=False)
     # graph outputs to copy (they share storage where eager's do not): found on the first call
@@ -233,6 +236,8 @@ class CompiledFunction(torch.autograd.Function):
         # ``detach`` keeps the data and the version counter and drops the link to the base.
         ctx.save_for_backward(*(t.detach() if t._is_view() else t for t in saved))
         ctx.runtime = rt
+        if rt.tangent_use is not None:  # an undefined gradient is None in backward, not zeros
+            ctx.set_materialize_grads(False)
         result = tuple(outs[:k])
         if rt.non_differentiable:
             ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
@@ -241,12 +246,14 @@ class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         rt: Runtime = ctx.runtime
+        result: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
+        if all(grads[j] is None for j in rt.signature.grad_outputs):
+            return tuple(result)  # no output gradient reaches this node: eager's None grads
         if torch.is_grad_enabled():  # create_graph=True: compute without a graph, then guard
             with torch.no_grad():
                 computed = no_double_backward(_run_backward(ctx, rt, grads))
         else:  # the engine already turned grad mode off
             computed = _run_backward(ctx, rt, grads)
-        result: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
         for i, g in zip(rt.signature.grad_inputs, computed, strict=True):
             result[1 + i] = g
         return tuple(result)
@@ -254,13 +261,21 @@ class CompiledFunction(torch.autograd.Function):
 
 def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[Any]:
     assert rt.backward is not None
-    tangents = [grads[j].contiguous() for j in rt.signature.grad_outputs]
+    tangents: list[Any] = [grads[j] for j in rt.signature.grad_outputs]
+    missing: frozenset[int] = frozenset()
+    if rt.tangent_use is not None and any(t is None for t in tangents):
+        tangents, missing = rt.tangent_use.fill(tangents)
+    tangents = [t.contiguous() for t in tangents]
     saved = ctx.saved_tensors
     if rt.number_saved:
         saved = list(saved)
         for i, number in zip(rt.number_saved, ctx.numbers, strict=True):
             saved.insert(i, number)
-    return list(rt.backward(*saved, *tangents))
+    computed = list(rt.backward(*saved, *tangents))
+    if missing:  # an input reached only through undefined gradients: None, as in eager
+        assert rt.tangent_use is not None
+        computed = rt.tangent_use.mask(computed, missing)
+    return computed
 
 
 # ``CompiledFunction.apply`` without the Python layer of ``Function.apply`` (default-argument

@@ -304,7 +304,7 @@ def _unspecialized(mode: FakeTensorMode) -> None:
         raise Specialized(f"tracing needed the value of a float input: {env.guards}")
 
 
-def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
+def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Output:
     if isinstance(leaf, torch.SymFloat | torch.SymInt | torch.SymBool):
         return Output("graph", graph_index)  # computed from float inputs: the graph returns it
     if not isinstance(leaf, torch.Tensor):
@@ -317,6 +317,10 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int) -> Output:
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
             if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
                 raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
+            if grad and leaf.requires_grad and leaf.grad_fn is None:
+                # made under no_grad: it requires grad but has no history, which a view
+                # rebuilt with autograd on (as_strided) cannot be; eager decides its rules
+                raise EagerOnly("an output is a view of an input made under no_grad")
             # requires_grad: whether the view records autograd history (``x.detach()``
             # does not), so that the runtime's rebuilt view does not either
             # offset relative to the input's: the next call's input may sit elsewhere in
@@ -356,7 +360,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     outputs: list[Output] = []
     positions: list[int] = []
     for pos, leaf in enumerate(leaves):
-        out = _classify(leaf, fakes, len(positions))
+        out = _classify(leaf, fakes, len(positions), grad)
         outputs.append(out)
         if out.kind == "graph":
             positions.append(pos)
@@ -440,11 +444,15 @@ def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list
     return run
 
 
-def _joint_function(fn: Callable[..., Any], sig: Signature, n: int) -> Callable[..., list[Any]]:
+def _joint_function(
+    fn: Callable[..., Any], sig: Signature, n: int, separate: bool = False
+) -> Callable[..., list[Any]]:
     forward = _graph_outputs(fn, sig)
 
     def joint(*args: torch.Tensor) -> list[Any]:
         primals, tangents = args[:n], args[n:]
+        if separate:  # each input its own autograd leaf: see trace_joint
+            primals = tuple(_own_leaf(p) for p in primals)
         outs = forward(*primals)
         diff = [outs[j] for j in sig.grad_outputs]
         wrt = [primals[i] for i in sig.grad_inputs]
@@ -595,6 +603,18 @@ def _viewed(node: torch.fx.Node) -> bool:
     return False
 
 
+def _share_storage(values: Sequence[Any]) -> bool:
+    storages = [v.untyped_storage()._cdata for v in values if isinstance(v, torch.Tensor)]
+    return len(set(storages)) < len(storages)
+
+
+def _own_leaf(value: Any) -> Any:
+    """``value`` cut from the autograd history of the tensor it is a view of."""
+    if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        return value
+    return value.detach().requires_grad_()
+
+
 def trace_joint(
     fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
@@ -602,8 +622,13 @@ def trace_joint(
     mode = _fake_mode()
     primals = _fakes(mode, inputs)
     tangents = _tangents(mode, sig, inputs)
+    # Fakes of inputs sharing a storage are views of one fake base, so autograd would pass
+    # one input's gradient on to the other (b and b[1:]: b's gradient counted twice); eager's
+    # inputs are separate tensors. Written inputs sharing storage are merged or refused.
+    separate = not any(sig.versions) and _share_storage(primals)
     with torch.enable_grad():
-        gm = _trace(_joint_function(fn, sig, len(primals)), [*primals, *tangents], table)
+        joint_fn = _joint_function(fn, sig, len(primals), separate)
+        gm = _trace(joint_fn, [*primals, *tangents], table)
     _unspecialized(mode)
     n_outs = len(sig.graph_outputs)
     mutated = _finish(gm, len(primals), n_outs)

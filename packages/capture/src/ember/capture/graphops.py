@@ -91,7 +91,8 @@ def graph_call(
         raise Unsupported(f"{_name(target)} cannot run on fake tensors ({e})", "call") from None
     except Exception as e:
         # A genuine user error (shape mismatch, bad dtype): eager raises it for real.
-        raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", "call") from e
+        category = "view-inplace" if _view_rule(e) else "call"
+        raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", category) from e
     if not _contains_tensor(fake):
         if target in OFFSET_READS:
             _guard_offsets(fs, args[0])
@@ -100,6 +101,21 @@ def graph_call(
         return Const(fake)  # sizes, bools, numbers computed from static metadata
     node = fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
     return wrap_output(fs, node, fake)
+
+
+# Autograd's rules on in-place writes to views (outputs of chunk/split/unbind, views made
+# under no_grad): a graph break would hand the view to the next graph, or back to Python,
+# rebuilt as a plain view that the rule no longer covers, so nothing would raise.
+VIEW_RULE_ERRORS = ("is a view and is being modified inplace", "is a view and its base")
+
+
+def _view_rule(e: Exception) -> bool:
+    """Whether ``e`` is autograd refusing an in-place write to a view.
+
+    >>> _view_rule(RuntimeError("Output 0 of Split is a view and is being modified inplace"))
+    True
+    """
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in VIEW_RULE_ERRORS)
 
 
 # Reads of a tensor's storage offset, which the input tensors' match guards do not pin (a

@@ -63,7 +63,8 @@ HINTS: dict[str, str] = {
 
 # Categories that are no graph break: the whole frame runs eagerly (a break would hand the
 # graph before it to the backend, and a compiled backward graph cannot be differentiated).
-NO_BREAK = frozenset({"double-backward", "subclass"})
+# "view-inplace": autograd refused an in-place write to a view (see graphops.VIEW_RULE_ERRORS).
+NO_BREAK = frozenset({"double-backward", "subclass", "view-inplace"})
 
 
 class Unsupported(Exception):

@@ -1,0 +1,86 @@
+"""Undefined output gradients: which inputs' gradients stay ``None``, as in eager.
+
+Eager autograd passes an *undefined* gradient along an edge that no output's gradient
+reaches (``v = b * 0.5`` used by nothing that is differentiated), and a leaf reached only
+through such edges keeps ``.grad is None``. An ``autograd.Function`` materialises those
+gradients as zeros by default, so the compiled function's backward graph would turn them
+into zero gradients for its inputs. The runtime turns materialising off and, with
+:class:`TangentUse`, fills the tangents the backward graph needs with zeros, then drops
+the input gradients that read none of the defined tangents.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(lambda s, t1, t2: [t1 * s, t2 * 2])
+>>> use = TangentUse.of(gm, [torch.ones(2), torch.ones(3)])
+>>> use.deps
+(frozenset({0}), frozenset({1}))
+>>> tangents, missing = use.fill([torch.ones(2), None])
+>>> [t.shape for t in tangents], missing
+([torch.Size([2]), torch.Size([3])], frozenset({1}))
+>>> use.mask([torch.ones(2), torch.zeros(3)], missing)
+[tensor([1., 1.]), None]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = ["TangentUse"]
+
+
+@dataclass(frozen=True, slots=True)
+class TangentUse:
+    """How a backward graph reads its tangents: each tangent's shape, and the tangents each
+    gradient output depends on. Example: see the module docstring."""
+
+    metas: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]  # one per tangent
+    deps: tuple[frozenset[int], ...]  # per backward output: the tangents it reads
+
+    @staticmethod
+    def of(backward: torch.fx.GraphModule, tangents: Sequence[Any]) -> TangentUse | None:
+        """From the backward graph and its tangents' example values (the last placeholders);
+        ``None`` when a tangent's shape is symbolic (then grads stay materialised)."""
+        metas = []
+        for t in tangents:
+            if not isinstance(t, torch.Tensor) or not all(isinstance(s, int) for s in t.shape):
+                return None
+            metas.append((tuple(t.shape), t.dtype, t.device))
+        placeholders = list(backward.graph.find_nodes(op="placeholder"))
+        first = len(placeholders) - len(tangents)
+        reads: dict[torch.fx.Node, frozenset[int]] = {
+            p: frozenset({k - first}) if k >= first else frozenset()
+            for k, p in enumerate(placeholders)
+        }
+        for node in backward.graph.nodes:
+            if node.op != "placeholder":
+                found: frozenset[int] = frozenset()
+                for arg in node.all_input_nodes:
+                    found |= reads[arg]
+                reads[node] = found
+        (out,) = backward.graph.find_nodes(op="output")
+        results = out.args[0]
+        results = results if isinstance(results, list | tuple) else [results]
+        deps = tuple(reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results)
+        return TangentUse(tuple(metas), deps)
+
+    def fill(self, tangents: Sequence[torch.Tensor | None]) -> tuple[list[Any], frozenset[int]]:
+        """The tangents with zeros for the undefined ones, and which those were."""
+        missing = frozenset(k for k, t in enumerate(tangents) if t is None)
+        full = [t if t is not None else _zeros(*self.metas[k]) for k, t in enumerate(tangents)]
+        return full, missing
+
+    def mask(self, grads: Sequence[Any], missing: frozenset[int]) -> list[Any]:
+        """``None`` for each gradient that reads only undefined tangents (eager's undefined
+        gradient); a gradient that reads no tangent at all is kept."""
+        return [
+            None if deps and deps <= missing else g
+            for g, deps in zip(grads, self.deps, strict=True)
+        ]
+
+
+def _zeros(size: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros(size, dtype=dtype, device=device)

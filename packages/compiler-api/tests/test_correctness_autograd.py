@@ -1,0 +1,232 @@
+"""Autograd correctness (issue 16): gradients, ``None`` grads, grad mode, and the in-place
+rules autograd enforces on views, each against eager on every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import ember.compiler
+from ember.compiler.testing import assert_same, outcome
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Any:
+    ember.compiler.reset()
+    yield
+    ember.compiler.reset()
+
+
+def leaves(seed: int = 0) -> list[torch.Tensor]:
+    """a, b: (3, 6), c: (6,), each a leaf that requires grad."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(3, 6), (3, 6), (6,)]
+    return [torch.randn(s, generator=g, requires_grad=True) for s in shapes]
+
+
+def run(fn: Callable[..., Any], fn_leaves: list[torch.Tensor]) -> dict[str, Any]:
+    """Call ``fn`` on non-leaf copies of the leaves (so in-place writes are allowed), then
+    differentiate the sum of its float outputs: what happened, for comparison."""
+    args = [t * 1 for t in fn_leaves]
+    kind, value = outcome(fn, *args)
+    seen: dict[str, Any] = {"call": kind}
+    if kind == "raise":
+        seen["error"] = value[0]
+        return seen
+    outs = [value] if isinstance(value, torch.Tensor) else list(value)
+    seen["values"] = [o.detach().clone() for o in outs]
+    seen["flags"] = [(o.requires_grad, o.grad_fn is None) for o in outs]
+    seen["args"] = [a.detach().clone() for a in args]
+    total = [o.sum() for o in outs if o.requires_grad and o.grad_fn is not None]
+    if total:
+        kind, _ = outcome(lambda: torch.stack(total).sum().backward())
+        seen["backward"] = kind
+    seen["grads"] = [None if t.grad is None else t.grad.clone() for t in fn_leaves]
+    return seen
+
+
+def check(fn: Callable[..., Any], backend: str, seed: int = 0) -> ember.compiler.Compiled:
+    """``fn`` compiled behaves like eager: outputs, flags, mutations, exceptions, and the
+    leaves' gradients (``None`` where eager's are)."""
+    want = run(fn, leaves(seed))
+    compiled = ember.compiler.compile(fn, backend=backend)
+    got = run(compiled, leaves(seed))
+    assert got.keys() == want.keys(), (got, want)
+    for key in want:
+        if key == "grads":
+            assert [g is None for g in got[key]] == [g is None for g in want[key]], key
+            assert_same(
+                [g for g in got[key] if g is not None], [g for g in want[key] if g is not None]
+            )
+        else:
+            assert_same(got[key], want[key])
+    return compiled
+
+
+# --- gradients through inputs written in place (CopySlices in eager) -------------------
+
+
+def write_element(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    c[..., 0] = 1.5  # the overwritten element gets no gradient
+    return [c]
+
+
+def scale_row(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    a[:1] *= 2
+    return a
+
+
+def square_view(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = a.unsqueeze(0)
+    v1.mul_(v1)  # saves v1, then overwrites it: eager's backward raises
+    return v1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [write_element, scale_row, square_view])
+def test_gradient_through_a_mutated_input(fn: Callable[..., Any], backend: str) -> None:
+    check(fn, backend)
+
+
+def test_a_saved_then_overwritten_input_raises_in_backward() -> None:
+    got = run(ember.compiler.compile(square_view, backend="aot_eager"), leaves())
+    assert got["backward"] == "raise"
+
+
+# --- undefined gradients stay undefined: None, not zeros -------------------------------
+
+
+def unused_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = b * 0.5  # an output of graph 1 that nothing differentiated uses
+    s3 = float(c.detach().mean())  # graph break
+    v7 = v2 + b + s3
+    del v7
+    return c * 1
+
+
+def two_outputs(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    return a * 2, b.sin(), (a * b).sum(0) + c
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_leaf_reached_only_through_unused_outputs_has_no_grad(backend: str) -> None:
+    compiled = check(unused_across_a_break, backend)
+    assert compiled.stats.graphs == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("used", [(0,), (1,), (0, 2), (2,)])
+def test_partly_used_outputs_give_none_only_where_eager_does(
+    backend: str, used: tuple[int, ...]
+) -> None:
+    compiled = ember.compiler.compile(two_outputs, backend=backend)
+    want_leaves, got_leaves = leaves(), leaves()
+    want = two_outputs(*want_leaves)
+    got = compiled(*got_leaves)
+    sum(want[k].sum() for k in used).backward()  # type: ignore[union-attr]
+    sum(got[k].sum() for k in used).backward()  # type: ignore[union-attr]
+    for w, g in zip(want_leaves, got_leaves, strict=True):
+        assert (g.grad is None) == (w.grad is None)
+        if w.grad is not None:
+            assert_same(g.grad, w.grad)
+
+
+# --- grad mode inside the compiled function --------------------------------------------
+
+
+def view_under_no_grad(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    with torch.no_grad():
+        v3 = b[:, ::2]
+    return [a, v3]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_made_under_no_grad_carries_no_gradient(backend: str) -> None:
+    check(view_under_no_grad, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_made_under_no_grad_in_a_no_grad_call(backend: str) -> None:
+    compiled = ember.compiler.compile(lambda x: x[1:], backend=backend)
+    x = torch.randn(4, requires_grad=True)
+    with torch.no_grad():
+        got, want = compiled(x), x[1:]
+    assert (got.requires_grad, got.grad_fn) == (want.requires_grad, want.grad_fn)
+    assert compiled.stats.failures == []
+
+
+# --- autograd's in-place rules on views ------------------------------------------------
+
+
+def write_chunk(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1, v2 = c.chunk(2, dim=-1)
+    v1.add_(1)
+    return v2
+
+
+def write_split(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    rows = (a * 2).split(1)
+    rows[1].mul_(3)
+    return rows[0]
+
+
+def write_unbind(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    first, *_ = b.unbind(0)
+    first.zero_()
+    return b
+
+
+def write_expanded(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = c.expand(2, *c.shape)
+    v2.relu_()
+    return a
+
+
+def return_detached(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = a.detach()
+    v2 = torch.sin(a)
+    del v2
+    return (v1,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [write_chunk, write_split, write_unbind, write_expanded])
+def test_in_place_writes_eager_refuses_raise(fn: Callable[..., Any], backend: str) -> None:
+    want = run(fn, leaves())
+    assert want["call"] == "raise"
+    check(fn, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_returned_detach_does_not_require_grad(backend: str) -> None:
+    check(return_detached, backend)
+    compiled = ember.compiler.compile(return_detached, backend=backend)
+    plain = [t.detach() for t in leaves()]
+    assert not compiled(*plain)[0].requires_grad  # the inference path first, then training
+    (got,) = compiled(*leaves(1))
+    (want,) = return_detached(*leaves(1))
+    assert (got.requires_grad, got.grad_fn) == (want.requires_grad, want.grad_fn) == (False, None)
+
+
+# --- inputs sharing a storage, read only -----------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_and_a_view_of_it_each_get_their_own_gradient(backend: str) -> None:
+    def fn(b: torch.Tensor, v: torch.Tensor) -> Any:
+        unused = [b]  # b is an input of the graph, v a view of it: b gets no gradient here
+        del unused
+        return torch.where(v > 0, v, v * 2)
+
+    results = []
+    for f in (fn, ember.compiler.compile(fn, backend=backend)):
+        leaf = leaves()[0]
+        b = leaf * 1
+        f(b, b[:, 3:]).double().sum().backward()
+        results.append(leaf.grad)
+    assert_same(results[1], results[0])
