@@ -567,3 +567,33 @@ def test_metadata_in_place_on_square_inputs(backend):
         return [x, x]
 
     check(transpose_in_place_twice, sliced_twice, backend, calls=2)
+
+
+# -- views of graph outputs ----------------------------------------------------------------
+
+
+def view_of_an_intermediate_written_after_a_break(x):
+    h = x + x
+    flat = h.view(-1)
+    print("", end="")  # a graph break: h and flat are outputs of the first graph
+    flat.add_(1)
+    return h, flat[1:]
+
+
+def two_views_of_one_output(x):
+    h = x * 3
+    return h, h.t(), h[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "fn", [view_of_an_intermediate_written_after_a_break, two_views_of_one_output]
+)
+def test_an_output_that_views_another_is_an_ordinary_view(backend, fn):
+    # Returned from the autograd.Function, a view of another output is one of "several
+    # views" to autograd, which refuses an in-place write to it (eager's is allowed).
+    def leaves(args):
+        return [args[0]]
+
+    check(fn, lambda: [torch.arange(4.0).view(2, 2).requires_grad_()], backend, grads=leaves)
+    check(fn, lambda: [torch.arange(4.0).view(2, 2)], backend, calls=2)

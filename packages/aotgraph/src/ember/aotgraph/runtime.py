@@ -190,9 +190,9 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             leaves.append(outs[o.index])
         elif o.kind == "input":
             leaves.append(inputs[o.index])
-        elif o.kind == "alias":
+        elif o.kind in ("alias", "view"):
             assert o.meta is not None
-            base = inputs[o.index]
+            base = inputs[o.index] if o.kind == "alias" else outs[o.index]
             if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
                 base = base.detach()
             offset = base.storage_offset() + o.meta.offset  # relative: see Output

@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 # Bump when the record layout changes (the package hash changes with any edit anyway).
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 
 # Modules whose functions a cached input graph may call: identified by name, fixed by torch's
 # and Python's versions, which the key holds (and ember.aotgraph's, by the package hash).
@@ -383,7 +383,7 @@ def save(key: str, record: dict[str, Any]) -> None:
 
 # ---- Traced <-> record ------------------------------------------------------------------------
 
-OUTPUT_KINDS = ("graph", "input", "alias", "constant")
+OUTPUT_KINDS = ("graph", "input", "alias", "view", "constant")
 
 
 def _encode_meta(meta: TensorMeta | None) -> JSON:

@@ -94,7 +94,8 @@ class Output:
     ``kind`` is ``"graph"`` (output ``index`` of the compiled graph), ``"input"``
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
     with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
-    storage offset) or ``"constant"`` (``value``).
+    storage offset), ``"view"`` (the same, of graph output ``index``) or
+    ``"constant"`` (``value``).
 
     >>> Output("constant", value=None)
     Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None)
@@ -332,6 +333,32 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
 
 
+def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
+    """Each flat output classified, and the positions of those the graph returns.
+
+    An output that is a view of another graph output is no graph output itself: the
+    runtime makes it from that output outside the ``autograd.Function``, as eager's view
+    of it. (Returned from the Function, autograd would take it for one of several views
+    its node made, and refuse an in-place write to it after a graph break.)
+    """
+    outputs = [_classify(leaf, fakes, -1, grad) for leaf in leaves]
+    bases = {id(leaf): j for j, leaf in enumerate(leaves) if outputs[j].kind == "graph"}
+    positions: list[int] = []
+    for pos, (leaf, out) in enumerate(zip(leaves, outputs, strict=True)):
+        if out.kind == "graph" and id(getattr(leaf, "_base", None)) not in bases:
+            positions.append(pos)
+    index = {pos: k for k, pos in enumerate(positions)}
+    for pos, (leaf, out) in enumerate(zip(leaves, outputs, strict=True)):
+        if pos in index:
+            outputs[pos] = replace(out, index=index[pos])
+        elif out.kind == "graph":  # a view of graph output ``base``
+            base = bases[id(leaf._base)]
+            meta = TensorMeta.of(leaf)
+            meta = replace(meta, offset=meta.offset - int(leaf._base.storage_offset()))
+            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta)
+    return outputs, positions
+
+
 def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signature:
     """Run ``fn`` once on fake copies of ``inputs`` and describe its outputs.
 
@@ -357,13 +384,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
         )
     versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
     restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _meta(f) != metas[i])
-    outputs: list[Output] = []
-    positions: list[int] = []
-    for pos, leaf in enumerate(leaves):
-        out = _classify(leaf, fakes, len(positions), grad)
-        outputs.append(out)
-        if out.kind == "graph":
-            positions.append(pos)
+    outputs, positions = _outputs(leaves, fakes, grad)
     grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
     grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t) or i in changed)
     grad_inputs = grad_inputs if grad else ()
