@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import linecache
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from fuzzgen import INPUTS, enabled
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from ember.compiler.testing import tolerance
@@ -321,4 +323,21 @@ def repro(source: str, calls: list[Call], backend: str, problems: list[str]) -> 
         f'SOURCE = """\\\n{source}"""\n'
         f"CALLS = [\n    {listed},\n]\n"
         f"print(differential(SOURCE, CALLS, {backend!r}))\n"
+    )
+
+
+def fuzz_settings(examples: int) -> settings:
+    """One fixed-seed Hypothesis profile for both fuzzers. Shrinking is off unless
+    ``EMBER_FUZZ_SHRINK=1``: a failing program is reported at once with its repro (unshrunk),
+    instead of after minutes of shrinking in CI."""
+    phases = list(Phase)
+    if os.environ.get("EMBER_FUZZ_SHRINK") != "1":
+        phases.remove(Phase.shrink)
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=phases,
     )

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,13 +44,7 @@ def calls(draw: st.DrawFn) -> list[fuzzcheck.Call]:
 
 
 def _run(backend: str) -> None:
-    @settings(
-        max_examples=examples(backend),
-        derandomize=True,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzzcheck.fuzz_settings(examples(backend))
     @given(source=fuzzgen.programs(), plan=calls())
     def check(source: str, plan: list[fuzzcheck.Call]) -> None:
         problems = fuzzcheck.differential(source, plan, backend)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -61,13 +61,7 @@ def call_sequences(draw: st.DrawFn) -> list[fuzzcheck.Call]:
 @pytest.mark.filterwarnings("ignore::UserWarning")  # programs call float() on grad tensors
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_graphs_only_run_where_eager_agrees(backend: str) -> None:
-    @settings(
-        max_examples=examples(backend),
-        derandomize=True,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzzcheck.fuzz_settings(examples(backend))
     @given(source=fuzzgen.programs(), plan=call_sequences())
     def check(source: str, plan: list[fuzzcheck.Call]) -> None:
         problems = fuzzcheck.differential(source, plan, backend)
