@@ -4,7 +4,7 @@
  * frames is on the thread's stack (it is compiling, or its compiled code runs), every
  * frame goes to the next evaluator: ember must not compile the other compiler, the code
  * it generates, or frames it owns. The module prefixes come from Python
- * (hook.FOREIGN_COMPILERS, with the reason for each). Included once, by _eval_frame.c.
+ * (hook.foreign_compilers(), found by what they hold). Included once, by _eval_frame.c.
  */
 #ifndef EMBER_FOREIGN_H
 #define EMBER_FOREIGN_H
@@ -13,7 +13,7 @@
 
 #include "_frame_311.h"
 
-/* Module prefixes of other frame evaluators' compilers (hook.FOREIGN_COMPILERS): while
+/* Module prefixes of other frame evaluators' compilers (hook.foreign_compilers()): while
  * one of their frames is on the stack and their evaluator is in the chain, ember stands
  * aside. A tuple of str; empty until hook.py sets it. */
 static PyObject *foreign_modules = NULL;

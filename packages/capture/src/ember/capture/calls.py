@@ -473,8 +473,8 @@ def call_value(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
 # -- calls that read or set state a graph cannot hold ----------------------------------------
 
 # torch functions that read or set the random generator's or autograd's state, by
-# "module.qualname" (importing torch._dynamo rebinds torch.manual_seed to a wrapper with
-# the same name, so identity would miss it). Each is a graph break: it runs natively, in
+# "module.qualname" (torch rebinds torch.manual_seed to a wrapper with the same name when
+# its compiler is imported, so identity would miss it). Each is a graph break: it runs natively, in
 # order with the graph's random operations, on every call, as in eager.
 STATE_CALLS: dict[str, tuple[str, str]] = {
     **{

@@ -55,7 +55,7 @@ Rules the hook follows (see docs/architecture.md):
 - Another frame evaluator's regions are left to it: a frame whose code is not its
   function's own (the other evaluator runs its compiled code in its place), everything
   that code calls, and, while another evaluator is in the chain, every frame with a
-  frame of a :data:`FOREIGN_COMPILERS` module below it on the stack.
+  frame of a :func:`foreign_compilers` package below it on the stack.
 
 Entries must not hold strong references to their own code object or function
 (use weak references): the cache lives inside the code object, so such a cycle
@@ -78,7 +78,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 from ember.capture import _eval_frame
 
 __all__ = [
-    "FOREIGN_COMPILERS",
+    "EVALUATOR_SETTER",
     "RUN_ONLY",
     "CacheEntry",
     "Callback",
@@ -91,6 +91,7 @@ __all__ = [
     "bound_call",
     "clear",
     "entries",
+    "foreign_compilers",
     "function_like",
     "get_callback",
     "intercepting",
@@ -467,22 +468,53 @@ def function_like(code: types.CodeType, original: types.FunctionType) -> types.F
 
 # -- other frame evaluators ---------------------------------------------------------------
 
-FOREIGN_COMPILERS: Final[dict[str, str]] = {
-    "torch._dynamo": "torch.compile's frame evaluator: its compiler, the code it generates "
-    "(bytecode, guards, dataclass and namedtuple methods) and the frames its compiled code "
-    "calls are its own; ember compiling them would compile the peer's compiler",
-    "torch._inductor": "torch.compile's code generator, run by the frame evaluator above",
-}
-"""Modules of other PEP 523 compilers. While one of their frames is on a thread's stack
-and their evaluator is chained with ember's, ember passes every frame through (the C
-hook reads the keys; the values say why).
+#: The name of the function a PEP 523 compiler calls to install its frame evaluator. A
+#: Python module whose globals hold a builtin of that name installs one, and its package
+#: is that compiler's: its compiler, the code it generates (bytecode, guards, dataclass
+#: methods) and the frames its compiled code calls are its own, and ember compiling them
+#: would compile the other compiler. Found by what they hold, not by name, so any such
+#: compiler loaded in the process is stood aside for.
+EVALUATOR_SETTER: Final[str] = "set_eval_frame"
+_scanned: set[str] = set()
+_foreign: tuple[str, ...] = ()
 
->>> sorted(FOREIGN_COMPILERS)
-['torch._dynamo', 'torch._inductor']
-"""
 
-_eval_frame.set_foreign_modules(tuple(FOREIGN_COMPILERS))
+def foreign_compilers() -> tuple[str, ...]:
+    """Packages of the other frame evaluators' compilers loaded so far. While one of their
+    frames is on a thread's stack and their evaluator is chained with ember's, ember
+    passes every frame through (the C hook reads this list; misses refresh it).
 
+    >>> import types, sys
+    >>> m = types.ModuleType("otherjit.evaluator"); m.__file__ = "otherjit/evaluator.py"
+    >>> m.set_eval_frame = len  # any builtin of that name
+    >>> sys.modules[m.__name__] = m; _invalidate()
+    >>> "otherjit" in (_skipped_prefixes() and foreign_compilers())
+    True
+    >>> del sys.modules[m.__name__]
+    """
+    return _foreign
+
+
+def _scan_for_evaluators() -> None:
+    """Look at modules loaded since the last scan for one that installs a frame evaluator."""
+    global _foreign
+    found = list(_foreign)
+    for name, module in list(sys.modules.items()):
+        if name in _scanned:
+            continue
+        _scanned.add(name)
+        if not str(getattr(module, "__file__", "") or "").endswith(".py"):
+            continue  # a C extension defines the setter; a Python module uses it
+        setter = getattr(module, "__dict__", {}).get(EVALUATOR_SETTER)
+        package = name.rpartition(".")[0]
+        if isinstance(setter, types.BuiltinFunctionType) and package and package not in found:
+            found.append(package)
+    if len(found) != len(_foreign):
+        _foreign = tuple(found)
+        _eval_frame.set_foreign_modules(_foreign)
+
+
+_scan_for_evaluators()
 
 # -- code that is never intercepted ------------------------------------------------------------
 
@@ -527,4 +559,5 @@ def _skipped_prefixes() -> tuple[str, ...]:
             if path
         }
         _prefix_cache = (count, tuple(sorted(dirs)) + _GENERATED + _extra_prefixes)
+        _scan_for_evaluators()  # new modules: maybe another compiler
     return _prefix_cache[1]
