@@ -523,7 +523,12 @@ class _KernelWriter(WelfordLoops):
             # Iterations are independent (a stage reads what it writes only at the point it
             # writes), so say so: inside an OpenMP region gcc no longer sees __restrict__
             # and would give up on the alias checks of many-pointer loops.
-            simd = k == len(ranges) - 1 and _contiguous(st, vars_[-1])
+            # An innermost loop inside another one is always marked simd: gcc 12 otherwise
+            # unrolls a short one fully and vectorises the loop around it, and that
+            # miscompiles a select fed by a stride-2 load (relu's gradient of x[:, ::2];
+            # docs/correctness.md). Forcing the inner loop keeps gcc off that path.
+            enclosed = len(ranges) > 1 or bool(self.kernel.outer)
+            simd = k == len(ranges) - 1 and (enclosed or _contiguous(st, vars_[-1]))
             pragma = ("parallel for" if parallel and k == 0 else "") + (" simd" if simd else "")
             if pragma:
                 self.emit(f"#pragma omp {pragma.strip()}", depth)
