@@ -30,11 +30,14 @@ from ember.capture.markers import (
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
+from ember.compiler.phases import CompileTimes, compile_times
+from ember.compiler.phases import clear as _clear_times
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [
     "BreakReason",
+    "CompileTimes",
     "CompiledFunction",
     "ExplainOutput",
     "Failure",
@@ -44,6 +47,7 @@ __all__ = [
     "allow_in_graph",
     "assume_constant_result",
     "compile",
+    "compile_times",
     "disable",
     "disallow_in_graph",
     "explain",
@@ -58,8 +62,10 @@ __all__ = [
 
 
 def reset() -> None:
-    """Forget every compiled translation, guard cache and skip decision.
+    """Forget every compiled translation, guard cache and skip decision, and the
+    times :func:`compile_times` reports.
 
     >>> reset()
     """
     _reset()
+    _clear_times()

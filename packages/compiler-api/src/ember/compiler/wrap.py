@@ -14,6 +14,7 @@ import torch
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler.backends import Backend, backend_name, lookup_backend
+from ember.compiler.phases import timed_backend
 from ember.guards.state import BACKEND_VAR
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -307,6 +308,7 @@ def compile(
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
     fn, name = _configured(backend, mode, options)
+    fn = timed_backend(fn)  # its time shows in compile_times()
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
