@@ -32,17 +32,20 @@ from ember.compiler.backends import list_backends, lookup_backend, register_back
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
+from ember.compiler.profiler import CompilationProfiler, ProfileReport
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [
     "BreakReason",
+    "CompilationProfiler",
     "CompileTimes",
     "CompiledFunction",
     "ExplainOutput",
     "Failure",
     "FullGraphError",
     "OptimizedModule",
+    "ProfileReport",
     "Stats",
     "allow_in_graph",
     "assume_constant_result",
