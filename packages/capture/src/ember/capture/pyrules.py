@@ -620,7 +620,8 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         if matches(obj):
             return call(fs, obj, args, kwargs)
     if isinstance(obj, markers.Disabled):
-        raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "disabled")
+        name = getattr(obj, "__qualname__", repr(obj))  # the user's function, as named
+        raise Unsupported(f"call to {name}, disabled with ember.compiler.disable", "disabled")
     if markers.is_assumed_constant(obj):
         return _fold(fs, obj, args, kwargs)  # unguarded, as the user promised
     lazy = polyfills.lazy_builtin(obj) if _hashable(obj) else None
