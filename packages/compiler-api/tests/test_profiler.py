@@ -116,6 +116,27 @@ def test_entries_of_other_backends_are_not_the_profilers():
     assert plain.stats.graphs == 2 and prof.report().recompile_count == 0
 
 
+def _make(k):
+    def times_k(x):
+        return x * k
+
+    return times_k
+
+
+def test_a_new_closure_of_the_same_code_is_a_recompilation():
+    prof = CompilationProfiler()
+    first, second = (
+        ember.compiler.compile(_make(2), backend=prof),
+        ember.compiler.compile(_make(3), backend=prof),
+    )
+    x = torch.ones(3)
+    _run(first, [(x,)])
+    _run(second, [(x,), (x,)])  # each call runs eagerly: the code has its one graph
+    (group,) = prof.report().recompiles
+    assert (group.guard, group.count, group.where) == ("CLOSURE", 2, None)
+    assert "another closure" in str(group) and "guard set at" not in str(group)
+
+
 def test_an_empty_report_reads():
     text = str(CompilationProfiler().report())
     assert text.splitlines() == [

@@ -211,11 +211,14 @@ class ProfilingCompiler(FrameCompiler):
         return Decision.RUN  # as if the cache were full: this call runs eagerly
 
 
+OTHER_CLOSURE = "another closure of this code (its cells or globals differ from the compiled one's)"
+
+
 def _recompile(code: str, entry: Any, args: tuple[Any, ...]) -> Recompile:
     """Which guard of ``entry`` fails for ``args``, as a :class:`Recompile`."""
     index, _ = entry.guards.explainer(*args)
     if index < 0:  # the guards pass: the entry was made for another closure or globals
-        return Recompile(code, "(the function's closure or globals)", None, "another closure")
+        return Recompile(code, "CLOSURE", None, OTHER_CLOSURE)
     guard = entry.guards.guards.guards[index]
     failure = entry.guards.explain_failure(*args) or ""
     return Recompile(code, f"{guard.kind.name} {guard.source}", guard.where, failure)
