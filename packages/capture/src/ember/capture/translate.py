@@ -31,6 +31,7 @@ from ember.capture.codegen import (
 )
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
+from ember.capture.timing import TIMES
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
 from ember.capture.values import (
     EMPTY,
@@ -82,6 +83,11 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     With ``stop_at`` (an instruction index, for a graph break) translation stops
     before that instruction, and the output is the stack and the bound locals there.
     """
+    with TIMES.timed("capture"):  # for ember.compiler.compile_times()
+        return _translate(frame, backend_name, stop_at)
+
+
+def _translate(frame: Frame, backend_name: str, stop_at: int | None) -> Translation:
     start = time.perf_counter()
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
