@@ -48,7 +48,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph.aliasing import storage_groups
+from ember.aotgraph.aliasing import storage_groups, viewed_input
 from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
@@ -320,7 +320,7 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage
     ]
     if sharing:
-        i = _viewed_input(leaf, fakes, sharing, grad)
+        i = viewed_input(leaf, fakes, sharing, grad)
         f = fakes[i]
         if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
             raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
@@ -337,43 +337,6 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         return Output("alias", i, leaf.requires_grad, meta=meta)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
-
-
-def _viewed_input(leaf: torch.Tensor, fakes: list[Any], sharing: list[int], grad: bool) -> int:
-    """Which of the inputs ``sharing`` the output's storage it is a view of.
-
-    The runtime rebuilds the output with ``as_strided`` on that input, and autograd sends
-    the output's gradient to it: only within that input's own elements. With two
-    overlapping inputs (``base[:-1]``, ``base[1:]``) the first is not always right, so
-    follow the output's autograd history back through its view nodes to an input's.
-    Without gradients any of them gives the values."""
-    if len(sharing) == 1 or not (grad and leaf.requires_grad):
-        return sharing[0]
-    nodes: dict[int, int] = {}
-    for i in sharing:  # one input passed twice: the first
-        nodes.setdefault(id(_grad_node(fakes[i])), i)
-    node, steps = leaf.grad_fn, 0
-    while node is not None and steps < _HISTORY_STEPS:
-        if id(node) in nodes:
-            return nodes[id(node)]
-        edges = [n for n, _ in node.next_functions if n is not None]
-        node, steps = (edges[0] if len(edges) == 1 else None), steps + 1
-    raise EagerOnly(
-        f"an output is a view of one of inputs {sharing}, which share its storage, and "
-        "its history does not say which"
-    )
-
-
-_HISTORY_STEPS = 64  # view nodes followed back from an output to an input
-
-
-def _grad_node(t: torch.Tensor) -> Any:
-    """The autograd node a view of ``t`` records as its parent."""
-    if t.grad_fn is not None or not t.requires_grad:
-        return t.grad_fn
-    with torch.enable_grad():  # a leaf: its gradient accumulator, the parent of its views
-        view = t.view_as(t).grad_fn
-    return None if view is None else view.next_functions[0][0]
 
 
 def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
