@@ -20,8 +20,11 @@ skipped_by_callback(PyObject *list, PyObject *callback)
     if (list == NULL) {
         return 0;
     }
+    /* wr_object, not PyWeakref_GET_OBJECT: no read of the referent. A dead reference
+     * holds Py_None from before its referent's memory is freed, so no new object at
+     * that address can match. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
-        if (PyWeakref_GET_OBJECT(PyList_GET_ITEM(list, i)) == callback) {
+        if (((PyWeakReference *)PyList_GET_ITEM(list, i))->wr_object == callback) {
             return 1;
         }
     }
