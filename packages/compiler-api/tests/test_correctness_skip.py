@@ -199,6 +199,29 @@ def test_a_frame_with_no_tensor_op_for_one_callable_is_compiled_by_another(backe
     assert other.stats.graphs == 1
     assert_same(other(x, False), maybe_scaled(x, False))
     assert other.stats.graphs == 1 and other.stats.failures == []
+    strict = ember.compiler.compile(maybe_scaled, backend=backend, fullgraph=True)
+    assert_same(strict(x, True), maybe_scaled(x, True))
+    assert strict.stats.graphs == 1  # its own graph, not another callable's entry
+
+
+def broken(x: torch.Tensor) -> torch.Tensor:
+    y = x.sin()
+    print("", end="")  # a graph break
+    return y + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fullgraph_never_runs_another_callable_graph_break(backend: str) -> None:
+    x = torch.randn(4)
+    lenient = ember.compiler.compile(broken, backend=backend)
+    assert_same(lenient(x), broken(x))
+    assert lenient.stats.graphs == 2 and len(lenient.stats.breaks) == 1
+    strict = ember.compiler.compile(broken, backend=backend, fullgraph=True)
+    with pytest.raises(ember.compiler.FullGraphError) as info:
+        strict(x)
+    assert f'File "{__file__}", line {line_of(broken, "print(")}' in str(info.value)
+    assert_same(lenient(x), broken(x))
+    assert lenient.stats.graphs == 2  # served from its entries
 
 
 def rule_skipped_module() -> types.ModuleType:

@@ -114,6 +114,10 @@ class FrameCompiler:
     ) -> None:
         self.backend = backend
         self.backend_name = backend_name
+        # What the entries' backend guard compares (the compiled call sets the backend
+        # variable to it): a fullgraph callable never serves a frame from an entry that a
+        # lenient callable of the same backend made with a graph break in it.
+        self.guard_key = f"{backend_name} fullgraph=True" if fullgraph else backend_name
         self.fullgraph = fullgraph
         self.entry_codes = entry_codes
         self.stats = Stats()
@@ -158,7 +162,7 @@ class FrameCompiler:
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return Decision.RUN
         try:
-            translation = translate(frame, self.backend_name)
+            translation = translate(frame, self.backend_name, guard_key=self.guard_key)
         except Unsupported as e:
             if self.fullgraph or e.top_index is None:
                 return self._failed(frame, cache, e)
@@ -207,7 +211,7 @@ class FrameCompiler:
         """Capture the frame up to instruction ``index``; run it natively; resume after it."""
         code = frame.code
         span = breaks.find_span(code, index)
-        t = translate(frame, self.backend_name, stop_at=span.start)
+        t = translate(frame, self.backend_name, stop_at=span.start, guard_key=self.guard_key)
         assert t.layout is not None
         instrs, _ = bytecode_311.decode(code)
         after = breaks.slots_after(instrs, span, t.layout)
