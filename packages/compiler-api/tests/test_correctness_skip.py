@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import ember.compiler
+import ember.guards
 from ember.capture import hook, trace_rules
 from ember.compiler.testing import assert_same
 
@@ -257,3 +258,31 @@ def test_a_callable_compiles_its_own_entry_code_after_another_rule_skipped_it(
     finally:
         trace_rules.remove_rule(lib.__name__)
         del sys.modules[lib.__name__]
+
+
+def sized(x: torch.Tensor) -> torch.Tensor:
+    return x.cos() + 1
+
+
+def test_a_full_cache_is_a_recorded_reason_for_the_callable_that_meets_it() -> None:
+    compiled = ember.compiler.compile(sized, backend="eager")
+    with pytest.warns(ember.guards.CacheLimitWarning):
+        for n in range(1, 11):  # the default cache_size_limit is 8: the last two run eagerly
+            x = torch.randn(n)
+            assert_same(compiled(x), sized(x))
+    assert compiled.stats.graphs == 8
+    assert [f.category for f in compiled.stats.failures] == ["cache_limit"]  # said once
+    assert "cache_size_limit (8) reached" in compiled.stats.failures[0].reason
+
+
+def test_a_full_cache_is_a_fullgraph_error_naming_the_function() -> None:
+    lenient = ember.compiler.compile(sized, backend="eager")
+    with pytest.warns(ember.guards.CacheLimitWarning):
+        for n in range(1, 10):  # fills the code's cache (every callable's entries count)
+            lenient(torch.randn(n))
+    strict = ember.compiler.compile(sized, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    with pytest.raises(ember.compiler.FullGraphError, match="cache_size_limit") as info:
+        strict(x)
+    assert f'File "{__file__}", line {sized.__code__.co_firstlineno}' in str(info.value)
+    assert_same(lenient(x), sized(x))  # served from its entry

@@ -127,6 +127,7 @@ class FrameCompiler:
         # codes this callable made an entry for: a failure there runs one call eagerly,
         # elsewhere it skips the code for this callable
         self._has_entries: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+        self._told_full: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # in stats once
         for code in entry_codes:  # this callable compiles them whatever the trace rules say
             _ENTRY_CODES[code] = _ENTRY_CODES.get(code, 0) + 1
             if code in _RULE_SKIPPED and not markers.is_disabled_code(code):
@@ -160,7 +161,7 @@ class FrameCompiler:
         """Compile the frame, or decide how it runs eagerly (with the compile lock held)."""
         cache = code_cache(frame.code)
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
-            return Decision.RUN
+            return self._cache_full(frame, cache)
         try:
             translation = translate(frame, self.backend_name, guard_key=self.guard_key)
         except Unsupported as e:
@@ -206,6 +207,20 @@ class FrameCompiler:
         # (others still try it). Otherwise keep the entries it has and run just this call
         # eagerly.
         return Decision.RUN if frame.code in self._has_entries else Decision.SKIP_FOR_CALLBACK
+
+    def _cache_full(self, frame: Frame, cache: CodeCache[Any]) -> Decision:
+        """The code's cache is full (every callable's entries count): this call runs
+        eagerly. The reason goes to this callable's stats once per code; under fullgraph
+        it is an error, as the frame is not captured."""
+        if frame.code not in self._told_full or self.fullgraph:
+            self._told_full.add(frame.code)
+            e = Unsupported(
+                f"cache_size_limit ({cache.limit}) reached: the frame runs eagerly",
+                "cache_limit",
+                "each new input shape, type or constant compiles again: keep them stable",
+            )
+            self._failed(frame, cache, e)  # raises FullGraphError under fullgraph
+        return Decision.RUN
 
     def _break(self, frame: Frame, cache: CodeCache[Any], e: Unsupported, index: int) -> CacheEntry:
         """Capture the frame up to instruction ``index``; run it natively; resume after it."""
