@@ -127,6 +127,17 @@ def test_the_same_backend_twice_each_callable_learns_why() -> None:
     for compiled in (first, second, first, second):
         assert_same(compiled(x), uncapturable(x))
     assert len(first.stats.failures) == 1 and len(second.stats.failures) == 1
+    report = ember.compiler.explain(uncapturable)(x)  # explain() learns it too
+    assert report.eager_frames == 1 and report.graph_count == 0
+
+
+def test_explain_leaves_no_skip_behind() -> None:
+    x = torch.randn(3)
+    report = ember.compiler.explain(uncapturable)(x)
+    assert report.eager_frames == 1
+    strict = ember.compiler.compile(uncapturable, fullgraph=True)
+    with pytest.raises(ember.compiler.FullGraphError, match="call to builtin print"):
+        strict(x)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

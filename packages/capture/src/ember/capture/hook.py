@@ -325,13 +325,15 @@ class intercepting:
 
     def __init__(self, callback: Callback | RunOnly) -> None:
         self._callback = callback
-        self._previous: list[Callback | RunOnly | None] = []
+        # the outer blocks' callbacks as the C hook holds them: restoring the very object
+        # keeps the skips recorded against it (SKIP_FOR_CALLBACK) while the body runs
+        self._previous: list[object] = []
 
     def __enter__(self) -> None:
-        self._previous.append(set_callback(self._callback))
+        self._previous.append(_eval_frame.set_callback(_to_raw(self._callback)))
 
     def __exit__(self, *exc: object) -> None:
-        set_callback(self._previous.pop())
+        _eval_frame.set_callback(self._previous.pop())
 
 
 def entries(code: types.CodeType) -> list[CacheEntry]:
