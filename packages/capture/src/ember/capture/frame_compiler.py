@@ -215,9 +215,10 @@ class FrameCompiler:
         if frame.code not in self._told_full or self.fullgraph:
             self._told_full.add(frame.code)
             e = Unsupported(
-                f"cache_size_limit ({cache.limit}) reached: the frame runs eagerly",
+                f"cache_size_limit ({cache.limit}) reached for this code",
                 "cache_limit",
-                "each new input shape, type or constant compiles again: keep them stable",
+                "each new input shape, type or constant compiles again (until the limit,"
+                " then the frame runs eagerly): keep them stable",
             )
             self._failed(frame, cache, e)  # raises FullGraphError under fullgraph
         return Decision.RUN
