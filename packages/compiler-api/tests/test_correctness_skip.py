@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import traceback
 import types
 from typing import Any
 
@@ -174,24 +175,56 @@ def test_threads_one_callable_failing_one_compiling(backend: str) -> None:
     failing = ember.compiler.compile(body, backend=refusing)
     working = ember.compiler.compile(body, backend=backend)
     start = threading.Barrier(4)
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def run(compiled: Any) -> None:
         start.wait()
         try:
             for _ in range(20):
                 assert_same(compiled(x), want)
-        except BaseException as e:
-            errors.append(e)
+        except BaseException:
+            errors.append(traceback.format_exc())
 
     threads = [threading.Thread(target=run, args=(c,)) for c in (failing, working) * 2]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    assert errors == [], errors[0]
     assert working.stats.graphs == 1 and working.stats.failures == []
     assert failing.stats.graphs == 0 and len(failing.stats.failures) == 1
+
+
+def test_reset_from_another_thread_while_callables_skip_and_compile() -> None:
+    x = torch.randn(8)
+    want = body(x)
+    failing = ember.compiler.compile(body, backend=refusing)
+    working = ember.compiler.compile(body, backend="eager")
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def run(compiled: Any) -> None:
+        try:
+            while not stop.is_set():
+                assert_same(compiled(x), want)
+        except BaseException:
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in (failing, working)]
+    for t in threads:
+        t.start()
+    for _ in range(5):
+        ember.compiler.reset()
+        threading.Event().wait(0.02)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [], errors[0]
+    # after the last reset each tries the frame once more: a failure, or a graph
+    assert_same(failing(x), want)
+    assert_same(working(x), want)
+    assert len(failing.stats.failures) >= 1 and failing.stats.graphs == 0
+    assert working.stats.graphs >= 1 and working.stats.failures == []
 
 
 def maybe_scaled(x: torch.Tensor, scale: bool) -> torch.Tensor:

@@ -128,6 +128,10 @@ class FrameCompiler:
         # elsewhere it skips the code for this callable
         self._has_entries: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
         self._told_full: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # in stats once
+        # code -> the reset() generation in which this callable skipped it: written under
+        # the compile lock, so a thread that waited for it sees the skip the hook records
+        # only once the failing thread's callback has returned
+        self._skipped: weakref.WeakKeyDictionary[types.CodeType, int] = weakref.WeakKeyDictionary()
         for code in entry_codes:  # this callable compiles them whatever the trace rules say
             _ENTRY_CODES[code] = _ENTRY_CODES.get(code, 0) + 1
             if code in _RULE_SKIPPED and not markers.is_disabled_code(code):
@@ -147,7 +151,7 @@ class FrameCompiler:
         try:
             if _served_now(frame):
                 return Decision.RUN  # another thread's entry serves it: the next call hits
-            if hook.is_skipped(code, self):
+            if self._skipped.get(code) == _generation:
                 return Decision.SKIP_FOR_CALLBACK  # another thread failed it meanwhile
             return self._on_miss(frame)
         except FullGraphError:
@@ -206,7 +210,10 @@ class FrameCompiler:
         # Nothing cached yet by this callable: this code runs eagerly from now on, for it
         # (others still try it). Otherwise keep the entries it has and run just this call
         # eagerly.
-        return Decision.RUN if frame.code in self._has_entries else Decision.SKIP_FOR_CALLBACK
+        if frame.code in self._has_entries:
+            return Decision.RUN
+        self._skipped[frame.code] = _generation
+        return Decision.SKIP_FOR_CALLBACK
 
     def _cache_full(self, frame: Frame, cache: CodeCache[Any]) -> Decision:
         """The code's cache is full (every callable's entries count): this call runs
@@ -300,6 +307,7 @@ class FrameCompiler:
 # skip its module, so another callable's rule skip of it is its own, not global.
 _ENTRY_CODES: weakref.WeakKeyDictionary[types.CodeType, int] = weakref.WeakKeyDictionary()
 _RULE_SKIPPED: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+_generation = 0  # reset() count: skips recorded before the last reset() are forgotten
 
 
 def _rule_skip(code: types.CodeType) -> Decision:
@@ -451,6 +459,8 @@ def reset() -> None:
     """Forget every cache entry, skip decision and recompilation record."""
     from ember import guards
 
+    global _generation
+
     with _COMPILE_LOCK:  # never between a compile's cache lookups and its cache writes
         hook.reset()
         guards.reset()
@@ -458,3 +468,4 @@ def reset() -> None:
         _caches.clear()
         _watchers.clear()
         _RULE_SKIPPED.clear()
+        _generation += 1
