@@ -543,7 +543,7 @@ def _scan_for_evaluators() -> None:
     """Look at modules loaded since the last scan for one that installs a frame evaluator."""
     global _foreign
     found = list(_foreign)
-    for name, module in list(sys.modules.items()):
+    for name, module in sys.modules.copy().items():
         if name in _scanned:
             continue
         _scanned.add(name)
@@ -597,7 +597,9 @@ def _skipped_prefixes() -> tuple[str, ...]:
     if _prefix_cache[0] != count:
         dirs = {
             os.path.dirname(path) + os.sep
-            for name, mod in list(sys.modules.items())
+            # copy(), as inspect.getmodule does: iterating the live dict raises when a
+            # collection run inside the loop lets another thread import meanwhile
+            for name, mod in sys.modules.copy().items()
             if name.startswith("ember.") and name.count(".") == 1
             for path in [getattr(mod, "__file__", None)]
             if path
