@@ -56,7 +56,7 @@ class CompiledFunction(functools.partial[Any]):
 
 def _entry_args(compiler: FrameCompiler) -> tuple[Any, ...]:
     """The leading arguments of ``call_with_callback`` for calls compiled by ``compiler``."""
-    bound = hook.bound_call(compiler, _unused, BACKEND_VAR, compiler.backend_name)
+    bound = hook.bound_call(compiler, _unused, BACKEND_VAR, compiler.guard_key)
     return (bound.func, *bound.args[:-1])
 
 
