@@ -56,6 +56,8 @@ HINTS: dict[str, str] = {
     "disabled": "the callee was wrapped in ember.compiler.disable, so it runs eagerly by design;"
     " remove the disable() to capture it",
     "module-hooks": "remove the module's hooks, or accept a break at its call",
+    "cache_limit": "each new input shape, type or constant compiles again, up to the cache"
+    " limit; keep them stable (a recompilation profiler names the guard that fails)",
     "attribute": "read the attribute outside the compiled code and pass the value in",
     "tensor-attribute": "pass the value in as an argument instead of reading it here",
     "rng": "seed or read the random state outside the compiled code to keep one graph",

@@ -87,10 +87,12 @@ def translate(
     The backend guard compares ``guard_key`` (default: ``backend_name``).
     """
     with TIMES.timed("capture"):  # for ember.compiler.compile_times()
-        return _translate(frame, backend_name, stop_at)
+        return _translate(frame, backend_name, stop_at, guard_key)
 
 
-def _translate(frame: Frame, backend_name: str, stop_at: int | None) -> Translation:
+def _translate(
+    frame: Frame, backend_name: str, stop_at: int | None, guard_key: str | None
+) -> Translation:
     start = time.perf_counter()
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
