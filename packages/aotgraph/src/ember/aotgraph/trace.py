@@ -51,6 +51,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from ember.aotgraph.aliasing import storage_groups, viewed_input
 from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
+from ember.aotgraph.rng_order import draw_in_memory_order
 
 __all__ = [
     "JointGraph",
@@ -510,6 +511,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     mutable schema): functionalization would give the same graph back.
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
     out_of_place(aten_gm)
