@@ -23,13 +23,6 @@ from ember.compiler.testing import assert_same, outcome
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def fresh() -> Any:
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def in_threads(n: int, body: Callable[[int], None]) -> list[str]:
     """Run ``body(i)`` on ``n`` threads started together; the tracebacks of what raised."""
     errors: list[str] = []
