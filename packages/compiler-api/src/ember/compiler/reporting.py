@@ -139,7 +139,7 @@ class Watched:
     backend: str
     compiler_ref: Callable[[], FrameCompiler | None]
     observer: _Observer
-    keep: FrameCompiler | None = None  # a strong reference while EMBER_REPORT is set
+    keep: FrameCompiler | None = None  # a strong reference, for the latest KEEP_DROPPED
 
 
 _WATCHED: list[Watched] = []
@@ -151,13 +151,24 @@ def observe(backend: Callable[..., Any]) -> _Observer:
     return _Observer(backend)
 
 
-def watch(label: str, backend: str, compiler: FrameCompiler, observer: _Observer) -> None:
-    """Register a compiled callable. It is held weakly (a dropped callable leaves the
-    report), except under ``EMBER_REPORT``, where the exit report shows every one."""
-    keep = compiler if os.environ.get(ENV) else None
+#: How many of the latest compiled callables the report keeps after the program drops
+#: them (a loop that compiles a fresh callable per step still shows its frames; older
+#: dropped ones leave the report, with their graphs, instead of growing memory).
+KEEP_DROPPED = 256
+
+
+def watch(label: str, backend: str, compiler: FrameCompiler) -> FrameCompiler:
+    """Register a compiled callable's frame compiler, whose backend is an observer
+    (``compile()`` calls it); return the compiler. The latest :data:`KEEP_DROPPED` are held
+    strongly; older ones while the program holds them."""
+    observer = compiler.backend
+    assert isinstance(observer, _Observer)
     with _LOCK:
+        _WATCHED.append(Watched(label, backend, weakref.ref(compiler), observer, compiler))
+        for w in _WATCHED[:-KEEP_DROPPED]:
+            w.keep = None
         _WATCHED[:] = [w for w in _WATCHED if w.compiler_ref() is not None]
-        _WATCHED.append(Watched(label, backend, weakref.ref(compiler), observer, keep))
+    return compiler
 
 
 def watched() -> list[tuple[Watched, FrameCompiler]]:

@@ -317,12 +317,11 @@ def compile(
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
         compiler = make(observer, name, fullgraph=fullgraph, entry_codes=entry)
-        reporting.watch(type(model).__qualname__, name, compiler, observer)
-        return OptimizedModule(model, compiler)
+        return OptimizedModule(model, reporting.watch(type(model).__name__, name, compiler))
     if not callable(model):
         raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
     target = getattr(model, "__func__", model)
     entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
     compiler = make(observer, name, fullgraph=fullgraph, entry_codes=entry)
-    reporting.watch(getattr(model, "__qualname__", repr(model)), name, compiler, observer)
-    return CompiledFunction(model, compiler)
+    label = getattr(model, "__qualname__", type(model).__name__)
+    return CompiledFunction(model, reporting.watch(label, name, compiler))
