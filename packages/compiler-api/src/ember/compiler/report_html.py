@@ -12,6 +12,7 @@ import inspect
 import linecache
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
@@ -302,15 +303,17 @@ def _line_marks(f: Frame, file: str) -> dict[str, set[int]]:
 
 
 def _breaks(f: Frame) -> str:
-    items = [("graph break", b) for b in f.breaks] + [("ran eagerly", e) for e in f.eager]
+    # the same break recorded by each compile of the frame is shown once, counted
+    items = Counter([("graph break", b) for b in f.breaks] + [("ran eagerly", e) for e in f.eager])
     if not items:
         return ""
     rows = "".join(
         f'<li class="reason"><b>{escape(kind)}</b> [{escape(x.category)}]: {escape(x.reason)}'
-        f"<pre>{escape(x.location)}</pre>"
+        + (f" ({n} compiles)" if n > 1 else "")
+        + f"<pre>{escape(x.location)}</pre>"
         + (f'<p class="hint">hint: {escape(x.hint)}</p>' if x.hint else "")
         + "</li>"
-        for kind, x in items
+        for (kind, x), n in items.items()
     )
     return f'<div class="breaks"><h4>Graph breaks and eager runs</h4><ul>{rows}</ul></div>'
 
@@ -318,7 +321,10 @@ def _breaks(f: Frame) -> str:
 def _recompiles(f: Frame, cache: CodeCache[Any] | None) -> str:
     if cache is None:
         return ""
-    guards = {str(g.source): g for graph in f.graphs for g in graph.compiled.guards.guards}
+    guards: dict[str, Guard] = {}  # the first guard on each source: the one a value fails
+    for graph in f.graphs:
+        for guard in graph.compiled.guards.guards:
+            guards.setdefault(str(guard.source), guard)
     rows = []
     for n, reason in enumerate(cache.reasons, 1):  # the failure of each entry it had
         failed = "".join(
@@ -405,7 +411,8 @@ _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}
 h2{border-bottom:2px solid #888;margin-top:1.6em}
 table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:2px 6px}
-td.n{text-align:right}table.src td{border:none;padding:0 6px}table.src td.ln{color:#888}
+td.n{text-align:right}th{text-align:left}table.src td{border:none;padding:0 6px}
+table.src td.ln{color:#888}table.src code{white-space:pre}
 tr.op{background:#e4f6e4}tr.break{background:#ffe0c0}tr.eager{background:#ffd0d0}
 tr.guard td.mk{color:#06c}pre{background:#f6f6f6;padding:6px;overflow-x:auto}
 .frame{border:1px solid #bbb;border-radius:4px;padding:0 1em 1em;margin:1em 0}

@@ -191,8 +191,9 @@ def report(path: str | os.PathLike[str] | None = None) -> Path:
     graphs, graph breaks with reason and hint, guards, recompilations and why), the code
     generated for each graph, the time per compile phase (:func:`compile_times`), how
     often each graph served a call (see :func:`count_calls`) and a plot of compile time
-    per frame. ``path`` is a file, or a folder to write ``ember-report-<pid>.html`` in
-    (default: the current folder). No network, no JavaScript needed to read it.
+    per frame. ``path`` is the file if it ends in ``.html``, else a folder to write
+    ``ember-report-<pid>.html`` in (default: the current folder). The page loads nothing
+    from elsewhere and reads without JavaScript.
 
     >>> import tempfile, torch, ember.compiler
     >>> f = ember.compiler.compile(lambda x: x.relu() + 1, backend="eager")
@@ -204,7 +205,7 @@ def report(path: str | os.PathLike[str] | None = None) -> Path:
     from ember.compiler.report_html import render
 
     target = Path(path) if path is not None else Path.cwd()
-    if target.is_dir() or (path is not None and str(path).endswith(os.sep)):
+    if target.suffix.lower() not in (".html", ".htm"):  # a folder, made if need be
         target = target / f"ember-report-{os.getpid()}.html"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render(), encoding="utf-8")
