@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import pytest
 import torch
@@ -168,6 +169,30 @@ def test_dropped_callables_stay_up_to_a_bound_and_reset_forgets(tmp_path, monkey
     ember.compiler.reset()
     assert "shaped (test_report.py" not in ember.compiler.report(tmp_path / "c.html").read_text()
     assert kept is not None
+
+
+def _closure_over(t):
+    def add_t(x):
+        return x + t
+
+    return add_t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dropped_program_s_tensors_are_freed_and_still_reported(backend, tmp_path):
+    t = torch.randn(3)
+    held = weakref.ref(t)
+    fn = _closure_over(t)
+    compiled = ember.compiler.compile(fn, backend=backend, options=_options(backend))
+    x = torch.randn(3)
+    assert_same(compiled(x), fn(x))
+    assert_same(compiled(x), fn(x))
+    del t, fn, compiled
+    gc.collect()
+    assert held() is None  # the report keeps text and counts, not the compiled program
+    page = ember.compiler.report(tmp_path / "run.html").read_text()
+    assert "_closure_over.&lt;locals&gt;.add_t (test_report.py:" in page
+    assert re.findall(r'<td class="n calls">(\d+)</td>', page) == ["2"]
 
 
 def test_plot_escapes_labels_and_scales_bars():

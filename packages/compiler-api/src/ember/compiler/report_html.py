@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-import torch
-
 from ember.capture.frame_compiler import Compiled, Failure
 from ember.compiler.phases import _NESTED, compile_times
 from ember.compiler.reporting import GraphRecord, Watched, watched
@@ -190,9 +188,9 @@ def _cache_section(frames: list[Frame], caches: dict[str, CodeCache[Any]]) -> st
         live = len(cache.entries) if cache else 0
         limit = "yes" if cache is not None and cache.eager else "no"
         for n, g in enumerate(f.graphs, 1):
-            counter = g.record.counter if g.record else None
-            calls = "not counted" if counter is None else str(counter.calls)
-            hits = "" if counter is None else str(max(counter.calls - 1, 0))
+            counter = g.record.calls if g.record else None
+            calls = "not counted" if counter is None else str(counter.n)
+            hits = "" if counter is None else str(max(counter.n - 1, 0))
             rows.append(
                 f'<tr><td>{escape(_short(f.name))}</td><td class="n">{n}</td>'
                 f'<td class="n calls">{calls}</td><td class="n hits">{hits}</td>'
@@ -384,27 +382,17 @@ def _describe(guard: Guard) -> str:
 
 def _generated(record: GraphRecord | None) -> list[tuple[str, str]]:
     """What the backend generated: aten graphs, inductor's C++ and wrapper."""
-    if record is None:
-        return []
     out: list[tuple[str, str]] = []
-    for gen in record.generated:
-        out.append((f"{gen.stage} graph (aten)", _code_of(gen.graph)))
-        source = getattr(gen.compiled, "source", None)
-        wrapper = getattr(gen.compiled, "wrapper", "")
-        if hasattr(gen.compiled, "kernel_args") and source is None:
-            out.append((f"{gen.stage}: C++ kernels", _FROM_CACHE))
-        elif isinstance(source, str):
-            out.append((f"{gen.stage}: C++ kernels", source))
-        if isinstance(wrapper, str) and wrapper:
+    for gen in record.generated if record is not None else ():
+        out.append((f"{gen.stage} graph (aten)", gen.code))
+        if gen.kernels:
+            out.append((f"{gen.stage}: C++ kernels", gen.source or _FROM_CACHE))
+        if wrapper := gen.wrapper:
             out.append((f"{gen.stage}: Python wrapper", wrapper))
     return out
 
 
 _FROM_CACHE = "(from inductor's graph cache: the kernels were not generated again)"
-
-
-def _code_of(graph: Any) -> str:
-    return graph.code if isinstance(graph, torch.fx.GraphModule) else repr(graph)
 
 
 _CSS = """

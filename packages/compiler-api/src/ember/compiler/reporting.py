@@ -37,11 +37,30 @@ ENV = "EMBER_REPORT"
 @dataclass
 class Generated:
     """One graph a backend compiled inside its call (``stage``: forward, backward,
-    inference) and what it compiled it to (inductor keeps ``source`` and ``wrapper``)."""
+    inference): its code, and inductor's C++ source. Only text is kept, and the compiled
+    object weakly (its Python wrapper is written at its first call): the report must not
+    keep a dropped program's kernels or constants alive."""
 
     stage: str
-    graph: torch.fx.GraphModule
-    compiled: Any
+    code: str
+    source: str | None  # inductor's C++ (None: none, or it came from the graph cache)
+    kernels: bool  # an inductor CompiledGraph
+    compiled: Callable[[], Any]  # a weak reference, or a function returning None
+
+    @property
+    def wrapper(self) -> str:
+        """Inductor's Python wrapper around the kernels, once the graph has run."""
+        wrapper = getattr(self.compiled(), "wrapper", "")
+        return wrapper if isinstance(wrapper, str) else ""
+
+
+class Calls:
+    """How many calls a compiled graph served (its first call compiled it)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
 
 
 @dataclass
@@ -50,19 +69,19 @@ class GraphRecord:
 
     backend_seconds: float = 0.0
     generated: list[Generated] = field(default_factory=list)
-    counter: _Counted | None = None  # None: calls were not counted when it compiled
+    calls: Calls | None = None  # None: calls were not counted when it compiled
 
 
 class _Counted:
-    """A compiled graph that counts its calls (each is one call served by its cache entry)."""
+    """A compiled graph that counts its calls in ``calls`` (the report keeps only that)."""
 
     __slots__ = ("calls", "fn")
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn, self.calls = fn, 0
+    def __init__(self, fn: Callable[..., Any], calls: Calls) -> None:
+        self.fn, self.calls = fn, calls
 
     def __call__(self, *args: Any) -> Any:
-        self.calls += 1
+        self.calls.n += 1
         return self.fn(*args)
 
 
@@ -100,7 +119,8 @@ class _Observer:
             stack.pop()
         record = GraphRecord(time.perf_counter() - start, notes)
         if _counting and callable(compiled):
-            compiled = record.counter = _Counted(compiled)
+            record.calls = Calls()
+            compiled = _Counted(compiled, record.calls)
         self.graphs[gm] = record
         return compiled
 
@@ -112,8 +132,21 @@ def note(stage: str, graph: torch.fx.GraphModule, compiled: Any) -> None:
     >>> note("forward", torch.fx.symbolic_trace(lambda x: x), None)  # outside a backend call
     """
     stack = getattr(_local, "notes", None)
-    if stack:
-        stack[-1].append(Generated(stage, graph, compiled))
+    if not stack:
+        return
+    source = getattr(compiled, "source", None)
+    try:
+        ref: Callable[[], Any] = weakref.ref(compiled)
+    except TypeError:  # not weakly referable: no wrapper to show
+        ref = _nothing
+    code = graph.code if isinstance(graph, torch.fx.GraphModule) else repr(graph)
+    kernels = hasattr(compiled, "kernel_args")
+    text = source if isinstance(source, str) else None
+    stack[-1].append(Generated(stage, code, text, kernels, ref))
+
+
+def _nothing() -> None:
+    return None
 
 
 def noting(stage: str, compiler: Callable[..., Any]) -> Callable[..., Any]:
