@@ -195,6 +195,21 @@ def test_a_dropped_program_s_tensors_are_freed_and_still_reported(backend, tmp_p
     assert re.findall(r'<td class="n calls">(\d+)</td>', page) == ["2"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dropped_module_s_parameters_are_freed_and_still_reported(backend, tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    held = weakref.ref(model[0].weight)
+    opt = ember.compiler.compile(model, backend=backend, options=_options(backend))
+    x = torch.randn(2, 4, requires_grad=True)
+    assert_same(opt(x), model(x))
+    opt(x).sum().backward()
+    del model, opt
+    gc.collect()
+    assert held() is None
+    page = ember.compiler.report(tmp_path / "run.html").read_text()
+    assert "compiled via Sequential" in page and "Sequential.forward (" in page
+
+
 def test_plot_escapes_labels_and_scales_bars():
     svg = plot([("f <a & b>", 2.0), ("g", 1.0)], width=480)
     assert "f &lt;a &amp; b&gt;" in svg and "<a & b>" not in svg
