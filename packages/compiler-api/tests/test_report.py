@@ -268,8 +268,9 @@ class DevTools:
             os.dup2(high[0], 3)
             os.dup2(high[1], 4)
 
-        args = ["--headless", "--disable-gpu", "--no-sandbox", "--remote-debugging-pipe",
-                "--no-first-run", f"--user-data-dir={profile}", "about:blank"]  # fmt: skip
+        args = ["--headless", "--disable-gpu", "--no-sandbox", "--disable-dev-shm-usage",
+                "--remote-debugging-pipe", "--no-first-run", f"--user-data-dir={profile}",
+                "about:blank"]  # fmt: skip
         self.proc = subprocess.Popen(
             [chromium, *args], preexec_fn=child, close_fds=False,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
