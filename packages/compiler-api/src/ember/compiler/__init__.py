@@ -33,6 +33,8 @@ from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
 from ember.compiler.profiler import CompilationProfiler, ProfileReport
+from ember.compiler.reporting import clear as _clear_report
+from ember.compiler.reporting import count_calls, report
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
@@ -51,6 +53,7 @@ __all__ = [
     "assume_constant_result",
     "compile",
     "compile_times",
+    "count_calls",
     "disable",
     "disallow_in_graph",
     "explain",
@@ -59,6 +62,7 @@ __all__ = [
     "list_backends",
     "lookup_backend",
     "register_backend",
+    "report",
     "reset",
     "set_trace_rule",
 ]
@@ -66,9 +70,10 @@ __all__ = [
 
 def reset() -> None:
     """Forget every compiled translation, guard cache and skip decision, and the
-    times :func:`compile_times` reports.
+    times :func:`compile_times` reports and the callables :func:`report` shows.
 
     >>> reset()
     """
     _reset()
     _clear_times()
+    _clear_report()
