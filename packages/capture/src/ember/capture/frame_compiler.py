@@ -114,6 +114,8 @@ class FrameCompiler:
         self.track = track
         # (code, hook entry, cache entry) of every entry made, when tracking (explain)
         self.made: list[tuple[types.CodeType, CacheEntry, Any]] = []
+        # called with (frame, failure) when a frame fails to compile: compiler-api's replay record
+        self.on_failure: Callable[[Frame, Failure], None] | None = None
 
     def __call__(self, frame: Frame) -> CacheEntry | Decision:
         code = frame.code
@@ -175,6 +177,8 @@ class FrameCompiler:
         reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
         failure = Failure(cache.name, reason, e.category, location, e.hint, e.location)
         self.stats.failures.append(failure)
+        if self.on_failure is not None:
+            self.on_failure(frame, failure)
         if self.fullgraph:
             hint = f"\nhint: {e.hint}" if e.hint else ""
             raise FullGraphError(

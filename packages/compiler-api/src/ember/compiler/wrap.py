@@ -13,9 +13,13 @@ import torch
 
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
+from ember.compiler import replay_record
+from ember.compiler import repro as repro_hooks
 from ember.compiler.backends import Backend, backend_name, lookup_backend
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
+from ember.compiler.repro_script import compiler_ref
+from ember.compiler.repro_settings import ReproSettings
 from ember.guards.state import BACKEND_VAR
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -308,7 +312,11 @@ def compile(
         raise TypeError(f"fullgraph must be a bool, not {type(fullgraph).__name__}")
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
+    repro = ReproSettings.from_env()
+    if isinstance(options, dict):  # the repro keys are ember's, not the backend's
+        repro, options = repro.with_options(options)
     fn, name = _configured(backend, mode, options)
+    fn = repro_hooks.instrument(fn, compiler_ref(backend, options), repro)
     fn = timed_backend(fn)  # its time shows in compile_times()
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
@@ -316,9 +324,12 @@ def compile(
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
         compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
+        replay_record.record_failures(compiler, backend, options, repro)
         return OptimizedModule(model, compiler)
     if not callable(model):
         raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
     target = getattr(model, "__func__", model)
     entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
-    return CompiledFunction(model, make(fn, name, fullgraph=fullgraph, entry_codes=entry))
+    compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
+    replay_record.record_failures(compiler, backend, options, repro)
+    return CompiledFunction(model, compiler)

@@ -1,0 +1,51 @@
+"""Backends with planted bugs, for the minifier and replay tests (test_repro.py, test_replay.py).
+
+They live in a module of their own so that a repro script can import them by name.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.aotgraph import aot_compile
+
+RELU = {torch.relu, torch.nn.functional.relu, torch.ops.aten.relu.default}
+GELU = {torch._C._nn.gelu, torch.nn.functional.gelu, torch.ops.aten.gelu.default}
+
+
+class PlantedReluError(RuntimeError):
+    """What relu_bug raises."""
+
+
+def relu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Raises on any graph with a relu in it; otherwise runs the graph as it is."""
+    if any(n.target in RELU for n in gm.graph.nodes):
+        raise PlantedReluError("planted bug: this backend cannot compile relu")
+    return gm.forward
+
+
+def wrong_gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate=approximate) * 1.001
+
+
+def gelu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Runs the graph with every gelu slightly wrong (0.1% too large)."""
+    graph = copy.deepcopy(gm.graph)
+    for n in graph.nodes:
+        if n.target in GELU:
+            n.target = wrong_gelu
+    return torch.fx.GraphModule(gm, graph).forward
+
+
+def aot_relu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """aotgraph with relu_bug as its inner compiler (the bug shows after AOT)."""
+    return aot_compile(gm, example_inputs, fw_compiler=relu_bug, decompositions={})
+
+
+def aot_gelu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """aotgraph with gelu_bug as its inner compiler (the bug shows after AOT)."""
+    return aot_compile(gm, example_inputs, fw_compiler=gelu_bug, decompositions={})
