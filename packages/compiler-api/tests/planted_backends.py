@@ -49,3 +49,31 @@ def aot_relu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
 def aot_gelu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """aotgraph with gelu_bug as its inner compiler (the bug shows after AOT)."""
     return aot_compile(gm, example_inputs, fw_compiler=gelu_bug, decompositions={})
+
+
+class MLP(torch.nn.Module):
+    """A small real program: relu and gelu among linear layers, sums, tanh and a softmax, so
+    the minifier has work to do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 16)
+        self.c = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x)) * 0.5 + x.sum(-1, keepdim=True)
+        h = torch.nn.functional.gelu(self.b(h))
+        return (torch.tanh(self.c(h)) + 1).softmax(-1)
+
+
+SCALE = 3.0  # a global the replayed function reads
+
+
+def scaled_relu_block(x: torch.Tensor) -> torch.Tensor:
+    """A function that reads a global and calls a helper: its replay record must carry both."""
+    return _helper(torch.relu(x * SCALE)).sum()
+
+
+def _helper(t: torch.Tensor) -> torch.Tensor:
+    return t.cos() + 1

@@ -18,7 +18,7 @@ alone, and returns what happened.
 >>> [path] = pathlib.Path(folder).glob("replay_*.pkl")
 >>> stats = ember.compiler.replay(path, backend=picky)
 >>> stats.failures[0].reason.split(": ", 1)[1]
-"RuntimeError: this backend takes nothing"
+'RuntimeError: this backend takes nothing'
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ LEVELS: dict[int, str] = {
     1: "a backend raised: write repro.py with the whole graph (no minifying)",
     2: "a backend raised: write repro_full.py, then minify it into repro.py",
     3: "as 2, and write repro_full.py before each backend call (survives a crash)",
-    4: "as 3, and compare each compiled graph with eager: beyond tolerance, minify that",
+    4: "as 2, and compare each compiled graph with eager: beyond tolerance, minify that",
 }
 AFTER = ("capture", "aot")
 
