@@ -312,6 +312,23 @@ def compile(
         raise TypeError(f"fullgraph must be a bool, not {type(fullgraph).__name__}")
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
+    new_compiler = _compiler_maker(backend, mode, options, fullgraph)
+    if isinstance(model, torch.nn.Module):
+        forward = type(model).forward
+        entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
+        return OptimizedModule(model, new_compiler(entry))
+    if not callable(model):
+        raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
+    target = getattr(model, "__func__", model)
+    entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
+    return CompiledFunction(model, new_compiler(entry))
+
+
+def _compiler_maker(
+    backend: str | Backend, mode: str | None, options: dict[str, Any] | None, fullgraph: bool
+) -> Callable[[tuple[types.CodeType, ...]], FrameCompiler]:
+    """The backend configured (options checked; the repro tools and timing around it), as a
+    function that makes the frame compiler for the given entry codes."""
     repro = ReproSettings.from_env()
     if isinstance(options, dict):  # the repro keys are ember's, not the backend's
         repro, options = repro.with_options(options)
@@ -320,16 +337,10 @@ def compile(
     fn = timed_backend(fn)  # its time shows in compile_times()
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
-    if isinstance(model, torch.nn.Module):
-        forward = type(model).forward
-        entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
+
+    def new(entry: tuple[types.CodeType, ...]) -> FrameCompiler:
         compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
         replay_record.record_failures(compiler, backend, options, repro)
-        return OptimizedModule(model, compiler)
-    if not callable(model):
-        raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
-    target = getattr(model, "__func__", model)
-    entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
-    compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
-    replay_record.record_failures(compiler, backend, options, repro)
-    return CompiledFunction(model, compiler)
+        return compiler
+
+    return new
