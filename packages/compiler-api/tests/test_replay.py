@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import ember.compiler
+from ember.compiler.replay_record import _Pickled
 from ember.compiler.testing import assert_same
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,7 +55,8 @@ def test_record_holds_globals_and_replays_them(
     fast(torch.randn(5))
     [path] = records(tmp_path)
     record = ember.compiler.replay_record.load(path)
-    assert record.globals["SCALE"] == 3.0 and record.globals["_helper"] is planted._helper
+    values = record.values()
+    assert values["SCALE"] == 3.0 and values["_helper"] is planted._helper
     assert record.inputs == ["Tensor(5,) torch.float32 stride=(1,)"]
     monkeypatch.setattr(planted, "SCALE", 5.0)  # the record keeps the value the frame read
     stats = ember.compiler.replay(path, backend="eager")  # another backend takes the graph
@@ -74,7 +77,7 @@ def test_closure_values_are_recorded(tmp_path: Path) -> None:
     assert_same(fast(x), block(x))
     [path] = records(tmp_path)
     record = pickle.loads(path.read_bytes())
-    assert_same(record.closure[0], k)
+    assert_same(record.closure[0].load(), k)
     stats = ember.compiler.replay(path)
     assert "PlantedReluError" in stats.failures[0].reason
 
@@ -122,3 +125,23 @@ def test_unpicklable_backend_needs_to_be_passed(tmp_path: Path) -> None:
         ember.compiler.replay(path)
     stats = ember.compiler.replay(path, backend=local_backend)
     assert "ValueError: no" in stats.failures[0].reason
+
+
+def test_a_backend_that_does_not_load_must_be_passed(tmp_path: Path) -> None:
+    """A record made by another process whose backend lived in its ``__main__``."""
+    fast = ember.compiler.compile(
+        planted.scaled_relu_block,
+        backend=planted.relu_bug,
+        options={"replay_record": True, "repro_dir": str(tmp_path)},
+    )
+    fast(torch.randn(5))
+    [path] = records(tmp_path)
+    record = ember.compiler.replay_record.load(path)
+    broken = dataclasses.replace(record, backend=_Pickled(b"not a pickle"))
+    path.write_bytes(pickle.dumps(broken))
+    with pytest.raises(ValueError, match="pass it"):
+        ember.compiler.replay(path)
+    assert (
+        "PlantedReluError"
+        in ember.compiler.replay(path, backend=planted.relu_bug).failures[0].reason
+    )

@@ -50,6 +50,24 @@ class _ModuleRef:
 
 
 @dataclass(frozen=True, slots=True)
+class _Pickled:
+    """One value, pickled on its own: a value that does not load again (a function of another
+    process's ``__main__``) costs only itself, not the whole record."""
+
+    data: bytes
+
+    def load(self) -> Any:
+        return pickle.loads(self.data)
+
+
+def _value(kept: Any) -> Any:
+    """A recorded value as it was (modules imported again)."""
+    if isinstance(kept, _ModuleRef):
+        return importlib.import_module(kept.name)
+    return kept.load() if isinstance(kept, _Pickled) else kept
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayRecord:
     """What a replay record holds (pickled as one object).
 
@@ -60,16 +78,31 @@ class ReplayRecord:
     code: bytes  # marshal.dumps of the frame's code object
     module: str  # its module's __name__: the base of its globals on replay
     name: str
-    args: tuple[Any, ...]  # the frame's arguments (as the hook sees them), pickled
-    globals: dict[str, Any]  # the globals its code names that pickled (modules as _ModuleRef)
+    args: Any  # the frame's arguments (as the hook sees them), pickled
+    globals: dict[str, Any]  # the globals its code names that pickled, each on its own
     missing: dict[str, str]  # names that did not pickle -> why
-    closure: tuple[Any, ...]  # the closure's cell contents
+    closure: tuple[Any, ...]  # the closure's cell contents, each pickled on its own
     backend: Any  # a registered name, the backend callable (pickled by reference), or None
     options: dict[str, Any] | None
     fullgraph: bool
     reason: str  # the failure recorded then
     defaults: tuple[Any, ...] | None = None
     inputs: list[str] = field(default_factory=list)  # the arguments' metadata, in words
+
+    def values(self) -> dict[str, Any]:
+        """The recorded globals, loaded (those that load in this process).
+
+        >>> ReplayRecord(b"", "m", "f", (), {"k": _Pickled(pickle.dumps(2))}, {}, (),
+        ...              "eager", None, False, "why").values()
+        {'k': 2}
+        """
+        loaded = {}
+        for name, kept in self.globals.items():
+            try:
+                loaded[name] = _value(kept)
+            except Exception as e:  # its module's own value is used instead
+                log.warning("ember replay: global %s does not load (%s)", name, e)
+        return loaded
 
 
 def record_failures(
@@ -106,11 +139,12 @@ def _names(code: types.CodeType) -> set[str]:
 def _picklable(value: Any) -> tuple[Any, str]:
     if isinstance(value, types.ModuleType):
         return _ModuleRef(value.__name__), ""
+    if isinstance(value, str | None):
+        return value, ""
     try:
-        pickle.dumps(value)
+        return _Pickled(pickle.dumps(value)), ""
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"
-    return value, ""
 
 
 def _record(
@@ -130,7 +164,7 @@ def _record(
         marshal.dumps(frame.code),
         str(frame.globals.get("__name__", "__main__")),
         frame.function.__name__,
-        tuple(frame.args),
+        _Pickled(pickle.dumps(tuple(frame.args))),
         glb,
         missing,
         cells,
@@ -184,17 +218,17 @@ def replay(path: str | os.PathLike[str], *, backend: Any = None) -> Stats:
     record = load(path)
     code = marshal.loads(record.code)
     glb = _globals(record)
-    closure = tuple(types.CellType(v) for v in record.closure) if record.closure else None
-    fn = types.FunctionType(code, glb, record.name, record.defaults, closure)
-    chosen = backend if backend is not None else record.backend
+    closure = tuple(types.CellType(_value(v)) for v in record.closure) or None
+    fn = types.FunctionType(code, glb, record.name, _value(record.defaults), closure)
+    chosen = backend if backend is not None else _loaded_backend(record)
     if chosen is None:
         raise ValueError(
-            f"the backend of this record did not pickle ({record.missing.get('<backend>')}); "
+            f"the backend of this record does not load here ({record.missing.get('<backend>')}); "
             "pass it: replay(path, backend=...)"
         )
     compile_fn, name = _configured(chosen, None, record.options)
     compiler = FrameCompiler(compile_fn, name, fullgraph=record.fullgraph, entry_codes=(code,))
-    compiler(_Frame(code, fn, glb, _builtins(glb), record.args))
+    compiler(_Frame(code, fn, glb, _builtins(glb), _value(record.args)))
     return compiler.stats
 
 
@@ -204,9 +238,15 @@ def _globals(record: ReplayRecord) -> dict[str, Any]:
         glb = dict(vars(importlib.import_module(record.module)))
     except Exception:
         glb = {"__name__": record.module, "__builtins__": builtins}
-    for name, value in record.globals.items():
-        glb[name] = importlib.import_module(value.name) if isinstance(value, _ModuleRef) else value
+    glb.update(record.values())
     return glb
+
+
+def _loaded_backend(record: ReplayRecord) -> Any:
+    try:
+        return _value(record.backend)
+    except Exception as e:  # a backend of another process's __main__, say
+        return record.missing.setdefault("<backend>", f"{type(e).__name__}: {e}") and None
 
 
 def _builtins(glb: dict[str, Any]) -> dict[str, Any]:

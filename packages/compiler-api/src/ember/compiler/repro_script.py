@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import re
 import sys
+import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +93,8 @@ def compiler_ref(backend: Any, options: dict[str, Any] | None = None) -> Compile
 
 def reference(fn: Any) -> CompilerRef | None:
     """How a script imports ``fn``: a module-level function or class, or a
-    ``functools.partial`` of one; None when it cannot (a closure, a lambda)."""
+    ``functools.partial`` of one; else its source, copied into the script (a function of
+    ``__main__``); None when none of these works (a closure, a lambda)."""
     if isinstance(fn, functools.partial):
         inner = reference(fn.func)
         if inner is None or fn.args:
@@ -101,7 +105,7 @@ def reference(fn: Any) -> CompilerRef | None:
         )
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or "<" in qualname or "." in qualname:
-        return None
+        return _source(fn)
     try:
         found = getattr(importlib.import_module(module), qualname, None)
     except ImportError:
@@ -109,6 +113,18 @@ def reference(fn: Any) -> CompilerRef | None:
     if found is not fn:
         return None
     return CompilerRef((*_path_lines(module), f"from {module} import {qualname}"), qualname)
+
+
+def _source(fn: Any) -> CompilerRef | None:
+    """``fn``'s own source, for a function no script can import (the user's script's
+    ``__main__``, a local function) that needs no closure; None when it has none."""
+    if not isinstance(fn, types.FunctionType) or fn.__closure__ or fn.__name__ == "<lambda>":
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(fn)).strip()
+    except (OSError, TypeError):
+        return None
+    return CompilerRef((source,), fn.__name__)
 
 
 def _path_lines(module: str) -> tuple[str, ...]:
