@@ -77,3 +77,14 @@ def scaled_relu_block(x: torch.Tensor) -> torch.Tensor:
 
 def _helper(t: torch.Tensor) -> torch.Tensor:
     return t.cos() + 1
+
+
+def late_relu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Compiles anything; a graph with a relu raises when it runs (a bug at run time)."""
+    if not any(n.target in RELU for n in gm.graph.nodes):
+        return gm.forward
+
+    def run(*args: Any) -> Any:
+        raise PlantedReluError("planted bug: relu fails at run time")
+
+    return run

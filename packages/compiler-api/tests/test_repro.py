@@ -73,12 +73,27 @@ def test_planted_bug_minified(bug: str, after: str, tmp_path: Path) -> None:
     ops = [line for line in lines if line.startswith(("relu", "gelu", "linear", "add", "mul"))]
     assert len(ops) == 1 and ops[0].startswith(bug), repro.read_text()  # one op: the bug
     assert f"after {after}" in repro.read_text()
-    for script in (repro, full):  # each runs alone and fails the same way
-        done = run_script(script)
-        assert done.returncode != 0, script.read_text()
-        assert FAILS_WITH[bug] in done.stderr.strip().splitlines()[-1] or (
-            bug == "gelu" and "not within tolerance" in done.stderr
-        ), done.stderr
+    assert "softmax" in full.read_text()  # the whole graph
+    assert_fails_alone(repro, bug)
+
+
+def assert_fails_alone(script: Path, bug: str) -> None:
+    """The script runs in a fresh interpreter and fails the way the program did."""
+    done = run_script(script)
+    assert done.returncode != 0, script.read_text()
+    assert FAILS_WITH[bug] in done.stderr.strip().splitlines()[-1] or (
+        bug == "gelu" and "not within tolerance" in done.stderr
+    ), done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", ["capture", "aot"])
+@pytest.mark.parametrize("bug", ["relu", "gelu"])
+def test_whole_graph_script_fails_too(bug: str, after: str, tmp_path: Path) -> None:
+    level = 4 if bug == "gelu" else 2
+    _, fast = compiled_mlp(PLANTED[bug, after], tmp_path, repro_after=after, repro_level=level)
+    fast(torch.randn(3, 8))
+    assert_fails_alone(tmp_path / "repro_full.py", bug)
 
 
 def test_planted_gelu_is_really_wrong(tmp_path: Path) -> None:
@@ -175,3 +190,28 @@ def test_minify_keeps_a_graph_that_does_not_fail() -> None:
         "call_function",
         "output",
     ]
+
+
+def test_a_failure_at_run_time_writes_a_repro(tmp_path: Path) -> None:
+    """A compiled graph that raises when called (not when compiled): the error reaches the
+    caller as it would without the minifier, and the repro is written from that call."""
+    _, fast = compiled_mlp(planted.late_relu_bug, tmp_path, repro_after="capture")
+    with pytest.raises(planted.PlantedReluError):
+        fast(torch.randn(3, 8))
+    text = (tmp_path / "repro.py").read_text()
+    assert "at run time, minified from 11 to 1 operations" in text
+    assert len(code_lines(tmp_path / "repro.py")) <= 20
+    assert "PlantedReluError" in run_script(tmp_path / "repro.py").stderr
+
+
+@pytest.mark.slow
+def test_inductor_after_aot_script_names_compile_graph(tmp_path: Path) -> None:
+    """Level 3 leaves the aten graphs inductor's compile_graph gets as scripts that import
+    it; the last one written runs standalone and does not fail."""
+    model, fast = compiled_mlp("inductor", tmp_path, repro_after="aot", repro_level=3)
+    x = torch.randn(3, 8)
+    assert_same(fast(x), model(x))
+    text = (tmp_path / "repro_full.py").read_text()
+    assert "from ember.inductor.compile import compile_graph" in text
+    done = run_script(tmp_path / "repro_full.py")
+    assert done.returncode == 0, done.stderr

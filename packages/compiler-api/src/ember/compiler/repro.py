@@ -88,22 +88,49 @@ def checked_call(
     where: str,
 ) -> Callable[..., Any]:
     """``compiler(gm, inputs)``; if it raises (or, at level 4, computes a wrong result), write
-    the repro scripts first."""
+    the repro scripts first. The compiled graph is watched: the first time it raises when
+    called, the repro is written from the inputs of that call."""
     inputs = list(inputs)
     if settings.level == 3:
         _write_full(gm, _real(inputs), ref, Check("raises", Exception), settings, where)
     try:
         compiled = compiler(gm, inputs)
+        diff = _inaccuracy(compiled, gm, _real(inputs)) if settings.level == 4 else ""
     except Exception as error:
         _report(compiler, gm, inputs, Check("raises", type(error)), ref, settings, where)
         raise
-    if settings.level == 4 and (diff := _inaccuracy(compiled, gm, _real(inputs))):
+    if diff:
         path = _report(compiler, gm, inputs, Check("accuracy"), ref, settings, where)
         raise AccuracyError(
             f"the compiled graph ({where}) differs from eager beyond tolerance; "
             f"repro: {path}\n{diff}"
         )
-    return compiled
+
+    def at_run_time(args: list[Any], error: Exception) -> None:
+        check = Check("raises", type(error))
+        _report(compiler, gm, args, check, ref, settings, f"{where}, at run time")
+
+    return _Watched(compiled, at_run_time)
+
+
+class _Watched:
+    """A compiled graph whose first error at run time writes a repro (then propagates)."""
+
+    __slots__ = ("compiled", "on_error", "reported")
+
+    def __init__(
+        self, compiled: Callable[..., Any], on_error: Callable[[list[Any], Exception], None]
+    ) -> None:
+        self.compiled, self.on_error, self.reported = compiled, on_error, False
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self.compiled(*args)
+        except Exception as error:
+            if not self.reported:
+                self.reported = True
+                self.on_error(list(args), error)
+            raise
 
 
 def _real(inputs: list[Any]) -> list[Any]:
