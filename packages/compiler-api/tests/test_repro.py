@@ -162,6 +162,12 @@ def test_bad_settings_are_errors_at_compile(bad: dict[str, object]) -> None:
         ember.compiler.compile(lambda x: x + 1, backend="eager", options=bad)
 
 
+def test_bad_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_REPRO_LEVEL", "high")
+    with pytest.raises(ValueError, match="EMBER_REPRO_LEVEL='high'"):
+        ember.compiler.compile(lambda x: x + 1, backend="eager")
+
+
 def test_settings_from_env_and_options() -> None:
     s = ReproSettings.from_env({"EMBER_REPLAY_RECORD": "1", "EMBER_REPRO_DIR": "d"})
     assert (s.replay_record, s.directory, s.after) == (True, "d", None)

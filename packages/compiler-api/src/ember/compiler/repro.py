@@ -48,14 +48,18 @@ class AccuracyError(RuntimeError):
     """A compiled graph's result differs from eager's beyond tolerance (repro level 4)."""
 
 
-def instrument(backend: Compiler, ref: CompilerRef | None, settings: ReproSettings) -> Compiler:
+def instrument(
+    backend: Compiler, ref: Callable[[], CompilerRef | None], settings: ReproSettings
+) -> Compiler:
     """``backend``, checked as ``settings.after`` says (unchanged when it says nothing).
+    ``ref()`` says how a script reaches ``backend`` (asked only when the check is on).
 
-    >>> instrument(print, None, ReproSettings()) is print
+    >>> instrument(print, lambda: None, ReproSettings()) is print
     True
     """
     if settings.after == "capture":
-        return lambda gm, inputs: checked_call(backend, gm, inputs, ref, settings, "capture")
+        found = ref()
+        return lambda gm, inputs: checked_call(backend, gm, inputs, found, settings, "capture")
     if settings.after == "aot":
 
         def hooked(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:

@@ -77,7 +77,11 @@ class ReproSettings:
             raw["replay_record"] = raw["replay_record"] not in ("0", "false", "False")
         if "level" in raw:
             raw["level"] = int(raw["level"]) if raw["level"].isdigit() else raw["level"]
-        return cls(**raw)
+        try:
+            return cls(**raw)
+        except (TypeError, ValueError) as e:  # name the variables, not the option keys
+            names = ", ".join(f"{var}={env[var]!r}" for _, var in KEYS.values() if var in env)
+            raise type(e)(f"{e} (from the environment: {names})") from None
 
     def with_options(self, options: Mapping[str, Any]) -> tuple[ReproSettings, dict[str, Any]]:
         """These settings with ``options``' repro keys applied, and the other options."""

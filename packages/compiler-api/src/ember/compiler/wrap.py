@@ -333,7 +333,7 @@ def _compiler_maker(
     if isinstance(options, dict):  # the repro keys are ember's, not the backend's
         repro, options = repro.with_options(options)
     fn, name = _configured(backend, mode, options)
-    fn = repro_hooks.instrument(fn, compiler_ref(backend, options), repro)
+    fn = repro_hooks.instrument(fn, lambda: compiler_ref(backend, options), repro)
     fn = timed_backend(fn)  # its time shows in compile_times()
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
