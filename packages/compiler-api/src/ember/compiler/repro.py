@@ -45,7 +45,12 @@ log = logging.getLogger("ember.compiler.repro")
 
 
 class AccuracyError(RuntimeError):
-    """A compiled graph's result differs from eager's beyond tolerance (repro level 4)."""
+    """A compiled graph's result differs from eager's beyond tolerance (repro level 4). It is
+    raised inside the compile, so the frame runs eagerly with it as the recorded reason.
+
+    >>> issubclass(AccuracyError, RuntimeError)
+    True
+    """
 
 
 def instrument(

@@ -290,7 +290,9 @@ def compile(
     The other arguments are ``torch.compile``'s: ``options`` (a dict) goes to a
     backend that takes an ``options`` argument, with ``mode`` added to it as
     ``options["mode"]``; ``dynamic`` is accepted, but shapes are always
-    specialized today (a new shape compiles again; floats are graph inputs).
+    specialized today (a new shape compiles again; floats are graph inputs). The
+    ``options`` keys ``repro_after``, ``repro_level``, ``repro_dir`` and ``replay_record``
+    are ember's own failure-reproduction tools (:class:`ReproSettings`), not the backend's.
 
     >>> import torch, ember.compiler
     >>> def f(x, y):
