@@ -88,3 +88,21 @@ def late_relu_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
         raise PlantedReluError("planted bug: relu fails at run time")
 
     return run
+
+
+def big_value_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A graph with a relu fails when run on values above 100 (a bug that depends on the
+    values, so random inputs do not show it)."""
+    if not any(n.target in RELU for n in gm.graph.nodes):
+        return gm.forward
+
+    def run(*args: Any) -> Any:
+        if any(isinstance(a, torch.Tensor) and a.abs().max() > 100 for a in args):
+            raise OverflowError("planted bug: relu of a value above 100")
+        return gm.forward(*args)
+
+    return run
+
+
+def scaled_up(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x * 1000.0).sin() + x

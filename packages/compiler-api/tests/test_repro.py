@@ -221,3 +221,20 @@ def test_inductor_after_aot_script_names_compile_graph(tmp_path: Path) -> None:
     assert "from ember.inductor.compile import compile_graph" in text
     done = run_script(tmp_path / "repro_full.py")
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_saved_values_when_random_ones_do_not_fail(tmp_path: Path) -> None:
+    """The minified graph's input is x * 1000 (x = 200): random values (about 1) do not
+    fail, so the script loads the values saved next to it."""
+    fast = ember.compiler.compile(
+        planted.scaled_up,
+        backend=planted.big_value_bug,
+        options={"repro_after": "capture", "repro_dir": str(tmp_path)},
+    )
+    with pytest.raises(OverflowError):
+        fast(torch.full((4,), 200.0))
+    text = (tmp_path / "repro.py").read_text()
+    assert "repro_inputs.pt" in text and (tmp_path / "repro_inputs.pt").exists()
+    assert len(code_lines(tmp_path / "repro.py")) <= 20
+    assert "OverflowError" in run_script(tmp_path / "repro.py").stderr
