@@ -106,3 +106,18 @@ def big_value_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
 
 def scaled_up(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x * 1000.0).sin() + x
+
+
+def no_threshold_backward(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """An inner compiler that raises on relu's backward op."""
+    if any(n.target is torch.ops.aten.threshold_backward.default for n in gm.graph.nodes):
+        raise KeyError("planted bug: threshold_backward")
+    return gm
+
+
+def aot_backward_bug(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """aotgraph whose backward compiler has the bug (the forward one is fine)."""
+    return aot_compile(
+        gm, example_inputs, fw_compiler=lambda g, _: g, bw_compiler=no_threshold_backward,
+        decompositions={},
+    )  # fmt: skip

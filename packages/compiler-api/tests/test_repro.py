@@ -238,3 +238,14 @@ def test_saved_values_when_random_ones_do_not_fail(tmp_path: Path) -> None:
     assert "repro_inputs.pt" in text and (tmp_path / "repro_inputs.pt").exists()
     assert len(code_lines(tmp_path / "repro.py")) <= 20
     assert "OverflowError" in run_script(tmp_path / "repro.py").stderr
+
+
+def test_backward_graph_after_aot(tmp_path: Path) -> None:
+    """The backward compiler gets fake inputs: the repro's are random with their metadata."""
+    model, fast = compiled_mlp(planted.aot_backward_bug, tmp_path, repro_after="aot")
+    x = torch.randn(3, 8)
+    assert_same(fast(x), model(x))
+    text = (tmp_path / "repro.py").read_text()
+    assert "after aot backward, minified from" in text and "to 1 operations" in text
+    assert "threshold_backward.default(" in text
+    assert len(code_lines(tmp_path / "repro.py")) <= 20
