@@ -39,6 +39,7 @@ import torch.fx
 
 from ember.aotgraph import check, store
 from ember.aotgraph.aliasing import Merge, own_views
+from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -371,10 +372,10 @@ def aot_compile(
     ['aten.addmm.default', 'aten.t.default']
     ['aten.mm.default', 'aten.sum.dim_IntList', 'aten.t.default', 'aten.view.default']
     """
-    settings = Settings(
-        fw_compiler,
-        bw_compiler or fw_compiler,
-        inference_compiler or fw_compiler,
+    settings = Settings(  # a caller may watch what each compiler is handed (the minifier)
+        hooked(fw_compiler, "forward"),
+        hooked(bw_compiler or fw_compiler, "backward"),
+        hooked(inference_compiler or fw_compiler, "inference"),
         _partitioner(partition),
         decompositions,
     )

@@ -139,6 +139,8 @@ class FrameCompiler:
                 hook.skip(code, False)
         if entry_codes:
             weakref.finalize(self, _release, entry_codes)
+        # called with (frame, failure) when a frame fails to compile: compiler-api's replay record
+        self.on_failure: Callable[[Frame, Failure], None] | None = None
 
     def __call__(self, frame: Frame) -> CacheEntry | Decision:
         code = frame.code
@@ -202,6 +204,8 @@ class FrameCompiler:
         reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
         failure = Failure(cache.name, reason, e.category, location, e.hint, e.location)
         self.stats.failures.append(failure)
+        if self.on_failure is not None:
+            self.on_failure(frame, failure)
         if self.fullgraph:
             hint = f"\nhint: {e.hint}" if e.hint else ""
             raise FullGraphError(

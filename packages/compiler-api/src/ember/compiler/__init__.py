@@ -33,12 +33,16 @@ from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
 from ember.compiler.profiler import CompilationProfiler, ProfileReport
+from ember.compiler.replay_record import ReplayRecord, replay
 from ember.compiler.reporting import clear as _clear_report
 from ember.compiler.reporting import count_calls, report
+from ember.compiler.repro import AccuracyError
+from ember.compiler.repro_settings import ReproSettings
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [
+    "AccuracyError",
     "BreakReason",
     "CompilationProfiler",
     "CompileTimes",
@@ -48,6 +52,8 @@ __all__ = [
     "FullGraphError",
     "OptimizedModule",
     "ProfileReport",
+    "ReplayRecord",
+    "ReproSettings",
     "Stats",
     "allow_in_graph",
     "assume_constant_result",
@@ -62,6 +68,7 @@ __all__ = [
     "list_backends",
     "lookup_backend",
     "register_backend",
+    "replay",
     "report",
     "reset",
     "set_trace_rule",

@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import shutil
@@ -159,9 +160,6 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
     """
     from ember.aotgraph import aot_compile
 
-    def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-        return graph
-
     return aot_compile(
         gm,
         example_inputs,
@@ -170,6 +168,17 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
         inference_compiler=noting("inference", as_is),
         decompositions={},
     )
+
+
+def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+    """aot_eager's inner compiler: the aten graph runs as it is (a module-level function, so
+    that a repro script can import it).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> as_is(gm, []) is gm
+    True
+    """
+    return graph
 
 
 @register_backend(name="inductor")
@@ -201,9 +210,8 @@ def inductor(
             "in the outputs; generated kernels return plain tensors"
         )
 
-    def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-        return compile_graph(graph, inputs, options)
-
+    # a partial, not a closure: a repro script (EMBER_REPRO_AFTER=aot) can import it
+    kernels = functools.partial(compile_graph, options=options)
     # Trace with the inductor's table (a superset of aotgraph's default), so compile_graph
     # gets graphs it need not re-trace. Passed as the function: aotgraph builds the table
     # only when it traces (not on a disk-cache hit), and keys its cache on the function.

@@ -161,6 +161,7 @@ def noting(stage: str, compiler: Callable[..., Any]) -> Callable[..., Any]:
         note(stage, graph, compiled)
         return compiled
 
+    compile_noted.__wrapped__ = compiler  # type: ignore[attr-defined]  # repro scripts import it
     return compile_noted
 
 
