@@ -52,6 +52,7 @@ __all__ = [
     "Artifact",
     "LogSettings",
     "apply_environment",
+    "apply_settings",
     "environment",
     "parse",
     "set_debug_function",
@@ -152,8 +153,12 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-def _apply(settings: LogSettings) -> None:
-    """Set every ember logger's level from ``settings``; install or remove the handler."""
+def apply_settings(settings: LogSettings) -> None:
+    """Set every ember logger's level from ``settings`` (what :func:`parse` returns); install
+    the stderr handler, or remove it for the default settings.
+
+    >>> apply_settings(parse("+capture")); apply_settings(LogSettings())
+    """
     global _handler
     top = logging.getLogger("ember")
     top.setLevel(settings.levels.get("all", logging.NOTSET))
@@ -213,7 +218,7 @@ def set_logs(
         levels["guards"] = guards
         named["guards"] = guards < logging.ERROR
     set_levels = {k: v for k, v in levels.items() if v is not None}
-    _apply(LogSettings(set_levels, frozenset(k for k, on in named.items() if on)))
+    apply_settings(LogSettings(set_levels, frozenset(k for k, on in named.items() if on)))
 
 
 # ---- progress of slow compiles -------------------------------------------------------
@@ -331,6 +336,6 @@ def apply_environment() -> None:
     except ValueError as bad:
         warnings.warn(str(bad), stacklevel=2)
         settings = LogSettings()
-    _apply(settings)
+    apply_settings(settings)
     set_debug_function(env.debug_function)
     set_progress(_progress)
