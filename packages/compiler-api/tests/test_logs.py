@@ -17,10 +17,10 @@ from ember.compiler.testing import assert_same
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 # the artifacts each backend writes for a frame with a graph break, compiled twice
+_CAPTURE = {"graph_code", "bytecode", "graph_breaks", "guards", "recompiles", "perf"}
 WRITTEN = {
-    "eager": {"graph_code", "bytecode", "graph_breaks", "guards", "recompiles", "perf"},
-    "aot_eager": {"graph_code", "bytecode", "graph_breaks", "guards", "recompiles", "perf",
-                  "aot_graphs"},  # fmt: skip
+    "eager": _CAPTURE,
+    "aot_eager": _CAPTURE | {"aot_graphs"},
     "inductor": set(logs.ARTIFACTS),
 }
 
@@ -92,6 +92,12 @@ def test_each_artifact_appears_when_on(records, backend):
     assert "print" in records.text("ember.capture.graph_breaks")
     assert "test_logs.py" in records.text("ember.capture.graph_breaks")
     assert "torch.sin(x)" in records.text("ember.capture.graph_code")
+    if backend != "eager":
+        aot = records.text("ember.aotgraph.aot_graphs")
+        assert "forward graph:" in aot and "backward graph:" in aot and "aten.sin" in aot
+    if backend == "inductor":
+        assert 'extern "C" void kernel0(' in records.text("ember.inductor.output_code")
+        assert "SIN(" in records.text("ember.inductor.schedule")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
