@@ -35,6 +35,8 @@ from ember.compiler.logs import set_logs
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
 from ember.compiler.profiler import CompilationProfiler, ProfileReport
+from ember.compiler.reporting import clear as _clear_report
+from ember.compiler.reporting import count_calls, report
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
@@ -53,6 +55,7 @@ __all__ = [
     "assume_constant_result",
     "compile",
     "compile_times",
+    "count_calls",
     "disable",
     "disallow_in_graph",
     "explain",
@@ -61,6 +64,7 @@ __all__ = [
     "list_backends",
     "lookup_backend",
     "register_backend",
+    "report",
     "reset",
     "set_logs",
     "set_trace_rule",
@@ -71,9 +75,10 @@ _apply_log_environment()  # EMBER_LOGS, EMBER_DEBUG_FUNCTION, EMBER_PROGRESS
 
 def reset() -> None:
     """Forget every compiled translation, guard cache and skip decision, and the
-    times :func:`compile_times` reports.
+    times :func:`compile_times` reports and the callables :func:`report` shows.
 
     >>> reset()
     """
     _reset()
     _clear_times()
+    _clear_report()

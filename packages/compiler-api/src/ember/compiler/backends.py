@@ -25,6 +25,8 @@ from typing import Any, overload
 
 import torch
 
+from ember.compiler.reporting import noting
+
 Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
 ENTRY_POINT_GROUP = "ember.backends"
@@ -160,7 +162,14 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
     def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
         return graph
 
-    return aot_compile(gm, example_inputs, fw_compiler=as_is, bw_compiler=as_is, decompositions={})
+    return aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=noting("forward", as_is),  # noted: the compile report shows the graphs
+        bw_compiler=noting("backward", as_is),
+        inference_compiler=noting("inference", as_is),
+        decompositions={},
+    )
 
 
 @register_backend(name="inductor")
@@ -201,9 +210,9 @@ def inductor(
     return aot_compile(
         gm,
         example_inputs,
-        fw_compiler=kernels,
-        bw_compiler=kernels,
-        inference_compiler=kernels,
+        fw_compiler=noting("forward", kernels),  # noted: the compile report shows the code
+        bw_compiler=noting("backward", kernels),
+        inference_compiler=noting("inference", kernels),
         decompositions=decompositions,
     )
 

@@ -13,6 +13,7 @@ import torch
 
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
+from ember.compiler import reporting
 from ember.compiler.backends import Backend, backend_name, lookup_backend
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
@@ -309,16 +310,18 @@ def compile(
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
     fn, name = _configured(backend, mode, options)
-    fn = timed_backend(fn)  # its time shows in compile_times()
+    observer = reporting.observe(timed_backend(fn))  # compile_times() and the report see it
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
-        compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
-        return OptimizedModule(model, compiler)
+        compiler = make(observer, name, fullgraph=fullgraph, entry_codes=entry)
+        return OptimizedModule(model, reporting.watch(type(model).__name__, name, compiler))
     if not callable(model):
         raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
     target = getattr(model, "__func__", model)
     entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
-    return CompiledFunction(model, make(fn, name, fullgraph=fullgraph, entry_codes=entry))
+    compiler = make(observer, name, fullgraph=fullgraph, entry_codes=entry)
+    label = getattr(model, "__qualname__", type(model).__name__)
+    return CompiledFunction(model, reporting.watch(label, name, compiler))
