@@ -30,6 +30,8 @@ from ember.capture.markers import (
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
+from ember.compiler.logs import apply_environment as _apply_log_environment
+from ember.compiler.logs import set_logs
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
 from ember.compiler.profiler import CompilationProfiler, ProfileReport
@@ -71,8 +73,11 @@ __all__ = [
     "replay",
     "report",
     "reset",
+    "set_logs",
     "set_trace_rule",
 ]
+
+_apply_log_environment()  # EMBER_LOGS, EMBER_DEBUG_FUNCTION, EMBER_PROGRESS
 
 
 def reset() -> None:

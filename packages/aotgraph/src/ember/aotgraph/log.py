@@ -1,0 +1,73 @@
+"""Logging of ember.aotgraph: its logger and its artifact channels.
+
+Standard :mod:`logging`: facts go to the logger ``ember.aotgraph``; each artifact (a piece of
+text a person reads on its own) goes to the child logger ``ember.aotgraph.<name>``, at DEBUG.
+Artifacts of this package:
+``aot_graphs`` (the forward, backward or inference graph handed to the caller's
+compilers).
+``ember.compiler.set_logs`` (or ``EMBER_LOGS``) turns them on; this module never imports
+compiler-api. An artifact's text is built only when its channel is on.
+
+>>> artifact("aot_graphs", lambda: "def forward(self, primals_1): ...")  # off: not called
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+__all__ = ["LOG", "artifact", "current_graph", "enabled", "graph"]
+
+#: The package's logger (facts: what was compiled, what ran eagerly and why).
+LOG = logging.getLogger("ember.aotgraph")
+
+
+def enabled(name: str) -> bool:
+    """Whether artifact ``name`` of this package would be logged now.
+
+    >>> enabled("no_such_artifact")
+    False
+    """
+    return logging.getLogger(f"ember.aotgraph.{name}").isEnabledFor(logging.DEBUG)
+
+
+def artifact(name: str, text_fn: Callable[[], str]) -> None:
+    """Log ``text_fn()`` on channel ``ember.aotgraph.<name>`` if it is on; else do nothing
+    (``text_fn`` is not called: no formatting cost when off).
+
+    >>> artifact("no_such_artifact", lambda: 1 / 0)  # off: never called
+    """
+    logger = logging.getLogger(f"ember.aotgraph.{name}")
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s", text_fn())
+
+
+_current: list[tuple[int, int, str]] = []  # the graphs being compiled now, innermost last
+
+
+@contextlib.contextmanager
+def graph(n: int, of: int, what: str) -> Iterator[None]:
+    """The block compiles graph ``n`` of ``of`` (``what``: forward, backward, inference);
+    logged on ``ember.aotgraph`` at DEBUG, and shown by ember.compiler's progress lines.
+
+    >>> with graph(1, 2, "forward"):
+    ...     current_graph()
+    (1, 2, 'forward')
+    """
+    entry = (n, of, what)
+    LOG.debug("compiling graph %d of %d (%s)", n, of, what)
+    _current.append(entry)
+    try:
+        yield
+    finally:
+        _current.remove(entry)
+
+
+def current_graph() -> tuple[int, int, str] | None:
+    """``(n, of, what)`` of the graph being compiled now, or None.
+
+    >>> current_graph() is None
+    True
+    """
+    return _current[-1] if _current else None
