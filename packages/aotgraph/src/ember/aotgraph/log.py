@@ -16,31 +16,45 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-__all__ = ["LOG", "artifact", "current_graph", "enabled", "graph"]
+__all__ = ["LOG", "Channels", "artifact", "current_graph", "enabled", "graph"]
 
+
+@dataclass(frozen=True)
+class Channels:
+    """One package's logger ``ember.<pkg>`` (facts) and its artifact channels, the child
+    loggers ``ember.<pkg>.<name>`` (a text a person reads on its own, at DEBUG).
+
+    >>> ch = Channels("ember.example")
+    >>> ch.enabled("graph_code"), ch.log.name
+    (False, 'ember.example')
+    >>> ch.artifact("graph_code", lambda: 1 / 0)  # off: never called
+    """
+
+    package: str
+
+    @property
+    def log(self) -> logging.Logger:
+        return logging.getLogger(self.package)
+
+    def enabled(self, name: str) -> bool:
+        """Whether artifact ``name`` would be logged now."""
+        return logging.getLogger(f"{self.package}.{name}").isEnabledFor(logging.DEBUG)
+
+    def artifact(self, name: str, text_fn: Callable[[], str]) -> None:
+        """Log ``text_fn()`` on channel ``<pkg>.<name>`` if it is on; else do nothing
+        (``text_fn`` is not called: no formatting cost when off)."""
+        logger = logging.getLogger(f"{self.package}.{name}")
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s", text_fn())
+
+
+_CHANNELS = Channels("ember.aotgraph")
 #: The package's logger (facts: what was compiled, what ran eagerly and why).
-LOG = logging.getLogger("ember.aotgraph")
-
-
-def enabled(name: str) -> bool:
-    """Whether artifact ``name`` of this package would be logged now.
-
-    >>> enabled("no_such_artifact")
-    False
-    """
-    return logging.getLogger(f"ember.aotgraph.{name}").isEnabledFor(logging.DEBUG)
-
-
-def artifact(name: str, text_fn: Callable[[], str]) -> None:
-    """Log ``text_fn()`` on channel ``ember.aotgraph.<name>`` if it is on; else do nothing
-    (``text_fn`` is not called: no formatting cost when off).
-
-    >>> artifact("no_such_artifact", lambda: 1 / 0)  # off: never called
-    """
-    logger = logging.getLogger(f"ember.aotgraph.{name}")
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("%s", text_fn())
+LOG = _CHANNELS.log
+enabled = _CHANNELS.enabled  # whether an artifact of this package is on
+artifact = _CHANNELS.artifact  # log an artifact's text, built only when it is on
 
 
 _current: list[tuple[int, int, str]] = []  # the graphs being compiled now, innermost last

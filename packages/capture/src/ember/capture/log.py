@@ -15,34 +15,18 @@ compiler-api. An artifact's text is built only when its channel is on.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
+from ember.guards.log import Channels
+
 __all__ = ["LOG", "artifact", "compiling", "enabled", "set_compile_watcher", "set_debug_function"]
 
+_CHANNELS = Channels("ember.capture")
 #: The package's logger (facts: what was compiled, what ran eagerly and why).
-LOG = logging.getLogger("ember.capture")
-
-
-def enabled(name: str) -> bool:
-    """Whether artifact ``name`` of this package would be logged now.
-
-    >>> enabled("no_such_artifact")
-    False
-    """
-    return logging.getLogger(f"ember.capture.{name}").isEnabledFor(logging.DEBUG)
-
-
-def artifact(name: str, text_fn: Callable[[], str]) -> None:
-    """Log ``text_fn()`` on channel ``ember.capture.<name>`` if it is on; else do nothing
-    (``text_fn`` is not called: no formatting cost when off).
-
-    >>> artifact("no_such_artifact", lambda: 1 / 0)  # off: never called
-    """
-    logger = logging.getLogger(f"ember.capture.{name}")
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("%s", text_fn())
+LOG = _CHANNELS.log
+enabled = _CHANNELS.enabled  # whether an artifact of this package is on
+artifact = _CHANNELS.artifact  # log an artifact's text, built only when it is on
 
 
 # Only frames of functions with this name are compiled (None: all). ember.compiler sets

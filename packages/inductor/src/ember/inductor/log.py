@@ -13,30 +13,12 @@ compiler-api. An artifact's text is built only when its channel is on.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from ember.aotgraph.log import Channels
 
 __all__ = ["LOG", "artifact", "enabled"]
 
+_CHANNELS = Channels("ember.inductor")
 #: The package's logger (facts: what was compiled, what ran eagerly and why).
-LOG = logging.getLogger("ember.inductor")
-
-
-def enabled(name: str) -> bool:
-    """Whether artifact ``name`` of this package would be logged now.
-
-    >>> enabled("no_such_artifact")
-    False
-    """
-    return logging.getLogger(f"ember.inductor.{name}").isEnabledFor(logging.DEBUG)
-
-
-def artifact(name: str, text_fn: Callable[[], str]) -> None:
-    """Log ``text_fn()`` on channel ``ember.inductor.<name>`` if it is on; else do nothing
-    (``text_fn`` is not called: no formatting cost when off).
-
-    >>> artifact("no_such_artifact", lambda: 1 / 0)  # off: never called
-    """
-    logger = logging.getLogger(f"ember.inductor.{name}")
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("%s", text_fn())
+LOG = _CHANNELS.log
+enabled = _CHANNELS.enabled  # whether an artifact of this package is on
+artifact = _CHANNELS.artifact  # log an artifact's text, built only when it is on
