@@ -51,7 +51,6 @@ checks run in a small C extension when it is built (:data:`NATIVE`).
 
 from ember.guards._accel import NATIVE, TENSOR_MATCH_CXX
 from ember.guards.cache import (
-    DEFAULT_CACHE_SIZE_LIMIT,
     CacheEntry,
     CacheLimitWarning,
     CodeCache,
@@ -121,7 +120,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BUFFERS",
-    "DEFAULT_CACHE_SIZE_LIMIT",
     "KINDS",
     "MODULES",
     "NATIVE",

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import json
 import operator
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import cache, graph_cache, timing
+from ember.inductor import cache, graph_cache, settings, timing
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.eager_kernels import unless_lacking
@@ -207,9 +206,10 @@ def _output_metas(gm: torch.fx.GraphModule) -> list[Any]:
 
 
 def _trace_dir() -> Path | None:
-    if os.environ.get("EMBER_INDUCTOR_TRACE", "0") in ("", "0"):
+    now = settings.section.get()
+    if not now.trace:
         return None
-    root = Path(os.environ.get("EMBER_INDUCTOR_TRACE_DIR", "ember_inductor_trace"))
+    root = Path(now.trace_dir)
     for n in itertools.count():
         path = root / f"graph{n:03d}"
         try:
@@ -355,7 +355,10 @@ def compile_graph(
     >>> compiled = compile_graph(make_fx(f)(x), [x])
     >>> torch.testing.assert_close(compiled(x), f(x))
     """
-    opts = options or {}
+    now = settings.section.get()  # the settings, under this graph's backend options
+    opts = {"graph_cache": now.graph_cache, "fallback_random": now.fallback_random} | (
+        options or {}
+    )
     compile_options = _compile_options(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
@@ -431,10 +434,7 @@ def subclass_input(example_inputs: Sequence[Any]) -> type | None:
 
 
 def _compile_options(opts: dict[str, Any]) -> cache.CompileOptions:
-    return cache.CompileOptions(
-        cxx=opts.get("cxx", cache.CompileOptions().cxx),
-        cflags=tuple(opts.get("cflags", cache.DEFAULT_CFLAGS)),
-    )
+    return cache.CompileOptions.resolve(opts)
 
 
 def _graph_key(
