@@ -113,7 +113,7 @@ class Section(Generic[S]):
                 f"{self.name}.{name} must be a {kind.__name__}, "
                 f"not {type(value).__name__} ({value!r})"
             )
-        if kind is tuple and not all(isinstance(v, str) for v in value):
+        if isinstance(value, tuple) and not all(isinstance(v, str) for v in value):
             raise TypeError(f"{self.name}.{name} must hold strings, not {value!r}")
         floor = f.metadata.get("minimum")
         if floor is not None and value < floor:

@@ -19,7 +19,13 @@ A backend is any callable with the ``torch.compile`` custom-backend contract,
 """
 
 from ember.capture.calls import allow_in_graph, disallow_in_graph
-from ember.capture.frame_compiler import Failure, FullGraphError, Stats
+from ember.capture.frame_compiler import (
+    Failure,
+    FallbackWarning,
+    FullGraphError,
+    InternalError,
+    Stats,
+)
 from ember.capture.frame_compiler import reset as _reset
 from ember.capture.markers import (
     assume_constant_result,
@@ -29,10 +35,12 @@ from ember.capture.markers import (
 )
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
+from ember.compiler.configuration import Config, config
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
 from ember.compiler.profiler import CompilationProfiler, ProfileReport
+from ember.compiler.stances import RecompileError, get_stance, set_stance
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
@@ -41,27 +49,41 @@ __all__ = [
     "CompilationProfiler",
     "CompileTimes",
     "CompiledFunction",
+    "Config",
     "ExplainOutput",
     "Failure",
+    "FallbackWarning",
     "FullGraphError",
+    "InternalError",
     "OptimizedModule",
     "ProfileReport",
+    "RecompileError",
     "Stats",
     "allow_in_graph",
     "assume_constant_result",
     "compile",
     "compile_times",
+    "config",
     "disable",
     "disallow_in_graph",
     "explain",
+    "get_stance",
     "graph_break",
     "is_compiling",
     "list_backends",
+    "list_mode_options",
+    "list_options",
     "lookup_backend",
     "register_backend",
     "reset",
+    "set_stance",
     "set_trace_rule",
 ]
+
+#: ``config.list_options``: every setting as ``"section.name"``, with its value now.
+list_options = config.list_options
+#: ``config.list_mode_options``: what ``compile(mode=...)`` sets.
+list_mode_options = config.list_mode_options
 
 
 def reset() -> None:
