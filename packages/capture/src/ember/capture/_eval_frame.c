@@ -503,19 +503,15 @@ set_callback(PyObject *mod, PyObject *callback)
     return old == NULL ? Py_NewRef(Py_None) : old;
 }
 
-/* The "force_eager" stance (ember.capture.stance): compiled callables call their function
- * with the hook off, serving no cache entry and compiling nothing. One int read per call,
- * written under the GIL: every thread's next call sees a switch. */
+/* The "force_eager" stance (ember.capture.stance): compiled calls run with the hook off.
+ * One int, read per call and written under the GIL: each thread's next call sees it. */
 static int force_eager = 0;
-
 static PyObject *
 set_force_eager(PyObject *mod, PyObject *flag)
 {
-    int on = PyObject_IsTrue(flag);
-    if (on < 0) return NULL;
-    int previous = force_eager;
-    force_eager = on;
-    return PyBool_FromLong(previous);
+    int on = PyObject_IsTrue(flag), previous = force_eager;
+    force_eager = on < 0 ? force_eager : on;
+    return on < 0 ? NULL : PyBool_FromLong(previous);
 }
 
 /* call_with_callback(callback, var, value, fn, *args, **kwargs): fn(*args, **kwargs)
@@ -741,8 +737,7 @@ static PyMethodDef methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "call_with_callback(callback, var, value, fn, *args, **kwargs): fn(*args, **kwargs) with "
      "callback set on this thread and context variable var set to value."},
-    {"set_force_eager", set_force_eager, METH_O,
-     "set_force_eager(flag) -> previous: compiled callables run with the hook off."},
+    {"set_force_eager", set_force_eager, METH_O, "set_force_eager(flag) -> previous flag"},
     {"call_unhooked", (PyCFunction)(void (*)(void))call_unhooked, METH_FASTCALL,
      "call_unhooked(fn, *args): fn(*args) with no frame intercepted on this thread."},
     {"set_callback", set_callback, METH_O,

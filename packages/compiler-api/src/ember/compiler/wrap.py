@@ -390,8 +390,7 @@ def compile(
     fn, name = timed_backend(made.backend), made.name  # its time shows in compile_times()
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
-    settings = made.settings
-    scope = functools.partial(config.patch, settings) if settings else None
+    scope = functools.partial(config.patch, made.settings) if made.settings else None
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
