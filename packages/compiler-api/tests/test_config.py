@@ -298,3 +298,11 @@ def test_a_mode_without_effect_says_so_once() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ember.compiler.compile(scale, backend="eager", mode="max-autotune")
+
+
+def test_the_docs_table_lists_every_setting_and_variable() -> None:
+    doc = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
+    for section_name, section in config.sections.items():
+        for name, f in section.fields.items():
+            assert f"`{section_name}.{name}`" in doc, name
+            assert not f.metadata["env"] or f"`{f.metadata['env']}`" in doc, name

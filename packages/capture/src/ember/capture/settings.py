@@ -28,7 +28,7 @@ class CaptureSettings:
     )
     verbose: bool = setting(
         False,
-        "warn (EmberFallbackWarning) each time a frame runs eagerly, with its reason and"
+        "warn (ember.compiler.FallbackWarning) each time a frame runs eagerly, with its reason and"
         " place, and the whole traceback of an internal error",
         env="EMBER_VERBOSE",
     )
