@@ -306,3 +306,36 @@ def test_the_docs_table_lists_every_setting_and_variable() -> None:
         for name, f in section.fields.items():
             assert f"`{section_name}.{name}`" in doc, name
             assert not f.metadata["env"] or f"`{f.metadata['env']}`" in doc, name
+
+
+def column_sums(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).sum(0) + 1  # a column kernel: its tile width is one of the choices
+
+
+def test_max_autotune_times_choices_keeps_the_fastest_and_remembers_it(tmp_path: Path) -> None:
+    x = torch.randn(64, 40)
+    settings = {"aotgraph.cache_dir": str(tmp_path / "cache"), "inductor.trace": True}
+    for run in ("timed", "remembered"):
+        ember.compiler.reset()
+        trace = tmp_path / run
+        with config.patch(settings, trace_dir=str(trace)):
+            compiled = ember.compiler.compile(
+                column_sums, mode="max-autotune", options={"graph_cache": False}
+            )
+            assert_same(compiled(x), column_sums(x))
+        (record,) = [p.read_text() for p in trace.glob("*/07_autotune.txt")]
+        assert ("cached=True" in record) == (run == "remembered"), record
+        assert "tile=8" in record and "tile=32" in record  # every choice was timed
+    assert len(list((tmp_path / "cache" / "inductor" / "autotune").glob("*.json"))) == 1
+
+
+def test_max_autotune_leaves_graphs_with_integer_inputs_untimed(tmp_path: Path) -> None:
+    def gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return table[index].sum(0) * 2
+
+    table, index = torch.randn(10, 40), torch.tensor([3, 7, 9])
+    with config.patch({"inductor.trace": True, "inductor.trace_dir": str(tmp_path)}):
+        compiled = ember.compiler.compile(gather, mode="max-autotune")
+        assert_same(compiled(table, index), gather(table, index))
+    records = [p.read_text() for p in tmp_path.glob("*/07_autotune.txt")]
+    assert records and all("integer input" in r for r in records)
