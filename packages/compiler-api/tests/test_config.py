@@ -261,7 +261,7 @@ def test_extra_cflags_reach_the_compiler() -> None:
     x = torch.randn(16)
     bad = {"inductor.extra_cflags": ["-fno-such-ember-flag"], "inductor.graph_cache": False}
     compiled = ember.compiler.compile(scale, options=bad)
-    with pytest.warns(UserWarning, match=r"C\\+\\+ build failed.*no-such-ember-flag"):
+    with pytest.warns(UserWarning, match=r"C\+\+ build failed.*no-such-ember-flag"):
         assert_same(compiled(x), scale(x))  # the build fails: that graph runs eagerly
 
 
@@ -339,3 +339,21 @@ def test_max_autotune_leaves_graphs_with_integer_inputs_untimed(tmp_path: Path) 
         assert_same(compiled(table, index), gather(table, index))
     records = [p.read_text() for p in tmp_path.glob("*/07_autotune.txt")]
     assert records and all("integer input" in r for r in records)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reduce_overhead_says_once_why_it_does_nothing_here(backend: str) -> None:
+    from ember.compiler import wrap
+
+    wrap._warned_modes.clear()
+    with pytest.warns(UserWarning, match=r"'reduce-overhead' has no effect.*CUDA graphs"):
+        compiled = ember.compiler.compile(scale, backend=backend, mode="reduce-overhead")
+    x = torch.randn(5)
+    assert_same(compiled(x), scale(x))
+    assert ember.compiler.list_mode_options("reduce-overhead") == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ember.compiler.compile(scale, backend=backend, mode="reduce-overhead")
+        with config.patch({"debug.warn_modes": False}):
+            wrap._warned_modes.clear()
+            ember.compiler.compile(scale, backend=backend, mode="reduce-overhead")

@@ -94,12 +94,17 @@ def _configured(
     return Configured(fn, name, settings)
 
 
-# The backends a mode changes something for (by its settings), and what it does not do here.
+# The backends a mode changes something for (by its settings), and why it does nothing for
+# the others. reduce-overhead means CUDA graphs (none without a GPU, and ember has none);
+# on CPU ember's per-call path (the C hook, one compiled guard check, the replacement
+# function) has no costlier default that a mode could switch off, so it changes nothing.
 _MODE_REACH: dict[str, tuple[frozenset[str], str]] = {
     "default": (frozenset({"eager", "aot_eager", "inductor"}), ""),
     "reduce-overhead": (
-        frozenset({"eager", "aot_eager", "inductor"}),
-        "there are no CUDA graphs on CPU",
+        frozenset(),
+        "it means CUDA graphs, which ember does not make (and which need a GPU); on CPU"
+        " ember's per-call path (the C hook, one compiled guard check, the replacement"
+        " function) has no costlier default for a mode to switch off",
     ),
     "max-autotune": (frozenset({"inductor"}), "it tunes inductor's generated kernels"),
     "max-autotune-no-cudagraphs": (frozenset({"inductor"}), "it tunes inductor's kernels"),
@@ -108,20 +113,16 @@ _warned_modes: set[tuple[str, str]] = set()
 
 
 def _warn_mode_once(mode: str, backend: str) -> None:
-    """Say once per (mode, backend) what the mode cannot do here (``debug.warn_modes``)."""
+    """Say once per (mode, backend) that the mode does nothing here, and why
+    (``debug.warn_modes=False`` silences it)."""
     reach, why = _MODE_REACH[mode]
     base = backend.split("[", 1)[0]
-    if (mode, base) in _warned_modes or not config.debug.warn_modes:
-        return
     if base not in _MODE_REACH["default"][0]:
         return  # a user's backend gets options["mode"] and may act on it
-    if base not in reach:
-        message = f"mode {mode!r} has no effect with backend {base!r}: {why}"
-    elif why and mode == "reduce-overhead" and not torch.cuda.is_available():
-        message = f"mode {mode!r}: {why}; it cuts ember's own per-call work instead"
-    else:
+    if base in reach or (mode, base) in _warned_modes or not config.debug.warn_modes:
         return
     _warned_modes.add((mode, base))
+    message = f"mode {mode!r} has no effect with backend {base!r}: {why}"
     warnings.warn(message, UserWarning, stacklevel=4)
 
 
