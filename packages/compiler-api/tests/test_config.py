@@ -103,10 +103,18 @@ def test_errors_name_the_bad_key_and_list_the_valid_ones() -> None:
         ember.compiler.compile(scale, backend="eager", options={"capture.verbose": 1})
 
 
-def test_the_module_constant_is_gone_and_the_setting_rules() -> None:
-    assert not hasattr(ember.guards, "DEFAULT_CACHE_SIZE_LIMIT")
-    config.guards.cache_size_limit = 3
-    assert ember.guards.CodeCache("f").limit == 3
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_module_constant_is_a_view_of_the_setting(backend: str) -> None:
+    assert ember.guards.DEFAULT_CACHE_SIZE_LIMIT == 8
+    ember.guards.DEFAULT_CACHE_SIZE_LIMIT = 3  # the issue: this used to still allow 8
+    assert config.guards.cache_size_limit == 3 == ember.guards.CodeCache("f").limit
+    compiled = ember.compiler.compile(scale, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ember.guards.CacheLimitWarning)
+        shapes(compiled, 5)
+    assert compiled.stats.graphs == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        ember.guards.DEFAULT_CACHE_SIZE_LIMIT = 0
 
 
 def test_patch_is_local_to_its_thread() -> None:

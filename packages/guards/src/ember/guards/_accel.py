@@ -174,7 +174,7 @@ def _load_cxx() -> Any:
     if settings.section.get().pure_python or settings.section.get().no_cxx:
         return None
     try:
-        from ember.guards import _tensor_match  # type: ignore[attr-defined]
+        from ember.guards import _tensor_match
     except ImportError:
         return None
     return _tensor_match
