@@ -2,6 +2,7 @@
 ``ember.guards.settings.Section`` (aotgraph does not depend on ember.guards; keep the two
 in step). See that module for the rules: defaults < environment < set() < patch().
 
+>>> from dataclasses import dataclass
 >>> @dataclass(frozen=True)
 ... class Demo:
 ...     on: bool = setting(False, "switch it on", env="DEMO_ON")
@@ -32,6 +33,7 @@ _NOTHING: Mapping[str, Any] = types.MappingProxyType({})
 def setting(default: Any, doc: str, env: str = "", minimum: int | None = None) -> Any:
     """A settings field: its default, its meaning, its environment variable, its floor.
 
+    >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True)
     ... class Demo:
     ...     level: int = setting(1, "how much", env="DEMO_LEVEL", minimum=0)
@@ -61,6 +63,7 @@ class Section(Generic[S]):
     keep their own values, and patches nest, the innermost winning, each restoring on exit
     exactly what it replaced.
 
+    >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True)
     ... class Demo:
     ...     on: bool = setting(False, "switch it on")
