@@ -365,3 +365,13 @@ def test_reduce_overhead_says_once_why_it_does_nothing_here(backend: str) -> Non
         with config.patch({"debug.warn_modes": False}):
             wrap._warned_modes.clear()
             ember.compiler.compile(scale, backend=backend, mode="reduce-overhead")
+
+
+def test_max_autotune_times_a_graph_whose_input_overlaps_itself(tmp_path: Path) -> None:
+    x = torch.randn(1, 40).expand(64, 40)  # stride 0: random inputs must overlap the same way
+    settings = {"aotgraph.cache_dir": str(tmp_path / "c"), "inductor.trace": True}
+    with config.patch(settings, trace_dir=str(tmp_path / "t")):
+        compiled = ember.compiler.compile(column_sums, mode="max-autotune")
+        assert_same(compiled(x), column_sums(x))
+    records = [p.read_text() for p in (tmp_path / "t").glob("*/07_autotune.txt")]
+    assert records and all("why_not=''" in r and "trials=((" in r for r in records), records

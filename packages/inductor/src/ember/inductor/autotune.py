@@ -71,7 +71,19 @@ def choose(
     path = cache_root() / "inductor" / "autotune" / f"{_key(default, inputs)}.json"
     if (stored := _load(path)) is not None:
         return stored
-    real = [_random_like(t) for t in inputs]
+    try:
+        return _timed(path, default, sources, [_random_like(t) for t in inputs], prepare)
+    except Exception as e:  # a trial that fails must not fail the graph: keep the defaults
+        return Choice(Knobs(), (), why_not=f"timing failed: {type(e).__name__}: {e}")
+
+
+def _timed(
+    path: Any,
+    default: str,
+    sources: Callable[[Knobs], str],
+    real: list[Any],
+    prepare: Callable[[str, list[Any]], Callable[[], Any]],
+) -> Choice:
     source_of = {knobs: default if knobs == Knobs() else sources(knobs) for knobs in CANDIDATES}
     calls = {src: prepare(src, real) for src in dict.fromkeys(source_of.values())}
     timed = dict.fromkeys(calls, float("inf"))  # choices that make the same code share it
@@ -95,10 +107,13 @@ def _key(source: str, inputs: Sequence[Any]) -> str:
 
 
 def _random_like(t: Any) -> Any:
+    """Random values with ``t``'s shape, strides (overlapping ones included) and dtype."""
     if not isinstance(t, torch.Tensor):
         return t
-    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
-    return out.zero_() if t.dtype is torch.bool else out.normal_()
+    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    size = size if all(n > 0 for n in t.shape) else 0
+    base = torch.zeros(size, dtype=t.dtype) if t.dtype is torch.bool else torch.randn(size)
+    return base.to(t.dtype).as_strided(tuple(t.shape), tuple(t.stride()))
 
 
 def _load(path: Any) -> Choice | None:
