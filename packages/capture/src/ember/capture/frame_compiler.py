@@ -66,11 +66,31 @@ class FullGraphError(RuntimeError):
 class InternalError(RuntimeError):
     """An error inside ember or a backend while compiling a frame, raised (naming the
     user's frame) because the ``suppress_errors`` setting is False; the original error is
-    its ``__cause__``."""
+    its ``__cause__``.
+
+    >>> import torch, ember.compiler
+    >>> def refuses(gm, inputs):
+    ...     raise ValueError("no")
+    >>> with ember.compiler.config.patch({"capture.suppress_errors": False}):
+    ...     ember.compiler.compile(lambda x: x.cos(), backend=refuses)(torch.ones(1))
+    Traceback (most recent call last):
+    ember.capture.frame_compiler.InternalError: backend ... failed: ValueError: no
+    ...
+    """
 
 
 class FallbackWarning(UserWarning):
-    """A frame ran eagerly (warned only under the ``verbose`` setting): reason and place."""
+    """A frame ran eagerly (warned only under the ``verbose`` setting): reason and place.
+
+    >>> import warnings, torch, ember.compiler
+    >>> def refuses(gm, inputs):
+    ...     raise ValueError("no")
+    >>> with ember.compiler.config.patch(verbose=True), warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     _ = ember.compiler.compile(lambda x: x.cos(), backend=refuses)(torch.ones(1))
+    >>> w[0].category.__name__, "runs eagerly" in str(w[0].message)
+    ('FallbackWarning', True)
+    """
 
 
 @dataclass(frozen=True, slots=True)
