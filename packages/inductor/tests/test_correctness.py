@@ -335,3 +335,26 @@ def test_select_over_stride_two_input(rows: int, cols: int) -> None:
     for _ in range(3):  # new values each time: the wrong lanes depend on the data
         _assert_exact(_compiled(_relu_backward, a, t)(a, t), _relu_backward(a, t))
         a, t = torch.randn(rows, 2 * cols)[:, ::2], torch.randn(rows, cols)
+
+
+# -- outputs keep eager's strides ---------------------------------------------------------------
+
+WINDOWS: dict[str, Callable[..., Any]] = {
+    "narrow": lambda a, c: (a + c).narrow(-1, 1, 2),
+    "every-other-column": lambda a, c: (a * c)[:, ::2],
+    "transposed-window": lambda a, c: (a - c).t()[1:],
+    "expanded-is-compact": lambda a, c: (a.sum(0) + c).expand(4, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_an_output_window_of_an_intermediate_keeps_eagers_strides(name: str) -> None:
+    """Eager returns ``(a + c).narrow(-1, 1, 2)`` as a window of the sum, strides ``(3, 1)``;
+    the kernels wrote it compactly, ``(2, 1)`` (was: ``.stride()`` and ``.view()`` differed).
+    An expanded output has no such layout to keep: eager's strides hold zeros."""
+    fn = WINDOWS[name]
+    a, c = torch.randn(4, 3), torch.randn(3)
+    got, want = _compiled(fn, a, c)(a, c), fn(a, c)
+    _assert_exact(got, want)
+    if name != "expanded-is-compact":
+        assert got.stride() == want.stride()

@@ -344,14 +344,16 @@ class Lowerer:
         heavy = len(body) > 8 or any(e.op in HEAVY for e in body)
         shared = len(node.users) > 1 and heavy  # recompute cheap values, store costly ones
         if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
-            self.values[node] = self.realized(value, _dense_strides(node.meta.get("val")))
+            returned = any(u.op == "output" for u in node.users)  # eager's strides, gaps too
+            strides = _output_strides if returned else _dense_strides
+            self.values[node] = self.realized(value, strides(node.meta.get("val")))
 
     def _output(self, arg: Any) -> Any:
         if not isinstance(arg, torch.fx.Node):
             return arg
         value = self.values[arg]
         if isinstance(value, Value):
-            return self.realize(value, _dense_strides(arg.meta.get("val")))
+            return self.realize(value, _output_strides(arg.meta.get("val")))
         return value
 
     def extern(self, node: torch.fx.Node, args: Any, kwargs: Any, target: Any = None) -> Any:
@@ -452,6 +454,25 @@ DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.bool}
     | {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
 )
+
+
+def _output_strides(meta: Any) -> tuple[int, ...] | None:
+    """Eager's strides for an output like ``meta``: its own when no two elements share
+    memory, gaps allowed (``(b + c).narrow(-1, 1, 2)`` is a window of a wider tensor in
+    eager, strides ``(3, 1)``: a buffer laid out so keeps them); else None (compact).
+
+    >>> _output_strides(torch.empty(4, 3).narrow(-1, 1, 2)), _output_strides(torch.empty(3).expand(2, 3))
+    ((3, 1), None)
+    """
+    if not isinstance(meta, torch.Tensor) or meta.numel() == 0:
+        return None
+    dims = sorted((st, n) for n, st in zip(meta.shape, meta.stride(), strict=True) if n > 1)
+    span = 0  # the farthest element the dimensions so far reach (sufficient, not exact)
+    for stride, n in dims:
+        if stride <= span:
+            return None  # may overlap (an expanded dimension): no such layout to keep
+        span += (n - 1) * stride
+    return tuple(meta.stride())
 
 
 def _dense_strides(meta: Any) -> tuple[int, ...] | None:
