@@ -230,3 +230,64 @@ def test_an_input_and_a_view_of_it_each_get_their_own_gradient(backend: str) -> 
         f(b, b[:, 3:]).double().sum().backward()
         results.append(leaf.grad)
     assert_same(results[1], results[0])
+
+
+# --- gradient-fuzzer gates (issue 16): arguments that are views of one another -----------
+
+
+def with_row(fn_leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The fuzzer's "row" aliasing: ``c`` is a row of ``a``; a and b are non-leaf copies."""
+    a, b = fn_leaves[0] * 1, fn_leaves[1] * 1
+    return [a, b, a[1]]
+
+
+def backward_of(fn: Callable[..., Any], args: list[torch.Tensor]) -> tuple[Any, ...]:
+    """The call's outcome (the error type where it raises), its outputs, and the outcome of
+    differentiating the sum of its outputs that require grad."""
+    kind, value = outcome(fn, *args)
+    if kind == "raise":
+        return (value[0],)
+    outs = [value] if isinstance(value, torch.Tensor) else list(value)
+    total = [o.sum() for o in outs if o.requires_grad]
+    done = outcome(lambda: torch.stack(total).sum().backward()) if total else ("none", None)
+    return kind, [o.detach().clone() for o in outs], done[1][0] if done[0] == "raise" else None
+
+
+def compare_backward(fn: Callable[..., Any], backend: str, args_of: Any = with_row) -> None:
+    """Call ``fn`` eagerly and compiled on ``args_of(leaves)``, differentiate the sum of its
+    float outputs: the same outputs, exception types (call, backward) and leaf gradients."""
+    seen = []
+    for f in (fn, ember.compiler.compile(fn, backend=backend)):
+        fn_leaves = leaves()
+        result = backward_of(f, args_of(fn_leaves))
+        grads = [None if t.grad is None else t.grad.clone() for t in fn_leaves]
+        seen.append((result, grads))
+    (got, grads), (want, want_grads) = seen
+    assert (got[0], got[2:]) == (want[0], want[2:])
+    if len(want) > 1:
+        assert_same(got[1], want[1])
+    assert [g is None for g in grads] == [g is None for g in want_grads]
+    assert_same([g for g in grads if g is not None], [g for g in want_grads if g is not None])
+
+
+def view_of_the_wider_input(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = c * 2  # c (a row of a) is an input of the graph too
+    del v2
+    return a[:, 1:]  # a view of a, not of c: its gradient reaches all of a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_returned_view_is_rebuilt_from_the_input_it_views(backend: str) -> None:
+    compare_backward(view_of_the_wider_input, backend)
+
+
+def copy_a_row_into_another_input(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v3 = a * 1  # a and its row c are both inputs of the graph; b is written
+    del v3
+    b[0] = c
+    return b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_row_of_an_input_passes_its_gradient_once(backend: str) -> None:
+    compare_backward(copy_a_row_into_another_input, backend)

@@ -314,23 +314,49 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         if leaf is f:
             return Output("input", i)
     storage = leaf.untyped_storage()._cdata
-    for i, f in enumerate(fakes):
-        if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage:
-            if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
-                raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
-            if grad and leaf.requires_grad and leaf.grad_fn is None:
-                # made under no_grad: it requires grad but has no history, which a view
-                # rebuilt with autograd on (as_strided) cannot be; eager decides its rules
-                raise EagerOnly("an output is a view of an input made under no_grad")
-            # requires_grad: whether the view records autograd history (``x.detach()``
-            # does not), so that the runtime's rebuilt view does not either
-            # offset relative to the input's: the next call's input may sit elsewhere in
-            # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
-            meta = TensorMeta.of(leaf)
-            meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
-            return Output("alias", i, leaf.requires_grad, meta=meta)
+    same = [i for i, f in enumerate(fakes) if _same_storage(f, storage)]
+    if same:
+        i = _view_source(leaf, fakes, same)
+        f = fakes[i]
+        if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
+            raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
+        if grad and leaf.requires_grad and leaf.grad_fn is None:
+            # made under no_grad: it requires grad but has no history, which a view
+            # rebuilt with autograd on (as_strided) cannot be; eager decides its rules
+            raise EagerOnly("an output is a view of an input made under no_grad")
+        # requires_grad: whether the view records autograd history (``x.detach()``
+        # does not), so that the runtime's rebuilt view does not either
+        # offset relative to the input's: the next call's input may sit elsewhere in
+        # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
+        meta = TensorMeta.of(leaf)
+        meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
+        return Output("alias", i, leaf.requires_grad, meta=meta)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
+
+
+def _same_storage(f: Any, storage: int) -> bool:
+    return isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage
+
+
+def _view_source(leaf: torch.Tensor, fakes: list[Any], same: list[int]) -> int:
+    """Of the inputs ``same`` that share ``leaf``'s storage, the one whose autograd history
+    ``leaf`` extends (else the first): ``a.view(...)`` of ``f(a, c=a[1])`` is rebuilt from
+    ``a``, not from ``c``, or its gradient would reach only ``c``'s row of ``a``."""
+    if len(same) < 2 or leaf.grad_fn is None:
+        return same[0]
+    nodes: dict[int, int] = {}
+    for i in same:
+        f = fakes[i]
+        nodes.setdefault(id(f.grad_fn) if f.grad_fn is not None else id(f), i)
+    fn: Any = leaf.grad_fn
+    while fn is not None:  # a view's history: one chain of view nodes down to its input
+        key = id(fn.variable) if hasattr(fn, "variable") else id(fn)
+        if key in nodes:
+            return nodes[key]
+        nexts = [n for n, _ in fn.next_functions if n is not None]
+        fn = nexts[0] if len(nexts) == 1 else None
+    return same[0]
 
 
 def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
@@ -466,14 +492,14 @@ def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list
 
 
 def _joint_function(
-    fn: Callable[..., Any], sig: Signature, n: int, separate: bool = False
+    fn: Callable[..., Any], sig: Signature, n: int, separate: frozenset[int] = frozenset()
 ) -> Callable[..., list[Any]]:
     forward = _graph_outputs(fn, sig)
 
     def joint(*args: torch.Tensor) -> list[Any]:
         primals, tangents = args[:n], args[n:]
         if separate:  # each input its own autograd leaf: see trace_joint
-            primals = tuple(_own_leaf(p) for p in primals)
+            primals = tuple(_own_leaf(p) if i in separate else p for i, p in enumerate(primals))
         outs = forward(*primals)
         diff = [outs[j] for j in sig.grad_outputs]
         wrt = [primals[i] for i in sig.grad_inputs]
@@ -624,9 +650,17 @@ def _viewed(node: torch.fx.Node) -> bool:
     return False
 
 
-def _share_storage(values: Sequence[Any]) -> bool:
-    storages = [v.untyped_storage()._cdata for v in values if isinstance(v, torch.Tensor)]
-    return len(set(storages)) < len(storages)
+def _sharing(values: Sequence[Any], versions: Sequence[int]) -> frozenset[int]:
+    """The unwritten tensors among ``values`` that share a storage with another one (none
+    when ``versions`` is not one per value: inputs were merged, see ``aliasing.Merge``)."""
+    if len(versions) != len(values):
+        return frozenset()
+    storages = [v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None for v in values]
+    return frozenset(
+        i
+        for i, s in enumerate(storages)
+        if s is not None and storages.count(s) > 1 and not versions[i]
+    )
 
 
 def _own_leaf(value: Any) -> Any:
@@ -645,8 +679,10 @@ def trace_joint(
     tangents = _tangents(mode, sig, inputs)
     # Fakes of inputs sharing a storage are views of one fake base, so autograd would pass
     # one input's gradient on to the other (b and b[1:]: b's gradient counted twice); eager's
-    # inputs are separate tensors. Written inputs sharing storage are merged or refused.
-    separate = not any(sig.versions) and _share_storage(primals)
+    # inputs are separate tensors. Written inputs sharing storage are merged or refused; an
+    # input written elsewhere does not stop the others being separated (f(a, b, a[1])
+    # writing b: a's gradient took c's too).
+    separate = _sharing(primals, sig.versions)
     with torch.enable_grad():
         joint_fn = _joint_function(fn, sig, len(primals), separate)
         gm = _trace(joint_fn, [*primals, *tangents], table)
