@@ -271,3 +271,41 @@ def outputs_to_clone(
         if got[j] != j or out.untyped_storage()._cdata in taken:
             clone.append(j)
     return tuple(clone)
+
+
+def view_source(leaf: torch.Tensor, fakes: list[Any], same: list[int]) -> int:
+    """Of the inputs ``same`` that share ``leaf``'s storage, the one whose autograd history
+    ``leaf`` extends (else the first): ``a.view(...)`` of ``f(a, c=a[1])`` is rebuilt from
+    ``a``, not from ``c``, or its gradient would reach only ``c``'s row of ``a``."""
+    if len(same) < 2 or leaf.grad_fn is None:
+        return same[0]
+    nodes: dict[int, int] = {}
+    for i in same:
+        f = fakes[i]
+        nodes.setdefault(id(f.grad_fn) if f.grad_fn is not None else id(f), i)
+    fn: Any = leaf.grad_fn
+    while fn is not None:  # a view's history: one chain of view nodes down to its input
+        key = id(fn.variable) if hasattr(fn, "variable") else id(fn)
+        if key in nodes:
+            return nodes[key]
+        nexts = [n for n, _ in fn.next_functions if n is not None]
+        fn = nexts[0] if len(nexts) == 1 else None
+    return same[0]
+
+
+def unwritten_sharing(values: Sequence[Any], versions: Sequence[int]) -> frozenset[int]:
+    """The unwritten tensors among ``values`` that share a storage with another one (none
+    when ``versions`` is not one per value: inputs were merged, see :class:`Merge`).
+
+    >>> x = torch.zeros(2, 3)
+    >>> sorted(unwritten_sharing([x, torch.zeros(3), x[1]], versions=(0, 1, 0)))
+    [0, 2]
+    """
+    if len(versions) != len(values):
+        return frozenset()
+    storages = [v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None for v in values]
+    return frozenset(
+        i
+        for i, s in enumerate(storages)
+        if s is not None and storages.count(s) > 1 and not versions[i]
+    )

@@ -48,7 +48,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph.aliasing import storage_groups
+from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, view_source
 from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 
@@ -316,7 +316,7 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
     storage = leaf.untyped_storage()._cdata
     same = [i for i, f in enumerate(fakes) if _same_storage(f, storage)]
     if same:
-        i = _view_source(leaf, fakes, same)
+        i = view_source(leaf, fakes, same)
         f = fakes[i]
         if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
             raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
@@ -337,26 +337,6 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
 
 def _same_storage(f: Any, storage: int) -> bool:
     return isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage
-
-
-def _view_source(leaf: torch.Tensor, fakes: list[Any], same: list[int]) -> int:
-    """Of the inputs ``same`` that share ``leaf``'s storage, the one whose autograd history
-    ``leaf`` extends (else the first): ``a.view(...)`` of ``f(a, c=a[1])`` is rebuilt from
-    ``a``, not from ``c``, or its gradient would reach only ``c``'s row of ``a``."""
-    if len(same) < 2 or leaf.grad_fn is None:
-        return same[0]
-    nodes: dict[int, int] = {}
-    for i in same:
-        f = fakes[i]
-        nodes.setdefault(id(f.grad_fn) if f.grad_fn is not None else id(f), i)
-    fn: Any = leaf.grad_fn
-    while fn is not None:  # a view's history: one chain of view nodes down to its input
-        key = id(fn.variable) if hasattr(fn, "variable") else id(fn)
-        if key in nodes:
-            return nodes[key]
-        nexts = [n for n, _ in fn.next_functions if n is not None]
-        fn = nexts[0] if len(nexts) == 1 else None
-    return same[0]
 
 
 def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
@@ -650,19 +630,6 @@ def _viewed(node: torch.fx.Node) -> bool:
     return False
 
 
-def _sharing(values: Sequence[Any], versions: Sequence[int]) -> frozenset[int]:
-    """The unwritten tensors among ``values`` that share a storage with another one (none
-    when ``versions`` is not one per value: inputs were merged, see ``aliasing.Merge``)."""
-    if len(versions) != len(values):
-        return frozenset()
-    storages = [v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None for v in values]
-    return frozenset(
-        i
-        for i, s in enumerate(storages)
-        if s is not None and storages.count(s) > 1 and not versions[i]
-    )
-
-
 def _own_leaf(value: Any) -> Any:
     """``value`` cut from the autograd history of the tensor it is a view of."""
     if not isinstance(value, torch.Tensor) or not value.requires_grad:
@@ -682,7 +649,7 @@ def trace_joint(
     # inputs are separate tensors. Written inputs sharing storage are merged or refused; an
     # input written elsewhere does not stop the others being separated (f(a, b, a[1])
     # writing b: a's gradient took c's too).
-    separate = _sharing(primals, sig.versions)
+    separate = unwritten_sharing(primals, sig.versions)
     with torch.enable_grad():
         joint_fn = _joint_function(fn, sig, len(primals), separate)
         gm = _trace(joint_fn, [*primals, *tangents], table)
