@@ -291,3 +291,28 @@ def copy_a_row_into_another_input(a: torch.Tensor, b: torch.Tensor, c: torch.Ten
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_row_of_an_input_passes_its_gradient_once(backend: str) -> None:
     compare_backward(copy_a_row_into_another_input, backend)
+
+
+# --- saved values written after the graph: eager checks only the formulas it runs ---------
+
+
+def unused_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = b @ b.t()
+    v2 = a.abs()  # live at the break: an output of graph 1, whose node saves a
+    s3 = float(v1.detach().mean())  # graph break
+    c.sub_(s3)  # writes a row of a: eager never runs abs's formula, so never checks a
+    return a, v1, v2.detach()
+
+
+def used_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = b @ b.t()
+    v2 = a.abs()  # abs's formula runs in backward: eager raises for the write below
+    s3 = float(v1.detach().mean())
+    c.sub_(s3)
+    return a, v1, v2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [unused_then_written, used_then_written])
+def test_a_saved_value_written_after_the_graph(fn: Callable[..., Any], backend: str) -> None:
+    compare_backward(fn, backend)

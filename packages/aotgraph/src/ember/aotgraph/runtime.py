@@ -54,6 +54,8 @@ class Runtime:
     # graph outputs to copy (they share storage where eager's do not): found on the first call
     clone: list[tuple[int, ...]] = field(init=False)
     plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
+    # some saved value serves only some output gradients: the backward checks versions itself
+    own_checks: bool = field(init=False)
     num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
     non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
     # the caller's output structure from (inputs, graph outputs): see ``assembler``
@@ -72,6 +74,9 @@ class Runtime:
         object.__setattr__(self, "clone", [])
         replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
         object.__setattr__(self, "plain", self.merge is None and not replay)
+        use, every = self.tangent_use, frozenset(range(len(sig.grad_outputs)))
+        partial = use is not None and any(r and r != every for r in use.saved)
+        object.__setattr__(self, "own_checks", partial)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         outs = self._run(inputs) if self.plain else self._run_replaying(inputs)
@@ -109,6 +114,8 @@ class Runtime:
                     torch._C._set_grad_enabled(True)
             else:
                 outs = self.forward(*inputs)
+        elif self.own_checks:
+            outs = _apply_unchecked(self, inputs)
         elif torch._C._are_functorch_transforms_active():
             outs = CompiledFunction.apply(self, *inputs)  # type: ignore[no-untyped-call]
         else:  # Function.apply's Python layer only matters under functorch transforms
@@ -235,6 +242,8 @@ class CompiledFunction(torch.autograd.Function):
         # C++ that Python's collector cannot break, leaking every forward without a backward.
         # ``detach`` keeps the data and the version counter and drops the link to the base.
         ctx.save_for_backward(*(t.detach() if t._is_view() else t for t in saved))
+        if rt.own_checks:  # see _apply_unchecked
+            ctx.versions = [_version(t) for t in saved]
         ctx.runtime = rt
         if rt.tangent_use is not None:  # an undefined gradient is None in backward, not zeros
             ctx.set_materialize_grads(False)
@@ -267,6 +276,9 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
         tangents, missing = rt.tangent_use.fill(tangents)
     tangents = [t.contiguous() for t in tangents]
     saved = ctx.saved_tensors
+    if rt.own_checks:
+        assert rt.tangent_use is not None
+        check_versions(rt, saved, ctx.versions, rt.tangent_use.needed(missing))
     if rt.number_saved:
         saved = list(saved)
         for i, number in zip(rt.number_saved, ctx.numbers, strict=True):
@@ -276,6 +288,56 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
         assert rt.tangent_use is not None
         computed = rt.tangent_use.mask(computed, missing)
     return computed
+
+
+def _apply_unchecked(rt: Runtime, inputs: Sequence[torch.Tensor]) -> Sequence[Any]:
+    """Apply with autograd's check of saved tensors off for this node (saved-tensor hooks
+    turn it off): one node holds what eager keeps in many, and eager checks only those of
+    the formulas a backward pass runs. ``b.abs()`` returned unused, then ``b`` written: eager
+    never runs abs's formula; this node would raise for its saved ``b``.
+    :func:`check_versions` checks the saved values the defined gradients need instead."""
+    try:
+        torch._C._autograd._push_saved_tensors_default_hooks(_pack, _same)
+    except RuntimeError:  # saved-tensor hooks disabled: autograd checks every saved value
+        return CompiledFunction.apply(rt, *inputs)  # type: ignore[no-untyped-call,no-any-return]
+    try:
+        return CompiledFunction.apply(rt, *inputs)  # type: ignore[no-untyped-call,no-any-return]
+    finally:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _pack(t: torch.Tensor) -> torch.Tensor:
+    # a saved output comes with its autograd node: kept as it is, node -> output -> node
+    # would be a cycle (see CompiledFunction.forward); detach keeps data and version counter
+    return t.detach()
+
+
+def _same(t: Any) -> Any:
+    return t
+
+
+def check_versions(
+    rt: Runtime, saved: Sequence[torch.Tensor], versions: Sequence[int], needed: Sequence[int]
+) -> None:
+    """Raise autograd's error if a saved value in ``needed`` (positions among all saved
+    values, numbers included) was written in place after the forward pass.
+
+    >>> class R: number_saved = ()
+    >>> x = torch.zeros(2); v = x._version; _ = x.add_(1)
+    >>> check_versions(R(), [x], [v], [0])  # type: ignore[arg-type]
+    Traceback (most recent call last):
+    RuntimeError: one of the variables needed for gradient computation has been modified ...
+    """
+    numbers = set(rt.number_saved)
+    positions = [k for k in range(len(saved) + len(numbers)) if k not in numbers]
+    wanted = set(needed)
+    for t, k, before in zip(saved, positions, versions, strict=True):
+        if k in wanted and _version(t) != before:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by "
+                f"an inplace operation: [{t.type()} {list(t.shape)}], saved by a compiled "
+                f"graph, is at version {_version(t)}; expected version {before} instead"
+            )
 
 
 # ``CompiledFunction.apply`` without the Python layer of ``Function.apply`` (default-argument

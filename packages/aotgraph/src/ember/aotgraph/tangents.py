@@ -39,6 +39,9 @@ class TangentUse:
 
     metas: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]  # one per tangent
     deps: tuple[frozenset[int], ...]  # per backward output: the tangents it reads
+    # per saved value: the tangents of the gradient formulas that read it (empty: read by
+    # none, or only by tangent-free nodes; then always needed)
+    saved: tuple[frozenset[int], ...] = ()
 
     @staticmethod
     def of(backward: torch.fx.GraphModule, tangents: Sequence[Any]) -> TangentUse | None:
@@ -65,7 +68,19 @@ class TangentUse:
         results = out.args[0]
         results = results if isinstance(results, list | tuple) else [results]
         deps = tuple(reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results)
-        return TangentUse(tuple(metas), deps)
+        saved = tuple(_formulas_reading(p, reads) for p in placeholders[:first])
+        return TangentUse(tuple(metas), deps, saved)
+
+    def needed(self, missing: frozenset[int]) -> list[int]:
+        """The saved values a backward pass with the tangents ``missing`` undefined reads
+        in a formula eager would run: eager checks those for in-place writes, no others.
+
+        >>> gm = torch.fx.symbolic_trace(lambda s1, s2, t1, t2: [t1 * s1, t2 * s2.sign()])
+        >>> use = TangentUse.of(gm, [torch.ones(2), torch.ones(2)])
+        >>> use.saved, use.needed(frozenset({1}))
+        ((frozenset({0}), frozenset({1})), [0])
+        """
+        return [k for k, reads in enumerate(self.saved) if not reads or reads - missing]
 
     def fill(self, tangents: Sequence[torch.Tensor | None]) -> tuple[list[Any], frozenset[int]]:
         """The tangents with zeros for the undefined ones, and which those were."""
@@ -80,6 +95,25 @@ class TangentUse:
             None if deps and deps <= missing else g
             for g, deps in zip(grads, self.deps, strict=True)
         ]
+
+
+def _formulas_reading(
+    saved: torch.fx.Node, reads: dict[torch.fx.Node, frozenset[int]]
+) -> frozenset[int]:
+    """The tangents read by the first tangent-reading nodes that use ``saved`` (directly or
+    through tangent-free nodes such as ``sign(saved)``): the formulas that need it."""
+    found: frozenset[int] = frozenset()
+    todo, seen = [saved], {saved}
+    while todo:
+        for user in todo.pop().users:
+            if user.op == "output" or user in seen:
+                continue
+            seen.add(user)
+            if reads[user]:
+                found |= reads[user]
+            else:
+                todo.append(user)
+    return found
 
 
 def _zeros(size: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
