@@ -316,3 +316,28 @@ def used_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
 @pytest.mark.parametrize("fn", [unused_then_written, used_then_written])
 def test_a_saved_value_written_after_the_graph(fn: Callable[..., Any], backend: str) -> None:
     compare_backward(fn, backend)
+
+
+# --- a view from chunk/split made in one graph, written in place after a break -----------
+
+
+def chunk_of_an_input_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1, v2 = a.chunk(2, dim=-1)
+    s3 = float(v2.detach().mean())  # graph break: v2 comes back from graph 1
+    v2[..., 0] = s3  # eager: "Output 1 of Split is a view ... modified inplace"
+    return [b, v1]
+
+
+def split_of_a_result_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1, v2 = (a * 2).split(3, dim=-1)
+    s3 = float(v2.detach().mean())
+    v1.add_(s3)
+    return [v2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [chunk_of_an_input_across_a_break, split_of_a_result_across_a_break])
+def test_a_chunk_written_after_a_break_raises(fn: Callable[..., Any], backend: str) -> None:
+    want = run(fn, leaves())
+    assert want["call"] == "raise"
+    check(fn, backend)

@@ -203,10 +203,16 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
                 base = base.detach()
             offset = base.storage_offset() + o.meta.offset  # relative: see Output
-            leaves.append(base.as_strided(o.meta.size, o.meta.stride, offset))
+            view = base.as_strided(o.meta.size, o.meta.stride, offset)
+            if o.split and view.requires_grad:  # eager refuses in-place writes to it
+                torch._C._autograd._set_creation_meta(view, _MULTI_OUTPUT)
+            leaves.append(view)
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)
+
+
+_MULTI_OUTPUT = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 
 
 class CompiledFunction(torch.autograd.Function):

@@ -95,10 +95,11 @@ class Output:
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
     with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
     storage offset), ``"view"`` (the same, of graph output ``index``) or
-    ``"constant"`` (``value``).
+    ``"constant"`` (``value``). ``split``: the view is one of several that one op made
+    (``chunk``, ``split``, ``unbind``), which autograd refuses to write in place.
 
     >>> Output("constant", value=None)
-    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None)
+    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, split=False)
     """
 
     kind: str
@@ -106,6 +107,7 @@ class Output:
     requires_grad: bool = False
     meta: TensorMeta | None = None
     value: Any = None
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,9 +332,16 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
         meta = TensorMeta.of(leaf)
         meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
-        return Output("alias", i, leaf.requires_grad, meta=meta)
+        split = _multi_output_view(leaf)
+        return Output("alias", i, leaf.requires_grad, meta=meta, split=split)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     return Output("graph", graph_index, grad, TensorMeta.of(leaf))
+
+
+def _multi_output_view(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a view made by an op that returns several (chunk, split, unbind)."""
+    multi = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+    return t._is_view() and torch._C._autograd._get_creation_meta(t) == multi
 
 
 def _same_storage(f: Any, storage: int) -> bool:
@@ -361,7 +370,8 @@ def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Outp
             base = bases[id(leaf._base)]
             meta = TensorMeta.of(leaf)
             meta = replace(meta, offset=meta.offset - int(leaf._base.storage_offset()))
-            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta)
+            split = _multi_output_view(leaf)
+            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta, split=split)
     return outputs, positions
 
 
