@@ -341,3 +341,15 @@ def test_a_chunk_written_after_a_break_raises(fn: Callable[..., Any], backend: s
     want = run(fn, leaves())
     assert want["call"] == "raise"
     check(fn, backend)
+
+
+def recomputed_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = torch.sigmoid(a)  # eager saves sigmoid's result, never a
+    s3 = float(c.detach().mean())  # graph break
+    a[:1] *= s3  # the caller's a written after graph 1
+    return [v2, a]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_eager_never_saves_is_not_saved_to_recompute(backend: str) -> None:
+    compare_backward(recomputed_then_written, backend)
