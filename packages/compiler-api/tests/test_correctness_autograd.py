@@ -353,3 +353,24 @@ def recomputed_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_input_eager_never_saves_is_not_saved_to_recompute(backend: str) -> None:
     compare_backward(recomputed_then_written, backend)
+
+
+# --- an output no gradient reaches: its formula is not run with a zero gradient ----------
+
+
+def reciprocal_unused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = c.reciprocal()  # live at the break, reached by no gradient: 0 * inf is NaN
+    v2 = c * 2
+    s3 = float(c.detach().sum())  # graph break
+    return [v2 * s3]
+
+
+def with_a_zero(fn_leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        fn_leaves[2][0] = 0.0
+    return [t * 1 for t in fn_leaves]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unreached_formula_does_not_poison_a_gradient(backend: str) -> None:
+    compare_backward(reciprocal_unused, backend, args_of=with_a_zero)

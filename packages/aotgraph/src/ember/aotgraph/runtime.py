@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
-from ember.aotgraph.tangents import TangentUse
+from ember.aotgraph.tangents import TangentUse, without_undefined
 from ember.aotgraph.trace import Signature
 
 __all__ = ["CompiledFunction", "Runtime"]
@@ -49,11 +49,14 @@ class Runtime:
     merge: Merge | None = None  # inputs sharing storage, passed to the graph as one base
     # undefined output gradients stay undefined (eager's None .grad); None: materialised
     tangent_use: TangentUse | None = None
+    # the backward graph before compiling: pruned for undefined tangents (see backward_for)
+    backward_graph: torch.fx.GraphModule | None = None
     # (input, how far eager moves its version counter) for each input written in place
     bumped: tuple[tuple[int, int], ...] = field(init=False)
     # graph outputs to copy (they share storage where eager's do not): found on the first call
     clone: list[tuple[int, ...]] = field(init=False)
     plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
+    pruned: dict[frozenset[int], Callable[..., Any]] = field(init=False)
     # some saved value serves only some output gradients: the backward checks versions itself
     own_checks: bool = field(init=False)
     num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
@@ -72,6 +75,7 @@ class Runtime:
         object.__setattr__(self, "assemble", assembler(sig))
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
         object.__setattr__(self, "clone", [])
+        object.__setattr__(self, "pruned", {})
         replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
         object.__setattr__(self, "plain", self.merge is None and not replay)
         use, every = self.tangent_use, frozenset(range(len(sig.grad_outputs)))
@@ -88,6 +92,19 @@ class Runtime:
             for j in clone[0]:
                 outs[j] = fresh_copy(outs[j])
         return self.assemble(inputs, outs)
+
+    def backward_for(self, missing: frozenset[int]) -> Callable[..., Sequence[Any]]:
+        """The backward graph for a pass whose tangents ``missing`` are undefined: without
+        the formulas only they reach (:func:`~ember.aotgraph.tangents.without_undefined`),
+        run as aten ops, not compiled: a rare case (an output no gradient reaches)."""
+        assert self.backward is not None
+        if not missing or self.backward_graph is None:
+            return self.backward
+        found = self.pruned.get(missing)
+        if found is None:
+            n = len(self.signature.grad_outputs)
+            found = self.pruned[missing] = without_undefined(self.backward_graph, n, missing)
+        return found
 
     def _run_replaying(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
         """:meth:`_run`, and what else eager's in-place ops did to the inputs: the flags
@@ -289,7 +306,7 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
         saved = list(saved)
         for i, number in zip(rt.number_saved, ctx.numbers, strict=True):
             saved.insert(i, number)
-    computed = list(rt.backward(*saved, *tangents))
+    computed = list(rt.backward_for(missing)(*saved, *tangents))
     if missing:  # an input reached only through undefined gradients: None, as in eager
         assert rt.tangent_use is not None
         computed = rt.tangent_use.mask(computed, missing)
