@@ -11,6 +11,9 @@ Measured, in one process, on a trivial function ``f(x, y) -> x + y``:
   replacing a call;
 - pass-through: the hook installed for this thread, ``f``'s code marked skip:
   what every call that ember does not handle pays while a compiled region runs;
+- pass-through, this callback's skip: the same, with ``f`` skipped only by this
+  thread's callback (``Decision.SKIP_FOR_CALLBACK``, as a compiled callable whose
+  backend refused ``f`` records it), after three other callbacks skipped it too;
 - other thread: the hook installed because another thread has a callback,
   this thread has none.
 
@@ -94,6 +97,15 @@ def main() -> None:
     with hook.intercepting(hook.RUN_ONLY):
         passthrough = measure("pass-through (code skipped)", loop_calls(calls))
     hook.reset()
+    others = [  # live callbacks (as compiled callables hold theirs) that skipped f first
+        hook.bound_call(lambda frame: hook.Decision.SKIP_FOR_CALLBACK, f) for _ in range(3)
+    ]
+    for other in others:
+        other(1, 2)
+    with hook.intercepting(lambda frame: hook.Decision.SKIP_FOR_CALLBACK):
+        f(1, 2)
+        own_skip = measure("pass-through (this callback's skip)", loop_calls(calls))
+    hook.reset()
 
     stop = threading.Event()
     ready = threading.Event()
@@ -125,6 +137,7 @@ def main() -> None:
     print(f"cache hit vs plain call:        {hit:.0f} ns vs {plain:.0f} ns = {hit / plain:.2f}x")
     print(f"cache hit overhead:             {hit - plain:.0f} ns per call")
     print(f"pass-through vs plain call:     {passthrough / plain:.2f}x")
+    print(f"callback's own skip vs plain:   {own_skip / plain:.2f}x")
     print(f"other thread's hook, this call: {other / plain:.2f}x")
     print(f"fib(20) with hook installed:    {fib_hooked / fib_plain:.2f}x")
 

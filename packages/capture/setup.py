@@ -10,7 +10,11 @@ setup(
         Extension(
             "ember.capture._eval_frame",
             sources=["src/ember/capture/_eval_frame.c"],
-            depends=["src/ember/capture/_frame_311.h", "src/ember/capture/_foreign.h"],
+            depends=[
+                "src/ember/capture/_frame_311.h",
+                "src/ember/capture/_foreign.h",
+                "src/ember/capture/_callback_skips.h",
+            ],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ],

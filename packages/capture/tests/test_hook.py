@@ -358,6 +358,54 @@ def test_skip_decision_is_remembered_until_reset():
     assert not hook.is_skipped(plain.__code__)
 
 
+def test_a_skip_for_one_callback_leaves_the_others_asking():
+    calls: list[str] = []
+
+    def mine(frame):
+        calls.append("mine")
+        return Decision.SKIP_FOR_CALLBACK
+
+    def theirs(frame):
+        calls.append("theirs")
+        return Decision.RUN
+
+    with hook.intercepting(mine):
+        plain(1)
+        plain(2)
+        assert hook.is_skipped(plain.__code__, mine)
+        with hook.intercepting(theirs):
+            plain(3)
+            plain(4)
+        plain(5)
+    assert calls == ["mine", "theirs", "theirs"]
+    assert not hook.is_skipped(plain.__code__) and not hook.is_skipped(plain.__code__, theirs)
+
+
+def test_a_callback_skip_is_kept_while_a_bound_call_holds_it_and_reset_forgets_it():
+    calls: list[int] = []
+
+    def mine(frame):
+        calls.append(1)
+        return Decision.SKIP_FOR_CALLBACK
+
+    bound = hook.bound_call(mine, plain)
+    bound(1)
+    with hook.intercepting(mine):  # the same callback: the same skips
+        plain(2)
+    bound(3)
+    assert len(calls) == 1 and hook.is_skipped(plain.__code__, mine)
+    hook.reset()
+    assert not hook.is_skipped(plain.__code__, mine)
+    bound(4)
+    assert len(calls) == 2
+    del bound
+    gc.collect()
+    assert not hook.is_skipped(plain.__code__, mine)  # its record went with it
+    with hook.intercepting(mine):
+        plain(5)
+    assert len(calls) == 3
+
+
 # -- modes, nesting, threads ------------------------------------------------------------------
 
 

@@ -320,13 +320,14 @@ def repro(source: str, calls: list[Call], backend: str, problems: list[str]) -> 
 def fuzz_settings(examples: int) -> settings:
     """One fixed-seed Hypothesis profile for both fuzzers. Shrinking is off unless
     ``EMBER_FUZZ_SHRINK=1``: a failing program is reported at once with its repro (unshrunk),
-    instead of after minutes of shrinking in CI."""
+    instead of after minutes of shrinking in CI. ``EMBER_FUZZ_RANDOM=1`` draws new programs
+    each run (a campaign) instead of CI's fixed sequence."""
     phases = list(Phase)
     if os.environ.get("EMBER_FUZZ_SHRINK") != "1":
         phases.remove(Phase.shrink)
     return settings(
         max_examples=examples,
-        derandomize=True,
+        derandomize=os.environ.get("EMBER_FUZZ_RANDOM") != "1",
         database=None,
         deadline=None,
         suppress_health_check=list(HealthCheck),

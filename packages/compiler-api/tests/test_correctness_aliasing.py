@@ -597,3 +597,33 @@ def test_an_output_that_views_another_is_an_ordinary_view(backend, fn):
 
     check(fn, lambda: [torch.arange(4.0).view(2, 2).requires_grad_()], backend, grads=leaves)
     check(fn, lambda: [torch.arange(4.0).view(2, 2)], backend, calls=2)
+
+
+def _overlap_leaf() -> list[Any]:
+    leaf = torch.arange(1.0, 19.0).reshape(3, 6).requires_grad_()
+    base = leaf * 1  # not a leaf: views of it may be written, as in eager
+    return [base[:-1], base[1:]]
+
+
+def _leaf_of(args: list[Any]) -> list[torch.Tensor]:
+    """The leaf behind :func:`_overlap_leaf`'s views (``base = leaf * 1``)."""
+    return [args[0]._base.grad_fn.next_functions[0][0].variable]
+
+
+VIEW_OF_WHICH: dict[str, Callable[..., Any]] = {
+    # the output lies partly outside the first argument: its gradient was dropped there
+    "narrow-of-second": lambda a, b: ((a - 1).mean(), b.narrow(-1, 1, 2))[1],
+    "last-row-of-second": lambda a, b: b[-1],
+    "reshape-of-second": lambda a, b: b.reshape(-1),
+    "one-view-of-each": lambda a, b: (a[0], b[-1]),
+    "transposed-second": lambda a, b: b.t(),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(VIEW_OF_WHICH))
+def test_output_view_of_the_second_of_overlapping_inputs(backend, name):
+    """An output viewing ``b`` where ``a`` shares its storage is rebuilt from ``b``, so its
+    gradient reaches the rows only ``b`` covers (was: silently zero there)."""
+    compiled = check(VIEW_OF_WHICH[name], _overlap_leaf, backend, grads=_leaf_of, calls=2)
+    _no_failures(compiled)

@@ -29,7 +29,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["Group", "Merge", "fresh_copy", "outputs_to_clone", "own_views", "restride"]
+from ember.aotgraph.eager_checks import EagerOnly
+
+__all__ = [
+    "Group",
+    "Merge",
+    "fresh_copy",
+    "outputs_to_clone",
+    "own_views",
+    "restride",
+    "viewed_input",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,24 +283,41 @@ def outputs_to_clone(
     return tuple(clone)
 
 
-def view_source(leaf: torch.Tensor, fakes: list[Any], same: list[int]) -> int:
-    """Of the inputs ``same`` that share ``leaf``'s storage, the one whose autograd history
-    ``leaf`` extends (else the first): ``a.view(...)`` of ``f(a, c=a[1])`` is rebuilt from
-    ``a``, not from ``c``, or its gradient would reach only ``c``'s row of ``a``."""
-    if len(same) < 2 or leaf.grad_fn is None:
-        return same[0]
+def viewed_input(leaf: torch.Tensor, fakes: list[Any], sharing: list[int], grad: bool) -> int:
+    """Which of the inputs ``sharing`` the output's storage it is a view of.
+
+    The runtime rebuilds the output with ``as_strided`` on that input, and autograd sends
+    the output's gradient to it: only within that input's own elements. With two
+    overlapping inputs (``base[:-1]``, ``base[1:]``) the first is not always right, so
+    follow the output's autograd history back through its view nodes to an input's.
+    Without gradients any of them gives the values."""
+    if len(sharing) == 1 or not (grad and leaf.requires_grad):
+        return sharing[0]
     nodes: dict[int, int] = {}
-    for i in same:
-        f = fakes[i]
-        nodes.setdefault(id(f.grad_fn) if f.grad_fn is not None else id(f), i)
-    fn: Any = leaf.grad_fn
-    while fn is not None:  # a view's history: one chain of view nodes down to its input
-        key = id(fn.variable) if hasattr(fn, "variable") else id(fn)
-        if key in nodes:
-            return nodes[key]
-        nexts = [n for n, _ in fn.next_functions if n is not None]
-        fn = nexts[0] if len(nexts) == 1 else None
-    return same[0]
+    for i in sharing:  # one input passed twice: the first
+        nodes.setdefault(id(_grad_node(fakes[i])), i)
+    node, steps = leaf.grad_fn, 0
+    while node is not None and steps < _HISTORY_STEPS:
+        if id(node) in nodes:
+            return nodes[id(node)]
+        edges = [n for n, _ in node.next_functions if n is not None]
+        node, steps = (edges[0] if len(edges) == 1 else None), steps + 1
+    raise EagerOnly(
+        f"an output is a view of one of inputs {sharing}, which share its storage, and "
+        "its history does not say which"
+    )
+
+
+_HISTORY_STEPS = 64  # view nodes followed back from an output to an input
+
+
+def _grad_node(t: torch.Tensor) -> Any:
+    """The autograd node a view of ``t`` records as its parent."""
+    if t.grad_fn is not None or not t.requires_grad:
+        return t.grad_fn
+    with torch.enable_grad():  # a leaf: its gradient accumulator, the parent of its views
+        view = t.view_as(t).grad_fn
+    return None if view is None else view.next_functions[0][0]
 
 
 def unwritten_sharing(values: Sequence[Any], versions: Sequence[int]) -> frozenset[int]:

@@ -45,6 +45,7 @@ from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
 from ember.aotgraph.store import Traced
 from ember.aotgraph.tangents import TangentUse
+from ember.aotgraph.timing import TIMES
 from ember.aotgraph.trace import (
     JointGraph,
     Lifted,
@@ -218,7 +219,8 @@ class AOTCompiled:
             signature = dataclasses.replace(signature, grad_inputs=grad_inputs)
         if signature.training:
             return self._trace_training(fn, inputs, signature)
-        graph = trace_forward(fn, inputs, signature, self.settings.table())
+        with TIMES.timed("aot trace"):
+            graph = trace_forward(fn, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(graph)
         return Traced(signature, graph.mutated, graph.gm)
@@ -226,7 +228,8 @@ class AOTCompiled:
     def _trace_training(
         self, fn: Callable[..., Any], inputs: list[torch.Tensor], signature: Signature
     ) -> Traced:
-        joint = trace_joint(fn, inputs, signature, self.settings.table())
+        with TIMES.timed("aot trace"):
+            joint = trace_joint(fn, inputs, signature, self.settings.table())
         if self._check:
             check.check_joint(joint)
         for i in joint.mutated:
@@ -235,7 +238,8 @@ class AOTCompiled:
                     f"aot_compile: input {i} requires grad and is mutated in place; "
                     "run this function eagerly"
                 )
-        part = self.settings.partition(joint)
+        with TIMES.timed("partition"):
+            part = self.settings.partition(joint)
         if self._check:
             check.check_partition(joint, part)
         self.joint = joint

@@ -48,9 +48,10 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, view_source
+from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
 from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
+from ember.aotgraph.rng_order import draw_in_memory_order
 
 __all__ = [
     "JointGraph",
@@ -316,9 +317,13 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         if leaf is f:
             return Output("input", i)
     storage = leaf.untyped_storage()._cdata
-    same = [i for i, f in enumerate(fakes) if _same_storage(f, storage)]
-    if same:
-        i = view_source(leaf, fakes, same)
+    sharing = [
+        i
+        for i, f in enumerate(fakes)
+        if isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage
+    ]
+    if sharing:
+        i = viewed_input(leaf, fakes, sharing, grad)
         f = fakes[i]
         if leaf.dtype != f.dtype:  # the runtime rebuilds aliases with as_strided
             raise EagerOnly(f"an output is a {leaf.dtype} view of a {f.dtype} input")
@@ -342,10 +347,6 @@ def _multi_output_view(t: torch.Tensor) -> bool:
     """Whether ``t`` is a view made by an op that returns several (chunk, split, unbind)."""
     multi = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
     return t._is_view() and torch._C._autograd._get_creation_meta(t) == multi
-
-
-def _same_storage(f: Any, storage: int) -> bool:
-    return isinstance(f, torch.Tensor) and f.untyped_storage()._cdata == storage
 
 
 def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
@@ -520,6 +521,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     mutable schema): functionalization would give the same graph back.
     """
     aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
     out_of_place(aten_gm)

@@ -2,8 +2,8 @@
  *
  * This file is deliberately small. It knows three things:
  *   1. per-thread state: which callback (if any) this thread runs under;
- *   2. a per-code cache in co_extra: an ordered list of (check_fn, fn) entries
- *      and a "skip this code" flag;
+ *   2. a per-code cache in co_extra: an ordered list of (check_fn, fn) entries,
+ *      a "skip this code" flag, and the callbacks that skip it for themselves;
  *   3. the decision on each fresh function frame: pass through, serve a cache
  *      hit by calling fn(*args), or ask the Python callback on a miss.
  * Everything else (what an entry is, which code to skip, how to compile) is
@@ -13,8 +13,9 @@
  *   NULL      hook disabled on this thread: every frame goes to the previous
  *             eval function;
  *   Py_False  run-only: serve cache hits, never call the callback;
- *   callable  normal: on a miss call callback(frame) -> (check_fn, fn) | None | False
- *             (an entry to add and use now; run normally this time; skip always).
+ *   callable  normal: on a miss call callback(frame) -> (check_fn, fn) | None | False | True
+ *             (an entry to add and use now; run normally this time; skip always, for
+ *             every callback; skip always for this callback only).
  *
  * The eval function is per interpreter, so it is installed only while at least
  * one thread has a callback (an installed hook costs every Python call about
@@ -27,6 +28,7 @@
 
 #include "_frame_311.h"
 #include "_foreign.h"
+#include "_callback_skips.h"
 
 /* ---------------------------------------------------------------- state -- */
 
@@ -39,7 +41,8 @@ typedef struct {
 
 typedef struct CodeExtra {
     PyObject *entries;         /* list of 2-tuples (check_fn, fn), most recently hit first */
-    int skip;                  /* never intercept this code */
+    int skip;                  /* never intercept this code, whatever the callback */
+    PyObject *skipped_by;      /* NULL or weak refs to callbacks skipping it: _callback_skips.h */
     struct CodeExtra *prev, *next;
 } CodeExtra;
 
@@ -173,6 +176,7 @@ code_extra_free(void *p)
     if (extra->next) extra->next->prev = extra->prev;
     live_extras--;
     Py_XDECREF(extra->entries);
+    Py_XDECREF(extra->skipped_by);
     PyMem_RawFree(extra);
 }
 
@@ -363,10 +367,17 @@ compile_miss(ThreadState *ts, EmberFrame *frame, CodeExtra *extra, PyObject *con
         Py_DECREF(decision);
         Py_RETURN_NONE;
     }
+    if (decision == Py_True) {
+        Py_DECREF(decision);
+        if (skip_for_callback(&extra->skipped_by, ts->callback) < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
     if (!valid_entry(decision)) {
         PyErr_Format(PyExc_TypeError,
                      "ember frame callback must return a (check_fn, fn) pair of callables, "
-                     "None or False, not %R",
+                     "None, False or True, not %R",
                      decision);
         Py_DECREF(decision);
         return NULL;
@@ -425,7 +436,7 @@ ember_eval_frame(PyThreadState *tstate, EmberFrame *frame, int throwflag)
         if (PyErr_Occurred()) return NULL;
         return previous_eval(tstate, frame, throwflag);
     }
-    if (extra->skip) {
+    if (extra->skip || skipped_by_callback(extra->skipped_by, ts->callback)) {
         return previous_eval(tstate, frame, throwflag);
     }
     PyObject *const *args = ember_frame_args(frame);
@@ -609,6 +620,7 @@ clear_code(PyObject *mod, PyObject *obj)
     CodeExtra *extra = code_extra(code, 0);
     if (extra != NULL) {
         extra->skip = 0;
+        Py_CLEAR(extra->skipped_by);
         if (PyList_SetSlice(extra->entries, 0, PyList_GET_SIZE(extra->entries), NULL) < 0) {
             return NULL;
         }
@@ -645,17 +657,32 @@ is_skipped(PyObject *mod, PyObject *obj)
 }
 
 static PyObject *
+is_skipped_by(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "is_skipped_by(code, callback) takes 2 arguments");
+    }
+    PyCodeObject *code = as_code(args[0]);
+    if (code == NULL) return NULL;
+    CodeExtra *extra = code_extra(code, 0);
+    if (extra == NULL && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(extra != NULL && skipped_by_callback(extra->skipped_by, args[1]));
+}
+
+static PyObject *
 reset(PyObject *mod, PyObject *unused)
 {
     /* Clearing a list can run arbitrary finalizers that free other code
      * objects (and so unlink extras): restart from the head after each. */
     for (;;) {
         CodeExtra *extra = all_extras;
-        while (extra != NULL && !extra->skip && PyList_GET_SIZE(extra->entries) == 0) {
+        while (extra != NULL && !extra->skip && extra->skipped_by == NULL &&
+               PyList_GET_SIZE(extra->entries) == 0) {
             extra = extra->next;
         }
         if (extra == NULL) break;
         extra->skip = 0;
+        Py_CLEAR(extra->skipped_by); /* weak references: clearing runs no user code */
         PyObject *old = extra->entries;
         extra->entries = PyList_New(0);
         if (extra->entries == NULL) {
@@ -713,7 +740,9 @@ static PyMethodDef methods[] = {
     {"set_skip", (PyCFunction)(void (*)(void))set_skip, METH_FASTCALL,
      "set_skip(code, flag): never (or again) intercept frames of this code."},
     {"is_skipped", is_skipped, METH_O, "Whether frames of this code are never intercepted."},
-    {"reset", reset, METH_NOARGS, "Forget every cache entry and skip flag."},
+    {"is_skipped_by", (PyCFunction)(void (*)(void))is_skipped_by, METH_FASTCALL,
+     "is_skipped_by(code, callback): whether this callback (as the thread holds it) skips it."},
+    {"reset", reset, METH_NOARGS, "Forget every cache entry and skip decision."},
     {"set_foreign_modules", set_foreign_modules, METH_O,
      "set_foreign_modules(prefixes): modules of other evaluators' compilers, stood aside for."},
     {"hook_state", hook_state, METH_NOARGS,

@@ -206,7 +206,8 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
 
         return call_python_object(fs, f.fn, args, kwargs)
     if markers.is_disabled_code(f.code):  # disable(fn, recursive=False)
-        raise Unsupported(f"call to {f.code.co_name}, which ember does not capture", "user")
+        reason = f"call to {f.code.co_name}, disabled with ember.compiler.disable(recursive=False)"
+        raise Unsupported(reason, "disabled")
     if f.fn is not None and _grad_decorated(f.fn) is not None:
         return _call_grad_decorated(fs, f, args, kwargs)
     if f.fn is not None and polyfills.contextmanager_parts(f.fn) is not None:

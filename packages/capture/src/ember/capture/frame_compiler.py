@@ -15,6 +15,12 @@ duration of a compiled call. On a cache miss it:
 A frame that cannot be captured runs eagerly with its reason recorded in
 :attr:`FrameCompiler.stats`; with ``fullgraph=True`` it raises
 :class:`FullGraphError` naming the user's file and line instead.
+
+Which skip decisions are whose: a trace rule's (CPython runs this module) holds for every
+compiled callable, so it is the hook's global skip flag. A failure's (translation or the
+backend failed, and the callable has no entry for the code) belongs to the callable that
+met it (:attr:`hook.Decision.SKIP_FOR_CALLBACK`): another callable, with another backend,
+options or ``fullgraph=True``, still tries the frame, records its own reason, or raises.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import breaks, bytecode_311, codegen, hook, trace_rules
+from ember.capture import breaks, bytecode_311, codegen, hook, markers, trace_rules
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.tracer import Location, Unsupported
 from ember.capture.translate import Translation, translate
@@ -108,17 +114,36 @@ class FrameCompiler:
     ) -> None:
         self.backend = backend
         self.backend_name = backend_name
+        # What the entries' backend guard compares (the compiled call sets the backend
+        # variable to it): a fullgraph callable never serves a frame from an entry that a
+        # lenient callable of the same backend made with a graph break in it.
+        self.guard_key = f"{backend_name} fullgraph=True" if fullgraph else backend_name
         self.fullgraph = fullgraph
         self.entry_codes = entry_codes
         self.stats = Stats()
         self.track = track
         # (code, hook entry, cache entry) of every entry made, when tracking (explain)
         self.made: list[tuple[types.CodeType, CacheEntry, Any]] = []
+        # codes this callable made an entry for: a failure there runs one call eagerly,
+        # elsewhere it skips the code for this callable
+        self._has_entries: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+        self._told_full: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # in stats once
+        # code -> the reset() generation in which this callable skipped it: written under
+        # the compile lock, so a thread that waited for it sees the skip the hook records
+        # only once the failing thread's callback has returned
+        self._skipped: weakref.WeakKeyDictionary[types.CodeType, int] = weakref.WeakKeyDictionary()
+        for code in entry_codes:  # this callable compiles them whatever the trace rules say
+            _ENTRY_CODES[code] = _ENTRY_CODES.get(code, 0) + 1
+            if code in _RULE_SKIPPED and not markers.is_disabled_code(code):
+                _RULE_SKIPPED.discard(code)  # another callable's trace-rule skip: lift it
+                hook.skip(code, False)
+        if entry_codes:
+            weakref.finalize(self, _release, entry_codes)
 
     def __call__(self, frame: Frame) -> CacheEntry | Decision:
         code = frame.code
         if code not in self.entry_codes and not trace_rules.compiles_frames(frame.globals):
-            return Decision.SKIP  # the trace rules say CPython runs this module's frames
+            return _rule_skip(code)  # the trace rules say CPython runs this module's frames
         # Another thread may be compiling this very frame: wait for it. Its entry reaches
         # the hook's list only after its callback returns, so look (in the policy's list,
         # written under the lock) even without waiting.
@@ -126,6 +151,8 @@ class FrameCompiler:
         try:
             if _served_now(frame):
                 return Decision.RUN  # another thread's entry serves it: the next call hits
+            if self._skipped.get(code) == _generation:
+                return Decision.SKIP_FOR_CALLBACK  # another thread failed it meanwhile
             return self._on_miss(frame)
         except FullGraphError:
             raise
@@ -138,9 +165,9 @@ class FrameCompiler:
         """Compile the frame, or decide how it runs eagerly (with the compile lock held)."""
         cache = code_cache(frame.code)
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
-            return Decision.RUN
+            return self._cache_full(frame, cache)
         try:
-            translation = translate(frame, self.backend_name)
+            translation = translate(frame, self.backend_name, guard_key=self.guard_key)
         except Unsupported as e:
             if self.fullgraph or e.top_index is None:
                 return self._failed(frame, cache, e)
@@ -180,15 +207,34 @@ class FrameCompiler:
             raise FullGraphError(
                 f"ember could not capture {cache.name} as one graph: {e.reason}\n{location}{hint}"
             ) from None
-        # Nothing cached yet: this code runs eagerly from now on. Otherwise keep the
-        # entries it has and run just this call eagerly.
-        return Decision.SKIP if not cache.entries else Decision.RUN
+        # Nothing cached yet by this callable: this code runs eagerly from now on, for it
+        # (others still try it). Otherwise keep the entries it has and run just this call
+        # eagerly.
+        if frame.code in self._has_entries:
+            return Decision.RUN
+        self._skipped[frame.code] = _generation
+        return Decision.SKIP_FOR_CALLBACK
+
+    def _cache_full(self, frame: Frame, cache: CodeCache[Any]) -> Decision:
+        """The code's cache is full (every callable's entries count): this call runs
+        eagerly. The reason goes to this callable's stats once per code; under fullgraph
+        it is an error, as the frame is not captured."""
+        if frame.code not in self._told_full or self.fullgraph:
+            self._told_full.add(frame.code)
+            e = Unsupported(
+                f"cache_size_limit ({cache.limit}) reached for this code",
+                "cache_limit",
+                "each new input shape, type or constant compiles again (until the limit,"
+                " then the frame runs eagerly): keep them stable",
+            )
+            self._failed(frame, cache, e)  # raises FullGraphError under fullgraph
+        return Decision.RUN
 
     def _break(self, frame: Frame, cache: CodeCache[Any], e: Unsupported, index: int) -> CacheEntry:
         """Capture the frame up to instruction ``index``; run it natively; resume after it."""
         code = frame.code
         span = breaks.find_span(code, index)
-        t = translate(frame, self.backend_name, stop_at=span.start)
+        t = translate(frame, self.backend_name, stop_at=span.start, guard_key=self.guard_key)
         assert t.layout is not None
         instrs, _ = bytecode_311.decode(code)
         after = breaks.slots_after(instrs, span, t.layout)
@@ -234,6 +280,7 @@ class FrameCompiler:
         checked = guards.compile(FrameSpec.from_function(frame.function))
         cache_entry = cache.add(checked, fn)
         entry = CacheEntry(checked.check, fn)
+        self._has_entries.add(frame.code)
         if self.track:
             self.made.append((frame.code, entry, cache_entry))
         # A closure's entry serves only that closure's cells (its fn runs with them): it
@@ -253,6 +300,32 @@ class FrameCompiler:
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
         )
         return entry
+
+
+# Entry codes of live callables (with how many name each) and the codes skipped by a trace
+# rule for every callable: a callable compiles its entry code even when the trace rules
+# skip its module, so another callable's rule skip of it is its own, not global.
+_ENTRY_CODES: weakref.WeakKeyDictionary[types.CodeType, int] = weakref.WeakKeyDictionary()
+_RULE_SKIPPED: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+_generation = 0  # reset() count: skips recorded before the last reset() are forgotten
+
+
+def _rule_skip(code: types.CodeType) -> Decision:
+    """Skip a code the trace rules leave to CPython: for every callable, unless it is a
+    live callable's entry code."""
+    if code in _ENTRY_CODES:
+        return Decision.SKIP_FOR_CALLBACK
+    _RULE_SKIPPED.add(code)
+    return Decision.SKIP
+
+
+def _release(codes: tuple[types.CodeType, ...]) -> None:
+    for code in codes:
+        left = _ENTRY_CODES.get(code, 0) - 1
+        if left > 0:
+            _ENTRY_CODES[code] = left
+        else:
+            _ENTRY_CODES.pop(code, None)
 
 
 # One compile at a time in the process: translation and the backends use torch state
@@ -386,9 +459,13 @@ def reset() -> None:
     """Forget every cache entry, skip decision and recompilation record."""
     from ember import guards
 
+    global _generation
+
     with _COMPILE_LOCK:  # never between a compile's cache lookups and its cache writes
         hook.reset()
         guards.reset()
         breaks.clear_cache()
         _caches.clear()
         _watchers.clear()
+        _RULE_SKIPPED.clear()
+        _generation += 1

@@ -14,7 +14,9 @@ through the hook:
 3. On a miss it calls ``callback(frame)`` with the hook disabled on this
    thread. The callback returns a new :class:`CacheEntry` (stored, and it
    serves this very call), :attr:`Decision.RUN` (run the frame normally this
-   time) or :attr:`Decision.SKIP` (never intercept this code again).
+   time), :attr:`Decision.SKIP` (never intercept this code again) or
+   :attr:`Decision.SKIP_FOR_CALLBACK` (never again while this callback runs;
+   another callback still sees the code's frames).
 
 >>> from ember.capture import hook
 >>> def scale(x, factor=2):
@@ -150,12 +152,15 @@ class CacheEntry(NamedTuple):
 class Decision(enum.Enum):
     """What a callback may return instead of a :class:`CacheEntry`.
 
-    >>> Decision.RUN.value, Decision.SKIP.value
-    ('run', 'skip')
+    >>> Decision.RUN.value, Decision.SKIP.value, Decision.SKIP_FOR_CALLBACK.value
+    ('run', 'skip', 'skip-for-callback')
     """
 
     RUN = "run"  # run this frame normally, ask again next time
     SKIP = "skip"  # run this frame normally and never intercept its code again
+    # ... and never intercept it again while this callback runs (a decision that depends on
+    # the callback, e.g. its backend failed: another callback must still get to decide)
+    SKIP_FOR_CALLBACK = "skip-for-callback"
 
 
 class RunOnly(enum.Enum):
@@ -188,9 +193,12 @@ class HookState:
 
 
 class _Dispatch:
-    """The callable the C hook holds: screens ember's own code, translates decisions."""
+    """The callable the C hook holds: screens ember's own code, translates decisions.
 
-    __slots__ = ("callback",)
+    One per callback (:func:`_dispatch`): the C hook records a callback's own skips
+    against this object, by weak reference."""
+
+    __slots__ = ("__weakref__", "callback")
 
     def __init__(self, callback: Callback) -> None:
         self.callback = callback
@@ -203,12 +211,35 @@ class _Dispatch:
             return None
         if decision is Decision.SKIP:
             return False
+        if decision is Decision.SKIP_FOR_CALLBACK:
+            return True
         if isinstance(decision, tuple) and len(decision) == 2:
             return decision  # the C side checks that both items are callable
         raise TypeError(
             f"ember frame callback {self.callback!r} returned {decision!r}; "
-            "expected a CacheEntry, Decision.RUN or Decision.SKIP"
+            "expected a CacheEntry or a Decision"
         )
+
+
+# id(callback) -> its live _Dispatch: the same callback set twice at once (nested, on two
+# threads, bound and intercepting) shares the skips it made. Weak values: a dispatch (and
+# the skips recorded against it) lives while a thread or a bound call holds it.
+_DISPATCHES: dict[int, weakref.ref[_Dispatch]] = {}
+
+
+def _dispatch(callback: Callback) -> _Dispatch:
+    ref = _DISPATCHES.get(id(callback))
+    found = ref() if ref is not None else None
+    if found is not None and found.callback is callback:
+        return found
+    made, key = _Dispatch(callback), id(callback)
+
+    def forget(dead: weakref.ref[_Dispatch]) -> None:
+        if _DISPATCHES.get(key) is dead:
+            del _DISPATCHES[key]
+
+    _DISPATCHES[key] = weakref.ref(made, forget)
+    return made
 
 
 def set_callback(callback: Callback | RunOnly | None) -> Callback | RunOnly | None:
@@ -233,7 +264,7 @@ def _to_raw(callback: Callback | RunOnly | None) -> object:
     if callback is RUN_ONLY:
         return False
     if callable(callback):
-        return _Dispatch(callback)
+        return _dispatch(callback)
     raise TypeError(f"callback must be callable, RUN_ONLY or None, not {callback!r}")
 
 
@@ -294,13 +325,15 @@ class intercepting:
 
     def __init__(self, callback: Callback | RunOnly) -> None:
         self._callback = callback
-        self._previous: list[Callback | RunOnly | None] = []
+        # the outer blocks' callbacks as the C hook holds them: restoring the very object
+        # keeps the skips recorded against it (SKIP_FOR_CALLBACK) while the body runs
+        self._previous: list[object] = []
 
     def __enter__(self) -> None:
-        self._previous.append(set_callback(self._callback))
+        self._previous.append(_eval_frame.set_callback(_to_raw(self._callback)))
 
     def __exit__(self, *exc: object) -> None:
-        set_callback(self._previous.pop())
+        _eval_frame.set_callback(self._previous.pop())
 
 
 def entries(code: types.CodeType) -> list[CacheEntry]:
@@ -344,7 +377,7 @@ def remove_entry(code: types.CodeType, entry: CacheEntry) -> bool:
 
 
 def clear(code: types.CodeType) -> None:
-    """Forget the code's entries and its skip flag.
+    """Forget the code's entries and its skip decisions (every callback's).
 
     >>> def f(x): return x
     >>> skip(f.__code__); clear(f.__code__); is_skipped(f.__code__)
@@ -394,17 +427,28 @@ def _is_own(code: types.CodeType) -> bool:
     return ref is not None and ref() is code
 
 
-def is_skipped(code: types.CodeType) -> bool:
-    """Whether frames of ``code`` are never intercepted.
+def is_skipped(code: types.CodeType, callback: Callback | None = None) -> bool:
+    """Whether frames of ``code`` are never intercepted (by any callback), or, given
+    ``callback``, never by that one (it returned :attr:`Decision.SKIP_FOR_CALLBACK`).
 
-    >>> is_skipped((lambda: 0).__code__)
-    False
+    A callback's own skips last while something holds it as a callback: a thread
+    (in :func:`intercepting`) or a :func:`bound_call`.
+
+    >>> def f(x): return x
+    >>> def mine(frame): return Decision.SKIP_FOR_CALLBACK
+    >>> with intercepting(mine):
+    ...     f(1), is_skipped(f.__code__), is_skipped(f.__code__, mine)
+    (1, False, True)
     """
-    return bool(_eval_frame.is_skipped(code))
+    if callback is None:
+        return bool(_eval_frame.is_skipped(code))
+    ref = _DISPATCHES.get(id(callback))
+    raw = ref() if ref is not None else None
+    return raw is not None and raw.callback is callback and _eval_frame.is_skipped_by(code, raw)
 
 
 def reset() -> None:
-    """Forget every cache entry and skip flag of every code object.
+    """Forget every cache entry and skip decision (every callback's) of every code object.
 
     >>> reset(); state().live_caches >= 0
     True
@@ -499,7 +543,7 @@ def _scan_for_evaluators() -> None:
     """Look at modules loaded since the last scan for one that installs a frame evaluator."""
     global _foreign
     found = list(_foreign)
-    for name, module in list(sys.modules.items()):
+    for name, module in sys.modules.copy().items():
         if name in _scanned:
             continue
         _scanned.add(name)
@@ -553,7 +597,9 @@ def _skipped_prefixes() -> tuple[str, ...]:
     if _prefix_cache[0] != count:
         dirs = {
             os.path.dirname(path) + os.sep
-            for name, mod in list(sys.modules.items())
+            # copy(), as inspect.getmodule does: iterating the live dict raises when a
+            # collection run inside the loop lets another thread import meanwhile
+            for name, mod in sys.modules.copy().items()
             if name.startswith("ember.") and name.count(".") == 1
             for path in [getattr(mod, "__file__", None)]
             if path

@@ -591,7 +591,7 @@ def _set_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 
 @rule(markers.graph_break)
 def _graph_break(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
-    raise Unsupported("graph_break() called", "user")
+    raise Unsupported("graph_break() called", "graph-break")
 
 
 @rule(markers.is_compiling)
@@ -620,7 +620,8 @@ def call_python_object(fs: FrameState, obj: Any, args: Args, kwargs: Kwargs) -> 
         if matches(obj):
             return call(fs, obj, args, kwargs)
     if isinstance(obj, markers.Disabled):
-        raise Unsupported(f"call to {obj!r}, disabled with ember.compiler.disable", "user")
+        name = getattr(obj, "__qualname__", repr(obj))  # the user's function, as named
+        raise Unsupported(f"call to {name}, disabled with ember.compiler.disable", "disabled")
     if markers.is_assumed_constant(obj):
         return _fold(fs, obj, args, kwargs)  # unguarded, as the user promised
     lazy = polyfills.lazy_builtin(obj) if _hashable(obj) else None

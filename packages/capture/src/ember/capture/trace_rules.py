@@ -162,7 +162,7 @@ def module_of(globals_: dict[str, Any] | None) -> str:
         found = next(
             (
                 key
-                for key, m in list(sys.modules.items())
+                for key, m in sys.modules.copy().items()
                 if getattr(m, "__dict__", None) is globals_
             ),
             "",

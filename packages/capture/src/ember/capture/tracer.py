@@ -44,14 +44,20 @@ class Location:
         return f"{where}\n    {self.text}" if self.text else where
 
 
-# One-line advice per category, for explain() and errors (a raise site may give its own).
+# One-line advice per category, for explain(), the profiler and errors: every category a
+# raise site uses has its own entry (tests/test_hints.py checks it; a raise site may still
+# give a more precise hint of its own).
 HINTS: dict[str, str] = {
     "data-dependent": "keep the value a tensor (e.g. torch.where instead of if/else on it)",
     "side-effect": "move the side effect (printing, mutating inputs) out of the compiled code",
     "call": "use torch operations, or ember.compiler.allow_in_graph for an opaque function",
     "opcode": "this Python construct is not captured yet; move it out of the hot path",
-    "user": "ember.compiler.graph_break() was called here on purpose",
+    "graph-break": "ember.compiler.graph_break() was called here on purpose",
+    "disabled": "the callee was wrapped in ember.compiler.disable, so it runs eagerly by design;"
+    " remove the disable() to capture it",
     "module-hooks": "remove the module's hooks, or accept a break at its call",
+    "cache_limit": "each new input shape, type or constant compiles again, up to the cache"
+    " limit; keep them stable (a recompilation profiler names the guard that fails)",
     "attribute": "read the attribute outside the compiled code and pass the value in",
     "tensor-attribute": "pass the value in as an argument instead of reading it here",
     "rng": "seed or read the random state outside the compiled code to keep one graph",
@@ -59,6 +65,22 @@ HINTS: dict[str, str] = {
     "double-backward": "compute gradients of gradients outside the compiled code",
     "grad-mode": "enable grad outside the compiled code (the caller's no_grad)",
     "subclass": "backend='eager' runs a tensor subclass's __torch_function__ as eager does",
+    "constant": "ember needed a Python constant here (a bool, an int); compute it outside"
+    " the compiled code or keep the value a tensor",
+    "exception": "raise and catch this exception outside the compiled code",
+    "generator": "consume the generator fully inside one function (e.g. list(gen))",
+    "iteration": "iterate over a list, tuple, dict or range, or a tensor of known size",
+    "loop": "bound the loop by a constant or a tensor's size, not by a value computed per step",
+    "name": "define the name before the compiled code reads it",
+    "import": "import the module at the top of the file, not inside the compiled code",
+    "output": "return tensors or plain Python containers of them; build other objects"
+    " outside the compiled code",
+    "with": "enter and leave the with block inside one function",
+    "view-inplace": "autograd refuses this in-place write to a view in eager too; write into"
+    " a clone (y = x.clone()) instead",
+    "backend": "the frame ran eagerly; another backend (eager, aot_eager) may take this graph",
+    "internal": "please report it; the frame ran eagerly, so results are unaffected",
+    "unsupported": "this Python operation is not captured yet; move it out of the compiled code",
 }
 
 # Categories that are no graph break: the whole frame runs eagerly (a break would hand the

@@ -31,6 +31,7 @@ from ember.capture.codegen import (
 )
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
+from ember.capture.timing import TIMES
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
 from ember.capture.values import (
     EMPTY,
@@ -76,12 +77,22 @@ class Translation:
     effects: list[tuple[Any, ...]] = field(default_factory=list)  # see codegen.generate
 
 
-def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Translation:
+def translate(
+    frame: Frame, backend_name: str, stop_at: int | None = None, guard_key: str | None = None
+) -> Translation:
     """Capture ``frame`` as one graph; :class:`Unsupported` if it cannot be.
 
     With ``stop_at`` (an instruction index, for a graph break) translation stops
     before that instruction, and the output is the stack and the bound locals there.
+    The backend guard compares ``guard_key`` (default: ``backend_name``).
     """
+    with TIMES.timed("capture"):  # for ember.compiler.compile_times()
+        return _translate(frame, backend_name, stop_at, guard_key)
+
+
+def _translate(
+    frame: Frame, backend_name: str, stop_at: int | None, guard_key: str | None
+) -> Translation:
     start = time.perf_counter()
     tracer = Tracer(backend_name=backend_name)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
@@ -117,7 +128,7 @@ def translate(frame: Frame, backend_name: str, stop_at: int | None = None) -> Tr
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
-    tracer.guards.backend(backend_name)  # an entry never serves another backend
+    tracer.guards.backend(guard_key or backend_name)  # an entry never serves another backend
     # which tensor inputs share storage: aliased inputs need another graph
     tracer.guards.storage_aliasing(tracer.input_sources, tracer.example_inputs)
     return Translation(

@@ -30,20 +30,27 @@ from ember.capture.markers import (
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
+from ember.compiler.phases import CompileTimes, compile_times
+from ember.compiler.phases import clear as _clear_times
+from ember.compiler.profiler import CompilationProfiler, ProfileReport
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [
     "BreakReason",
+    "CompilationProfiler",
+    "CompileTimes",
     "CompiledFunction",
     "ExplainOutput",
     "Failure",
     "FullGraphError",
     "OptimizedModule",
+    "ProfileReport",
     "Stats",
     "allow_in_graph",
     "assume_constant_result",
     "compile",
+    "compile_times",
     "disable",
     "disallow_in_graph",
     "explain",
@@ -58,8 +65,10 @@ __all__ = [
 
 
 def reset() -> None:
-    """Forget every compiled translation, guard cache and skip decision.
+    """Forget every compiled translation, guard cache and skip decision, and the
+    times :func:`compile_times` reports.
 
     >>> reset()
     """
     _reset()
+    _clear_times()

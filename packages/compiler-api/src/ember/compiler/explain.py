@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ember.capture import hook
-from ember.capture.frame_compiler import FrameCompiler, code_cache
+from ember.capture.frame_compiler import Failure, FrameCompiler, code_cache
 from ember.guards import GuardSet
 from ember.guards.state import BACKEND_VAR
 
@@ -75,6 +75,19 @@ class ExplainOutput:
         return "\n".join(lines)
 
 
+def break_reason(f: Failure) -> BreakReason:
+    """A break (or eager frame) as the stats record it, as explain and the profiler show it."""
+    w = f.where
+    return BreakReason(
+        f.reason,
+        f.category,
+        w.filename if w else "?",
+        w.lineno if w else None,
+        w.text if w else "",
+        f.hint,
+    )
+
+
 def _op_name(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, str):
@@ -122,17 +135,7 @@ def explain(fn: Callable[..., Any]) -> Callable[..., ExplainOutput]:
 
 def _report(compiler: FrameCompiler, graphs: list[torch.fx.GraphModule]) -> ExplainOutput:
     stats = compiler.stats
-    reasons = tuple(
-        BreakReason(
-            f.reason,
-            f.category,
-            f.where.filename if f.where else "?",
-            f.where.lineno if f.where else None,
-            f.where.text if f.where else "",
-            f.hint,
-        )
-        for f in [*stats.breaks, *stats.failures]
-    )
+    reasons = tuple(break_reason(f) for f in [*stats.breaks, *stats.failures])
     ops = tuple(
         tuple(_op_name(n) for n in c.graph.graph.nodes if n.op in ("call_function", "call_method"))
         for c in stats.compiled

@@ -14,6 +14,8 @@ import torch
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler.backends import Backend, backend_name, lookup_backend
+from ember.compiler.phases import timed_backend
+from ember.compiler.profiler import CompilationProfiler
 from ember.guards.state import BACKEND_VAR
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,7 +56,7 @@ class CompiledFunction(functools.partial[Any]):
 
 def _entry_args(compiler: FrameCompiler) -> tuple[Any, ...]:
     """The leading arguments of ``call_with_callback`` for calls compiled by ``compiler``."""
-    bound = hook.bound_call(compiler, _unused, BACKEND_VAR, compiler.backend_name)
+    bound = hook.bound_call(compiler, _unused, BACKEND_VAR, compiler.guard_key)
     return (bound.func, *bound.args[:-1])
 
 
@@ -307,13 +309,16 @@ def compile(
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
     fn, name = _configured(backend, mode, options)
+    fn = timed_backend(fn)  # its time shows in compile_times()
+    # a profiler installs a frame compiler of its own (it compiles each code once)
+    make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
-        compiler = FrameCompiler(fn, name, fullgraph=fullgraph, entry_codes=entry)
+        compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
         return OptimizedModule(model, compiler)
     if not callable(model):
         raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
     target = getattr(model, "__func__", model)
     entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
-    return CompiledFunction(model, FrameCompiler(fn, name, fullgraph=fullgraph, entry_codes=entry))
+    return CompiledFunction(model, make(fn, name, fullgraph=fullgraph, entry_codes=entry))

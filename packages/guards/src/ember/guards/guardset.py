@@ -26,6 +26,7 @@ from ember.guards.codegen import build_check, build_explainer, build_fetch
 from ember.guards.frame import FrameSpec
 from ember.guards.kinds import KINDS, Guard, GuardKind
 from ember.guards.sources import Source
+from ember.guards.timing import TIMES
 
 __all__ = ["CompiledGuards", "GuardSet"]
 
@@ -108,8 +109,9 @@ class GuardSet:
         """
         if isinstance(frame, FunctionType):
             frame = FrameSpec.from_function(frame)
-        source, check = build_check(self.guards, frame)
-        return CompiledGuards(self, frame, check, source, build_explainer(self.guards, frame))
+        with TIMES.timed("guards"):
+            source, check = build_check(self.guards, frame)
+            return CompiledGuards(self, frame, check, source, build_explainer(self.guards, frame))
 
 
 @dataclass(frozen=True, slots=True, eq=False)

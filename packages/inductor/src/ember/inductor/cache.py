@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from ember.inductor.timing import TIMES
+
 __all__ = [
     "DEFAULT_CFLAGS",
     "CompileError",
@@ -144,7 +146,8 @@ def build(source: str, options: CompileOptions | None = None) -> tuple[Path, str
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
     try:
         (tmp / "kernels.cpp").write_text(source)
-        done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, check=False)
+        with TIMES.timed("C++ build"):  # for ember.compiler.compile_times()
+            done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise CompileError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
         marker = {"key": key, "sha256": _checksum(tmp / "kernels.so")}
@@ -173,7 +176,7 @@ def build_async(
 
 def load(path: Path) -> ctypes.CDLL:
     """Load a compiled library once per process."""
-    with _LOCK:
+    with _LOCK, TIMES.timed("load"):
         lib = _LOADED.get(path)
         if lib is None:
             lib = _LOADED[path] = ctypes.CDLL(str(path))

@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import cache, graph_cache
+from ember.inductor import cache, graph_cache, timing
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.eager_kernels import unless_lacking
@@ -368,14 +368,11 @@ def compile_graph(
     try:
         if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
             raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
-        gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
-        lower = functools.partial(lower_graph, fused_random=fused_random)
-        prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
-        prog.out_spec = _out_spec(gm)
-        prog = run.phase("eliminate_dead", eliminate_dead, prog)  # drop unread nodes
-        prog = run.phase("simplify", simplify, prog)  # algebra, constant folding, index math
-        sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
-        source, args = run.phase("codegen", translation_unit, sched)  # C++ source
+        gm, prog = _lower(run, gm, example_inputs, fused_random)  # aten -> simplified loop IR
+        with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
+            sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
+        with timing.TIMES.timed("codegen"):
+            source, args = run.phase("codegen", translation_unit, sched)  # C++ source
     except Fallback as e:
         warnings.warn(f"ember.inductor: running the graph eagerly: {e}", stacklevel=2)
         return original.forward
@@ -393,6 +390,20 @@ def compile_graph(
         compiled._build = cache.build_async(source, compile_options)
     compiled._record = None if key is None else (key, original)
     return compiled
+
+
+def _lower(
+    run: _Run, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fused_random: bool
+) -> tuple[torch.fx.GraphModule, Any]:
+    """The decomposed graph and its loop-IR program, simplified (the ``lowering`` phase)."""
+    with timing.TIMES.timed("lowering"):
+        gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
+        lower = functools.partial(lower_graph, fused_random=fused_random)
+        prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
+        prog.out_spec = _out_spec(gm)
+        prog = run.phase("eliminate_dead", eliminate_dead, prog)  # drop unread nodes
+        prog = run.phase("simplify", simplify, prog)  # algebra, constant folding, index math
+    return gm, prog
 
 
 def subclass_input(example_inputs: Sequence[Any]) -> type | None:
