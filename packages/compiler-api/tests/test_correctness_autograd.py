@@ -376,7 +376,7 @@ def test_an_unreached_formula_does_not_poison_a_gradient(backend: str) -> None:
     compare_backward(reciprocal_unused, backend, args_of=with_a_zero)
 
 
-# --- known, not fixed: an intermediate restrided in place, then again after a break -------
+# --- an intermediate restrided in place, then again after a graph break -----------------
 
 
 def restride_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
@@ -387,18 +387,6 @@ def restride_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
     return [v1 * s2]
 
 
-KNOWN_VIEW_OUTPUT = pytest.mark.xfail(
-    strict=True,
-    reason="issue 16, found by the aot_eager fuzzer (seed 14) with the gradient gates lifted: "
-    "a graph output that eager returns as a plain tensor comes back from the autograd.Function "
-    "as a view of an intermediate (aot_eager; inductor returns a fresh buffer), and an in-place "
-    "metadata change of it after a graph break raises where eager's does not; the fix returns "
-    "the intermediate and makes the view outside the Function (as for views of graph outputs)",
-)
-
-
-@pytest.mark.parametrize(
-    "backend", ["eager", pytest.param("aot_eager", marks=KNOWN_VIEW_OUTPUT), "inductor"]
-)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_an_intermediate_restrided_again_after_a_break(backend: str) -> None:
     check(restride_across_a_break, backend)

@@ -86,12 +86,29 @@ class Runtime:
         outs = self._run(inputs) if self.plain else self._run_replaying(inputs)
         clone = self.clone
         if not clone:  # once: how the compiled graph's outputs share storage
-            clone.append(outputs_to_clone(self.signature.out_storage, inputs, outs))
+            found = outputs_to_clone(self.signature.out_storage, inputs, outs)
+            if self.backward is not None:
+                found = tuple(sorted({*found, *self._function_views(outs)}))
+            clone.append(found)
         if clone[0]:
             outs = list(outs)
             for j in clone[0]:
                 outs[j] = fresh_copy(outs[j])
         return self.assemble(inputs, outs)
+
+    def _function_views(self, outs: Sequence[Any]) -> list[int]:
+        """Graph outputs that the compiled graph returned as views (of its intermediates:
+        ``t_`` on a result). From the ``autograd.Function`` autograd marks them as one of
+        several views and refuses an in-place change of them later, where eager's output
+        allows it: the runtime returns a copy instead (rare; an ``aot_eager`` case). Not
+        where eager's is one of several views too (``split``): eager refuses as well."""
+        sig = self.signature
+        split = {o.index for o in sig.outputs if o.kind == "graph" and o.split}
+        return [
+            j
+            for j, o in enumerate(outs[: len(sig.graph_outputs)])
+            if isinstance(o, torch.Tensor) and o.requires_grad and o._is_view() and j not in split
+        ]
 
     def backward_for(self, missing: frozenset[int]) -> Callable[..., Sequence[Any]]:
         """The backward graph for a pass whose tangents ``missing`` are undefined: without

@@ -340,7 +340,8 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         split = _multi_output_view(leaf)
         return Output("alias", i, leaf.requires_grad, meta=meta, split=split)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
-    return Output("graph", graph_index, grad, TensorMeta.of(leaf))
+    split = _multi_output_view(leaf)  # eager refuses in-place writes to it too
+    return Output("graph", graph_index, grad, TensorMeta.of(leaf), split=split)
 
 
 def _multi_output_view(t: torch.Tensor) -> bool:
