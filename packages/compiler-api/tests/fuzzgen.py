@@ -25,13 +25,7 @@ Shape = tuple[str, ...]
 
 # Gated productions: name -> the issue-16 bug class it hits. Remove an entry (or set
 # EMBER_FUZZ_ENABLE) once the fix for its class is merged.
-GATES: dict[str, str] = {
-    # The write-through and eager-raises cases are fixed; still open: a gradient through
-    # overlapping argument views that require grad, with a dead op on one of them, comes
-    # back wrong on the rows only the other covers (aot_eager, random campaign of 400).
-    "alias_overlap": "input aliasing: gradients through overlapping argument views that "
-    "require grad (a dead op on one view, a reshape of the other)",
-}
+GATES: dict[str, str] = {}
 
 
 def enabled(gate: str) -> bool:

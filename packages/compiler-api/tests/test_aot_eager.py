@@ -22,13 +22,6 @@ from ember.compiler.backends import aot_eager
 TRAINING = ["mlp", "cnn-train", "transformer-block", "rnn"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def loss_of(out: Any) -> torch.Tensor:
     return out.float().pow(2).mean()
 

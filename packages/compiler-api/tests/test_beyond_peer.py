@@ -16,13 +16,6 @@ import ember.compiler
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_yield_from_returns_the_subgenerators_value(backend):
     def f(x):

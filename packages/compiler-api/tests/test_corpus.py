@@ -540,13 +540,6 @@ def map_and_filter(x):
     return doubled[0] + doubled[1] * len(kept)
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def test_corpus_is_big_enough():
     assert len(CORPUS) >= 60, len(CORPUS)
 

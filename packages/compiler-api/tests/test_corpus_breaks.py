@@ -2163,13 +2163,6 @@ def _param(c: Case) -> Any:
     return pytest.param(c, id=c.name, marks=marks)
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def test_corpus_is_big_and_names_are_unique():
     names = [c.name for c in CASES]
     assert len(names) >= 150, len(names)

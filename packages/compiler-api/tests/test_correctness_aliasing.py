@@ -22,13 +22,6 @@ from ember.compiler.testing import assert_same, outcome
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 

@@ -15,13 +15,6 @@ from ember.compiler.testing import assert_same, outcome
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def fresh() -> Any:
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def leaves(seed: int = 0) -> list[torch.Tensor]:
     """a, b: (3, 6), c: (6,), each a leaf that requires grad."""
     g = torch.Generator().manual_seed(seed)

@@ -27,13 +27,6 @@ BACKENDS = ["eager", "aot_eager", "inductor"]
 Step = tuple[Callable[[], Any], Callable[[], tuple[Any, ...]]]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def nothing() -> None:
     """A step that changes nothing."""
 

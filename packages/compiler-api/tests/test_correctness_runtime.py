@@ -4,6 +4,7 @@ bad options and backends, leaks, internal errors; each against eager, on every b
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import threading
 import traceback
@@ -13,19 +14,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses import FakeTensorMode
 
 import ember.compiler
 from ember.capture import codegen, frame_compiler, hook
 from ember.compiler.testing import assert_same, outcome
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
-
-
-@pytest.fixture(autouse=True)
-def fresh() -> Any:
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
 
 
 def in_threads(n: int, body: Callable[[int], None]) -> list[str]:
@@ -346,3 +341,34 @@ def test_user_errors_propagate_unchanged_also_from_threads(backend: str) -> None
         same_outcome(compiled, raises_after_tensor_work, *args)
     errors = in_threads(3, lambda i: same_outcome(compiled, raises_after_tensor_work, *cases[i]))
     assert errors == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_op_eager_refuses_raises_eagers_error_and_logs_nothing(backend: str) -> None:
+    """Fake tensors log a traceback to stderr when an op's shape check fails; ember runs the
+    frame eagerly, which raises eager's error, so that log was a second, alarming copy."""
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.seen.append(record.getMessage())
+
+    def f(a, b):
+        return (a @ b).sin()
+
+    records, logger = Records(), logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addHandler(records)
+    try:
+        compiled = ember.compiler.compile(f, backend=backend)
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            compiled(torch.ones(5, 3), torch.ones(6, 3))
+        assert records.seen == []
+        with FakeTensorMode(), pytest.raises(RuntimeError):  # outside ember: torch's log
+            torch.ones(5, 3) @ torch.ones(6, 3)
+        assert len(records.seen) == 1, records.seen  # the handler does see such records
+    finally:
+        logger.removeHandler(records)
+    assert compiled(torch.ones(5, 3), torch.ones(3, 6)).shape == (5, 6)  # then it compiles

@@ -26,13 +26,6 @@ from ember.compiler.testing import assert_same
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def fresh() -> Any:
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def refusing(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
     """A backend that refuses every graph (as one may refuse an op it lacks)."""
     raise RuntimeError("this backend takes no graph")

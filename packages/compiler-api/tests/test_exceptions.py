@@ -9,18 +9,10 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 
 import ember.compiler
 from ember.compiler.testing import CompileCounter, check_like_eager
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
 
 
 def x4() -> torch.Tensor:

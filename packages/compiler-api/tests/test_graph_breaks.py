@@ -11,13 +11,6 @@ import ember.compiler
 from ember.compiler.testing import CompileCounter
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def run(fn, *args, **kwargs):
     counter = CompileCounter()
     compiled = ember.compiler.compile(fn, backend=counter)

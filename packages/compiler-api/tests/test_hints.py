@@ -16,13 +16,6 @@ BACKENDS = ["eager", "aot_eager", "inductor"]
 CAPTURE_SRC = pathlib.Path(ember.capture.__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def _raised_categories() -> set[str]:
     """Every category string a raise site in ember.capture gives ``Unsupported``: the
     second argument, or a string assigned to a name passed there (``category = ...``)."""

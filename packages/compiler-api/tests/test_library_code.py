@@ -17,13 +17,6 @@ from ember.capture import trace_rules
 from ember.compiler.testing import CompileCounter, assert_same
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def _fake_library(name: str, source: str) -> types.ModuleType:
     """A module registered in sys.modules, as an installed package's module would be."""
     module = types.ModuleType(name)

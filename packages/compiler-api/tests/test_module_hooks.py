@@ -16,13 +16,6 @@ from ember.compiler.testing import CompileCounter
 X = torch.randn(2, 4)
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

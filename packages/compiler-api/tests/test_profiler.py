@@ -11,13 +11,6 @@ from ember.compiler import CompilationProfiler
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def _line_of(marker: str) -> int:
     with open(__file__) as fh:
         return next(i for i, line in enumerate(fh, 1) if line.rstrip().endswith(marker))

@@ -23,14 +23,6 @@ import torch
 import ember.compiler
 from ember.compiler.testing import CompileCounter, check_like_eager
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 X = torch.randn(3, 4)
 
 

@@ -21,13 +21,6 @@ HF_MODELS = models.HF_MODELS
 NAMES = ["gpt2", "bert", "llama", "t5", "vit"]
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def _logits(out):
     return out.logits
 

@@ -14,14 +14,6 @@ import torch
 import ember.compiler
 from ember.compiler.testing import check_like_eager
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 X = torch.randn(3, 4)
 
 # -- OrderedDict / defaultdict -------------------------------------------------------------------

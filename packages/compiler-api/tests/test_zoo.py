@@ -16,13 +16,6 @@ from ember.compiler.testing import CompileCounter
 CASES = sorted(ZOO)
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    ember.compiler.reset()
-    yield
-    ember.compiler.reset()
-
-
 def assert_same(got: Any, want: Any) -> None:
     if isinstance(want, dict):
         assert got.keys() == want.keys()

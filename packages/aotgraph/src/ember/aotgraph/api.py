@@ -37,8 +37,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph import check, store
+from ember.aotgraph import check, log, store
 from ember.aotgraph.aliasing import Merge, own_views
+from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -257,18 +258,29 @@ class AOTCompiled:
         graph_inputs = list(inputs) if merge is None else merge.inputs(inputs)
         if part is None:
             self.inference_graph = traced.forward
-            compiled = self.settings.inference_compiler(traced.forward, graph_inputs)
+            _log_graph("inference", traced.forward)
+            with log.graph(1, 1, "inference"):
+                compiled = self.settings.inference_compiler(traced.forward, graph_inputs)
             return Runtime(sig, traced.mutated, compiled, merge=merge)
         self.partition = part
-        fw = self.settings.fw_compiler(part.forward, graph_inputs)
+        _log_graph("forward", part.forward)
+        _log_graph("backward", part.backward)
+        with log.graph(1, 2, "forward"):
+            fw = self.settings.fw_compiler(part.forward, graph_inputs)
         bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
-        bw = self.settings.bw_compiler(part.backward, bw_inputs)
+        with log.graph(2, 2, "backward"):
+            bw = self.settings.bw_compiler(part.backward, bw_inputs)
         saved = traced.clone_saved, traced.number_saved
         use = TangentUse.of(part.backward, bw_inputs[len(bw_inputs) - len(sig.grad_outputs) :])
         graph = part.backward if use is not None else None
         return Runtime(
             sig, traced.mutated, fw, bw, *saved, merge=merge, tangent_use=use, backward_graph=graph
         )
+
+
+def _log_graph(what: str, gm: torch.fx.GraphModule) -> None:
+    """The aot_graphs artifact: one graph handed to the caller's compilers, as code."""
+    log.artifact("aot_graphs", lambda: f"{what} graph:\n{gm.print_readable(print_output=False)}")
 
 
 def _bumped_graph_inputs(sig: Signature, n: int) -> list[int]:
@@ -374,10 +386,10 @@ def aot_compile(
     ['aten.addmm.default', 'aten.t.default']
     ['aten.mm.default', 'aten.sum.dim_IntList', 'aten.t.default', 'aten.view.default']
     """
-    settings = Settings(
-        fw_compiler,
-        bw_compiler or fw_compiler,
-        inference_compiler or fw_compiler,
+    settings = Settings(  # a caller may watch what each compiler is handed (the minifier)
+        hooked(fw_compiler, "forward"),
+        hooked(bw_compiler or fw_compiler, "backward"),
+        hooked(inference_compiler or fw_compiler, "inference"),
         _partitioner(partition),
         decompositions,
     )

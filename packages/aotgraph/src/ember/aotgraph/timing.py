@@ -37,6 +37,9 @@ class Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()  # a C++ build finishes on a pool thread
         self._phases: dict[str, list[float]] = {}  # phase -> [calls, total, max]
+        #: ``(phase, start)`` of the blocks running now, innermost last: what a compile
+        #: that takes long is doing (ember.compiler's progress lines read it)
+        self.active: list[tuple[str, float]] = []
 
     def add(self, phase: str, seconds: float) -> None:
         """Record one run of ``phase`` that took ``seconds``."""
@@ -50,9 +53,11 @@ class Recorder:
     def timed(self, phase: str) -> Iterator[None]:
         """Time the block as one run of ``phase`` (recorded even if it raises)."""
         start = time.perf_counter()
+        self.active.append((phase, start))
         try:
             yield
         finally:
+            self.active.remove((phase, start))
             self.add(phase, time.perf_counter() - start)
 
     def snapshot(self) -> dict[str, tuple[int, float, float]]:

@@ -25,6 +25,7 @@ options or ``fullgraph=True``, still tries the frame, records its own reason, or
 
 from __future__ import annotations
 
+import dis
 import inspect
 import sys
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import breaks, bytecode_311, codegen, hook, markers, trace_rules
+from ember.capture import breaks, bytecode_311, codegen, hook, log, markers, trace_rules
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.tracer import Location, Unsupported
 from ember.capture.translate import Translation, translate
@@ -139,11 +140,16 @@ class FrameCompiler:
                 hook.skip(code, False)
         if entry_codes:
             weakref.finalize(self, _release, entry_codes)
+        # called with (frame, failure) when a frame fails to compile: compiler-api's replay record
+        self.on_failure: Callable[[Frame, Failure], None] | None = None
 
     def __call__(self, frame: Frame) -> CacheEntry | Decision:
         code = frame.code
         if code not in self.entry_codes and not trace_rules.compiles_frames(frame.globals):
             return _rule_skip(code)  # the trace rules say CPython runs this module's frames
+        if log.debug_function_skips(code.co_name):  # EMBER_DEBUG_FUNCTION names another
+            log.LOG.debug("not compiling %s: the debug function is another", code.co_name)
+            return Decision.RUN  # asked again next call: the setting may change
         # Another thread may be compiling this very frame: wait for it. Its entry reaches
         # the hook's list only after its callback returns, so look (in the policy's list,
         # written under the lock) even without waiting.
@@ -153,7 +159,8 @@ class FrameCompiler:
                 return Decision.RUN  # another thread's entry serves it: the next call hits
             if self._skipped.get(code) == _generation:
                 return Decision.SKIP_FOR_CALLBACK  # another thread failed it meanwhile
-            return self._on_miss(frame)
+            with log.compiling(code_cache(code).name):
+                return self._on_miss(frame)
         except FullGraphError:
             raise
         except Exception as bug:  # a bug in ember (guards, codegen) never reaches the user
@@ -202,6 +209,9 @@ class FrameCompiler:
         reason = f"{e.reason} (and no graph break there: {why})" if why else e.reason
         failure = Failure(cache.name, reason, e.category, location, e.hint, e.location)
         self.stats.failures.append(failure)
+        if self.on_failure is not None:
+            self.on_failure(frame, failure)
+        log.LOG.info("%s runs eagerly: %s\n%s", cache.name, reason, location)
         if self.fullgraph:
             hint = f"\nhint: {e.hint}" if e.hint else ""
             raise FullGraphError(
@@ -256,6 +266,7 @@ class FrameCompiler:
         self.stats.breaks.append(
             Failure(cache.name, e.reason, e.category, location, e.hint, e.location)
         )
+        log.artifact("graph_breaks", lambda: f"graph break in {cache.name}: {e.reason}\n{location}")
         return self._entry(frame, cache, t, fn, f"graph break at {location.splitlines()[0]}")
 
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
@@ -299,7 +310,23 @@ class FrameCompiler:
         self.stats.compiled.append(
             Compiled(cache.name, t.graph_module, t.ops, guards, seconds, described)
         )
+        _log_entry(frame.code, cache.name, t, fn, seconds)
         return entry
+
+
+def _log_entry(code: types.CodeType, name: str, t: Translation, fn: Any, seconds: float) -> None:
+    """The graph_code, bytecode and perf artifacts of one entry (each built only when on)."""
+    log.LOG.info("compiled %s: %d ops, %d guards", name, t.ops, len(t.guards.guards))
+    gm = t.graph_module
+    log.artifact("graph_code", lambda: f"graph of {name}:\n{gm.print_readable(False)}")
+    new = getattr(fn, "__code__", None)
+    log.artifact("bytecode", lambda: f"bytecode of {name}, original:\n{_dis(code)}\n"
+                 f"transformed ({getattr(new, 'co_name', '?')}):\n{_dis(new)}")  # fmt: skip
+    log.artifact("perf", lambda: f"{name}: {t.ops} ops, captured and guarded in {seconds:.3f} s")
+
+
+def _dis(code: types.CodeType | None) -> str:
+    return "(none)" if code is None else dis.Bytecode(code).dis()
 
 
 # Entry codes of live callables (with how many name each) and the codes skipped by a trace

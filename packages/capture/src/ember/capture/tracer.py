@@ -355,6 +355,7 @@ class Tracer:
             raise Unsupported(reason, "grad-mode")
         node = self.graph.create_node(kind, target, args, kwargs)
         node.meta["example_value"] = fake
+        node.meta["ember_line"] = self.guards.where  # (file, line): the report marks it
         self.ops += 1
         return node
 

@@ -8,9 +8,13 @@ frame eagerly and records the reason (or, under ``fullgraph=True``, raises).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dis
+import logging
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,8 +90,32 @@ def translate(
     before that instruction, and the output is the stack and the bound locals there.
     The backend guard compares ``guard_key`` (default: ``backend_name``).
     """
-    with TIMES.timed("capture"):  # for ember.compiler.compile_times()
+    with TIMES.timed("capture"), _quiet_meta_errors():  # timed for compile_times()
         return _translate(frame, backend_name, stop_at, guard_key)
+
+
+class _MetaErrorFilter(logging.Filter):
+    """Drops fake tensors' "failed while attempting to run meta" tracebacks while this
+    thread translates: an op that raises on fake tensors raises eagerly too, and ember then
+    reports it (a fallback, or eager's own error), so torch's log is a second, alarming copy."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_TRANSLATING.get() and record.msg.startswith("failed while attempting"))
+
+
+_TRANSLATING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ember_translating", default=False
+)
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_MetaErrorFilter())
+
+
+@contextlib.contextmanager
+def _quiet_meta_errors() -> Iterator[None]:
+    token = _TRANSLATING.set(True)
+    try:
+        yield
+    finally:
+        _TRANSLATING.reset(token)
 
 
 def _translate(

@@ -30,13 +30,21 @@ from ember.capture.markers import (
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
+from ember.compiler.logs import apply_environment as _apply_log_environment
+from ember.compiler.logs import set_logs
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
 from ember.compiler.profiler import CompilationProfiler, ProfileReport
+from ember.compiler.replay_record import ReplayRecord, replay
+from ember.compiler.reporting import clear as _clear_report
+from ember.compiler.reporting import count_calls, report
+from ember.compiler.repro import AccuracyError
+from ember.compiler.repro_settings import ReproSettings
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
 __all__ = [
+    "AccuracyError",
     "BreakReason",
     "CompilationProfiler",
     "CompileTimes",
@@ -46,11 +54,14 @@ __all__ = [
     "FullGraphError",
     "OptimizedModule",
     "ProfileReport",
+    "ReplayRecord",
+    "ReproSettings",
     "Stats",
     "allow_in_graph",
     "assume_constant_result",
     "compile",
     "compile_times",
+    "count_calls",
     "disable",
     "disallow_in_graph",
     "explain",
@@ -59,16 +70,22 @@ __all__ = [
     "list_backends",
     "lookup_backend",
     "register_backend",
+    "replay",
+    "report",
     "reset",
+    "set_logs",
     "set_trace_rule",
 ]
+
+_apply_log_environment()  # EMBER_LOGS, EMBER_DEBUG_FUNCTION, EMBER_PROGRESS
 
 
 def reset() -> None:
     """Forget every compiled translation, guard cache and skip decision, and the
-    times :func:`compile_times` reports.
+    times :func:`compile_times` reports and the callables :func:`report` shows.
 
     >>> reset()
     """
     _reset()
     _clear_times()
+    _clear_report()

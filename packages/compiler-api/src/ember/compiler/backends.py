@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import shutil
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 import torch
+
+from ember.compiler.reporting import noting
 
 Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
@@ -157,10 +160,25 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
     """
     from ember.aotgraph import aot_compile
 
-    def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-        return graph
+    return aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=noting("forward", as_is),  # noted: the compile report shows the graphs
+        bw_compiler=noting("backward", as_is),
+        inference_compiler=noting("inference", as_is),
+        decompositions={},
+    )
 
-    return aot_compile(gm, example_inputs, fw_compiler=as_is, bw_compiler=as_is, decompositions={})
+
+def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+    """aot_eager's inner compiler: the aten graph runs as it is (a module-level function, so
+    that a repro script can import it).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> as_is(gm, []) is gm
+    True
+    """
+    return graph
 
 
 @register_backend(name="inductor")
@@ -192,18 +210,17 @@ def inductor(
             "in the outputs; generated kernels return plain tensors"
         )
 
-    def kernels(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-        return compile_graph(graph, inputs, options)
-
+    # a partial, not a closure: a repro script (EMBER_REPRO_AFTER=aot) can import it
+    kernels = functools.partial(compile_graph, options=options)
     # Trace with the inductor's table (a superset of aotgraph's default), so compile_graph
     # gets graphs it need not re-trace. Passed as the function: aotgraph builds the table
     # only when it traces (not on a disk-cache hit), and keys its cache on the function.
     return aot_compile(
         gm,
         example_inputs,
-        fw_compiler=kernels,
-        bw_compiler=kernels,
-        inference_compiler=kernels,
+        fw_compiler=noting("forward", kernels),  # noted: the compile report shows the code
+        bw_compiler=noting("backward", kernels),
+        inference_compiler=noting("inference", kernels),
         decompositions=decompositions,
     )
 

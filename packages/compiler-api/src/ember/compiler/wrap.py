@@ -7,15 +7,20 @@ import inspect
 import types
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import torch
 
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
+from ember.compiler import replay_record, reporting
+from ember.compiler import repro as repro_hooks
 from ember.compiler.backends import Backend, backend_name, lookup_backend
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
+from ember.compiler.repro_script import compiler_ref
+from ember.compiler.repro_settings import ReproSettings
 from ember.guards.state import BACKEND_VAR
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -286,7 +291,9 @@ def compile(
     The other arguments are ``torch.compile``'s: ``options`` (a dict) goes to a
     backend that takes an ``options`` argument, with ``mode`` added to it as
     ``options["mode"]``; ``dynamic`` is accepted, but shapes are always
-    specialized today (a new shape compiles again; floats are graph inputs).
+    specialized today (a new shape compiles again; floats are graph inputs). The
+    ``options`` keys ``repro_after``, ``repro_level``, ``repro_dir`` and ``replay_record``
+    are ember's own failure-reproduction tools (:class:`ReproSettings`), not the backend's.
 
     >>> import torch, ember.compiler
     >>> def f(x, y):
@@ -308,17 +315,49 @@ def compile(
         raise TypeError(f"fullgraph must be a bool, not {type(fullgraph).__name__}")
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
-    fn, name = _configured(backend, mode, options)
-    fn = timed_backend(fn)  # its time shows in compile_times()
-    # a profiler installs a frame compiler of its own (it compiles each code once)
-    make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
+    new_compiler = _compiler_maker(backend, mode, options, fullgraph)
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
-        compiler = make(fn, name, fullgraph=fullgraph, entry_codes=entry)
+        label = type(model).__name__
+        compiler = reporting.watch(label, new_compiler.name, new_compiler(entry))
         return OptimizedModule(model, compiler)
     if not callable(model):
         raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
     target = getattr(model, "__func__", model)
     entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
-    return CompiledFunction(model, make(fn, name, fullgraph=fullgraph, entry_codes=entry))
+    label = getattr(model, "__qualname__", type(model).__name__)
+    return CompiledFunction(model, reporting.watch(label, new_compiler.name, new_compiler(entry)))
+
+
+@dataclass(frozen=True)
+class _Maker:
+    """Makes the frame compiler of one compiled object for its entry codes."""
+
+    name: str  # the backend's
+    make: Callable[[tuple[types.CodeType, ...]], FrameCompiler]
+
+    def __call__(self, entry: tuple[types.CodeType, ...]) -> FrameCompiler:
+        return self.make(entry)
+
+
+def _compiler_maker(
+    backend: str | Backend, mode: str | None, options: dict[str, Any] | None, fullgraph: bool
+) -> _Maker:
+    """The backend configured (options checked; the repro tools, timing and the compile
+    report around it), as a function that makes the frame compiler for the entry codes."""
+    repro = ReproSettings.from_env()
+    if isinstance(options, dict):  # the repro keys are ember's, not the backend's
+        repro, options = repro.with_options(options)
+    fn, name = _configured(backend, mode, options)
+    fn = repro_hooks.instrument(fn, lambda: compiler_ref(backend, options), repro)
+    observer = reporting.observe(timed_backend(fn))  # compile_times() and the report see it
+    # a profiler installs a frame compiler of its own (it compiles each code once)
+    make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
+
+    def new(entry: tuple[types.CodeType, ...]) -> FrameCompiler:
+        compiler = make(observer, name, fullgraph=fullgraph, entry_codes=entry)
+        replay_record.record_failures(compiler, backend, options, repro)
+        return compiler
+
+    return _Maker(name, new)

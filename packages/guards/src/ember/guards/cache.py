@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Generic, TypeVar
 
+from ember.guards import log
 from ember.guards.guardset import CompiledGuards
 
 __all__ = [
@@ -178,6 +179,8 @@ class CodeCache(Generic[T]):
         failures = tuple(self._failure(entry, args) for entry in self.entries)
         if full:
             self.eager = True
+            log.artifact("recompiles", lambda: f"{self.name}: cache_size_limit ({self.limit})"
+                         " reached; the frame runs eagerly from now on")  # fmt: skip
             if not self._warned:
                 self._warned = True
                 message = (
@@ -189,6 +192,7 @@ class CodeCache(Generic[T]):
         self.eager = False
         if self.entries:
             self.reasons.append(RecompileReason(self.name, failures))
+            log.artifact("recompiles", lambda: self._recompile_text(args))
         return Decision.RECOMPILE
 
     def add(self, guards: CompiledGuards, translation: T) -> CacheEntry[T]:
@@ -222,6 +226,16 @@ class CodeCache(Generic[T]):
         self.reasons.clear()
         self.eager = self._warned = False
         self._made = 0
+
+    def _recompile_text(self, args: tuple[object, ...]) -> str:
+        """The recompiles artifact: each entry's failed guard, with the line that made it."""
+        lines = [f"recompiling {self.name}: no entry's guards hold"]
+        for n, entry in enumerate(self.entries, 1):
+            index, _ = entry.guards.explainer(*args)
+            guard = entry.guards.guards.guards[index] if index >= 0 else None
+            where = f"  (guard from {guard.where})" if guard is not None and guard.where else ""
+            lines.append(f"  entry {n}: {self._failure(entry, args)}{where}")
+        return "\n".join(lines)
 
     @staticmethod
     def _failure(entry: CacheEntry[T], args: tuple[object, ...]) -> str:

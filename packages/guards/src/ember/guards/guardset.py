@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any
 
+from ember.guards import log
 from ember.guards.codegen import build_check, build_explainer, build_fetch
 from ember.guards.frame import FrameSpec
 from ember.guards.kinds import KINDS, Guard, GuardKind
@@ -109,6 +110,7 @@ class GuardSet:
         """
         if isinstance(frame, FunctionType):
             frame = FrameSpec.from_function(frame)
+        log.artifact("guards", lambda: f"guards of {frame.name}: {self}")
         with TIMES.timed("guards"):
             source, check = build_check(self.guards, frame)
             return CompiledGuards(self, frame, check, source, build_explainer(self.guards, frame))

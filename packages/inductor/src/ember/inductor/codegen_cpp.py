@@ -389,8 +389,8 @@ class _KernelWriter(WelfordLoops):
         return self.signature() + "\n".join(self.lines) + "\n}\n"
 
     def tiled_stage(self, st: Stage, depth: int, xk: str) -> None:
-        memo: dict[Expr, str] = {}
-        lines: list[str] = []
+        """One stage of a column kernel: a reduction's accumulators over the tile, the loop
+        over rows that fills them, then each tile element's result stored."""
         welford = by_body(s for s in st.stores if s.reduce in WELFORD)
         acc = {s.name: f"{s.name}_acc[{xk} - xb]" for s in st.stores}
         for group in welford:  # a tile of Welford lanes, sharing a count
@@ -398,66 +398,87 @@ class _KernelWriter(WelfordLoops):
             acc |= {s.name: f"({w}_k{j} + {w}_m{j})" if s.reduce is Reduce.WELFORD_MEAN
                     else f"{w}_s{j}" for s in group}  # fmt: skip
         if st.is_reduction:
-            for s in st.stores:
-                if s.reduce in WELFORD:
-                    continue
-                init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
-                self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{TILE}];", depth)
-                self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {s.name}_acc[j] = {init};", depth)
-            for group in welford:
-                t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-                self.emit(f"{t} {w}_m[{TILE}] = {{}}; {t} {w}_s[{TILE}] = {{}};", depth)
-                self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{TILE}] = {{}};", depth)
-                if 0 not in st.inner:
-                    self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
-                    self.welford_shift(group[0].body, len(st.inner), f"{w}_k[{xk} - xb]", depth + 1)
-                    self.emit("}", depth)
-            inner = depth
-            for line in _loops(Y[: len(st.inner)], st.inner):
-                self.emit(line, inner)
-                inner += 1
-            for group in welford:
-                t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-                self.emit(f"{w}_c += 1;", inner)
-                self.emit(f"const {t} {w}_r = {t}(1) / static_cast<{t}>({w}_c);", inner)
-            for s in st.stores:
-                if s.reduce in WELFORD:
-                    continue
-                value = self.p.expr(s.body, memo, lines)
-                lines.append(
-                    self.p.REDUCE[s.reduce][1].format(  # type: ignore[index]
-                        acc=acc[s.name], v=value, i=""
-                    )
-                )
-            for group in welford:
-                t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-                v = self.p.expr(group[0].body, memo, lines)
-                m, sq, k = f"{w}_m[{xk} - xb]", f"{w}_s[{xk} - xb]", f"{w}_k[{xk} - xb]"
-                lines.append(self.p.WELFORD_STEP.format(v=v, m=m, s=sq, k=k, r=f"{w}_r", T=t))
-            tile = f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{"
-            if welford:  # a loop of constant length keeps the Welford lanes in registers
-                self.emit(f"if (xe - xb == {TILE}) {{", inner)
-                self.emit("#pragma omp simd", inner + 1)
-                self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {{", inner + 1)
-                self.emit(f"const int64_t {xk} = xb + j;", inner + 2)
-                for line in lines:
-                    self.emit(line, inner + 2)
-                self.emit("}", inner + 1)
-                self.emit("} else {", inner)
-                inner += 1
-            self.emit("#pragma omp simd", inner)
-            self.emit(tile, inner)
+            self.tile_accumulators(st, welford, depth, xk)
+            self.tile_rows(st, welford, acc, depth, xk)
+        self.tile_results(st, acc, depth, xk)
+
+    def tile_accumulators(
+        self, st: Stage, welford: list[tuple[Store, ...]], depth: int, xk: str
+    ) -> None:
+        """Declare and initialise a tile of accumulators per reduction (and Welford lanes,
+        shifted by each lane's first value)."""
+        for s in st.stores:
+            if s.reduce in WELFORD:
+                continue
+            init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
+            self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{TILE}];", depth)
+            self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {s.name}_acc[j] = {init};", depth)
+        for group in welford:
+            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+            self.emit(f"{t} {w}_m[{TILE}] = {{}}; {t} {w}_s[{TILE}] = {{}};", depth)
+            self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{TILE}] = {{}};", depth)
+            if 0 not in st.inner:
+                self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
+                self.welford_shift(group[0].body, len(st.inner), f"{w}_k[{xk} - xb]", depth + 1)
+                self.emit("}", depth)
+
+    def tile_rows(
+        self,
+        st: Stage,
+        welford: list[tuple[Store, ...]],
+        acc: dict[str, str],
+        depth: int,
+        xk: str,
+    ) -> None:
+        """The loops over the reduced rows; innermost, a simd loop across the tile."""
+        memo: dict[Expr, str] = {}
+        lines: list[str] = []
+        inner = depth
+        for line in _loops(Y[: len(st.inner)], st.inner):
+            self.emit(line, inner)
+            inner += 1
+        for group in welford:
+            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+            self.emit(f"{w}_c += 1;", inner)
+            self.emit(f"const {t} {w}_r = {t}(1) / static_cast<{t}>({w}_c);", inner)
+        for s in st.stores:
+            if s.reduce in WELFORD:
+                continue
+            value = self.p.expr(s.body, memo, lines)
+            combine = self.p.REDUCE[s.reduce][1]  # type: ignore[index]
+            lines.append(combine.format(acc=acc[s.name], v=value, i=""))
+        for group in welford:
+            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+            v = self.p.expr(group[0].body, memo, lines)
+            m, sq, k = f"{w}_m[{xk} - xb]", f"{w}_s[{xk} - xb]", f"{w}_k[{xk} - xb]"
+            lines.append(self.p.WELFORD_STEP.format(v=v, m=m, s=sq, k=k, r=f"{w}_r", T=t))
+        tile = f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{"
+        if welford:  # a loop of constant length keeps the Welford lanes in registers
+            self.emit(f"if (xe - xb == {TILE}) {{", inner)
+            self.emit("#pragma omp simd", inner + 1)
+            self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {{", inner + 1)
+            self.emit(f"const int64_t {xk} = xb + j;", inner + 2)
             for line in lines:
-                self.emit(line, inner + 1)
-            for d in range(inner, depth - 1, -1):
-                self.emit("}", d)
+                self.emit(line, inner + 2)
+            self.emit("}", inner + 1)
+            self.emit("} else {", inner)
+            inner += 1
+        self.emit("#pragma omp simd", inner)
+        self.emit(tile, inner)
+        for line in lines:
+            self.emit(line, inner + 1)
+        for d in range(inner, depth - 1, -1):
+            self.emit("}", d)
+
+    def tile_results(self, st: Stage, acc: dict[str, str], depth: int, xk: str) -> None:
+        """Each tile element's value (a reduction's accumulator, or the pointwise body) stored,
+        cast to its buffer's dtype."""
         for s in st.stores:
             if s.local:
-                self.emit(
-                    f"{self.p.type(self.prog.buffers[s.name].dtype)} {s.name}_l[{TILE}];", depth
-                )
+                buf_t = self.p.type(self.prog.buffers[s.name].dtype)
+                self.emit(f"{buf_t} {s.name}_l[{TILE}];", depth)
         self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
-        lines = []
+        lines: list[str] = []
         for s in st.stores:
             buf = self.prog.buffers[s.name]
             value = acc[s.name] if st.is_reduction else self.p.expr(s.body, {}, lines)

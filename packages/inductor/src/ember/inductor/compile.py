@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import cache, graph_cache, timing
+from ember.inductor import cache, graph_cache, log, timing
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.eager_kernels import unless_lacking
@@ -363,6 +363,7 @@ def compile_graph(
     key = _graph_key(gm, example_inputs, compile_options, opts)
     record = graph_cache.load(key) if key is not None else None
     if record is not None and (hit := CompiledGraph.from_record(gm, record, run)) is not None:
+        log.LOG.debug("graph cache hit: %s (no lowering, no code generated)", key)
         return hit  # type: ignore[no-any-return]
     original = gm
     try:
@@ -384,12 +385,20 @@ def compile_graph(
         )
         return original.forward
     run.write("05_kernels.cpp", source)
+    _log_generated(run, sched, source)
     compiled = CompiledGraph(gm, run, prog.out_spec)
     compiled.schedule, compiled.source, compiled.kernel_args = sched, source, args
     if any(isinstance(s, Kernel) for s in sched.steps):
         compiled._build = cache.build_async(source, compile_options)
     compiled._record = None if key is None else (key, original)
     return compiled
+
+
+def _log_generated(run: _Run, sched: Any, source: str) -> None:
+    """The schedule, output_code and perf artifacts of one compiled graph."""
+    log.artifact("schedule", lambda: str(sched))
+    log.artifact("output_code", lambda: source)
+    log.artifact("perf", lambda: ", ".join(f"{k} {v:.3f} s" for k, v in run.times.items()))
 
 
 def _lower(
