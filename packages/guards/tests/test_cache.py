@@ -68,7 +68,7 @@ def test_cache_limit_warns_once_with_the_latest_failures_then_runs_eagerly() -> 
 
 def test_default_limit_is_eight() -> None:
     cache: CodeCache[str] = CodeCache("step")
-    assert cache.limit == eg.DEFAULT_CACHE_SIZE_LIMIT == 8
+    assert cache.limit == eg.settings.section.get().cache_size_limit == 8
     with pytest.warns(eg.CacheLimitWarning):
         results = [call(cache, n) for n in range(10)]
     assert results.count("eager") == 2 and len(cache.entries) == 8

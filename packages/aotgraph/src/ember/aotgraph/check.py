@@ -20,11 +20,10 @@ ember.aotgraph.check.CheckError: joint graph: exp mutates its input (aten.exp_.d
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.fx
 
+from ember.aotgraph import settings
 from ember.aotgraph.ops import OpClass, node_class
 from ember.aotgraph.partition import Partition
 from ember.aotgraph.trace import JointGraph
@@ -42,12 +41,12 @@ class CheckError(Exception):
 
 
 def enabled() -> bool:
-    """Whether checkers run: ``EMBER_CHECK=1`` in the environment.
+    """Whether checkers run: the ``check`` setting (``EMBER_CHECK=1``).
 
     >>> isinstance(enabled(), bool)
     True
     """
-    return os.environ.get("EMBER_CHECK", "0") == "1"
+    return settings.section.get().check
 
 
 def _fail(where: str, message: str) -> None:

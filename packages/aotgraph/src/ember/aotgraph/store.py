@@ -62,7 +62,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from ember.aotgraph import check, serialize
+from ember.aotgraph import check, serialize, settings
 from ember.aotgraph.partition import Partition
 from ember.aotgraph.serialize import JSON, Unencodable, encode_value
 from ember.aotgraph.trace import Lifted, Output, Signature, Specialized, TensorMeta
@@ -118,24 +118,23 @@ class Traced:
 
 def cache_dir() -> Path:
     """``$EMBER_CACHE_DIR/aotgraph``; without it, ``ember/aotgraph`` in the user's cache
-    directory (``$XDG_CACHE_HOME``, else ``~/.cache``): the root ember.inductor uses too.
+    directory (``$XDG_CACHE_HOME``, else ``~/.cache``): the root ember.inductor uses too
+    (:func:`ember.aotgraph.settings.cache_root`).
 
     >>> cache_dir().name
     'aotgraph'
     """
-    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(user, "ember")
-    return Path(root) / "aotgraph"
+    return settings.cache_root() / "aotgraph"
 
 
 def enabled(cache: bool = True) -> bool:
     """Whether to use the cache: ``cache`` (``aot_compile``'s argument) and the environment
-    not saying ``EMBER_AOT_CACHE=0``.
+    not saying ``EMBER_AOT_CACHE=0`` (the ``cache`` setting).
 
     >>> enabled(False)
     False
     """
-    return cache and os.environ.get("EMBER_AOT_CACHE", "1") != "0"
+    return cache and settings.section.get().cache
 
 
 # ---- keys -------------------------------------------------------------------------------------

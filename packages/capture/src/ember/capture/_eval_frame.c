@@ -503,6 +503,17 @@ set_callback(PyObject *mod, PyObject *callback)
     return old == NULL ? Py_NewRef(Py_None) : old;
 }
 
+/* The "force_eager" stance (ember.capture.stance): compiled calls run with the hook off.
+ * One int, read per call and written under the GIL: each thread's next call sees it. */
+static int force_eager = 0;
+static PyObject *
+set_force_eager(PyObject *mod, PyObject *flag)
+{
+    int on = PyObject_IsTrue(flag), previous = force_eager;
+    force_eager = on < 0 ? force_eager : on;
+    return on < 0 ? NULL : PyBool_FromLong(previous);
+}
+
 /* call_with_callback(callback, var, value, fn, *args, **kwargs): fn(*args, **kwargs)
  * with `callback` as this thread's callback and the context variable `var` set to
  * `value` (var may be None), both restored afterwards. What ember.compiler's
@@ -526,7 +537,7 @@ call_with_callback(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObj
             return NULL;
         }
     }
-    PyObject *old = swap_callback(ts, callback == Py_None ? NULL : callback);
+    PyObject *old = swap_callback(ts, callback == Py_None || force_eager ? NULL : callback);
     PyObject *result = PyObject_Vectorcall(fn, args + 4, nargs - 4, kwnames);
     PyObject *mine = swap_callback(ts, old);
     Py_XDECREF(old);
@@ -726,6 +737,7 @@ static PyMethodDef methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "call_with_callback(callback, var, value, fn, *args, **kwargs): fn(*args, **kwargs) with "
      "callback set on this thread and context variable var set to value."},
+    {"set_force_eager", set_force_eager, METH_O, "set_force_eager(flag) -> previous flag"},
     {"call_unhooked", (PyCFunction)(void (*)(void))call_unhooked, METH_FASTCALL,
      "call_unhooked(fn, *args): fn(*args) with no frame intercepted on this thread."},
     {"set_callback", set_callback, METH_O,

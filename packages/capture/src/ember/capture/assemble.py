@@ -36,13 +36,13 @@ import dataclasses
 import inspect
 import itertools
 import opcode
-import os
 import struct
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ember.capture import settings
 from ember.capture.bytecode_311 import (
     ARG_BOUNDS,
     ARG_KINDS,
@@ -715,7 +715,7 @@ def assemble(
         spec.freevars,
         spec.cellvars,
     )
-    if os.environ.get("EMBER_CHECK") == "1":
+    if settings.section.get().check:
         _verify(code, instrs, entries)
     return code
 

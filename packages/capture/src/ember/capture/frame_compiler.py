@@ -25,12 +25,15 @@ options or ``fullgraph=True``, still tries the frame, records its own reason, or
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import inspect
 import sys
 import threading
 import time
+import traceback
 import types
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +41,17 @@ from typing import Any
 
 import torch
 
-from ember.capture import breaks, bytecode_311, codegen, hook, log, markers, trace_rules
+from ember.capture import (
+    breaks,
+    bytecode_311,
+    codegen,
+    hook,
+    log,
+    markers,
+    settings,
+    stance,
+    trace_rules,
+)
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.tracer import Location, Unsupported
 from ember.capture.translate import Translation, translate
@@ -50,6 +63,36 @@ Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any
 
 class FullGraphError(RuntimeError):
     """``fullgraph=True`` and a frame could not be captured as one graph."""
+
+
+class InternalError(RuntimeError):
+    """An error inside ember or a backend while compiling a frame, raised (naming the
+    user's frame) because the ``suppress_errors`` setting is False; the original error is
+    its ``__cause__``.
+
+    >>> import torch, ember.compiler
+    >>> def refuses(gm, inputs):
+    ...     raise ValueError("no")
+    >>> with ember.compiler.config.patch({"capture.suppress_errors": False}):
+    ...     ember.compiler.compile(lambda x: x.cos(), backend=refuses)(torch.ones(1))
+    Traceback (most recent call last):
+    ember.capture.frame_compiler.InternalError: backend ... failed: ValueError: no
+    ...
+    """
+
+
+class FallbackWarning(UserWarning):
+    """A frame ran eagerly (warned only under the ``verbose`` setting): reason and place.
+
+    >>> import warnings, torch, ember.compiler
+    >>> def refuses(gm, inputs):
+    ...     raise ValueError("no")
+    >>> with ember.compiler.config.patch(verbose=True), warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     _ = ember.compiler.compile(lambda x: x.cos(), backend=refuses)(torch.ones(1))
+    >>> w[0].category.__name__, "runs eagerly" in str(w[0].message)
+    ('FallbackWarning', True)
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +155,11 @@ class FrameCompiler:
         fullgraph: bool = False,
         entry_codes: tuple[types.CodeType, ...] = (),
         track: bool = False,
+        scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.backend = backend
+        # the settings this callable's compiles run under (compile(options=...)'s overrides)
+        self.scope = scope or contextlib.nullcontext
         self.backend_name = backend_name
         # What the entries' backend guard compares (the compiled call sets the backend
         # variable to it): a fullgraph callable never serves a frame from an entry that a
@@ -155,18 +201,26 @@ class FrameCompiler:
         # written under the lock) even without waiting.
         _COMPILE_LOCK.acquire()
         try:
-            if _served_now(frame):
-                return Decision.RUN  # another thread's entry serves it: the next call hits
-            if self._skipped.get(code) == _generation:
-                return Decision.SKIP_FOR_CALLBACK  # another thread failed it meanwhile
-            with log.compiling(code_cache(code).name):
-                return self._on_miss(frame)
-        except FullGraphError:
-            raise
-        except Exception as bug:  # a bug in ember (guards, codegen) never reaches the user
-            return self._failed(frame, code_cache(code), _internal(bug))
+            with self.scope():  # this callable's settings hold for the whole decision
+                return self._decide(frame)
         finally:
             _COMPILE_LOCK.release()
+
+    def _decide(self, frame: Frame) -> CacheEntry | Decision:
+        """Serve, skip, follow the stance, or compile (with the compile lock held)."""
+        try:
+            if _served_now(frame):
+                return Decision.RUN  # another thread's entry serves it: the next call hits
+            if self._skipped.get(frame.code) == _generation:
+                return Decision.SKIP_FOR_CALLBACK  # another thread failed it meanwhile
+            if (eager := _STANCE_RULES[stance.current()](frame)) is not None:
+                return eager
+            with log.compiling(code_cache(frame.code).name):
+                return self._on_miss(frame)
+        except (FullGraphError, InternalError, stance.RecompileError):
+            raise
+        except Exception as bug:  # a bug in ember (guards, codegen) never reaches the user
+            return self._failed(frame, code_cache(frame.code), _internal(bug))
 
     def _on_miss(self, frame: Frame) -> CacheEntry | Decision:
         """Compile the frame, or decide how it runs eagerly (with the compile lock held)."""
@@ -212,6 +266,7 @@ class FrameCompiler:
         if self.on_failure is not None:
             self.on_failure(frame, failure)
         log.LOG.info("%s runs eagerly: %s\n%s", cache.name, reason, location)
+        _report(failure, e)  # raises under suppress_errors=False, warns under verbose
         if self.fullgraph:
             hint = f"\nhint: {e.hint}" if e.hint else ""
             raise FullGraphError(
@@ -472,6 +527,7 @@ def _backend_failed(backend: str, error: Exception) -> Unsupported:
     e = Unsupported(f"backend {backend!r} failed: {type(error).__name__}: {error}", "backend")
     others = ", ".join(b for b in ("eager", "aot_eager") if b != backend)
     e.hint = f"the frame ran eagerly; another backend ({others}) may take this graph"
+    e.__cause__ = error  # what suppress_errors=False raises from, and verbose prints
     return e
 
 
@@ -479,7 +535,53 @@ def _internal(bug: Exception) -> Unsupported:
     """An unexpected error in ember itself, turned into a reason to run the frame eagerly."""
     e = Unsupported(f"internal error in ember: {type(bug).__name__}: {bug}", "internal")
     e.hint = "please report it; the frame ran eagerly, so results are unaffected"
+    e.__cause__ = bug
     return e
+
+
+# Failures that are errors (of ember or the backend), not limits of capture: what the
+# suppress_errors setting turns into exceptions.
+_ERRORS = frozenset({"internal", "backend"})
+
+
+def _report(failure: Failure, e: Unsupported) -> None:
+    """Raise an error failure under ``suppress_errors=False``; warn under ``verbose``."""
+    now = settings.section.get()
+    cause = e.__cause__
+    if not now.suppress_errors and failure.category in _ERRORS:
+        raise InternalError(
+            f"{failure.reason}\nwhile compiling {failure.code}\n{failure.location}\n"
+            "(suppress_errors=False; set it True to run such frames eagerly instead)"
+        ) from cause
+    if now.verbose:
+        trace = "".join(traceback.format_exception(cause)) if cause is not None else ""
+        warnings.warn(
+            f"ember: {failure.code} runs eagerly: {failure.reason}\n{failure.location}\n{trace}",
+            FallbackWarning,
+            stacklevel=2,
+        )
+
+
+def _fail_on_recompile(frame: Frame) -> Decision | None:
+    """The ``fail_on_recompile`` stance: a miss that would compile is an error."""
+    cache = code_cache(frame.code)
+    why = "; ".join(entry.guards.explain_failure(*frame.args) or "?" for entry in cache.entries)
+    raise stance.RecompileError(
+        f"{cache.name} would be compiled under the stance 'fail_on_recompile'"
+        + (f": its guards failed: {why}" if why else ": it has no compiled entry yet")
+    )
+
+
+# What each stance does on a cache miss (before any compile): a Decision, or None to
+# compile as usual. force_eager's calls never reach here (the C hook is off for them),
+# except those in flight when the stance changed.
+_STANCE_RULES: dict[str, Callable[[Frame], Decision | None]] = {
+    "default": lambda frame: None,
+    "force_eager": lambda frame: Decision.RUN,
+    "eager_on_recompile": lambda frame: Decision.RUN,
+    "fail_on_recompile": _fail_on_recompile,
+    "eager_then_compile": lambda frame: Decision.RUN if stance.first_call(frame.code) else None,
+}
 
 
 def reset() -> None:
@@ -495,4 +597,5 @@ def reset() -> None:
         _caches.clear()
         _watchers.clear()
         _RULE_SKIPPED.clear()
+        stance.reset()
         _generation += 1

@@ -19,7 +19,13 @@ A backend is any callable with the ``torch.compile`` custom-backend contract,
 """
 
 from ember.capture.calls import allow_in_graph, disallow_in_graph
-from ember.capture.frame_compiler import Failure, FullGraphError, Stats
+from ember.capture.frame_compiler import (
+    Failure,
+    FallbackWarning,
+    FullGraphError,
+    InternalError,
+    Stats,
+)
 from ember.capture.frame_compiler import reset as _reset
 from ember.capture.markers import (
     assume_constant_result,
@@ -29,6 +35,7 @@ from ember.capture.markers import (
 )
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
+from ember.compiler.configuration import Config, config
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.logs import apply_environment as _apply_log_environment
 from ember.compiler.logs import set_logs
@@ -40,6 +47,7 @@ from ember.compiler.reporting import clear as _clear_report
 from ember.compiler.reporting import count_calls, report
 from ember.compiler.repro import AccuracyError
 from ember.compiler.repro_settings import ReproSettings
+from ember.compiler.stances import RecompileError, get_stance, set_stance
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 __version__ = "0.1.0"
@@ -49,11 +57,15 @@ __all__ = [
     "CompilationProfiler",
     "CompileTimes",
     "CompiledFunction",
+    "Config",
     "ExplainOutput",
     "Failure",
+    "FallbackWarning",
     "FullGraphError",
+    "InternalError",
     "OptimizedModule",
     "ProfileReport",
+    "RecompileError",
     "ReplayRecord",
     "ReproSettings",
     "Stats",
@@ -61,23 +73,33 @@ __all__ = [
     "assume_constant_result",
     "compile",
     "compile_times",
+    "config",
     "count_calls",
     "disable",
     "disallow_in_graph",
     "explain",
+    "get_stance",
     "graph_break",
     "is_compiling",
     "list_backends",
+    "list_mode_options",
+    "list_options",
     "lookup_backend",
     "register_backend",
     "replay",
     "report",
     "reset",
     "set_logs",
+    "set_stance",
     "set_trace_rule",
 ]
 
 _apply_log_environment()  # EMBER_LOGS, EMBER_DEBUG_FUNCTION, EMBER_PROGRESS
+
+#: ``config.list_options``: every setting as ``"section.name"``, with its value now.
+list_options = config.list_options
+#: ``config.list_mode_options``: what ``compile(mode=...)`` sets.
+list_mode_options = config.list_mode_options
 
 
 def reset() -> None:

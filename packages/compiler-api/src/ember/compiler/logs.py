@@ -35,7 +35,6 @@ True
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field
 from ember.aotgraph import log as aotgraph_log
 from ember.capture import log as capture_log
 from ember.compiler import phases
+from ember.compiler.settings import section as debug_section
 
 __all__ = [
     "ARTIFACTS",
@@ -310,17 +310,14 @@ class Environment:
 
 
 def environment() -> Environment:
-    """Read ``EMBER_LOGS``, ``EMBER_DEBUG_FUNCTION`` and ``EMBER_PROGRESS``: the one
-    place where logging settings come from the environment.
+    """The logging settings of ``config.debug`` (``EMBER_LOGS``, ``EMBER_DEBUG_FUNCTION``,
+    ``EMBER_PROGRESS``): the one place they are read.
 
     >>> isinstance(environment(), Environment)
     True
     """
-    return Environment(
-        os.environ.get("EMBER_LOGS", ""),
-        os.environ.get("EMBER_DEBUG_FUNCTION") or None,
-        os.environ.get("EMBER_PROGRESS", "1").strip().lower() not in ("0", "false", "off"),
-    )
+    debug = debug_section.get()
+    return Environment(debug.logs, debug.debug_function or None, debug.progress)
 
 
 def apply_environment() -> None:

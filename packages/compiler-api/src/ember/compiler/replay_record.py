@@ -24,6 +24,7 @@ alone, and returns what happened.
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib
 import itertools
 import logging
@@ -37,6 +38,7 @@ from typing import Any
 
 from ember.capture.frame_compiler import Failure, FrameCompiler, Stats
 from ember.capture.hook import Frame
+from ember.compiler.configuration import config
 from ember.compiler.repro_settings import ReproSettings
 
 log = logging.getLogger("ember.compiler.replay")
@@ -226,8 +228,11 @@ def replay(path: str | os.PathLike[str], *, backend: Any = None) -> Stats:
             f"the backend of this record does not load here ({record.missing.get('<backend>')}); "
             "pass it: replay(path, backend=...)"
         )
-    compile_fn, name = _configured(chosen, None, record.options)
-    compiler = FrameCompiler(compile_fn, name, fullgraph=record.fullgraph, entry_codes=(code,))
+    made = _configured(chosen, None, record.options)
+    scope = functools.partial(config.patch, made.settings) if made.settings else None
+    compiler = FrameCompiler(
+        made.backend, made.name, fullgraph=record.fullgraph, entry_codes=(code,), scope=scope
+    )
     compiler(_Frame(code, fn, glb, _builtins(glb), _value(record.args)))
     return compiler.stats
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ember.capture.frame_compiler import FrameCompiler
+from ember.compiler.settings import section as debug_section
 
 #: The environment variable naming the folder the exit report goes to.
 ENV = "EMBER_REPORT"
@@ -255,13 +256,13 @@ def _quiet_errors() -> Iterator[None]:
 
 
 def _at_exit() -> None:
-    folder = os.environ.get(ENV)
+    folder = debug_section.get().report
     if folder:
         with _quiet_errors():
             Path(folder).mkdir(parents=True, exist_ok=True)
             print(f"ember: compile report written to {report(folder)}", file=sys.stderr)
 
 
-if os.environ.get(ENV):
+if debug_section.get().report:  # EMBER_REPORT
     count_calls(True)
     atexit.register(_at_exit)

@@ -16,10 +16,11 @@ a single config object later.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ember.compiler.settings import section as debug_section
 
 # What each repro level does when a backend is checked (EMBER_REPRO_LEVEL); torch's
 # repro_level, adapted. See docs/troubleshooting.md.
@@ -70,8 +71,14 @@ class ReproSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ReproSettings:
-        """The settings the environment variables give (``os.environ`` by default)."""
-        env = os.environ if environ is None else environ
+        """The settings ``config.debug`` holds (its ``EMBER_REPRO_*`` and
+        ``EMBER_REPLAY_RECORD`` variables, read there); or those a mapping of such variables
+        gives."""
+        if environ is None:
+            debug = debug_section.get()
+            after = debug.repro_after or None
+            return cls(debug.replay_record, after, debug.repro_level, debug.repro_dir)
+        env = environ
         raw: dict[str, Any] = {f: env[v] for f, v in KEYS.values() if env.get(v, "") != ""}
         if "replay_record" in raw:
             raw["replay_record"] = raw["replay_record"] not in ("0", "false", "False")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler import replay_record, reporting
 from ember.compiler import repro as repro_hooks
 from ember.compiler.backends import Backend, backend_name, lookup_backend
+from ember.compiler.configuration import MODE_OPTIONS, config
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
 from ember.compiler.repro_script import compiler_ref
@@ -65,15 +67,80 @@ def _entry_args(compiler: FrameCompiler) -> tuple[Any, ...]:
     return (bound.func, *bound.args[:-1])
 
 
+@dataclass(frozen=True, slots=True)
+class Configured:
+    """What ``compile()`` made of its ``backend``, ``mode`` and ``options``."""
+
+    backend: Backend  # with its own options bound
+    name: str  # what the backend guard compares: options and settings are part of it
+    settings: dict[str, Any]  # ember settings ("section.name") for this object's compiles
+
+
 def _configured(
     backend: str | Backend, mode: str | None, options: dict[str, Any] | None
-) -> tuple[Backend, str]:
-    """The backend with its options bound, and the name its guard compares (the options are
-    part of it, so callables compiled with other options never share cache entries).
+) -> Configured:
+    """Split ``options`` into the backend's own and ember's settings (``"section.name"``
+    keys, under the ``mode``'s table), and bind the backend's. The name the guard compares
+    holds both, so callables compiled with other options never share cache entries.
 
     Every option is checked here, so that a bad one is an error at ``compile()`` that
     names it, never a raw error at the first call.
     """
+    fn, name, own = _backend_options(backend, mode, options)
+    settings = (MODE_OPTIONS[mode] if mode else {}) | {
+        k: v for k, v in (options or {}).items() if k not in own
+    }
+    config.split(settings)  # checks each value (the keys are known)
+    if mode is not None:
+        _warn_mode_once(mode, name)
+    if settings:
+        name = f"{name} settings={sorted(settings.items())!r}"
+    return Configured(fn, name, settings)
+
+
+# The backends a mode changes something for (by its settings), and why it does nothing for
+# the others. reduce-overhead means CUDA graphs (none without a GPU, and ember has none);
+# on CPU ember's per-call path (the C hook, one compiled guard check, the replacement
+# function) has no costlier default that a mode could switch off, so it changes nothing.
+_MODE_REACH: dict[str, tuple[frozenset[str], str]] = {
+    "default": (frozenset({"eager", "aot_eager", "inductor"}), ""),
+    "reduce-overhead": (
+        frozenset(),
+        "it means CUDA graphs, which ember does not make (and which need a GPU); on CPU"
+        " ember's per-call path (the C hook, one compiled guard check, the replacement"
+        " function) has no costlier default for a mode to switch off",
+    ),
+    "max-autotune": (frozenset({"inductor"}), "it tunes inductor's generated kernels"),
+    "max-autotune-no-cudagraphs": (frozenset({"inductor"}), "it tunes inductor's kernels"),
+}
+_warned_modes: set[tuple[str, str]] = set()
+
+
+def _warn_mode_once(mode: str, backend: str) -> None:
+    """Say once per (mode, backend) that the mode does nothing here, and why
+    (``debug.warn_modes=False`` silences it)."""
+    reach, why = _MODE_REACH[mode]
+    base = backend.split("[", 1)[0]
+    if base not in _MODE_REACH["default"][0]:
+        return  # a user's backend gets options["mode"] and may act on it
+    if base in reach or (mode, base) in _warned_modes or not config.debug.warn_modes:
+        return
+    _warned_modes.add((mode, base))
+    message = f"mode {mode!r} has no effect with backend {base!r}: {why}"
+    warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def _is_setting(key: Any) -> bool:
+    try:
+        return isinstance(key, str) and "." in key and bool(config.key(key))
+    except KeyError:
+        return False
+
+
+def _backend_options(
+    backend: str | Backend, mode: str | None, options: dict[str, Any] | None
+) -> tuple[Backend, str, dict[str, Any]]:
+    """The backend with its own options bound, its guard name, and those options."""
     if not isinstance(backend, str) and not callable(backend):
         raise TypeError(f"backend must be a registered name or a callable, not {backend!r}")
     if options is not None and not isinstance(options, dict):
@@ -83,32 +150,43 @@ def _configured(
     fn, name = lookup_backend(backend), backend_name(backend)
     if not isinstance(backend, str):
         fn = _CheckedBackend(fn, name)
-    merged = dict(options or {}) | ({"mode": mode} if mode is not None else {})
-    if not merged:
-        return fn, name
+    if bad := [key for key in options or {} if not isinstance(key, str)]:
+        raise TypeError(f"backend {name!r}: option names must be strings, not {bad[0]!r}")
+    known = getattr(fn, "known_options", None)  # a backend may list the options it reads
     try:
         takes_options = "options" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         takes_options = False
-    if not takes_options:
-        if options:
-            raise TypeError(f"backend {name!r} takes no options (got {sorted(options)})")
-        return fn, name  # a mode means nothing to this backend
-    _check_options(fn, name, options or {})
+    own = {
+        k: v
+        for k, v in (options or {}).items()
+        if (k in known if known is not None else takes_options and not _is_setting(k))
+    }
+    _no_such(name, {k for k in options or {} if k not in own and not _is_setting(k)},
+             known if takes_options else None)  # fmt: skip
+    merged = own | ({"mode": mode} if mode is not None else {})
+    if not takes_options or not merged:
+        return fn, name, {}  # a mode means nothing to this backend
+    _check_options(fn, name, own)
     bound: Backend = functools.partial(fn, options=merged)  # type: ignore[call-arg]
-    return bound, f"{name}{sorted(merged.items())!r}"
+    return bound, f"{name}{sorted(merged.items())!r}", own
+
+
+def _no_such(name: str, unknown: set[str], known: tuple[str, ...] | None) -> None:
+    """An error naming options that are neither the backend's nor ember settings."""
+    if not unknown:
+        return
+    settings = f"; ember's settings (written section.name) are {', '.join(config.list_options())}"
+    if known is None:
+        raise TypeError(f"backend {name!r} takes no options (got {sorted(unknown)}){settings}")
+    raise ValueError(
+        f"backend {name!r} has no option {', '.join(map(repr, sorted(unknown)))}; "
+        f"its options are {', '.join(sorted(known))}{settings}"
+    )
 
 
 def _check_options(fn: Backend, name: str, options: dict[str, Any]) -> None:
-    """Reject option names the backend does not list and values its rules refuse."""
-    if bad := [key for key in options if not isinstance(key, str)]:
-        raise TypeError(f"backend {name!r}: option names must be strings, not {bad[0]!r}")
-    known = getattr(fn, "known_options", None)  # a backend may list the options it reads
-    if known is not None and (unknown := sorted(set(options) - set(known))):
-        raise ValueError(
-            f"backend {name!r} has no option {', '.join(map(repr, unknown))}; "
-            f"its options are {', '.join(sorted(known))}"
-        )
+    """Reject values the backend's rules refuse."""
     rules = getattr(fn, "option_rules", {})  # and how to check each value
     for key, value in options.items():
         if key in rules and (wrong := rules[key].check(value)):
@@ -234,7 +312,7 @@ def _returning_self(opt: OptimizedModule, method: Callable[..., Any]) -> Callabl
     return delegate
 
 
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MODES = tuple(MODE_OPTIONS)
 
 
 @overload
@@ -349,15 +427,16 @@ def _compiler_maker(
     repro = ReproSettings.from_env()
     if isinstance(options, dict):  # the repro keys are ember's, not the backend's
         repro, options = repro.with_options(options)
-    fn, name = _configured(backend, mode, options)
-    fn = repro_hooks.instrument(fn, lambda: compiler_ref(backend, options), repro)
+    made = _configured(backend, mode, options)
+    fn = repro_hooks.instrument(made.backend, lambda: compiler_ref(backend, options), repro)
     observer = reporting.observe(timed_backend(fn))  # compile_times() and the report see it
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
+    scope = functools.partial(config.patch, made.settings) if made.settings else None
 
     def new(entry: tuple[types.CodeType, ...]) -> FrameCompiler:
-        compiler = make(observer, name, fullgraph=fullgraph, entry_codes=entry)
+        compiler = make(observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope)
         replay_record.record_failures(compiler, backend, options, repro)
         return compiler
 
-    return _Maker(name, new)
+    return _Maker(made.name, new)

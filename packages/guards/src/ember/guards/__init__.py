@@ -49,9 +49,12 @@ exactly the frame's argument slots and never raises. Tensor and module
 checks run in a small C extension when it is built (:data:`NATIVE`).
 """
 
+import sys
+import types
+
+from ember.guards import settings
 from ember.guards._accel import NATIVE, TENSOR_MATCH_CXX
 from ember.guards.cache import (
-    DEFAULT_CACHE_SIZE_LIMIT,
     CacheEntry,
     CacheLimitWarning,
     CodeCache,
@@ -121,7 +124,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BUFFERS",
-    "DEFAULT_CACHE_SIZE_LIMIT",
     "KINDS",
     "MODULES",
     "NATIVE",
@@ -185,3 +187,29 @@ __all__ = [
     "type_match",
     "weakref_alive",
 ]
+
+
+class _GuardsModule(types.ModuleType):
+    """``ember.guards`` itself: ``DEFAULT_CACHE_SIZE_LIMIT`` is a view of the
+    ``cache_size_limit`` setting, so setting it takes effect (it used to change nothing)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "DEFAULT_CACHE_SIZE_LIMIT":
+            settings.section.set(cache_size_limit=value)
+        else:
+            super().__setattr__(name, value)
+
+
+def __getattr__(name: str) -> object:
+    """``DEFAULT_CACHE_SIZE_LIMIT``: the ``cache_size_limit`` setting in effect.
+
+    >>> import ember.guards
+    >>> ember.guards.DEFAULT_CACHE_SIZE_LIMIT
+    8
+    """
+    if name == "DEFAULT_CACHE_SIZE_LIMIT":
+        return settings.section.get().cache_size_limit
+    raise AttributeError(f"module 'ember.guards' has no attribute {name!r}")
+
+
+sys.modules[__name__].__class__ = _GuardsModule

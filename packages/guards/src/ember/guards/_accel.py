@@ -8,11 +8,10 @@ with no attribute lookups.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-from ember.guards import _torch
+from ember.guards import _torch, settings
 from ember.guards.specs import ModuleSpec, TensorSpec
 
 PackedTensor = tuple[Any, ...]
@@ -161,7 +160,7 @@ def py_storage_groups(expected: tuple[tuple[int, ...], tuple[int, ...]], *tensor
 
 
 def _load_native() -> Any:
-    if os.environ.get("EMBER_GUARDS_PURE_PYTHON"):
+    if settings.section.get().pure_python:
         return None
     try:
         from ember.guards import _native
@@ -172,10 +171,10 @@ def _load_native() -> Any:
 
 
 def _load_cxx() -> Any:
-    if os.environ.get("EMBER_GUARDS_PURE_PYTHON") or os.environ.get("EMBER_GUARDS_NO_CXX"):
+    if settings.section.get().pure_python or settings.section.get().no_cxx:
         return None
     try:
-        from ember.guards import _tensor_match  # type: ignore[attr-defined]
+        from ember.guards import _tensor_match
     except ImportError:
         return None
     return _tensor_match

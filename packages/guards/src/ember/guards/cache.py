@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Generic, TypeVar
 
-from ember.guards import log
+from ember.guards import log, settings
 from ember.guards.guardset import CompiledGuards
 
 __all__ = [
-    "DEFAULT_CACHE_SIZE_LIMIT",
     "CacheEntry",
     "CacheLimitWarning",
     "CodeCache",
@@ -55,13 +54,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Translations kept per code object before it runs eagerly.
-DEFAULT_CACHE_SIZE_LIMIT = 8
-
-#: Translations made per code object, over its life, as a multiple of its limit: entries
-#: dropped when what they guard dies (a closure, a model) make room for new ones, but a
-#: code that makes a new closure on every call would then compile on every call.
-CHURN_FACTOR = 4
+# The limits are settings (ember.guards.settings: cache_size_limit, and
+# accumulated_cache_size_limit, the translations made per code object over its life:
+# entries dropped when what they guard dies make room for new ones, but a code that makes
+# a new closure on every call would then compile on every call), read at each miss.
 
 _REGISTRY: weakref.WeakSet[CodeCache[object]] = weakref.WeakSet()
 _SERIAL = itertools.count()
@@ -137,19 +133,25 @@ def code_name(code: CodeType) -> str:
 class CodeCache(Generic[T]):
     """The translations of one code object and the policy that governs them.
 
+    Without ``cache_size_limit``, the limit is the ``cache_size_limit`` setting in effect
+    at each miss (``ember.compiler.config.guards``):
+
     >>> cache = CodeCache("f")
     >>> cache.lookup(), cache.on_miss(), cache.reasons
     (None, <Decision.RECOMPILE: 'recompile'>, [])
+    >>> with settings.section.patch(cache_size_limit=3):
+    ...     cache.limit
+    3
     """
 
-    __slots__ = ("__weakref__", "_made", "_serial", "_warned", "eager", "entries",
-                 "hook_entries", "limit", "name", "reasons")  # fmt: skip
+    __slots__ = ("__weakref__", "_limit", "_made", "_serial", "_warned", "eager", "entries",
+                 "hook_entries", "name", "reasons")  # fmt: skip
 
-    def __init__(self, name: str | CodeType, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT):
-        if cache_size_limit < 1:
+    def __init__(self, name: str | CodeType, cache_size_limit: int | None = None):
+        if cache_size_limit is not None and cache_size_limit < 1:
             raise ValueError("cache_size_limit must be at least 1")
         self.name = name if isinstance(name, str) else code_name(name)
-        self.limit = cache_size_limit
+        self._limit = cache_size_limit
         self.entries: list[CacheEntry[T]] = []
         #: ``(check, translation)`` per entry, in entry order, updated in place:
         #: the list ``ember.capture`` stores in ``co_extra``.
@@ -160,6 +162,11 @@ class CodeCache(Generic[T]):
         self._made = 0  # translations added over the cache's life (reset by clear)
         self._serial = next(_SERIAL)
         _REGISTRY.add(self)  # type: ignore[arg-type]
+
+    @property
+    def limit(self) -> int:
+        """The most entries this cache keeps (its own limit, else the setting in effect)."""
+        return self._limit or settings.section.get().cache_size_limit
 
     def lookup(self, *args: object) -> T | None:
         """The translation of the first entry whose check passes, else None.
@@ -172,8 +179,10 @@ class CodeCache(Generic[T]):
     def on_miss(self, *args: object) -> Decision:
         """Decide after a miss with these argument slots: record the reason and
         recompile, or, with ``cache_size_limit`` entries, warn once and run eagerly
-        (until entries are removed, up to ``CHURN_FACTOR`` times the limit in all)."""
-        full = len(self.entries) >= self.limit or self._made >= self.limit * CHURN_FACTOR
+        (until entries are removed, up to ``accumulated_cache_size_limit`` made in all)."""
+        now = settings.section.get()
+        limit = self._limit or now.cache_size_limit
+        full = len(self.entries) >= limit or self._made >= now.accumulated_cache_size_limit
         if self.eager and full:
             return Decision.RUN_EAGER
         failures = tuple(self._failure(entry, args) for entry in self.entries)
@@ -184,7 +193,7 @@ class CodeCache(Generic[T]):
             if not self._warned:
                 self._warned = True
                 message = (
-                    f"{self.name}: cache_size_limit ({self.limit}) reached; running eagerly"
+                    f"{self.name}: cache_size_limit ({limit}) reached; running eagerly"
                     f" from now on. Last miss: {'; '.join(failures)}"
                 )
                 warnings.warn(message, CacheLimitWarning, stacklevel=2)

@@ -30,9 +30,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ember.aotgraph.settings import cache_root
+from ember.inductor import settings
 from ember.inductor.timing import TIMES
 
 __all__ = [
@@ -70,16 +73,27 @@ class CompileError(RuntimeError):
 class CompileOptions:
     """How generated C++ is compiled: the compiler and its flags."""
 
-    cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
+    cxx: str = field(default_factory=lambda: settings.section.get().cxx)
     cflags: tuple[str, ...] = DEFAULT_CFLAGS
+
+    @classmethod
+    def resolve(cls, opts: dict[str, Any]) -> CompileOptions:
+        """From a backend's ``options`` (``cxx``, ``cflags``) over the settings: the flags
+        always build a loadable library (``-shared -fPIC``), ``extra_cflags`` go last.
+
+        >>> CompileOptions.resolve({"cflags": ["-O1"]}).cflags[:3]
+        ('-O1', '-shared', '-fPIC')
+        """
+        now = settings.section.get()
+        flags = tuple(opts.get("cflags", now.cflags or DEFAULT_CFLAGS))
+        flags += tuple(f for f in ("-shared", "-fPIC") if f not in flags) + now.extra_cflags
+        return cls(cxx=opts.get("cxx", now.cxx), cflags=flags)
 
 
 def cache_dir() -> Path:
     """Where compiled kernels live: ``$EMBER_CACHE_DIR/inductor``; without it, ``ember`` in
     the user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
-    user = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    root = os.environ.get("EMBER_CACHE_DIR") or os.path.join(user, "ember")
-    return Path(root) / "inductor"
+    return cache_root() / "inductor"
 
 
 @functools.cache

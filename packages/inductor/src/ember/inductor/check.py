@@ -13,11 +13,10 @@ ember.inductor.check.IRError: buf0: load of x reaches index 7, past its 4 elemen
 
 from __future__ import annotations
 
-import os
-
 import sympy  # type: ignore[import-untyped]
 import torch
 
+from ember.aotgraph import settings as aot_settings
 from ember.inductor.ir import (
     Expr,
     Extern,
@@ -42,7 +41,7 @@ class IRError(AssertionError):
 
 def enabled() -> bool:
     """Whether checks run after each pass (``EMBER_CHECK=1``; always on in tests)."""
-    return os.environ.get("EMBER_CHECK", "0") not in ("", "0")
+    return aot_settings.section.get().check
 
 
 def check(prog: Program) -> None:

@@ -23,9 +23,13 @@ bfloat16 in float.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
 import math
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import sympy  # type: ignore[import-untyped]
@@ -42,6 +46,33 @@ __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "scalar_arg", "translat
 
 PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread (a parallel
 # region costs a wake-up, and on a busy machine a wait for a descheduled thread)
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """Code-generation choices that ``max_autotune`` times per graph (ember.inductor.autotune).
+
+    >>> with knobs(Knobs(tile=8)):
+    ...     KNOBS.get().tile
+    8
+    """
+
+    tile: int = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
+    parallel_min_work: int = PARALLEL_MIN_WORK  # less work than this stays on one thread
+
+
+_DEFAULT_KNOBS = Knobs()
+KNOBS: contextvars.ContextVar[Knobs] = contextvars.ContextVar("ember.knobs", default=_DEFAULT_KNOBS)
+
+
+@contextlib.contextmanager
+def knobs(chosen: Knobs) -> Iterator[None]:
+    """Generate code with ``chosen`` for the block."""
+    token = KNOBS.set(chosen)
+    try:
+        yield
+    finally:
+        KNOBS.reset(token)
 
 
 class Printer(abc.ABC):
@@ -328,7 +359,8 @@ class _KernelWriter(WelfordLoops):
         self.lines: list[str] = []
         self.outer_work = math.prod(kernel.outer)
         work = self.outer_work * sum(math.prod(st.inner) for st in kernel.stages)
-        self.parallel = work >= PARALLEL_MIN_WORK
+        chosen = KNOBS.get()
+        self.parallel, self.tile = work >= chosen.parallel_min_work, chosen.tile
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
@@ -373,9 +405,10 @@ class _KernelWriter(WelfordLoops):
         for line in _loops(X[: n - 1], k.outer[:-1]):
             self.emit(line, depth)
             depth += 1
-        self.emit(f"for (int64_t xb = 0; xb < {k.outer[-1]}; xb += {TILE}) {{", depth)
+        self.emit(f"for (int64_t xb = 0; xb < {k.outer[-1]}; xb += {self.tile}) {{", depth)
         self.emit(
-            f"const int64_t xe = xb + {TILE} < {k.outer[-1]} ? xb + {TILE} : {k.outer[-1]};",
+            f"const int64_t xe = xb + {self.tile} < {k.outer[-1]}"
+            f" ? xb + {self.tile} : {k.outer[-1]};",
             depth + 1,
         )
         for st in k.stages:
@@ -411,12 +444,12 @@ class _KernelWriter(WelfordLoops):
             if s.reduce in WELFORD:
                 continue
             init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
-            self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{TILE}];", depth)
-            self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {s.name}_acc[j] = {init};", depth)
+            self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{self.tile}];", depth)
+            self.emit(f"for (int64_t j = 0; j < {self.tile}; ++j) {s.name}_acc[j] = {init};", depth)
         for group in welford:
             t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-            self.emit(f"{t} {w}_m[{TILE}] = {{}}; {t} {w}_s[{TILE}] = {{}};", depth)
-            self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{TILE}] = {{}};", depth)
+            self.emit(f"{t} {w}_m[{self.tile}] = {{}}; {t} {w}_s[{self.tile}] = {{}};", depth)
+            self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{self.tile}] = {{}};", depth)
             if 0 not in st.inner:
                 self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
                 self.welford_shift(group[0].body, len(st.inner), f"{w}_k[{xk} - xb]", depth + 1)
@@ -454,9 +487,9 @@ class _KernelWriter(WelfordLoops):
             lines.append(self.p.WELFORD_STEP.format(v=v, m=m, s=sq, k=k, r=f"{w}_r", T=t))
         tile = f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{"
         if welford:  # a loop of constant length keeps the Welford lanes in registers
-            self.emit(f"if (xe - xb == {TILE}) {{", inner)
+            self.emit(f"if (xe - xb == {self.tile}) {{", inner)
             self.emit("#pragma omp simd", inner + 1)
-            self.emit(f"for (int64_t j = 0; j < {TILE}; ++j) {{", inner + 1)
+            self.emit(f"for (int64_t j = 0; j < {self.tile}; ++j) {{", inner + 1)
             self.emit(f"const int64_t {xk} = xb + j;", inner + 2)
             for line in lines:
                 self.emit(line, inner + 2)
@@ -476,7 +509,7 @@ class _KernelWriter(WelfordLoops):
         for s in st.stores:
             if s.local:
                 buf_t = self.p.type(self.prog.buffers[s.name].dtype)
-                self.emit(f"{buf_t} {s.name}_l[{TILE}];", depth)
+                self.emit(f"{buf_t} {s.name}_l[{self.tile}];", depth)
         self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
         lines: list[str] = []
         for s in st.stores:

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import json
 import operator
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import cache, graph_cache, log, timing
+from ember.inductor import autotune, cache, codegen_cpp, graph_cache, log, settings, timing
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.eager_kernels import unless_lacking
@@ -207,9 +206,10 @@ def _output_metas(gm: torch.fx.GraphModule) -> list[Any]:
 
 
 def _trace_dir() -> Path | None:
-    if os.environ.get("EMBER_INDUCTOR_TRACE", "0") in ("", "0"):
+    now = settings.section.get()
+    if not now.trace:
         return None
-    root = Path(os.environ.get("EMBER_INDUCTOR_TRACE_DIR", "ember_inductor_trace"))
+    root = Path(now.trace_dir)
     for n in itertools.count():
         path = root / f"graph{n:03d}"
         try:
@@ -341,12 +341,9 @@ def compile_graph(
     The callable takes the graph's inputs and returns what ``gm`` returns.
     Ops without a lowering run as aten calls; a graph that cannot be lowered
     at all runs as ``gm`` itself, so this never fails for want of an op.
-    ``options``: ``cxx`` (compiler), ``cflags`` (a list replacing
-    :data:`~ember.inductor.cache.DEFAULT_CFLAGS`), ``graph_cache`` (False: lower
-    and generate code even for a graph seen before), ``fallback_random`` (True, the
-    default: random ops run torch's kernels and draw eager's numbers; False: they
-    are computed inside the fused kernels, reproducible under ``torch.manual_seed``
-    but different from eager's, see :mod:`ember.inductor.lower_random`).
+    ``options`` override the settings of the same names (``cxx``, ``cflags``,
+    ``graph_cache``, ``fallback_random``, ``max_autotune``) for this graph; their
+    meanings are in :class:`~ember.inductor.settings.InductorSettings`.
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> def f(x):
@@ -355,11 +352,10 @@ def compile_graph(
     >>> compiled = compile_graph(make_fx(f)(x), [x])
     >>> torch.testing.assert_close(compiled(x), f(x))
     """
-    opts = options or {}
-    compile_options = _compile_options(opts)
+    opts = _options(options)  # the settings, under this graph's backend options
+    compile_options = cache.CompileOptions.resolve(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
-    fused_random = not opts.get("fallback_random", True)
     key = _graph_key(gm, example_inputs, compile_options, opts)
     record = graph_cache.load(key) if key is not None else None
     if record is not None and (hit := CompiledGraph.from_record(gm, record, run)) is not None:
@@ -369,11 +365,17 @@ def compile_graph(
     try:
         if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
             raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
-        gm, prog = _lower(run, gm, example_inputs, fused_random)  # aten -> simplified loop IR
+        gm, prog = _lower(
+            run, gm, example_inputs, not opts["fallback_random"]
+        )  # aten -> simplified loop IR
         with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
             sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
         with timing.TIMES.timed("codegen"):
             source, args = run.phase("codegen", translation_unit, sched)  # C++ source
+        if opts["max_autotune"] and any(isinstance(s, Kernel) for s in sched.steps):
+            source, args = _autotuned(
+                run, gm, sched, prog.out_spec, compile_options, example_inputs
+            )
     except Fallback as e:
         warnings.warn(f"ember.inductor: running the graph eagerly: {e}", stacklevel=2)
         return original.forward
@@ -439,11 +441,14 @@ def subclass_input(example_inputs: Sequence[Any]) -> type | None:
     return None
 
 
-def _compile_options(opts: dict[str, Any]) -> cache.CompileOptions:
-    return cache.CompileOptions(
-        cxx=opts.get("cxx", cache.CompileOptions().cxx),
-        cflags=tuple(opts.get("cflags", cache.DEFAULT_CFLAGS)),
-    )
+def _options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings ``compile_graph`` reads, under this graph's backend ``options``."""
+    now = settings.section.get()
+    return {
+        "graph_cache": now.graph_cache,
+        "fallback_random": now.fallback_random,
+        "max_autotune": now.max_autotune,
+    } | (options or {})
 
 
 def _graph_key(
@@ -461,7 +466,39 @@ def _graph_key(
         return None
     if not opts.get("fallback_random", True):
         key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
+    if opts.get("max_autotune"):
+        key = hashlib.sha256(f"{key} max_autotune".encode()).hexdigest()
     return key
+
+
+def _autotuned(
+    run: _Run,
+    gm: torch.fx.GraphModule,
+    sched: Schedule,
+    spec: Any,
+    options: cache.CompileOptions,
+    example_inputs: Sequence[Any],
+) -> tuple[str, dict[str, list[str]]]:
+    """The C++ source (and kernel arguments) under the fastest :mod:`autotune` choice."""
+
+    def source(knobs: codegen_cpp.Knobs) -> str:
+        with codegen_cpp.knobs(knobs):
+            return translation_unit(sched)[0]
+
+    def prepare(text: str, inputs: list[Any]) -> Callable[[], Any]:
+        trial = CompiledGraph(gm, run, spec)
+        trial.schedule, trial.source = sched, text
+        with codegen_cpp.knobs(knobs_of[text]):
+            trial.kernel_args = translation_unit(sched)[1]
+        trial._build = cache.build_async(text, options)  # the builds run side by side
+        return functools.partial(trial, *inputs)
+
+    knobs_of = {source(k): k for k in reversed(autotune.CANDIDATES)}  # first wins on ties
+    with timing.TIMES.timed("autotune"):
+        choice = autotune.choose(source, example_inputs, prepare)
+    run.write("07_autotune.txt", choice)
+    with codegen_cpp.knobs(choice.knobs):
+        return translation_unit(sched)
 
 
 def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:

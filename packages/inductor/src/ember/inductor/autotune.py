@@ -1,0 +1,151 @@
+"""``max_autotune`` on CPU: time a few code-generation choices per graph, keep the fastest.
+
+For a graph with kernels, :func:`choose` generates its C++ under each of
+:data:`CANDIDATES` (the tile width of column kernels; the work below which a kernel
+stays on one thread), builds each distinct source (builds are cached on disk like any
+other), runs each on random inputs of the graph's shapes, and keeps the fastest. The
+choice is stored in ``<cache root>/inductor/autotune/<key>.json``, keyed by the source
+under the default choices, the inputs' metadata and the machine, so another process
+reuses it without timing again.
+
+A graph with an integer input is not timed (random integers may be invalid indices, and
+the generated code does not check bounds): it keeps the default choices, and says why in
+its record.
+
+>>> [k.tile for k in CANDIDATES][:3]
+[16, 8, 32]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ember.aotgraph.settings import cache_root
+from ember.inductor import cache
+from ember.inductor.codegen_cpp import Knobs
+
+__all__ = ["CANDIDATES", "Choice", "choose"]
+
+#: The choices timed: the default first (a tie keeps it).
+CANDIDATES = (
+    Knobs(),
+    Knobs(tile=8),
+    Knobs(tile=32),
+    Knobs(parallel_min_work=1 << 14),  # parallel sooner
+    Knobs(parallel_min_work=1 << 62),  # never parallel
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What autotuning chose for one graph, and what it measured (seconds per call)."""
+
+    knobs: Knobs
+    trials: tuple[tuple[Knobs, float], ...]
+    cached: bool = False  # read from the disk record, not timed now
+    why_not: str = ""  # set when the graph was not timed
+
+
+def choose(
+    sources: Callable[[Knobs], str],
+    inputs: Sequence[Any],
+    prepare: Callable[[str, list[Any]], Callable[[], Any]],
+) -> Choice:
+    """The fastest of :data:`CANDIDATES`: ``sources(knobs)`` is the C++ under a choice,
+    ``prepare(source, inputs)`` a function that runs it once on ``inputs``. The distinct
+    sources are timed in turns, best of :data:`ROUNDS`, so that a machine busy with other
+    work slows them alike."""
+    default = sources(Knobs())
+    if any(isinstance(t, torch.Tensor) and not t.dtype.is_floating_point
+           and t.dtype is not torch.bool for t in inputs):  # fmt: skip
+        return Choice(Knobs(), (), why_not="an integer input: random values may be bad indices")
+    path = cache_root() / "inductor" / "autotune" / f"{_key(default, inputs)}.json"
+    if (stored := _load(path)) is not None:
+        return stored
+    try:
+        return _timed(path, default, sources, [_random_like(t) for t in inputs], prepare)
+    except Exception as e:  # a trial that fails must not fail the graph: keep the defaults
+        return Choice(Knobs(), (), why_not=f"timing failed: {type(e).__name__}: {e}")
+
+
+def _timed(
+    path: Any,
+    default: str,
+    sources: Callable[[Knobs], str],
+    real: list[Any],
+    prepare: Callable[[str, list[Any]], Callable[[], Any]],
+) -> Choice:
+    source_of = {knobs: default if knobs == Knobs() else sources(knobs) for knobs in CANDIDATES}
+    calls = {src: prepare(src, real) for src in dict.fromkeys(source_of.values())}
+    timed = dict.fromkeys(calls, float("inf"))  # choices that make the same code share it
+    for _ in range(ROUNDS):
+        for src, call in calls.items():
+            timed[src] = min(timed[src], seconds_per_call(call))
+    trials = [(knobs, timed[src]) for knobs, src in source_of.items()]
+    best = min(trials, key=lambda trial: trial[1])[0]
+    choice = Choice(best, tuple(trials))
+    _store(path, choice)
+    return choice
+
+
+def _key(source: str, inputs: Sequence[Any]) -> str:
+    meta = [
+        (tuple(t.shape), tuple(t.stride()), str(t.dtype)) if isinstance(t, torch.Tensor) else t
+        for t in inputs
+    ]
+    text = f"{source}\n{meta!r}\n{cache._cpu_id()}\n{torch.get_num_threads()}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _random_like(t: Any) -> Any:
+    """Random values with ``t``'s shape, strides (overlapping ones included) and dtype."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    size = size if all(n > 0 for n in t.shape) else 0
+    base = torch.zeros(size, dtype=t.dtype) if t.dtype is torch.bool else torch.randn(size)
+    return base.to(t.dtype).as_strided(tuple(t.shape), tuple(t.stride()))
+
+
+def _load(path: Any) -> Choice | None:
+    try:
+        record = json.loads(path.read_text())
+        trials = tuple((Knobs(**k), s) for k, s in record["trials"])
+        return Choice(Knobs(**record["knobs"]), trials, cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(path: Any, choice: Choice) -> None:
+    record = {"knobs": asdict(choice.knobs), "trials": [(asdict(k), s) for k, s in choice.trials]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+ROUNDS = 5  # turns over the candidates; each candidate's best turn counts
+
+
+def seconds_per_call(call: Callable[[], Any], budget: float = 0.02) -> float:
+    """Seconds per ``call()``, over as many calls as fit in ``budget`` (at least one),
+    after a warm-up call (the first builds and loads the library)."""
+    call()
+    start = time.perf_counter()
+    call()
+    once = max(time.perf_counter() - start, 1e-7)
+    n = max(1, min(1000, int(budget / once)))
+    start = time.perf_counter()
+    for _ in range(n):
+        call()
+    return (time.perf_counter() - start) / n

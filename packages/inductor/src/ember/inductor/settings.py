@@ -1,0 +1,62 @@
+"""ember.inductor's settings: the one place ember.inductor reads the environment.
+
+The disk-cache root and ``check`` are ember.aotgraph's settings (one value for both).
+A backend option of the same name (``compile(..., options={"cflags": [...]})``) wins
+over the setting for that compiled object.
+
+>>> section.get().graph_cache
+True
+>>> with section.patch(extra_cflags=("-DEMBER_DEMO",)):
+...     section.get().extra_cflags
+('-DEMBER_DEMO',)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.aotgraph.section import Section, setting
+
+__all__ = ["InductorSettings", "section"]
+
+
+@dataclass(frozen=True, slots=True)
+class InductorSettings:
+    """What ember.inductor reads when it compiles a graph."""
+
+    cxx: str = setting("g++", "the C++ compiler (name or path)", env="CXX")
+    cflags: tuple[str, ...] = setting(
+        (),
+        "flags replacing the default ones (ember.inductor.cache.DEFAULT_CFLAGS); empty:"
+        " the defaults. -shared and -fPIC are always added",
+        env="EMBER_CFLAGS",
+    )
+    extra_cflags: tuple[str, ...] = setting(
+        (), "flags added after the others, e.g. ('-O2',)", env="EMBER_EXTRA_CFLAGS"
+    )
+    graph_cache: bool = setting(
+        True, "reuse the generated code of graphs seen before (on disk)", env="EMBER_GRAPH_CACHE"
+    )
+    fallback_random: bool = setting(
+        True,
+        "random ops run torch's kernels and draw eager's numbers; False: inside the fused"
+        " kernels (repeatable under torch.manual_seed, not eager's numbers)",
+    )
+    trace: bool = setting(
+        False, "write each graph's passes to a trace folder", env="EMBER_INDUCTOR_TRACE"
+    )
+    trace_dir: str = setting(
+        "ember_inductor_trace",
+        "where the trace folders go (graph000, graph001, ...)",
+        env="EMBER_INDUCTOR_TRACE_DIR",
+    )
+    max_autotune: bool = setting(
+        False,
+        "time a few kernel variants per graph (tile size, parallel threshold) and keep the"
+        " fastest, remembered on disk (mode='max-autotune')",
+        env="EMBER_MAX_AUTOTUNE",
+    )
+
+
+#: ember.inductor's settings (``ember.compiler.config.inductor``).
+section: Section[InductorSettings] = Section("inductor", InductorSettings)
