@@ -204,13 +204,6 @@ def compare_values(got: Any, want: Any, where: str = "out") -> list[str]:
     return [] if got == want else [f"value: {where} eager {want!r}, ember {got!r}"]
 
 
-def _zero_for_none(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
-    """A zero grad where eager has None (gated: see GATES["grad_none_vs_zero"])."""
-    if enabled("grad_none_vs_zero") or want is not None or got is None:
-        return False
-    return not bool(got.any())
-
-
 def _merged_outputs(want: tuple[int, int, bool, bool], got: tuple[int, int, bool, bool]) -> bool:
     """Two distinct outputs that ember returns as one tensor (gated: GATES["cse_outputs"])."""
     return want[0] >= len(INPUTS) and want[2:] == (False, False) and got[2:] == (True, True)
@@ -235,8 +228,6 @@ def compare(got: Observation, want: Observation) -> list[str]:
             f"version: inputs' _version moved, eager {want.versions_moved}, "
             f"ember {got.versions_moved}"
         )
-    if any(want.versions_moved) and not enabled("grad_mutated_inputs"):
-        return problems  # gated: see GATES["grad_mutated_inputs"]
     if got.grad_raised != want.grad_raised:
         problems.append(f"grad-exception: eager {want.grad_raised!r}, ember {got.grad_raised!r}")
     if len(got.grads) != len(want.grads):
@@ -245,7 +236,7 @@ def compare(got: Observation, want: Observation) -> list[str]:
             f"grad: leaves with grads, eager {len(want.grads)}, ember {len(got.grads)}",
         ]
     for i, (g, w) in enumerate(zip(got.grads, want.grads, strict=True)):
-        if (g is None) != (w is None) and not _zero_for_none(g, w):
+        if (g is None) != (w is None):
             problems.append(f"grad: leaf {i} eager {w is not None}, ember {g is not None}")
         elif g is not None and w is not None:
             problems += [p.replace("value:", "grad:", 1) for p in _compare_tensor(g, w, f"grad{i}")]

@@ -25,19 +25,7 @@ Shape = tuple[str, ...]
 
 # Gated productions: name -> the issue-16 bug class it hits. Remove an entry (or set
 # EMBER_FUZZ_ENABLE) once the fix for its class is merged.
-GATES: dict[str, str] = {
-    # The six gates below hit gradients of programs that write in place. Each class's own
-    # repros are fixed and tested (test_correctness_autograd.py), but with all issue-16
-    # fixes merged the fuzzer still finds programs here where ember's backward raises and
-    # eager's does not, and one gradient off by 1.0 (aot_eager and inductor, CI seed).
-    "grad_mode": "grad-mode changes: views and results made under no_grad/enable_grad",
-    "inplace_expanded": "new: in-place op on an expanded tensor does not raise",
-    "chunk": "new: in-place op on an output of chunk/split (multi-output view) does not raise",
-    "detach": "input/output aliasing: a returned x.detach() of an input requiring grad "
-    "comes back with requires_grad=True (aot_eager, inductor)",
-    "grad_mutated_inputs": "new: the gradient through an input mutated in the graph is wrong",
-    "grad_none_vs_zero": "new: zero grad instead of None across a graph break",
-}
+GATES: dict[str, str] = {}
 
 
 def enabled(gate: str) -> bool:
@@ -258,7 +246,7 @@ def p_matmul(b: Builder) -> bool:
 def _view_rules(b: Builder, x: str, s: Shape) -> list[tuple[str, Shape]]:
     """The views applicable to a tensor of shape s: (expression, new shape)."""
     rules: list[tuple[str, Shape]] = [(f"{x}.view(-1)", (_flat(s),))]
-    rules += [(f"{x}.detach()", s)] if enabled("detach") else []
+    rules += [(f"{x}.detach()", s)]
     rules.append((f"{x}.reshape(-1)", (_flat(s),)))
     if len(s) <= 2:
         rules += [(f"{x}.unsqueeze(0)", ("1", *s)), (f"{x}.expand(2, *{x}.shape)", ("2", *s))]

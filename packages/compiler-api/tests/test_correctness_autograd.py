@@ -223,3 +223,163 @@ def test_an_input_and_a_view_of_it_each_get_their_own_gradient(backend: str) -> 
         f(b, b[:, 3:]).double().sum().backward()
         results.append(leaf.grad)
     assert_same(results[1], results[0])
+
+
+# --- gradient-fuzzer gates (issue 16): arguments that are views of one another -----------
+
+
+def with_row(fn_leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The fuzzer's "row" aliasing: ``c`` is a row of ``a``; a and b are non-leaf copies."""
+    a, b = fn_leaves[0] * 1, fn_leaves[1] * 1
+    return [a, b, a[1]]
+
+
+def backward_of(fn: Callable[..., Any], args: list[torch.Tensor]) -> tuple[Any, ...]:
+    """The call's outcome (the error type where it raises), its outputs, and the outcome of
+    differentiating the sum of its outputs that require grad."""
+    kind, value = outcome(fn, *args)
+    if kind == "raise":
+        return (value[0],)
+    outs = [value] if isinstance(value, torch.Tensor) else list(value)
+    total = [o.sum() for o in outs if o.requires_grad]
+    done = outcome(lambda: torch.stack(total).sum().backward()) if total else ("none", None)
+    return kind, [o.detach().clone() for o in outs], done[1][0] if done[0] == "raise" else None
+
+
+def compare_backward(fn: Callable[..., Any], backend: str, args_of: Any = with_row) -> None:
+    """Call ``fn`` eagerly and compiled on ``args_of(leaves)``, differentiate the sum of its
+    float outputs: the same outputs, exception types (call, backward) and leaf gradients."""
+    seen = []
+    for f in (fn, ember.compiler.compile(fn, backend=backend)):
+        fn_leaves = leaves()
+        result = backward_of(f, args_of(fn_leaves))
+        grads = [None if t.grad is None else t.grad.clone() for t in fn_leaves]
+        seen.append((result, grads))
+    (got, grads), (want, want_grads) = seen
+    assert (got[0], got[2:]) == (want[0], want[2:])
+    if len(want) > 1:
+        assert_same(got[1], want[1])
+    assert [g is None for g in grads] == [g is None for g in want_grads]
+    assert_same([g for g in grads if g is not None], [g for g in want_grads if g is not None])
+
+
+def view_of_the_wider_input(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = c * 2  # c (a row of a) is an input of the graph too
+    del v2
+    return a[:, 1:]  # a view of a, not of c: its gradient reaches all of a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_returned_view_is_rebuilt_from_the_input_it_views(backend: str) -> None:
+    compare_backward(view_of_the_wider_input, backend)
+
+
+def copy_a_row_into_another_input(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v3 = a * 1  # a and its row c are both inputs of the graph; b is written
+    del v3
+    b[0] = c
+    return b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_row_of_an_input_passes_its_gradient_once(backend: str) -> None:
+    compare_backward(copy_a_row_into_another_input, backend)
+
+
+# --- saved values written after the graph: eager checks only the formulas it runs ---------
+
+
+def unused_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = b @ b.t()
+    v2 = a.abs()  # live at the break: an output of graph 1, whose node saves a
+    s3 = float(v1.detach().mean())  # graph break
+    c.sub_(s3)  # writes a row of a: eager never runs abs's formula, so never checks a
+    return a, v1, v2.detach()
+
+
+def used_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = b @ b.t()
+    v2 = a.abs()  # abs's formula runs in backward: eager raises for the write below
+    s3 = float(v1.detach().mean())
+    c.sub_(s3)
+    return a, v1, v2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [unused_then_written, used_then_written])
+def test_a_saved_value_written_after_the_graph(fn: Callable[..., Any], backend: str) -> None:
+    compare_backward(fn, backend)
+
+
+# --- a view from chunk/split made in one graph, written in place after a break -----------
+
+
+def chunk_of_an_input_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1, v2 = a.chunk(2, dim=-1)
+    s3 = float(v2.detach().mean())  # graph break: v2 comes back from graph 1
+    v2[..., 0] = s3  # eager: "Output 1 of Split is a view ... modified inplace"
+    return [b, v1]
+
+
+def split_of_a_result_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1, v2 = (a * 2).split(3, dim=-1)
+    s3 = float(v2.detach().mean())
+    v1.add_(s3)
+    return [v2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [chunk_of_an_input_across_a_break, split_of_a_result_across_a_break])
+def test_a_chunk_written_after_a_break_raises(fn: Callable[..., Any], backend: str) -> None:
+    want = run(fn, leaves())
+    assert want["call"] == "raise"
+    check(fn, backend)
+
+
+def recomputed_then_written(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = torch.sigmoid(a)  # eager saves sigmoid's result, never a
+    s3 = float(c.detach().mean())  # graph break
+    a[:1] *= s3  # the caller's a written after graph 1
+    return [v2, a]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_eager_never_saves_is_not_saved_to_recompute(backend: str) -> None:
+    compare_backward(recomputed_then_written, backend)
+
+
+# --- an output no gradient reaches: its formula is not run with a zero gradient ----------
+
+
+def reciprocal_unused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = c.reciprocal()  # noqa: F841  (live at the break, reached by no gradient)
+    v2 = c * 2
+    s3 = float(c.detach().sum())  # graph break
+    return [v2 * s3]
+
+
+def with_a_zero(fn_leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        fn_leaves[2][0] = 0.0
+    return [t * 1 for t in fn_leaves]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unreached_formula_does_not_poison_a_gradient(backend: str) -> None:
+    compare_backward(reciprocal_unused, backend, args_of=with_a_zero)
+
+
+# --- an intermediate restrided in place, then again after a graph break -----------------
+
+
+def restride_across_a_break(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v1 = a + a
+    v1.t_()  # graph 1 returns t(add): a view of an intermediate, from the autograd.Function
+    s2 = float(c.detach().sum())  # graph break
+    v1.unsqueeze_(0)  # eager: v1 is no view; ember: "Output 1 of CompiledFunction is a view"
+    return [v1 * s2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_intermediate_restrided_again_after_a_break(backend: str) -> None:
+    check(restride_across_a_break, backend)

@@ -318,3 +318,21 @@ def _grad_node(t: torch.Tensor) -> Any:
     with torch.enable_grad():  # a leaf: its gradient accumulator, the parent of its views
         view = t.view_as(t).grad_fn
     return None if view is None else view.next_functions[0][0]
+
+
+def unwritten_sharing(values: Sequence[Any], versions: Sequence[int]) -> frozenset[int]:
+    """The unwritten tensors among ``values`` that share a storage with another one (none
+    when ``versions`` is not one per value: inputs were merged, see :class:`Merge`).
+
+    >>> x = torch.zeros(2, 3)
+    >>> sorted(unwritten_sharing([x, torch.zeros(3), x[1]], versions=(0, 1, 0)))
+    [0, 2]
+    """
+    if len(versions) != len(values):
+        return frozenset()
+    storages = [v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None for v in values]
+    return frozenset(
+        i
+        for i, s in enumerate(storages)
+        if s is not None and storages.count(s) > 1 and not versions[i]
+    )

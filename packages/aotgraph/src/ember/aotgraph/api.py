@@ -272,7 +272,10 @@ class AOTCompiled:
             bw = self.settings.bw_compiler(part.backward, bw_inputs)
         saved = traced.clone_saved, traced.number_saved
         use = TangentUse.of(part.backward, bw_inputs[len(bw_inputs) - len(sig.grad_outputs) :])
-        return Runtime(sig, traced.mutated, fw, bw, *saved, merge=merge, tangent_use=use)
+        graph = part.backward if use is not None else None
+        return Runtime(
+            sig, traced.mutated, fw, bw, *saved, merge=merge, tangent_use=use, backward_graph=graph
+        )
 
 
 def _log_graph(what: str, gm: torch.fx.GraphModule) -> None:

@@ -4,8 +4,9 @@ Four steps, one function each:
 
 1. :func:`flow_network`: every node of the joint graph that does not depend on a
    tangent becomes an edge ``in -> out`` whose capacity is the bytes it would
-   cost to save (graph inputs cost nothing: the caller keeps them alive anyway,
-   and a tuple cannot be saved at all). Data edges are infinite; the source
+   cost to save (graph inputs that eager's own formulas save cost nothing: the
+   caller keeps them alive anyway; other graph inputs cannot be saved, nor can a
+   tuple). Data edges are infinite; the source
    feeds every primal; every node the backward graph reads feeds the sink.
 2. :func:`policy`: a node that may not be recomputed (random ops, matmuls,
    convolutions, large reductions, anything not in
@@ -36,9 +37,12 @@ import torch.fx
 from ember.aotgraph.ops import RECOMPUTABLE, node_class, tensor_bytes
 from ember.aotgraph.partition import (
     Partition,
+    ancestors,
     descendants,
+    forward_nodes,
     joint_parts,
     partition_from_saved,
+    view_root,
 )
 from ember.aotgraph.trace import JointGraph
 
@@ -59,15 +63,28 @@ def _out(node: Node) -> str:
     return node.name + ".out"
 
 
-def capacity(node: Node) -> float:
+def capacity(node: Node, free: set[Node] | frozenset[Node] = frozenset()) -> float:
     """Cost of saving ``node``: its bytes (plus one, so fewer tensors win a tie), 1 for a
-    number; 0 for a graph input; infinite for a tuple, which cannot be saved."""
+    number; 0 for a graph input in ``free``, infinite for another one or a tuple."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor | torch.SymFloat | torch.SymInt | torch.SymBool):
         return float("inf")
     if node.op == "placeholder":
-        return 0.0
+        return 0.0 if node in free else float("inf")
     return float(tensor_bytes(val) + 1)
+
+
+def eager_saved_inputs(joint: JointGraph) -> set[Node]:
+    """The graph inputs that the backward formulas read as they are (or through views),
+    as eager's saved tensors do. Saving another input to recompute from it would make the
+    backward pass check an input eager never saved: a later in-place write of it (after a
+    graph break, or by the caller) would raise in backward where eager's does not."""
+    _, _, _, grads = joint_parts(joint)
+    fw = forward_nodes(joint)
+    region = ancestors(grads, stop=fw) - fw
+    read = [n for n in fw if any(u in region for u in n.users)]
+    read += [g for g in grads if g is not None and g in fw]
+    return {root for root in map(view_root, read) if root.op == "placeholder"}
 
 
 def policy(node: Node) -> bool:
@@ -75,10 +92,13 @@ def policy(node: Node) -> bool:
     return node.op == "placeholder" or node_class(node) not in RECOMPUTABLE
 
 
-def flow_network(joint: JointGraph) -> tuple[nx.DiGraph, list[Node]]:
-    """The flow network over the tangent-independent nodes, and those nodes."""
+def flow_network(joint: JointGraph, every_input: bool = False) -> tuple[nx.DiGraph, list[Node]]:
+    """The flow network over the tangent-independent nodes, and those nodes; with
+    ``every_input`` any graph input may be saved for free."""
     import networkx as nx
 
+    placeholders = joint.gm.graph.find_nodes(op="placeholder")
+    free = set(placeholders) if every_input else eager_saved_inputs(joint)
     _, tangents, _, grads = joint_parts(joint)
     backward_only = descendants(tangents)
     candidates = [n for n in joint.gm.graph.nodes if n.op != "output" and n not in backward_only]
@@ -87,7 +107,7 @@ def flow_network(joint: JointGraph) -> tuple[nx.DiGraph, list[Node]]:
     net.add_node(SINK)
     grad_set = {g for g in grads if g is not None}
     for node in candidates:
-        net.add_edge(_in(node), _out(node), capacity=capacity(node))
+        net.add_edge(_in(node), _out(node), capacity=capacity(node, free))
         if policy(node):
             net.add_edge(SOURCE, _in(node))
         for user in node.users:
@@ -118,12 +138,22 @@ def min_cut_partition(joint: JointGraph) -> Partition:
 
     >>> import torch
     >>> from ember.aotgraph.trace import Lifted, analyze, trace_joint
-    >>> f = lambda x: x.relu().sin()
-    >>> x = torch.randn(16, requires_grad=True)
-    >>> lifted = Lifted.of(torch.fx.symbolic_trace(f), [x])
-    >>> part = min_cut_partition(trace_joint(lifted, [x], analyze(lifted, [x], grad=True), {}))
-    >>> part.saved, part.activation_bytes
+    >>> def saved(f):
+    ...     x = torch.randn(16, requires_grad=True)
+    ...     lifted = Lifted.of(torch.fx.symbolic_trace(f), [x])
+    ...     part = min_cut_partition(trace_joint(lifted, [x], analyze(lifted, [x], grad=True), {}))
+    ...     return part.saved, part.activation_bytes
+    >>> saved(lambda x: x.sin().relu())  # sin's formula reads x: recompute from it
     (('primals_1',), 0)
+    >>> saved(lambda x: x.relu().sin())  # eager saves relu's result, never x
+    (('relu',), 64)
     """
-    net, candidates = flow_network(joint)
-    return partition_from_saved(joint, cut_nodes(net, candidates))
+    import networkx as nx
+
+    try:
+        net, candidates = flow_network(joint)
+        saved = cut_nodes(net, candidates)
+    except nx.NetworkXUnbounded:  # no cut without an input eager does not save: save inputs
+        net, candidates = flow_network(joint, every_input=True)
+        saved = cut_nodes(net, candidates)
+    return partition_from_saved(joint, saved)

@@ -184,9 +184,14 @@ def _draws(joint: JointGraph) -> list[Node]:
 
 def _view_of_input(node: Node) -> bool:
     """Whether ``node`` is a graph input or a chain of views of one (it costs no memory)."""
+    return view_root(node).op == "placeholder"
+
+
+def view_root(node: Node) -> Node:
+    """The node that ``node`` is a chain of views of (``node`` itself if not a view)."""
     while node_class(node) is OpClass.VIEW and isinstance(node.args[0], Node):
         node = node.args[0]
-    return node.op == "placeholder"
+    return node
 
 
 def forward_nodes(joint: JointGraph) -> set[Node]:

@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
-from ember.aotgraph.tangents import TangentUse
+from ember.aotgraph.tangents import TangentUse, without_undefined
 from ember.aotgraph.trace import Signature
 
 __all__ = ["CompiledFunction", "Runtime"]
@@ -49,11 +49,16 @@ class Runtime:
     merge: Merge | None = None  # inputs sharing storage, passed to the graph as one base
     # undefined output gradients stay undefined (eager's None .grad); None: materialised
     tangent_use: TangentUse | None = None
+    # the backward graph before compiling: pruned for undefined tangents (see backward_for)
+    backward_graph: torch.fx.GraphModule | None = None
     # (input, how far eager moves its version counter) for each input written in place
     bumped: tuple[tuple[int, int], ...] = field(init=False)
     # graph outputs to copy (they share storage where eager's do not): found on the first call
     clone: list[tuple[int, ...]] = field(init=False)
     plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
+    pruned: dict[frozenset[int], Callable[..., Any]] = field(init=False)
+    # some saved value serves only some output gradients: the backward checks versions itself
+    own_checks: bool = field(init=False)
     num_forward_outputs: int = field(init=False)  # graph outputs + mutation values
     non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
     # the caller's output structure from (inputs, graph outputs): see ``assembler``
@@ -70,19 +75,53 @@ class Runtime:
         object.__setattr__(self, "assemble", assembler(sig))
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
         object.__setattr__(self, "clone", [])
+        object.__setattr__(self, "pruned", {})
         replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
         object.__setattr__(self, "plain", self.merge is None and not replay)
+        use, every = self.tangent_use, frozenset(range(len(sig.grad_outputs)))
+        partial = use is not None and any(r and r != every for r in use.saved)
+        object.__setattr__(self, "own_checks", partial)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         outs = self._run(inputs) if self.plain else self._run_replaying(inputs)
         clone = self.clone
         if not clone:  # once: how the compiled graph's outputs share storage
-            clone.append(outputs_to_clone(self.signature.out_storage, inputs, outs))
+            found = outputs_to_clone(self.signature.out_storage, inputs, outs)
+            if self.backward is not None:
+                found = tuple(sorted({*found, *self._function_views(outs)}))
+            clone.append(found)
         if clone[0]:
             outs = list(outs)
             for j in clone[0]:
                 outs[j] = fresh_copy(outs[j])
         return self.assemble(inputs, outs)
+
+    def _function_views(self, outs: Sequence[Any]) -> list[int]:
+        """Graph outputs that the compiled graph returned as views (of its intermediates:
+        ``t_`` on a result). From the ``autograd.Function`` autograd marks them as one of
+        several views and refuses an in-place change of them later, where eager's output
+        allows it: the runtime returns a copy instead (rare; an ``aot_eager`` case). Not
+        where eager's is one of several views too (``split``): eager refuses as well."""
+        sig = self.signature
+        split = {o.index for o in sig.outputs if o.kind == "graph" and o.split}
+        return [
+            j
+            for j, o in enumerate(outs[: len(sig.graph_outputs)])
+            if isinstance(o, torch.Tensor) and o.requires_grad and o._is_view() and j not in split
+        ]
+
+    def backward_for(self, missing: frozenset[int]) -> Callable[..., Sequence[Any]]:
+        """The backward graph for a pass whose tangents ``missing`` are undefined: without
+        the formulas only they reach (:func:`~ember.aotgraph.tangents.without_undefined`),
+        run as aten ops, not compiled: a rare case (an output no gradient reaches)."""
+        assert self.backward is not None
+        if not missing or self.backward_graph is None:
+            return self.backward
+        found = self.pruned.get(missing)
+        if found is None:
+            n = len(self.signature.grad_outputs)
+            found = self.pruned[missing] = without_undefined(self.backward_graph, n, missing)
+        return found
 
     def _run_replaying(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
         """:meth:`_run`, and what else eager's in-place ops did to the inputs: the flags
@@ -109,6 +148,8 @@ class Runtime:
                     torch._C._set_grad_enabled(True)
             else:
                 outs = self.forward(*inputs)
+        elif self.own_checks:
+            outs = _apply_unchecked(self, inputs)
         elif torch._C._are_functorch_transforms_active():
             outs = CompiledFunction.apply(self, *inputs)  # type: ignore[no-untyped-call]
         else:  # Function.apply's Python layer only matters under functorch transforms
@@ -196,10 +237,16 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
                 base = base.detach()
             offset = base.storage_offset() + o.meta.offset  # relative: see Output
-            leaves.append(base.as_strided(o.meta.size, o.meta.stride, offset))
+            view = base.as_strided(o.meta.size, o.meta.stride, offset)
+            if o.split and view.requires_grad:  # eager refuses in-place writes to it
+                torch._C._autograd._set_creation_meta(view, _MULTI_OUTPUT)
+            leaves.append(view)
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)
+
+
+_MULTI_OUTPUT = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 
 
 class CompiledFunction(torch.autograd.Function):
@@ -235,6 +282,8 @@ class CompiledFunction(torch.autograd.Function):
         # C++ that Python's collector cannot break, leaking every forward without a backward.
         # ``detach`` keeps the data and the version counter and drops the link to the base.
         ctx.save_for_backward(*(t.detach() if t._is_view() else t for t in saved))
+        if rt.own_checks:  # see _apply_unchecked
+            ctx.versions = [_version(t) for t in saved]
         ctx.runtime = rt
         if rt.tangent_use is not None:  # an undefined gradient is None in backward, not zeros
             ctx.set_materialize_grads(False)
@@ -267,15 +316,68 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
         tangents, missing = rt.tangent_use.fill(tangents)
     tangents = [t.contiguous() for t in tangents]
     saved = ctx.saved_tensors
+    if rt.own_checks:
+        assert rt.tangent_use is not None
+        check_versions(rt, saved, ctx.versions, rt.tangent_use.needed(missing))
     if rt.number_saved:
         saved = list(saved)
         for i, number in zip(rt.number_saved, ctx.numbers, strict=True):
             saved.insert(i, number)
-    computed = list(rt.backward(*saved, *tangents))
+    computed = list(rt.backward_for(missing)(*saved, *tangents))
     if missing:  # an input reached only through undefined gradients: None, as in eager
         assert rt.tangent_use is not None
         computed = rt.tangent_use.mask(computed, missing)
     return computed
+
+
+def _apply_unchecked(rt: Runtime, inputs: Sequence[torch.Tensor]) -> Sequence[Any]:
+    """Apply with autograd's check of saved tensors off for this node (saved-tensor hooks
+    turn it off): one node holds what eager keeps in many, and eager checks only those of
+    the formulas a backward pass runs. ``b.abs()`` returned unused, then ``b`` written: eager
+    never runs abs's formula; this node would raise for its saved ``b``.
+    :func:`check_versions` checks the saved values the defined gradients need instead."""
+    try:
+        torch._C._autograd._push_saved_tensors_default_hooks(_pack, _same)
+    except RuntimeError:  # saved-tensor hooks disabled: autograd checks every saved value
+        return CompiledFunction.apply(rt, *inputs)  # type: ignore[no-untyped-call,no-any-return]
+    try:
+        return CompiledFunction.apply(rt, *inputs)  # type: ignore[no-untyped-call,no-any-return]
+    finally:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _pack(t: torch.Tensor) -> torch.Tensor:
+    # a saved output comes with its autograd node: kept as it is, node -> output -> node
+    # would be a cycle (see CompiledFunction.forward); detach keeps data and version counter
+    return t.detach()
+
+
+def _same(t: Any) -> Any:
+    return t
+
+
+def check_versions(
+    rt: Runtime, saved: Sequence[torch.Tensor], versions: Sequence[int], needed: Sequence[int]
+) -> None:
+    """Raise autograd's error if a saved value in ``needed`` (positions among all saved
+    values, numbers included) was written in place after the forward pass.
+
+    >>> class R: number_saved = ()
+    >>> x = torch.zeros(2); v = x._version; _ = x.add_(1)
+    >>> check_versions(R(), [x], [v], [0])  # type: ignore[arg-type]
+    Traceback (most recent call last):
+    RuntimeError: one of the variables needed for gradient computation has been modified ...
+    """
+    numbers = set(rt.number_saved)
+    positions = [k for k in range(len(saved) + len(numbers)) if k not in numbers]
+    wanted = set(needed)
+    for t, k, before in zip(saved, positions, versions, strict=True):
+        if k in wanted and _version(t) != before:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by "
+                f"an inplace operation: [{t.type()} {list(t.shape)}], saved by a compiled "
+                f"graph, is at version {_version(t)}; expected version {before} instead"
+            )
 
 
 # ``CompiledFunction.apply`` without the Python layer of ``Function.apply`` (default-argument

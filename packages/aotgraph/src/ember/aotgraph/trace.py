@@ -48,7 +48,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph.aliasing import storage_groups, viewed_input
+from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
 from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 from ember.aotgraph.rng_order import draw_in_memory_order
@@ -96,10 +96,11 @@ class Output:
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
     with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
     storage offset), ``"view"`` (the same, of graph output ``index``) or
-    ``"constant"`` (``value``).
+    ``"constant"`` (``value``). ``split``: the view is one of several that one op made
+    (``chunk``, ``split``, ``unbind``), which autograd refuses to write in place.
 
     >>> Output("constant", value=None)
-    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None)
+    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, split=False)
     """
 
     kind: str
@@ -107,6 +108,7 @@ class Output:
     requires_grad: bool = False
     meta: TensorMeta | None = None
     value: Any = None
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +337,17 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
         meta = TensorMeta.of(leaf)
         meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
-        return Output("alias", i, leaf.requires_grad, meta=meta)
+        split = _multi_output_view(leaf)
+        return Output("alias", i, leaf.requires_grad, meta=meta, split=split)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
-    return Output("graph", graph_index, grad, TensorMeta.of(leaf))
+    split = _multi_output_view(leaf)  # eager refuses in-place writes to it too
+    return Output("graph", graph_index, grad, TensorMeta.of(leaf), split=split)
+
+
+def _multi_output_view(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a view made by an op that returns several (chunk, split, unbind)."""
+    multi = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+    return t._is_view() and torch._C._autograd._get_creation_meta(t) == multi
 
 
 def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
@@ -362,7 +372,8 @@ def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Outp
             base = bases[id(leaf._base)]
             meta = TensorMeta.of(leaf)
             meta = replace(meta, offset=meta.offset - int(leaf._base.storage_offset()))
-            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta)
+            split = _multi_output_view(leaf)
+            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta, split=split)
     return outputs, positions
 
 
@@ -473,14 +484,14 @@ def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list
 
 
 def _joint_function(
-    fn: Callable[..., Any], sig: Signature, n: int, separate: bool = False
+    fn: Callable[..., Any], sig: Signature, n: int, separate: frozenset[int] = frozenset()
 ) -> Callable[..., list[Any]]:
     forward = _graph_outputs(fn, sig)
 
     def joint(*args: torch.Tensor) -> list[Any]:
         primals, tangents = args[:n], args[n:]
         if separate:  # each input its own autograd leaf: see trace_joint
-            primals = tuple(_own_leaf(p) for p in primals)
+            primals = tuple(_own_leaf(p) if i in separate else p for i, p in enumerate(primals))
         outs = forward(*primals)
         diff = [outs[j] for j in sig.grad_outputs]
         wrt = [primals[i] for i in sig.grad_inputs]
@@ -632,11 +643,6 @@ def _viewed(node: torch.fx.Node) -> bool:
     return False
 
 
-def _share_storage(values: Sequence[Any]) -> bool:
-    storages = [v.untyped_storage()._cdata for v in values if isinstance(v, torch.Tensor)]
-    return len(set(storages)) < len(storages)
-
-
 def _own_leaf(value: Any) -> Any:
     """``value`` cut from the autograd history of the tensor it is a view of."""
     if not isinstance(value, torch.Tensor) or not value.requires_grad:
@@ -653,8 +659,10 @@ def trace_joint(
     tangents = _tangents(mode, sig, inputs)
     # Fakes of inputs sharing a storage are views of one fake base, so autograd would pass
     # one input's gradient on to the other (b and b[1:]: b's gradient counted twice); eager's
-    # inputs are separate tensors. Written inputs sharing storage are merged or refused.
-    separate = not any(sig.versions) and _share_storage(primals)
+    # inputs are separate tensors. Written inputs sharing storage are merged or refused; an
+    # input written elsewhere does not stop the others being separated (f(a, b, a[1])
+    # writing b: a's gradient took c's too).
+    separate = unwritten_sharing(primals, sig.versions)
     with torch.enable_grad():
         joint_fn = _joint_function(fn, sig, len(primals), separate)
         gm = _trace(joint_fn, [*primals, *tangents], table)
