@@ -70,11 +70,15 @@ class InternalError(RuntimeError):
     user's frame) because the ``suppress_errors`` setting is False; the original error is
     its ``__cause__``.
 
-    >>> import torch, ember.compiler
+    >>> import torch
+    >>> from ember.capture import hook, settings
     >>> def refuses(gm, inputs):
     ...     raise ValueError("no")
-    >>> with ember.compiler.config.patch({"capture.suppress_errors": False}):
-    ...     ember.compiler.compile(lambda x: x.cos(), backend=refuses)(torch.ones(1))
+    >>> def f(x):
+    ...     return x.cos()
+    >>> compiler = FrameCompiler(refuses, "refuses", entry_codes=(f.__code__,))
+    >>> with settings.section.patch(suppress_errors=False), hook.intercepting(compiler):
+    ...     f(torch.ones(1))
     Traceback (most recent call last):
     ember.capture.frame_compiler.InternalError: backend ... failed: ValueError: no
     ...
@@ -84,12 +88,17 @@ class InternalError(RuntimeError):
 class FallbackWarning(UserWarning):
     """A frame ran eagerly (warned only under the ``verbose`` setting): reason and place.
 
-    >>> import warnings, torch, ember.compiler
+    >>> import warnings, torch
+    >>> from ember.capture import hook, settings
     >>> def refuses(gm, inputs):
     ...     raise ValueError("no")
-    >>> with ember.compiler.config.patch(verbose=True), warnings.catch_warnings(record=True) as w:
+    >>> def g(x):
+    ...     return x.cos()
+    >>> compiler = FrameCompiler(refuses, "refuses", entry_codes=(g.__code__,))
+    >>> with settings.section.patch(verbose=True), warnings.catch_warnings(record=True) as w:
     ...     warnings.simplefilter("always")
-    ...     _ = ember.compiler.compile(lambda x: x.cos(), backend=refuses)(torch.ones(1))
+    ...     with hook.intercepting(compiler):
+    ...         _ = g(torch.ones(1))
     >>> w[0].category.__name__, "runs eagerly" in str(w[0].message)
     ('FallbackWarning', True)
     """
