@@ -143,6 +143,21 @@ def test_a_view_made_under_no_grad_carries_no_gradient(backend: str) -> None:
     check(view_under_no_grad, backend)
 
 
+def written_after_no_grad_view(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+    v2 = a * 0.5
+    with torch.no_grad():
+        v7 = v2[:, ::2]
+    v7.clamp_(-1, 1)  # eager raises: a view made under no_grad, written with grad on
+    return [v7]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writing_a_view_made_under_no_grad_raises_as_in_eager(backend: str) -> None:
+    """The graph returns the view and the write runs after it (a break): the view came back
+    rebuilt with grad on, and the write went through (was: no error; eager raises)."""
+    check(written_after_no_grad_view, backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_view_made_under_no_grad_in_a_no_grad_call(backend: str) -> None:
     compiled = ember.compiler.compile(lambda x: x[1:], backend=backend)

@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
 from ember.aotgraph.tangents import TangentUse, without_undefined
-from ember.aotgraph.trace import Signature
+from ember.aotgraph.trace import Output, Signature
 
 __all__ = ["CompiledFunction", "Runtime"]
 
@@ -101,9 +101,9 @@ class Runtime:
         ``t_`` on a result). From the ``autograd.Function`` autograd marks them as one of
         several views and refuses an in-place change of them later, where eager's output
         allows it: the runtime returns a copy instead (rare; an ``aot_eager`` case). Not
-        where eager's is one of several views too (``split``): eager refuses as well."""
+        where eager's is one of several views too (``creation``): eager refuses as well."""
         sig = self.signature
-        split = {o.index for o in sig.outputs if o.kind == "graph" and o.split}
+        split = {o.index for o in sig.outputs if o.kind == "graph" and o.creation}
         return [
             j
             for j, o in enumerate(outs[: len(sig.graph_outputs)])
@@ -233,20 +233,29 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             leaves.append(inputs[o.index])
         elif o.kind in ("alias", "view"):
             assert o.meta is not None
-            base = inputs[o.index] if o.kind == "alias" else outs[o.index]
-            if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
-                base = base.detach()
-            offset = base.storage_offset() + o.meta.offset  # relative: see Output
-            view = base.as_strided(o.meta.size, o.meta.stride, offset)
-            if o.split and view.requires_grad:  # eager refuses in-place writes to it
-                torch._C._autograd._set_creation_meta(view, _MULTI_OUTPUT)
-            leaves.append(view)
+            leaves.append(_view(o, inputs[o.index] if o.kind == "alias" else outs[o.index]))
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)
 
 
 _MULTI_OUTPUT = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+
+
+def _view(o: Output, base: torch.Tensor) -> torch.Tensor:
+    """Output ``o``, a view of ``base`` as eager made it: with autograd history or not, and
+    refused in-place writes where eager's is (one of several views; made under no_grad)."""
+    assert o.meta is not None
+    offset = base.storage_offset() + o.meta.offset  # relative: see Output
+    if o.creation == "NO_GRAD_MODE":  # no history, yet a write with grad on must raise
+        with torch.no_grad():
+            return base.as_strided(o.meta.size, o.meta.stride, offset)
+    if base.requires_grad and not o.requires_grad:  # x.detach(): no autograd history
+        base = base.detach()
+    view = base.as_strided(o.meta.size, o.meta.stride, offset)
+    if o.creation == "MULTI_OUTPUT_NODE" and view.requires_grad:  # eager refuses writes
+        torch._C._autograd._set_creation_meta(view, _MULTI_OUTPUT)
+    return view
 
 
 class CompiledFunction(torch.autograd.Function):

@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 # Bump when the record layout changes (the package hash changes with any edit anyway).
-RECORD_VERSION = 4
+RECORD_VERSION = 5
 
 # Modules whose functions a cached input graph may call: identified by name, fixed by torch's
 # and Python's versions, which the key holds (and ember.aotgraph's, by the package hash).
@@ -405,7 +405,7 @@ def _decode_meta(data: JSON) -> TensorMeta | None:
 
 def _encode_signature(sig: Signature) -> JSON:
     outputs = [
-        [o.kind, o.index, o.requires_grad, _encode_meta(o.meta), encode_value(o.value), o.split]
+        [o.kind, o.index, o.requires_grad, _encode_meta(o.meta), encode_value(o.value), o.creation]
         for o in sig.outputs
     ]
     try:
@@ -433,12 +433,12 @@ def _encode_signature(sig: Signature) -> JSON:
 
 def _decode_signature(data: JSON) -> Signature:
     outputs = []
-    for kind, index, grad, meta, value, split in data["outputs"]:
+    for kind, index, grad, meta, value, creation in data["outputs"]:
         if kind not in OUTPUT_KINDS:
             raise ValueError(f"not an output kind: {kind!r}")
         value = serialize.decode_value(value)
         meta = _decode_meta(meta)
-        outputs.append(Output(kind, int(index), bool(grad), meta, value, bool(split)))
+        outputs.append(Output(kind, int(index), bool(grad), meta, value, str(creation)))
     spec = pytree.treespec_loads(data["out_spec"])
     graph, grad_outputs, grad_inputs, versions, shared, replaced, grad_set = map(
         _ints, data["ints"]

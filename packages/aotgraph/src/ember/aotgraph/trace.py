@@ -96,11 +96,13 @@ class Output:
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
     with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
     storage offset), ``"view"`` (the same, of graph output ``index``) or
-    ``"constant"`` (``value``). ``split``: the view is one of several that one op made
-    (``chunk``, ``split``, ``unbind``), which autograd refuses to write in place.
+    ``"constant"`` (``value``). ``creation``: how eager's view was made, where autograd
+    refuses to write it in place: ``"MULTI_OUTPUT_NODE"`` (one of several views one op made:
+    ``chunk``, ``split``, ``unbind``) or ``"NO_GRAD_MODE"`` (made under ``no_grad`` from a
+    tensor that requires grad); ``""`` otherwise.
 
     >>> Output("constant", value=None)
-    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, split=False)
+    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, creation='')
     """
 
     kind: str
@@ -108,7 +110,7 @@ class Output:
     requires_grad: bool = False
     meta: TensorMeta | None = None
     value: Any = None
-    split: bool = False
+    creation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,17 +339,23 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
         meta = TensorMeta.of(leaf)
         meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
-        split = _multi_output_view(leaf)
-        return Output("alias", i, leaf.requires_grad, meta=meta, split=split)
+        made = _creation(leaf)
+        return Output("alias", i, leaf.requires_grad, meta=meta, creation=made)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
-    split = _multi_output_view(leaf)  # eager refuses in-place writes to it too
-    return Output("graph", graph_index, grad, TensorMeta.of(leaf), split=split)
+    made = _creation(leaf)  # eager refuses in-place writes to it too
+    return Output("graph", graph_index, grad, TensorMeta.of(leaf), creation=made)
 
 
-def _multi_output_view(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a view made by an op that returns several (chunk, split, unbind)."""
-    multi = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
-    return t._is_view() and torch._C._autograd._get_creation_meta(t) == multi
+_REFUSED = ("MULTI_OUTPUT_NODE", "NO_GRAD_MODE")  # creations autograd refuses to write
+
+
+def _creation(t: torch.Tensor) -> str:
+    """How the view ``t`` was made, if autograd refuses in-place writes to it: by an op that
+    returns several (chunk, split, unbind), or under no_grad from a tensor requiring grad."""
+    if not t._is_view():
+        return ""
+    name = torch._C._autograd._get_creation_meta(t).name
+    return name if name in _REFUSED else ""
 
 
 def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Output], list[int]]:
@@ -372,8 +380,8 @@ def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Outp
             base = bases[id(leaf._base)]
             meta = TensorMeta.of(leaf)
             meta = replace(meta, offset=meta.offset - int(leaf._base.storage_offset()))
-            split = _multi_output_view(leaf)
-            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta, split=split)
+            made = _creation(leaf)
+            outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta, creation=made)
     return outputs, positions
 
 
