@@ -620,3 +620,21 @@ def test_output_view_of_the_second_of_overlapping_inputs(backend, name):
     gradient reaches the rows only ``b`` covers (was: silently zero there)."""
     compiled = check(VIEW_OF_WHICH[name], _overlap_leaf, backend, grads=_leaf_of, calls=2)
     _no_failures(compiled)
+
+
+def _returns_one_tensor_twice(a, b):
+    v1 = b[0]
+    return {"row": v1, "same": v1.double(), "input": a, "again": a}  # .double() of float64: v1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_tensor_returned_twice_is_one_object(backend):
+    """``x.double()`` of a float64 ``x`` is ``x``: eager returns one object twice, where the
+    runtime made two views of the input (was: ``out["row"] is out["same"]`` False)."""
+
+    def make() -> list[Any]:
+        return [torch.arange(3.0, dtype=torch.float64), torch.ones(4, 3, dtype=torch.float64)]
+
+    compiled = check(_returns_one_tensor_twice, make, backend, calls=2)
+    out = compiled(*make())
+    assert out["row"] is out["same"] and out["input"] is out["again"]

@@ -234,6 +234,8 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
         elif o.kind in ("alias", "view"):
             assert o.meta is not None
             leaves.append(_view(o, inputs[o.index] if o.kind == "alias" else outs[o.index]))
+        elif o.kind == "same":  # one object, returned twice
+            leaves.append(leaves[o.index])
         else:
             leaves.append(o.value)
     return pytree.tree_unflatten(leaves, sig.out_spec)

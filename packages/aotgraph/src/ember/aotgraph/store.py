@@ -382,7 +382,7 @@ def save(key: str, record: dict[str, Any]) -> None:
 
 # ---- Traced <-> record ------------------------------------------------------------------------
 
-OUTPUT_KINDS = ("graph", "input", "alias", "view", "constant")
+OUTPUT_KINDS = ("graph", "input", "alias", "view", "same", "constant")
 
 
 def _encode_meta(meta: TensorMeta | None) -> JSON:

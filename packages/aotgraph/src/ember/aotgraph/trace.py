@@ -95,11 +95,13 @@ class Output:
     ``kind`` is ``"graph"`` (output ``index`` of the compiled graph), ``"input"``
     (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
     with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
-    storage offset), ``"view"`` (the same, of graph output ``index``) or
-    ``"constant"`` (``value``). ``creation``: how eager's view was made, where autograd
-    refuses to write it in place: ``"MULTI_OUTPUT_NODE"`` (one of several views one op made:
-    ``chunk``, ``split``, ``unbind``) or ``"NO_GRAD_MODE"`` (made under ``no_grad`` from a
-    tensor that requires grad); ``""`` otherwise.
+    storage offset), ``"view"`` (the same, of graph output ``index``), ``"same"`` (the
+    very object of flat output ``index``: eager returned one tensor twice, as
+    ``x.double()`` of a float64 ``x`` does) or ``"constant"`` (``value``).
+    ``creation``: how eager's view was made, where autograd refuses to write it in
+    place: ``"MULTI_OUTPUT_NODE"`` (one of several views one op made: ``chunk``,
+    ``split``, ``unbind``) or ``"NO_GRAD_MODE"`` (made under ``no_grad`` from a tensor
+    that requires grad); ``""`` otherwise.
 
     >>> Output("constant", value=None)
     Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, creation='')
@@ -366,7 +368,13 @@ def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Outp
     of it. (Returned from the Function, autograd would take it for one of several views
     its node made, and refuse an in-place write to it after a graph break.)
     """
-    outputs = [_classify(leaf, fakes, -1, grad) for leaf in leaves]
+    outputs, first = [], dict[int, int]()  # a tensor returned twice is one object in eager
+    for pos, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and id(leaf) in first:
+            outputs.append(Output("same", first[id(leaf)]))
+            continue
+        first.setdefault(id(leaf), pos)
+        outputs.append(_classify(leaf, fakes, -1, grad))
     bases = {id(leaf): j for j, leaf in enumerate(leaves) if outputs[j].kind == "graph"}
     positions: list[int] = []
     for pos, (leaf, out) in enumerate(zip(leaves, outputs, strict=True)):
