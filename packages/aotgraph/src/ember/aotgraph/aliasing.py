@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ember.aotgraph.eager_checks import EagerOnly
+from ember.aotgraph.eager_checks import EagerOnly, Unsupported
 
 __all__ = [
     "Group",
@@ -64,7 +64,8 @@ class Merge:
     def of(inputs: Sequence[Any], versions: Sequence[int], *, grad: bool) -> Merge | None:
         """The merge for ``inputs`` (None: nothing to merge). ``versions`` (from the fake run)
         says which inputs are written. Shared storages that cannot be merged (members of
-        other dtypes, or needing gradients) and are written raise ``NotImplementedError``."""
+        other dtypes, or needing gradients) and are written
+        raise :class:`~ember.aotgraph.eager_checks.Unsupported`."""
         by_storage: dict[int, list[int]] = {}
         for i, t in enumerate(inputs):
             if isinstance(t, torch.Tensor) and t.layout == torch.strided:
@@ -113,12 +114,12 @@ def _check_mergeable(tensors: list[torch.Tensor], members: list[int], grad: bool
     first = tensors[0]
     same = all(t.dtype == first.dtype and t.device == first.device for t in tensors)
     if not same:
-        raise NotImplementedError(
+        raise Unsupported(
             f"aot_compile: inputs {members} share storage with different dtypes or devices "
             "and one is written in place; run this function eagerly"
         )
     if grad and any(t.requires_grad for t in tensors):
-        raise NotImplementedError(
+        raise Unsupported(
             f"aot_compile: inputs {members} share storage, one requires grad and one is "
             "written in place; run this function eagerly"
         )
@@ -159,7 +160,7 @@ def own_views(
     """
     for i, _ in restrided:
         if grad and inputs[i].requires_grad:
-            raise NotImplementedError(
+            raise Unsupported(
                 f"aot_compile: input {i} requires grad and its metadata is changed in place "
                 "(t_, resize_, ...); run this function eagerly"
             )

@@ -41,6 +41,7 @@ from ember.aotgraph import check, log, store
 from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
+from ember.aotgraph.eager_checks import Unsupported
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
@@ -205,12 +206,12 @@ class AOTCompiled:
             signature = _with_replaced(signature, replaced, grad and bool(written))
         merge = Merge.of(inputs, signature.versions, grad=grad)  # inputs sharing storage
         if signature.grad_set and (merge is not None or signature.restrided or written):
-            raise NotImplementedError(
+            raise Unsupported(
                 "aot_compile: requires_grad_() on an input that shares storage, is written or "
                 "is restrided in place; run this function eagerly"
             )
         if merge is not None and (signature.replaced or signature.restrided):
-            raise NotImplementedError(
+            raise Unsupported(
                 "aot_compile: inputs that share storage, one with its metadata changed in place "
                 "(t_, resize_, ...) or written while requiring grad; run this function eagerly"
             )
@@ -235,7 +236,7 @@ class AOTCompiled:
             check.check_joint(joint)
         for i in joint.mutated:
             if inputs[i].requires_grad:
-                raise NotImplementedError(
+                raise Unsupported(
                     f"aot_compile: input {i} requires grad and is mutated in place; "
                     "run this function eagerly"
                 )

@@ -31,9 +31,21 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-__all__ = ["EagerOnly", "check_mutations", "check_operand_dtypes"]
+__all__ = ["EagerOnly", "Unsupported", "check_mutations", "check_operand_dtypes"]
 
 _OVERLAP_YES = 1  # torch._debug_has_internal_overlap: 0 no, 1 yes, 2 too hard to tell
+
+
+class Unsupported(NotImplementedError):
+    """A graph ``aot_compile`` does not compile yet, with the reason: the caller runs it
+    eagerly and records why. Each raise site is a case ember could support later (the
+    closing notes of issue 16 list them); it is a ``NotImplementedError`` for callers that
+    catch that.
+
+    >>> raise Unsupported("aot_compile: create_graph=True")
+    Traceback (most recent call last):
+    ember.aotgraph.eager_checks.Unsupported: aot_compile: create_graph=True
+    """
 
 
 class EagerOnly(Exception):

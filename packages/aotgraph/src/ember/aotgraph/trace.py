@@ -49,7 +49,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
-from ember.aotgraph.eager_checks import EagerOnly, check_mutations, check_operand_dtypes
+from ember.aotgraph.eager_checks import (
+    EagerOnly,
+    Unsupported,
+    check_mutations,
+    check_operand_dtypes,
+)
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 from ember.aotgraph.rng_order import draw_in_memory_order
 
@@ -412,7 +417,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     _unspecialized(mode)
     changed = [i for i, f in enumerate(fakes) if _requires_grad(f) != wanted[i]]
     if any(wanted[i] for i in changed):  # requires_grad_(False): nothing to replay it with
-        raise NotImplementedError(
+        raise Unsupported(
             f"aot_compile: the function calls requires_grad_(False) on input {changed[0]}; "
             "run this function eagerly"
         )
@@ -735,7 +740,7 @@ def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
         if node.op == "call_function" and node.target is aten.copy_.default:
             dest, new = node.args[0], node.args[1]
             if dest not in placeholders or node.users:
-                raise NotImplementedError(
+                raise Unsupported(
                     f"aot_compile: {node.format_node()} survived functionalization; in-place "
                     "changes to an input's metadata (t_, transpose_, resize_) are not supported"
                 )

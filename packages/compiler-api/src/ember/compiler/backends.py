@@ -202,10 +202,11 @@ def inductor(
     True
     """
     from ember.aotgraph import aot_compile
+    from ember.aotgraph.eager_checks import Unsupported
     from ember.inductor import compile_graph, decompositions, subclass_input
 
     if (kind := subclass_input(example_inputs)) is not None:  # the training graphs see fakes
-        raise NotImplementedError(
+        raise Unsupported(
             f"an input is a {kind.__name__}, a torch.Tensor subclass whose type eager keeps "
             "in the outputs; generated kernels return plain tensors"
         )

@@ -12,7 +12,7 @@ eagerly, its reason recorded, as for any backend error; an accuracy failure rais
 >>> import torch, ember.compiler, tempfile, pathlib
 >>> def no_relu(gm, example_inputs):
 ...     if any(n.target is torch.relu for n in gm.graph.nodes):
-...         raise NotImplementedError("relu")
+...         raise RuntimeError("relu")
 ...     return gm.forward
 >>> folder = tempfile.mkdtemp()
 >>> f = ember.compiler.compile(lambda x: torch.relu(x * 2) + 1, backend=no_relu,
