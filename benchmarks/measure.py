@@ -226,16 +226,16 @@ def _dynamo() -> Any:
     return torch._dynamo
 
 
-# kind -> (make(program, backend) -> compiled, reset caches, look a backend name up)
+# kind -> (make(program, backend, mode) -> compiled, reset caches, look a backend name up)
 KINDS: dict[str, tuple[Callable[..., Any], Callable[[], None], Callable[[str], Any]]] = {
-    "eager": (lambda p, b: p, lambda: None, lambda name: None),
+    "eager": (lambda p, b, mode: p, lambda: None, lambda name: None),
     "ember": (
-        lambda p, b: _ember().compile(p, backend=b),
+        lambda p, b, mode: _ember().compile(p, backend=b, mode=mode),
         lambda: _ember().reset(),
         lambda name: _ember().lookup_backend(name),
     ),
     "torch": (
-        lambda p, b: torch.compile(p, backend=b),
+        lambda p, b, mode: torch.compile(p, backend=b, mode=mode),
         lambda: _dynamo().reset(),
         lambda name: _dynamo().lookup_backend(name),
     ),
@@ -243,16 +243,30 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[[], None], Callable[[str], A
 
 
 def split_config(config: str) -> tuple[str, str]:
-    """``"ember:eager"`` -> ``("ember", "eager")``; ``"eager"`` -> ``("eager", "")``."""
-    kind, _, backend = config.partition(":")
+    """``"ember:eager"`` -> ``("ember", "eager")``; ``"eager"`` -> ``("eager", "")``; a mode
+    (``"ember:inductor@max-autotune"``, see :func:`config_mode`) is not part of either.
+
+    >>> split_config("torch:inductor@max-autotune")
+    ('torch', 'inductor')
+    """
+    kind, _, backend = config.partition("@")[0].partition(":")
     return kind, backend
+
+
+def config_mode(config: str) -> str | None:
+    """The ``mode`` passed to the compiler: what follows ``@`` in the configuration.
+
+    >>> config_mode("ember:inductor@max-autotune"), config_mode("ember:inductor")
+    ('max-autotune', None)
+    """
+    return config.partition("@")[2] or None
 
 
 def compiler_for(config: str, backend: Any = None) -> Callable[[Program], Any]:
     """A function that compiles a program as ``config`` says (``backend`` overrides the name)."""
     kind, name = split_config(config)
-    make = KINDS[kind][0]
-    return lambda program: make(program, backend if backend is not None else name)
+    make, mode = KINDS[kind][0], config_mode(config)
+    return lambda program: make(program, backend if backend is not None else name, mode)
 
 
 # --- graphs, breaks and per-call overhead ---------------------------------------------
@@ -337,7 +351,7 @@ def overhead(prepared: Prepared, config: str, quick: bool) -> float | None:
     make, reset, lookup = KINDS[kind]
     reset()
     timer = GraphTimer(lookup(name))
-    fn = make(prepared.program, timer)
+    fn = make(prepared.program, timer, None)  # the mode needs a backend named, not wrapped
     for _ in range(3):
         prepared.forward(fn)
     once = min(s for s, _ in sample(lambda: prepared.forward(fn), 1, 3))

@@ -375,3 +375,16 @@ def test_max_autotune_times_a_graph_whose_input_overlaps_itself(tmp_path: Path) 
         assert_same(compiled(x), column_sums(x))
     records = [p.read_text() for p in (tmp_path / "t").glob("*/07_autotune.txt")]
     assert records and all("why_not=''" in r and "trials=((" in r for r in records), records
+
+
+def test_each_variable_sets_one_setting_but_ember_check_which_sets_each_packages() -> None:
+    readers: dict[str, list[str]] = {}
+    for section_name, section in config.sections.items():
+        for name, f in section.fields.items():
+            if f.metadata["env"]:
+                readers.setdefault(f.metadata["env"], []).append(f"{section_name}.{name}")
+    shared = {env: names for env, names in readers.items() if len(names) > 1}
+    # capture and aotgraph install alone (neither imports the other): each reads the switch
+    assert shared == {"EMBER_CHECK": ["capture.check", "aotgraph.check"]}
+    with config.patch({"capture.check": False}):  # set apart, each is one setting
+        assert config.capture.check is False

@@ -1,19 +1,27 @@
 """``max_autotune`` on CPU: time a few code-generation choices per graph, keep the fastest.
 
 For a graph with kernels, :func:`choose` generates its C++ under each of
-:data:`CANDIDATES` (the tile width of column kernels; the work below which a kernel
-stays on one thread), builds each distinct source (builds are cached on disk like any
-other), runs each on random inputs of the graph's shapes, and keeps the fastest. The
-choice is stored in ``<cache root>/inductor/autotune/<key>.json``, keyed by the source
-under the default choices, the inputs' metadata and the machine, so another process
-reuses it without timing again.
+:func:`candidates`, each a :class:`~ember.inductor.knobs.Knobs` that changes one knob
+from the default: the tile width of column kernels, the work below which a kernel stays
+on one thread, the thread count of parallel loops (on machines with four threads or
+more), and the matmul path of ``bias + a @ b`` (aten's addmm whole, or ``mm`` with the
+bias add fused into its consumers; this one lowers the graph again). It builds each
+distinct source (builds are cached on disk like any other), runs each on random inputs
+of the graph's shapes, then also times the winners of each knob together, and keeps the
+fastest. The choice is stored in ``<cache root>/inductor/autotune/<key>.json``, keyed by
+the source under the default choices, the inputs' metadata and the machine, so another
+process reuses it without timing again.
 
 A graph with an integer input is not timed (random integers may be invalid indices, and
 the generated code does not check bounds): it keeps the default choices, and says why in
 its record.
 
->>> [k.tile for k in CANDIDATES][:3]
+>>> [k.tile for k in candidates(threads=8)][:3]
 [16, 8, 32]
+>>> [k.threads for k in candidates(threads=8)][-1], [k.threads for k in candidates(threads=2)][-1]
+(4, 0)
+>>> combined([(Knobs(), 3.0), (Knobs(tile=8), 2.0), (Knobs(addmm="aten"), 1.0)])
+Knobs(tile=8, parallel_min_work=131072, threads=0, addmm='aten')
 """
 
 from __future__ import annotations
@@ -24,25 +32,48 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from ember.aotgraph.settings import cache_root
 from ember.inductor import cache
-from ember.inductor.codegen_cpp import Knobs
+from ember.inductor.knobs import Knobs
 
-__all__ = ["CANDIDATES", "Choice", "choose"]
+__all__ = ["Choice", "candidates", "choose", "combined"]
 
-#: The choices timed: the default first (a tie keeps it).
-CANDIDATES = (
-    Knobs(),
-    Knobs(tile=8),
-    Knobs(tile=32),
-    Knobs(parallel_min_work=1 << 14),  # parallel sooner
-    Knobs(parallel_min_work=1 << 62),  # never parallel
-)
+
+def candidates(threads: int | None = None) -> tuple[Knobs, ...]:
+    """The choices timed, the default first (a tie keeps it); ``threads`` is the thread
+    count the kernels run with (default: torch's)."""
+    n = torch.get_num_threads() if threads is None else threads
+    fewer = (Knobs(threads=n // 2),) if n // 2 >= 2 else ()  # half the threads, when that
+    # is still parallel (one thread is the "never parallel" choice)
+    return (
+        Knobs(),
+        Knobs(tile=8),
+        Knobs(tile=32),
+        Knobs(parallel_min_work=1 << 14),  # parallel sooner
+        Knobs(parallel_min_work=1 << 62),  # never parallel
+        Knobs(addmm="aten"),
+        *fewer,
+    )
+
+
+def combined(trials: Sequence[tuple[Knobs, float]]) -> Knobs:
+    """Each knob at the value of the fastest trial that changed it, if that trial beat the
+    default (``trials[0]``): the winners of each knob together."""
+    default, default_s = trials[0]
+    chosen: dict[str, Any] = {}
+    for knobs, seconds in sorted(trials[1:], key=lambda trial: -trial[1]):  # fastest last
+        if seconds < default_s:
+            chosen |= {
+                f.name: getattr(knobs, f.name)
+                for f in fields(Knobs)
+                if getattr(knobs, f.name) != getattr(default, f.name)
+            }
+    return replace(default, **chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +91,10 @@ def choose(
     inputs: Sequence[Any],
     prepare: Callable[[str, list[Any]], Callable[[], Any]],
 ) -> Choice:
-    """The fastest of :data:`CANDIDATES`: ``sources(knobs)`` is the C++ under a choice,
-    ``prepare(source, inputs)`` a function that runs it once on ``inputs``. The distinct
-    sources are timed in turns, best of :data:`ROUNDS`, so that a machine busy with other
-    work slows them alike."""
+    """The fastest of :func:`candidates` and their :func:`combined` winners: ``sources(knobs)``
+    is the C++ under a choice, ``prepare(source, inputs)`` a function that runs it once on
+    ``inputs``. The distinct sources are timed in turns, best of :data:`ROUNDS`, so that a
+    machine busy with other work slows them alike."""
     default = sources(Knobs())
     if any(isinstance(t, torch.Tensor) and not t.dtype.is_floating_point
            and t.dtype is not torch.bool for t in inputs):  # fmt: skip
@@ -84,15 +115,23 @@ def _timed(
     real: list[Any],
     prepare: Callable[[str, list[Any]], Callable[[], Any]],
 ) -> Choice:
-    source_of = {knobs: default if knobs == Knobs() else sources(knobs) for knobs in CANDIDATES}
-    calls = {src: prepare(src, real) for src in dict.fromkeys(source_of.values())}
-    timed = dict.fromkeys(calls, float("inf"))  # choices that make the same code share it
-    for _ in range(ROUNDS):
-        for src, call in calls.items():
-            timed[src] = min(timed[src], seconds_per_call(call))
-    trials = [(knobs, timed[src]) for knobs, src in source_of.items()]
-    best = min(trials, key=lambda trial: trial[1])[0]
-    choice = Choice(best, tuple(trials))
+    tried: dict[Knobs, float] = {}
+    timed: dict[str, float] = {}  # choices that make the same code share its time
+
+    def time_all(choices: Sequence[Knobs]) -> None:
+        source_of = {k: default if k == Knobs() else sources(k) for k in choices}
+        new = [src for src in dict.fromkeys(source_of.values()) if src not in timed]
+        calls = {src: prepare(src, real) for src in new}  # the builds run side by side
+        timed.update(dict.fromkeys(calls, float("inf")))
+        for _ in range(ROUNDS):
+            for src, call in calls.items():
+                timed[src] = min(timed[src], seconds_per_call(call))
+        tried.update({k: timed[src] for k, src in source_of.items() if k not in tried})
+
+    time_all(candidates())
+    time_all([combined(list(tried.items()))])  # the winners of each knob together
+    best = min(tried.items(), key=lambda trial: trial[1])[0]
+    choice = Choice(best, tuple(tried.items()))
     _store(path, choice)
     return choice
 

@@ -23,13 +23,9 @@ bfloat16 in float.
 from __future__ import annotations
 
 import abc
-import contextlib
-import contextvars
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import sympy  # type: ignore[import-untyped]
@@ -38,41 +34,12 @@ import torch
 from ember.inductor import philox
 from ember.inductor.codegen_welford import WelfordLoops, by_body
 from ember.inductor.ir import Expr, Layout, walk
+from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
 from ember.inductor.loops import split_inner, without_unit_loops
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 
 __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "scalar_arg", "translation_unit"]
-
-PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread (a parallel
-# region costs a wake-up, and on a busy machine a wait for a descheduled thread)
-
-
-@dataclass(frozen=True, slots=True)
-class Knobs:
-    """Code-generation choices that ``max_autotune`` times per graph (ember.inductor.autotune).
-
-    >>> with knobs(Knobs(tile=8)):
-    ...     KNOBS.get().tile
-    8
-    """
-
-    tile: int = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
-    parallel_min_work: int = PARALLEL_MIN_WORK  # less work than this stays on one thread
-
-
-_DEFAULT_KNOBS = Knobs()
-KNOBS: contextvars.ContextVar[Knobs] = contextvars.ContextVar("ember.knobs", default=_DEFAULT_KNOBS)
-
-
-@contextlib.contextmanager
-def knobs(chosen: Knobs) -> Iterator[None]:
-    """Generate code with ``chosen`` for the block."""
-    token = KNOBS.set(chosen)
-    try:
-        yield
-    finally:
-        KNOBS.reset(token)
 
 
 class Printer(abc.ABC):
@@ -361,6 +328,7 @@ class _KernelWriter(WelfordLoops):
         work = self.outer_work * sum(math.prod(st.inner) for st in kernel.stages)
         chosen = KNOBS.get()
         self.parallel, self.tile = work >= chosen.parallel_min_work, chosen.tile
+        self.threads = chosen.num_threads  # the num_threads clause of parallel loops
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
@@ -380,7 +348,7 @@ class _KernelWriter(WelfordLoops):
         if k.outer:
             if self.parallel:
                 collapse = f" collapse({len(k.outer)})" if len(k.outer) > 1 else ""
-                self.emit(f"#pragma omp parallel for{collapse}", depth)
+                self.emit(f"#pragma omp parallel for{collapse}{self.threads}", depth)
             for line in _loops(X[: len(k.outer)], k.outer):
                 self.emit(line, depth)
                 depth += 1
@@ -401,7 +369,8 @@ class _KernelWriter(WelfordLoops):
         k, depth = self.kernel, 1
         n, xk = len(k.outer), f"x{len(k.outer) - 1}"
         if self.parallel:
-            self.emit(f"#pragma omp parallel for{f' collapse({n})' if n > 1 else ''}", depth)
+            collapse = f" collapse({n})" if n > 1 else ""
+            self.emit(f"#pragma omp parallel for{collapse}{self.threads}", depth)
         for line in _loops(X[: n - 1], k.outer[:-1]):
             self.emit(line, depth)
             depth += 1
@@ -583,7 +552,9 @@ class _KernelWriter(WelfordLoops):
             # docs/correctness.md). Forcing the inner loop keeps gcc off that path.
             enclosed = len(ranges) > 1 or bool(self.kernel.outer)
             simd = k == len(ranges) - 1 and (enclosed or _contiguous(st, vars_[-1]))
-            pragma = ("parallel for" if parallel and k == 0 else "") + (" simd" if simd else "")
+            outer = parallel and k == 0
+            pragma = ("parallel for" if outer else "") + (" simd" if simd else "")
+            pragma += self.threads if outer else ""  # clauses after the directive names
             if pragma:
                 self.emit(f"#pragma omp {pragma.strip()}", depth)
             self.emit(line, depth)
@@ -667,7 +638,7 @@ class _KernelWriter(WelfordLoops):
         vectorise = bool(st.inner) and all(omp)
         if vectorise and not self.kernel.outer and self.parallel:
             collapse = f" collapse({len(st.inner)})" if len(st.inner) > 1 else ""
-            self.emit(f"#pragma omp parallel for{collapse} {clause}", depth)
+            self.emit(f"#pragma omp parallel for{collapse}{self.threads} {clause}", depth)
             vectorise = False
         inner_depth = depth
         for k, line in enumerate(_loops(Y[: len(st.inner)], st.inner)):

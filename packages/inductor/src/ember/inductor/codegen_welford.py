@@ -57,6 +57,7 @@ class WelfordLoops(abc.ABC):
     p: CppPrinter
     kernel: Kernel
     parallel: bool
+    threads: str  # the num_threads clause of parallel loops (empty: OpenMP's default)
 
     @abc.abstractmethod
     def emit(self, line: str, depth: int) -> None:
@@ -113,7 +114,7 @@ class WelfordLoops(abc.ABC):
         cut = inner[0] if len(inner) > 1 else inner[-1] // lanes
         chunks = max(1, min(WELFORD_CHUNKS, cut))
         self.emit(f"{t} {w}_pm[{chunks}]; {t} {w}_ps[{chunks}]; int64_t {w}_pn[{chunks}];", depth)
-        self.emit("#pragma omp parallel for", depth)
+        self.emit(f"#pragma omp parallel for{self.threads}", depth)
         self.emit(f"for (int64_t wc = 0; wc < {chunks}; ++wc) {{", depth)
         lo, hi = f"wc * {cut} / {chunks}", f"(wc + 1) * {cut} / {chunks}"
         if len(inner) > 1:

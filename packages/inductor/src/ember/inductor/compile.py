@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import autotune, cache, codegen_cpp, graph_cache, log, settings, timing
+from ember.inductor import autotune, cache, graph_cache, log, settings, timing
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.eager_kernels import unless_lacking
+from ember.inductor.knobs import Knobs, knobs
 from ember.inductor.lowering import Fallback, lower_graph
 from ember.inductor.rewrite import simplify
 from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
@@ -223,8 +225,8 @@ def _trace_dir() -> Path | None:
 class _Run:
     """One compilation: phase times and, when tracing, the files of the trace folder."""
 
-    def __init__(self) -> None:
-        self.trace = _trace_dir()
+    def __init__(self, trace: bool = True) -> None:
+        self.trace = _trace_dir() if trace else None
         self.times: dict[str, float] = {}
 
     def phase(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -363,19 +365,7 @@ def compile_graph(
         return hit  # type: ignore[no-any-return]
     original = gm
     try:
-        if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
-            raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
-        gm, prog = _lower(
-            run, gm, example_inputs, not opts["fallback_random"]
-        )  # aten -> simplified loop IR
-        with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
-            sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
-        with timing.TIMES.timed("codegen"):
-            source, args = run.phase("codegen", translation_unit, sched)  # C++ source
-        if opts["max_autotune"] and any(isinstance(s, Kernel) for s in sched.steps):
-            source, args = _autotuned(
-                run, gm, sched, prog.out_spec, compile_options, example_inputs
-            )
+        lowered, source, args = _generate(run, gm, example_inputs, opts, compile_options)
     except Fallback as e:
         warnings.warn(f"ember.inductor: running the graph eagerly: {e}", stacklevel=2)
         return original.forward
@@ -387,13 +377,36 @@ def compile_graph(
         )
         return original.forward
     run.write("05_kernels.cpp", source)
-    _log_generated(run, sched, source)
-    compiled = CompiledGraph(gm, run, prog.out_spec)
-    compiled.schedule, compiled.source, compiled.kernel_args = sched, source, args
-    if any(isinstance(s, Kernel) for s in sched.steps):
+    _log_generated(run, lowered.sched, source)
+    compiled = CompiledGraph(lowered.gm, run, lowered.spec)
+    compiled.schedule, compiled.source, compiled.kernel_args = lowered.sched, source, args
+    if any(isinstance(s, Kernel) for s in lowered.sched.steps):
         compiled._build = cache.build_async(source, compile_options)
     compiled._record = None if key is None else (key, original)
     return compiled
+
+
+def _generate(
+    run: _Run,
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    opts: dict[str, Any],
+    compile_options: cache.CompileOptions,
+) -> tuple[_Lowered, str, dict[str, list[str]]]:
+    """The lowered graph, its C++ source and kernel arguments; raises Fallback when the
+    graph must run as aten calls."""
+    if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
+        raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
+    fused_random = not opts["fallback_random"]
+    decomposed, prog = _lower(run, gm, example_inputs, fused_random)  # -> simplified loop IR
+    with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
+        sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
+    with timing.TIMES.timed("codegen"):
+        source, args = run.phase("codegen", translation_unit, sched)  # C++ source
+    lowered = _Lowered(decomposed, sched, prog.out_spec)
+    if opts["max_autotune"] and any(isinstance(s, Kernel) for s in sched.steps):
+        return _autotuned(run, gm, example_inputs, fused_random, compile_options, lowered)
+    return lowered, source, args
 
 
 def _log_generated(run: _Run, sched: Any, source: str) -> None:
@@ -471,34 +484,52 @@ def _graph_key(
     return key
 
 
+@dataclass(frozen=True, slots=True)
+class _Lowered:
+    """A graph lowered and scheduled: the decomposed graph, its schedule, its output spec."""
+
+    gm: torch.fx.GraphModule
+    sched: Schedule
+    spec: Any
+
+
 def _autotuned(
     run: _Run,
-    gm: torch.fx.GraphModule,
-    sched: Schedule,
-    spec: Any,
-    options: cache.CompileOptions,
+    original: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
-) -> tuple[str, dict[str, list[str]]]:
-    """The C++ source (and kernel arguments) under the fastest :mod:`autotune` choice."""
+    fused_random: bool,
+    options: cache.CompileOptions,
+    default: _Lowered,
+) -> tuple[_Lowered, str, dict[str, list[str]]]:
+    """The lowering, C++ source and kernel arguments of the fastest :mod:`autotune` choice.
+    A choice that changes lowering (``Knobs.lowering``) lowers ``original`` again, once per
+    distinct lowering, quietly (no trace files)."""
+    lowerings = {Knobs().lowering: default}
+    made: dict[str, tuple[Knobs, _Lowered, dict[str, list[str]]]] = {}  # source -> its parts
 
-    def source(knobs: codegen_cpp.Knobs) -> str:
-        with codegen_cpp.knobs(knobs):
-            return translation_unit(sched)[0]
+    def source(chosen: Knobs) -> str:
+        with knobs(chosen):
+            if chosen.lowering not in lowerings:
+                gm, prog = _lower(_Run(trace=False), original, example_inputs, fused_random)
+                lowerings[chosen.lowering] = _Lowered(gm, schedule(prog), prog.out_spec)
+            lowered = lowerings[chosen.lowering]
+            text, args = translation_unit(lowered.sched)
+        made.setdefault(text, (chosen, lowered, args))  # the first (the default) wins ties
+        return text
 
     def prepare(text: str, inputs: list[Any]) -> Callable[[], Any]:
-        trial = CompiledGraph(gm, run, spec)
-        trial.schedule, trial.source = sched, text
-        with codegen_cpp.knobs(knobs_of[text]):
-            trial.kernel_args = translation_unit(sched)[1]
+        _, lowered, args = made[text]
+        trial = CompiledGraph(lowered.gm, _Run(trace=False), lowered.spec)
+        trial.schedule, trial.source, trial.kernel_args = lowered.sched, text, args
         trial._build = cache.build_async(text, options)  # the builds run side by side
         return functools.partial(trial, *inputs)
 
-    knobs_of = {source(k): k for k in reversed(autotune.CANDIDATES)}  # first wins on ties
     with timing.TIMES.timed("autotune"):
         choice = autotune.choose(source, example_inputs, prepare)
     run.write("07_autotune.txt", choice)
-    with codegen_cpp.knobs(choice.knobs):
-        return translation_unit(sched)
+    text = source(choice.knobs)
+    _, lowered, args = made[text]
+    return lowered, text, args
 
 
 def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:

@@ -25,6 +25,7 @@ from torch._prims_common import elementwise_dtypes
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Expr, I, IndexCheck, Layout, R, Scalar, const, scalar
+from ember.inductor.knobs import KNOBS
 from ember.inductor.low_precision import LOW, rounded, to_common
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering
@@ -715,11 +716,6 @@ def prims_sum(ctx: Lowerer, a: Value, dims: Sequence[int], **kw: Any) -> Value:
     return _reduce(ctx, Reduce.SUM, a, dims, False, _acc(ctx, a))
 
 
-def _is_view(target: Any) -> bool:
-    """An aten op returning a view (``_unsafe_view`` does, though its schema does not say)."""
-    return bool(getattr(target, "is_view", False)) or target is aten._unsafe_view.default
-
-
 @lowering(aten.addmm.default)
 def addmm(ctx: Lowerer, bias: Value, a: Value, b: Value, *, beta: Any = 1, alpha: Any = 1) -> Value:
     """``bias + a @ b`` as ``torch.mm`` and an add that fuses into the result's consumers.
@@ -731,10 +727,14 @@ def addmm(ctx: Lowerer, bias: Value, a: Value, b: Value, *, beta: Any = 1, alpha
     node = ctx.node
     assert node is not None
     computes = all(
-        u.op == "call_function" and u.target in LOWERINGS and not _is_view(u.target)
+        u.op == "call_function"
+        and u.target in LOWERINGS
+        and not getattr(u.target, "is_view", 0)
+        and u.target is not aten._unsafe_view.default  # a view, though its schema does not say
         for u in node.users
     )
-    if beta != 1 or alpha != 1 or not computes or not isinstance(bias, Value):
+    whole = KNOBS.get().addmm == "aten"  # max_autotune's other matmul path
+    if whole or beta != 1 or alpha != 1 or not computes or not isinstance(bias, Value):
         raise Fallback("addmm kept whole")
     return pointwise(ctx, _ADD, ctx.extern(node, (a, b), {}, target=aten.mm.default), bias)
 

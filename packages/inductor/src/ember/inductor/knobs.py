@@ -1,0 +1,71 @@
+"""The code-generation choices that ``max_autotune`` times per graph (ember.inductor.autotune).
+
+A :class:`Knobs` value is read where each choice is made: ``addmm`` by the lowering of
+``aten.addmm``, the others by the C++ code generator. :func:`knobs` sets one for a block,
+so the passes keep their signatures and the defaults cost nothing.
+
+>>> with knobs(Knobs(tile=8)):
+...     KNOBS.get().tile
+8
+>>> Knobs(threads=2).lowering == Knobs().lowering  # a thread count needs no new lowering
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["ADDMM_PATHS", "KNOBS", "PARALLEL_MIN_WORK", "Knobs", "knobs"]
+
+PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread (a parallel
+# region costs a wake-up, and on a busy machine a wait for a descheduled thread)
+
+#: How ``bias + a @ b`` runs: ``fused``, ``torch.mm`` and the add fused into the result's
+#: consumers (one pass over the output fewer); ``aten``, aten's addmm whole (its BLAS call
+#: accumulates onto the bias, which wins when the product is small and the bias add costs
+#: a kernel of its own).
+ADDMM_PATHS = ("fused", "aten")
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """One choice of each code-generation knob; ``Knobs()`` is the default code."""
+
+    tile: int = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
+    parallel_min_work: int = PARALLEL_MIN_WORK  # less work than this stays on one thread
+    threads: int = 0  # OpenMP threads of a parallel loop; 0: OpenMP's default (all)
+    addmm: str = "fused"  # one of ADDMM_PATHS
+
+    def __post_init__(self) -> None:
+        if self.addmm not in ADDMM_PATHS:
+            raise ValueError(f"addmm path {self.addmm!r}; the paths are {ADDMM_PATHS}")
+        if self.threads < 0 or self.tile < 1:
+            raise ValueError(f"bad knobs {self}: threads >= 0 and tile >= 1")
+
+    @property
+    def lowering(self) -> tuple[str]:
+        """The part of the choice that lowering reads: knobs that differ only elsewhere
+        share one lowered program and schedule."""
+        return (self.addmm,)
+
+    @property
+    def num_threads(self) -> str:
+        """The OpenMP clause of a parallel loop under this choice (empty: the default)."""
+        return f" num_threads({self.threads})" if self.threads else ""
+
+
+_DEFAULT = Knobs()
+KNOBS: contextvars.ContextVar[Knobs] = contextvars.ContextVar("ember.knobs", default=_DEFAULT)
+
+
+@contextlib.contextmanager
+def knobs(chosen: Knobs) -> Iterator[None]:
+    """Lower and generate code with ``chosen`` for the block."""
+    token = KNOBS.set(chosen)
+    try:
+        yield
+    finally:
+        KNOBS.reset(token)
