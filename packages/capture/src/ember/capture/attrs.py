@@ -20,7 +20,7 @@ import torch
 from ember.capture import guarding, polyfills, trace_rules
 from ember.capture.builder import TRUSTED_MODULE_PREFIXES, is_constant, wrap
 from ember.capture.calls import function_value
-from ember.capture.graphops import graph_call
+from ember.capture.graphops import graph_call, tensor_sizes
 from ember.capture.tracer import FrameState, Raised, Unsupported
 from ember.capture.userobjects import class_of, python_special
 from ember.capture.values import (
@@ -71,6 +71,8 @@ TENSOR_UNSUPPORTED = {
 
 def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
     assert isinstance(v, TensorV)
+    if name == "shape":
+        return tensor_sizes(fs, v)
     if name in TENSOR_METADATA:
         return Const(getattr(v.fake, name))
     if name in TENSOR_VIEW_ATTRS:

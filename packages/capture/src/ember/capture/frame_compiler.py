@@ -49,10 +49,12 @@ from ember.capture import (
     log,
     markers,
     settings,
+    shapes,
     stance,
     trace_rules,
 )
 from ember.capture.hook import CacheEntry, Decision, Frame
+from ember.capture.shapes import MarkedDynamicError
 from ember.capture.tracer import Location, Unsupported
 from ember.capture.translate import Translation, translate
 from ember.guards import CodeCache, FrameSpec, GuardSet, WeakIdentity
@@ -165,8 +167,10 @@ class FrameCompiler:
         entry_codes: tuple[types.CodeType, ...] = (),
         track: bool = False,
         scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        dynamic: bool | None = False,
     ) -> None:
         self.backend = backend
+        self.dynamic = dynamic  # the symbolic-size policy (ember.capture.shapes.Policy)
         # the settings this callable's compiles run under (compile(options=...)'s overrides)
         self.scope = scope or contextlib.nullcontext
         self.backend_name = backend_name
@@ -226,7 +230,7 @@ class FrameCompiler:
                 return eager
             with log.compiling(code_cache(frame.code).name):
                 return self._on_miss(frame)
-        except (FullGraphError, InternalError, stance.RecompileError):
+        except (FullGraphError, InternalError, stance.RecompileError, MarkedDynamicError):
             raise
         except Exception as bug:  # a bug in ember (guards, codegen) never reaches the user
             return self._failed(frame, code_cache(frame.code), _internal(bug))
@@ -237,7 +241,9 @@ class FrameCompiler:
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return self._cache_full(frame, cache)
         try:
-            translation = translate(frame, self.backend_name, guard_key=self.guard_key)
+            translation = translate(
+                frame, self.backend_name, guard_key=self.guard_key, dynamic=self.dynamic
+            )
         except Unsupported as e:
             if self.fullgraph or e.top_index is None:
                 return self._failed(frame, cache, e)
@@ -245,8 +251,12 @@ class FrameCompiler:
                 return self._break(frame, cache, e, e.top_index)
             except (breaks.CannotBreak, Unsupported) as why:
                 return self._failed(frame, cache, e, why=str(why).splitlines()[0])
+            except MarkedDynamicError:
+                raise
             except Exception as bug:  # a bug in ember must never reach the user's code
                 return self._failed(frame, cache, _internal(bug))
+        except MarkedDynamicError:
+            raise  # the user's mark and the user's code disagree: theirs to settle
         except Exception as bug:
             return self._failed(frame, cache, _internal(bug))
         if translation.ops == 0 and not translation.effects:
@@ -308,7 +318,10 @@ class FrameCompiler:
         """Capture the frame up to instruction ``index``; run it natively; resume after it."""
         code = frame.code
         span = breaks.find_span(code, index)
-        t = translate(frame, self.backend_name, stop_at=span.start, guard_key=self.guard_key)
+        t = translate(
+            frame, self.backend_name, stop_at=span.start, guard_key=self.guard_key,
+            dynamic=self.dynamic,
+        )  # fmt: skip
         assert t.layout is not None
         instrs, _ = bytecode_311.decode(code)
         after = breaks.slots_after(instrs, span, t.layout)
@@ -606,5 +619,6 @@ def reset() -> None:
         _caches.clear()
         _watchers.clear()
         _RULE_SKIPPED.clear()
+        shapes.forget()  # automatic dynamic starts again
         stance.reset()
         _generation += 1

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 
-from ember.capture import guarding
+from ember.capture import guarding, shapes
 from ember.capture.tracer import FrameState, Unsupported
 from ember.capture.values import (
     Const,
@@ -94,6 +94,9 @@ def graph_call(
         category = "view-inplace" if _view_rule(e) else "call"
         raise Unsupported(f"{_name(target)} raised {type(e).__name__}: {e}", category) from e
     if not _contains_tensor(fake):
+        if shapes.contains_symbolic(fake):  # x.size(0), x.numel() of a symbolic size
+            node = fs.tracer.add_node(kind, target, node_args, node_kwargs, fake)
+            return symbolic_value(fs, node, fake)
         if target in OFFSET_READS:
             _guard_offsets(fs, args[0])
         if mutates(target, node_kwargs):
@@ -142,7 +145,7 @@ def scalar_call(fs: FrameState, fn: Any, args: list[Value]) -> Value:
         example = fn(*examples)
     except Exception as e:
         raise Unsupported(f"{_name(fn)}() raised {type(e).__name__}: {e}") from e
-    if type(example) not in (int, float, bool):
+    if type(example) not in (int, float, bool) and not shapes.is_symbolic(example):
         return Const(fn(*(specialized(fs, a).value for a in args)))  # type: ignore[attr-defined]
     node_args = tuple(a.node if isinstance(a, SymV) else a.value for a in args)  # type: ignore[attr-defined]
     node = fs.tracer.add_node("call_function", fn, node_args, {}, example)
@@ -162,8 +165,10 @@ def specialized(fs: FrameState, v: Value) -> Value:
 
 
 def _has_symbol(values: list[Value], fs: FrameState | None = None) -> bool:
+    """Whether a graph-input number (not a symbolic size: fake tensors take those) is in
+    ``values``."""
     for v in values:
-        if isinstance(v, SymV):
+        if isinstance(v, SymV) and not shapes.is_symbolic(v.example):
             return True
         if isinstance(v, TupleV) and _has_symbol(list(v.items), fs):
             return True
@@ -238,6 +243,34 @@ def mutates(target: Any, kwargs: dict[str, Any]) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
+def symbolic_value(fs: FrameState, node: Any, value: Any) -> Value:
+    """The value of ``node``, a number or a tuple of numbers some of them symbolic
+    (``x.size()``): a :class:`SymV` per symbolic number, a constant for the others."""
+    if shapes.is_symbolic(value):
+        return SymV(node, value)
+    if isinstance(value, tuple | list) and shapes.contains_symbolic(value):
+        items: list[Value] = []
+        for i, item in enumerate(value):
+            if shapes.is_symbolic(item):
+                sub = fs.tracer.add_node("call_function", operator.getitem, (node, i), {}, item)
+                fs.tracer.ops -= 1  # a getitem is bookkeeping, not an op
+                items.append(SymV(sub, item))
+            else:
+                items.append(Const(int(item) if isinstance(item, torch.SymInt) else item))
+        return TupleV(tuple(items))
+    return Const(value)
+
+
+def tensor_sizes(fs: FrameState, v: TensorV, attr: str = "shape") -> Value:
+    """``v.shape`` (or another metadata tuple): a constant when every entry is static."""
+    value = tuple(getattr(v.fake, attr)) if attr == "shape" else getattr(v.fake, attr)()
+    if not shapes.contains_symbolic(value):
+        return Const(getattr(v.fake, attr) if attr == "shape" else value)
+    node = fs.tracer.add_node("call_method", "size" if attr == "shape" else attr, (v.node,), {}, value)
+    fs.tracer.ops -= 1  # reading metadata is no work for a backend
+    return symbolic_value(fs, node, value)
+
+
 def wrap_output(fs: FrameState, node: Any, fake: Any) -> Value:
     """The symbolic value of an operation's result ``fake`` produced by ``node``."""
     if isinstance(fake, torch.Tensor):
@@ -251,6 +284,10 @@ def wrap_output(fs: FrameState, node: Any, fake: Any) -> Value:
                 items.append(TensorV(sub, item))
             elif _contains_tensor(item):
                 raise Unsupported("an operation returning nested tensor structures", "call")
+            elif shapes.is_symbolic(item):
+                sub = fs.tracer.add_node("call_function", operator.getitem, (node, i), {}, item)
+                fs.tracer.ops -= 1
+                items.append(SymV(sub, item))
             else:
                 items.append(Const(item))
         if isinstance(fake, list):

@@ -35,6 +35,27 @@ from ember.guards.sources import (
 )
 
 
+def is_module_tensor(source: Source) -> bool:
+    """Whether ``source`` reaches a module's parameter or buffer (static unless marked)."""
+    return isinstance(source, ModuleChild) and source.slot in (PARAMETERS, BUFFERS)
+
+
+class SizeSources:
+    """How a shape relation reads a tensor's size, stride and storage offset."""
+
+    @staticmethod
+    def size(base: Source, dim: int) -> Source:
+        return sources.TensorSize(base, dim)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def stride(base: Source, dim: int) -> Source:
+        return sources.TensorStride(base, dim)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def offset(base: Source) -> Source:
+        return sources.Computed(torch.Tensor.storage_offset, (base,))
+
+
 def local(name: str) -> Source:
     return Local(name)
 
@@ -188,8 +209,24 @@ class GuardCollector:
     def _where(self) -> str | None:
         return None if self.where is None else f"{self.where[0]}:{self.where[1]}"
 
-    def tensor(self, source: Source, t: torch.Tensor) -> None:
-        self._add(kinds.tensor_match(source, t, self._where()))
+    def tensor(
+        self,
+        source: Source,
+        t: torch.Tensor,
+        symbolic: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset()),
+    ) -> None:
+        """``source`` holds a tensor like ``t``; the ``symbolic`` (sizes, strides) are left
+        to shape relations (:meth:`shape_relation`)."""
+        sizes, strides = symbolic
+        if not sizes and not strides:
+            self._add(kinds.tensor_match(source, t, self._where()))
+            return
+        where = self._where()
+        self._add(kinds.tensor_match(source, t, where, dynamic_sizes=sizes, dynamic_strides=strides))
+
+    def shape_relation(self, expr: str, symbols: dict[str, Source]) -> None:
+        """``expr`` (Python, over ``symbols``' names) holds for the frame's sizes."""
+        self._add(kinds.shape_relation(expr, symbols, self._where()))
 
     def same_tensor(self, first: Source, second: Source) -> None:
         self._add(kinds.same_tensor(first, second, self._where()))

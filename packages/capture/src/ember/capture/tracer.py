@@ -25,6 +25,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.capture import bytecode_311, guarding
+from ember.capture import shapes as shapes_
 from ember.capture.values import NULL, Const, Heap, SymV, TensorV, Value
 
 MAX_INLINE_DEPTH = 64
@@ -194,6 +195,8 @@ class Tracer:
     fake_mode: FakeTensorMode = field(
         default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=False)
     )
+    # symbolic sizes: the policy, and (from the first symbolic input on) the ShapeEnv
+    shapes: shapes_.Shapes = field(default_factory=shapes_.Shapes)
     heap: Heap = field(default_factory=Heap)
     guards: guarding.GuardCollector = field(default_factory=guarding.GuardCollector)
     # graph inputs, in placeholder order: the source, the real value at compile time
@@ -245,8 +248,9 @@ class Tracer:
             self.guards.same_tensor(first.source, source)
             self._inputs_by_key[key] = first
             return first
-        self.guards.tensor(source, real)
-        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        parameter = isinstance(real, torch.nn.Parameter) or guarding.is_module_tensor(source)
+        fake = self.shapes.fake_input(self.fake_mode, real, source, key, parameter)
+        self.guards.tensor(source, real, shapes_.symbolic_entries(fake))
         node = self._placeholder(source, real, fake)
         self.real_types[node] = type(real)
         value = TensorV(node, fake, source=source)
@@ -274,6 +278,10 @@ class Tracer:
     def specialize(self, v: SymV, fn: Any = None) -> Any:
         """The number ``v`` stands for (or ``fn`` of it), now assumed constant: a guard checks
         that the frame's numbers still give the same result (``gt(loss, 0.0) == True``)."""
+        if shapes_.is_symbolic(v.example):  # the ShapeEnv records the guard
+            value = shapes_.concrete(v.example if fn is None else fn(v.example))
+            self.shapes.check_marks(self.guards._where())
+            return value
         source = self.scalar_source(v.node)
         value = v.example
         if fn is not None:

@@ -37,6 +37,7 @@ from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
 from ember.capture.timing import TIMES
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
+from ember.capture.shapes import Policy, Shapes
 from ember.capture.values import (
     EMPTY,
     NULL,
@@ -82,16 +83,21 @@ class Translation:
 
 
 def translate(
-    frame: Frame, backend_name: str, stop_at: int | None = None, guard_key: str | None = None
+    frame: Frame,
+    backend_name: str,
+    stop_at: int | None = None,
+    guard_key: str | None = None,
+    dynamic: bool | None = False,
 ) -> Translation:
     """Capture ``frame`` as one graph; :class:`Unsupported` if it cannot be.
 
     With ``stop_at`` (an instruction index, for a graph break) translation stops
     before that instruction, and the output is the stack and the bound locals there.
-    The backend guard compares ``guard_key`` (default: ``backend_name``).
+    The backend guard compares ``guard_key`` (default: ``backend_name``). ``dynamic``
+    is the symbolic-size policy (:class:`~ember.capture.shapes.Policy`).
     """
     with TIMES.timed("capture"), _quiet_meta_errors():  # timed for compile_times()
-        return _translate(frame, backend_name, stop_at, guard_key)
+        return _translate(frame, backend_name, stop_at, guard_key, dynamic)
 
 
 class _MetaErrorFilter(logging.Filter):
@@ -119,10 +125,11 @@ def _quiet_meta_errors() -> Iterator[None]:
 
 
 def _translate(
-    frame: Frame, backend_name: str, stop_at: int | None, guard_key: str | None
+    frame: Frame, backend_name: str, stop_at: int | None, guard_key: str | None, dynamic: Any
 ) -> Translation:
     start = time.perf_counter()
-    tracer = Tracer(backend_name=backend_name)
+    shapes = Shapes(Policy(dynamic), frame.code)
+    tracer = Tracer(backend_name=backend_name, shapes=shapes)
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
     grad_mode = torch.is_grad_enabled()
     # A tensor subclass's __torch_function__ sees the torch calls eager makes, and those
@@ -155,6 +162,8 @@ def _translate(
     tracer.drop_unused_scalars()  # number arithmetic only guards needed
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
+    if shapes.inputs:  # symbolic sizes: where each symbol is read, and the conditions
+        shapes.guard(tracer.guards, guarding.SizeSources)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
     tracer.guards.backend(guard_key or backend_name)  # an entry never serves another backend
     # which tensor inputs share storage: aliased inputs need another graph

@@ -33,6 +33,7 @@ from ember.capture.markers import (
     graph_break,
     is_compiling,
 )
+from ember.capture.shapes import MarkedDynamicError, mark_dynamic, mark_static, maybe_mark_dynamic
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.configuration import Config, config
@@ -63,6 +64,7 @@ __all__ = [
     "FallbackWarning",
     "FullGraphError",
     "InternalError",
+    "MarkedDynamicError",
     "OptimizedModule",
     "ProfileReport",
     "RecompileError",
@@ -85,6 +87,9 @@ __all__ = [
     "list_mode_options",
     "list_options",
     "lookup_backend",
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
     "register_backend",
     "replay",
     "report",

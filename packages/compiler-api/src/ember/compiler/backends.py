@@ -170,6 +170,22 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
     )
 
 
+# Backends that cannot take graphs with symbolic sizes yet: frames compiled for them keep
+# every size static (issue 18: aotgraph and inductor are being taught symbolic shapes).
+aot_eager.supports_dynamic = False  # type: ignore[attr-defined]
+
+
+def supports_dynamic(backend: Any) -> bool:
+    """Whether ``backend`` takes graphs with symbolic sizes (``torch.SymInt`` in its fake
+    tensors); a user's backend does unless it says ``supports_dynamic = False``.
+
+    >>> supports_dynamic("eager"), supports_dynamic(lambda gm, inputs: gm)
+    (True, True)
+    """
+    found = lookup_backend(backend) if isinstance(backend, str) else backend
+    return bool(getattr(found, "supports_dynamic", True))
+
+
 def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
     """aot_eager's inner compiler: the aten graph runs as it is (a module-level function, so
     that a repro script can import it).
@@ -224,6 +240,9 @@ def inductor(
         inference_compiler=noting("inference", kernels),
         decompositions=decompositions,
     )
+
+
+inductor.supports_dynamic = False  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)

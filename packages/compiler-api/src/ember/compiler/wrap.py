@@ -17,7 +17,7 @@ from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.compiler import replay_record, reporting
 from ember.compiler import repro as repro_hooks
-from ember.compiler.backends import Backend, backend_name, lookup_backend
+from ember.compiler.backends import Backend, backend_name, lookup_backend, supports_dynamic
 from ember.compiler.configuration import MODE_OPTIONS, config
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
@@ -393,7 +393,7 @@ def compile(
         raise TypeError(f"fullgraph must be a bool, not {type(fullgraph).__name__}")
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
-    new_compiler = _compiler_maker(backend, mode, options, fullgraph)
+    new_compiler = _compiler_maker(backend, mode, options, fullgraph, dynamic)
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
@@ -420,7 +420,11 @@ class _Maker:
 
 
 def _compiler_maker(
-    backend: str | Backend, mode: str | None, options: dict[str, Any] | None, fullgraph: bool
+    backend: str | Backend,
+    mode: str | None,
+    options: dict[str, Any] | None,
+    fullgraph: bool,
+    dynamic: bool | None = None,
 ) -> _Maker:
     """The backend configured (options checked; the repro tools, timing and the compile
     report around it), as a function that makes the frame compiler for the entry codes."""
@@ -433,9 +437,14 @@ def _compiler_maker(
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
     scope = functools.partial(config.patch, made.settings) if made.settings else None
+    if not supports_dynamic(backend):
+        dynamic = False  # every size specialises for this backend (it says why once)
+    kw = {"dynamic": dynamic} if make is FrameCompiler else {}
 
     def new(entry: tuple[types.CodeType, ...]) -> FrameCompiler:
-        compiler = make(observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope)
+        compiler = make(
+            observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope, **kw
+        )
         replay_record.record_failures(compiler, backend, options, repro)
         return compiler
 
