@@ -41,6 +41,15 @@ def pack_module(spec: ModuleSpec) -> PackedModule:
     return (spec.training, spec.hooks)
 
 
+def _ints_match(got: tuple[int, ...], want: tuple[int | None, ...]) -> bool:
+    """``got == want`` where a None in ``want`` (a dynamic dim) matches any value."""
+    if got == want:
+        return True
+    if None not in want or len(got) != len(want):
+        return False
+    return all(w is None or w == g for g, w in zip(got, want, strict=True))
+
+
 def py_tensor_match(packed: PackedTensor, t: object) -> bool:
     """Pure-Python twin of ``_native.tensor_match``."""
     if type(packed) is not tuple or len(packed) != 10:
@@ -50,11 +59,11 @@ def py_tensor_match(packed: PackedTensor, t: object) -> bool:
         return bool(
             type(t) is kind
             and _torch.TensorBase in kind.__mro__
-            and _torch.shape_of(t) == size
+            and _ints_match(_torch.shape_of(t), size)
             and _torch.dtype_of(t) is dtype
             and (_torch.is_cpu(t) is True if device is None else _torch.device_of(t) == device)
             and _torch.layout_of(t) is layout
-            and (stride is None or _torch.stride_of(t) == stride)
+            and (stride is None or _ints_match(_torch.stride_of(t), stride))
             and _torch.requires_grad_of(t) is grad
             and _torch.is_inference(t) is inference
             and (conj is None or _torch.is_conj(t) is conj)
@@ -109,6 +118,31 @@ def py_calls_return(fns: tuple[Callable[[], object], ...], values: tuple[object,
 def py_distinct(*objects: object) -> bool:
     """Pure-Python twin of ``_native.distinct``: no two are the same object."""
     return len({id(obj) for obj in objects}) == len(objects)
+
+
+def py_size_at(t: object, dim: int) -> int:
+    """Pure-Python twin of ``_tensor_match.size_at``: ``t.size(dim)`` read past any
+    Python override; raises (TypeError, IndexError) where there is none.
+
+    >>> import torch
+    >>> py_size_at(torch.zeros(2, 3), 1)
+    3
+    """
+    if not isinstance(t, _torch.TensorBase) or dim < 0:
+        raise TypeError("size_at(tensor, dim >= 0)")
+    return int(_torch.shape_of(t)[dim])
+
+
+def py_stride_at(t: object, dim: int) -> int:
+    """Pure-Python twin of ``_tensor_match.stride_at``: ``t.stride(dim)``, as :func:`py_size_at`.
+
+    >>> import torch
+    >>> py_stride_at(torch.zeros(2, 3), 0)
+    3
+    """
+    if not isinstance(t, _torch.TensorBase) or dim < 0:
+        raise TypeError("stride_at(tensor, dim >= 0)")
+    return int(_torch.stride_of(t)[dim])
 
 
 def storage_layout(tensors: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -201,6 +235,9 @@ module_match: Callable[[PackedModule, object], bool] = (
 modules_match: Callable[..., bool] = _NATIVE.modules_match if NATIVE else py_modules_match
 distinct: Callable[..., bool] = _NATIVE.distinct if NATIVE else py_distinct
 storage_groups: Callable[..., bool] = _CXX.storage_groups if TENSOR_MATCH_CXX else py_storage_groups
+#: Fetchers of the size and stride sources (``TensorSize``, ``TensorStride``): one C++ call.
+size_at: Callable[[object, int], int] = _CXX.size_at if TENSOR_MATCH_CXX else py_size_at
+stride_at: Callable[[object, int], int] = _CXX.stride_at if TENSOR_MATCH_CXX else py_stride_at
 calls_return: Callable[[tuple[Callable[[], object], ...], tuple[object, ...]], bool] = (
     _NATIVE.calls_return if NATIVE else py_calls_return
 )

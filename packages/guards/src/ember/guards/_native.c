@@ -10,6 +10,7 @@
  * Packed specs (built by _accel.py):
  *   tensor: (type, dtype, device_or_None_for_cpu, layout, sizes, strides_or_None,
  *            requires_grad, inference, conj_or_None, neg)
+ *           a None among sizes or strides is a dynamic dim: not compared
  *   module: (training, (forward_pre_ids, forward_ids, backward_pre_ids, backward_ids))
  * Every function returns True/False; an Exception raised by torch or by the
  * object means False; anything else (KeyboardInterrupt, ...) propagates.
@@ -66,7 +67,8 @@ call0(PyMethodDef *def, PyObject *obj)
     return NULL;
 }
 
-/* 1 when got (a tuple, torch.Size included) equals the tuple of ints want. */
+/* 1 when got (a tuple, torch.Size included) equals the tuple of ints want
+ * (None in want matches any entry). */
 static int
 ints_equal(PyObject *got, PyObject *want)
 {
@@ -75,7 +77,7 @@ ints_equal(PyObject *got, PyObject *want)
         return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(got, i), *b = PyTuple_GET_ITEM(want, i);
-        if (a != b) {
+        if (a != b && b != Py_None) {  /* None: a dynamic dim, checked by relation guards */
             int r = PyObject_RichCompareBool(a, b, Py_EQ);
             if (r != 1)
                 return r < 0 ? swallow() : 0;

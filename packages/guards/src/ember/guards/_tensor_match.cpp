@@ -9,6 +9,7 @@
 // A packed spec is the 10-tuple made by _accel.pack_tensor:
 //   (cls, dtype, device | None for cpu, layout, sizes, strides | None,
 //    requires_grad, inference, conj | None, neg)
+// where a None among sizes or strides is a dynamic dim, not compared.
 #include <Python.h>
 
 #include <algorithm>
@@ -29,7 +30,9 @@ bool same_ints(PyObject* expected, c10::IntArrayRef actual) {
     return false;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
-    const long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(expected, i));
+    PyObject* item = PyTuple_GET_ITEM(expected, i);
+    if (item == Py_None) continue;  // a dynamic dim: relation guards check its value
+    const long long want = PyLong_AsLongLong(item);
     if (want != actual[i]) {
       return false;
     }
@@ -165,7 +168,39 @@ PyObject* storage_groups(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+// size_at(t, dim) / stride_at(t, dim): one entry of the sizes or strides, read from the
+// C++ tensor (no torch.Size built, no Python override run); the fetchers of the
+// TensorSize and TensorStride sources, which the relation guards read on every call.
+template <bool kStrides>
+PyObject* dim_at(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !THPVariable_Check(args[0]) || !PyLong_CheckExact(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "expected (tensor, dim)");
+    return nullptr;
+  }
+  const Py_ssize_t dim = PyLong_AsSsize_t(args[1]);
+  if (dim < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "dim must be >= 0");
+    return nullptr;
+  }
+  try {
+    const at::Tensor& t = THPVariable_Unpack(args[0]);
+    const c10::IntArrayRef ints = kStrides ? t.strides() : t.sizes();
+    if (static_cast<size_t>(dim) >= ints.size()) {
+      PyErr_SetString(PyExc_IndexError, "dim out of range");
+      return nullptr;
+    }
+    return PyLong_FromLongLong(ints[dim]);
+  } catch (const std::exception& error) {  // symbolic sizes, a layout without strides
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+}
+
 PyMethodDef methods[] = {
+    {"size_at", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(dim_at<false>)),
+     METH_FASTCALL, "size_at(tensor, dim) -> int: tensor.size(dim)"},
+    {"stride_at", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(dim_at<true>)),
+     METH_FASTCALL, "stride_at(tensor, dim) -> int: tensor.stride(dim)"},
     {"tensor_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensor_match)),
      METH_FASTCALL, "tensor_match(spec, obj) -> bool"},
     {"tensors_match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensors_match)),

@@ -25,22 +25,11 @@ from typing import Any
 from ember.guards import log
 from ember.guards.codegen import build_check, build_explainer, build_fetch
 from ember.guards.frame import FrameSpec
-from ember.guards.kinds import KINDS, Guard, GuardKind
+from ember.guards.kinds import KINDS, Guard
 from ember.guards.sources import Source
 from ember.guards.timing import TIMES
 
 __all__ = ["CompiledGuards", "GuardSet"]
-
-
-def _sources(guard: Guard) -> tuple[Source, ...]:
-    """Every source a guard reads: its own, plus the others of aliasing guards."""
-    if guard.kind is GuardKind.SAME_TENSOR:
-        return (guard.source, guard.expected)
-    if guard.kind is GuardKind.NO_ALIASING:
-        return (guard.source, *guard.expected)
-    if guard.kind is GuardKind.STORAGE_ALIASING:
-        return (guard.source, *guard.expected[0])
-    return (guard.source,)
 
 
 def _order(indexed: tuple[int, Guard]) -> tuple[int, ...]:
@@ -49,7 +38,7 @@ def _order(indexed: tuple[int, Guard]) -> tuple[int, ...]:
     kinds (module state, then tensors) last."""
     index, guard = indexed
     rule = KINDS[guard.kind]
-    depth = max(source.depth() for source in _sources(guard))
+    depth = max(source.depth() for source in rule.sources(guard))
     if rule.tier == 1:
         return (rule.tier, depth, rule.rank, index)
     return (rule.tier, rule.rank, depth, index)
@@ -153,11 +142,12 @@ class CompiledGuards:
         guard = self.guards.guards[index]
         if error is not None:
             return f"{guard.source}: {type(error).__name__}: {error}"
+        rule = KINDS[guard.kind]
         try:
-            detail = KINDS[guard.kind].message(guard, lambda source: self._fetch(source, args))
+            detail = rule.message(guard, lambda source: self._fetch(source, args))
         except Exception as failure:
-            detail = f"check failed ({type(failure).__name__}: {failure})"
-        return f"{guard.source}: {detail}"
+            return f"{guard.source}: check failed ({type(failure).__name__}: {failure})"
+        return f"{guard.source}: {detail}" if rule.headed else detail
 
     def _fetch(self, source: Source, args: tuple[object, ...]) -> Any:
         fetch = self._fetchers.get(source)

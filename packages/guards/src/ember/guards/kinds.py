@@ -22,13 +22,14 @@ from __future__ import annotations
 import enum
 import math
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ember.guards import _accel
+from ember.guards.relations import ShapeRelation
 from ember.guards.sources import Backend, Emitter, Source, TorchState
 from ember.guards.specs import ModuleSpec, TensorSpec, module_mismatch, tensor_mismatch
 from ember.guards.state import STATE_FIELDS, current_backend
@@ -49,6 +50,7 @@ __all__ = [
     "no_aliasing",
     "not_none",
     "same_tensor",
+    "shape_relation",
     "storage_aliasing",
     "tensor_match",
     "type_match",
@@ -81,6 +83,7 @@ class GuardKind(enum.Enum):
     MODULE_STATE = "MODULE_STATE"
     TENSOR_MATCH = "TENSOR_MATCH"
     STORAGE_ALIASING = "STORAGE_ALIASING"
+    SHAPE_RELATION = "SHAPE_RELATION"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,9 @@ class KindRule:
     ``tier`` orders first (0: no fetch, 1: ordinary, 2: costly and batched, 3: relations
     between tensors the tier-2 checks have seen), then source depth, then ``rank``.
     ``batch``, when set, checks a run of guards of this kind in one call inside the
-    compiled check.
+    compiled check. ``sources`` lists every source a guard reads (for ordering);
+    ``headed`` says whether a failure's message is headed by the guard's source
+    (a relation's message names its own sources).
 
     >>> KINDS[GuardKind.TENSOR_MATCH].tier
     2
@@ -128,6 +133,8 @@ class KindRule:
     describe: Callable[[Guard], str]
     key: Callable[[Any], Hashable] = id
     batch: Callable[[Sequence[Guard], Emitter], str] | None = None
+    sources: Callable[[Guard], tuple[Source, ...]] = lambda g: (g.source,)
+    headed: bool = True
 
 
 # --- constants -------------------------------------------------------------
@@ -424,6 +431,21 @@ def _describe_storage(g: Guard) -> str:
     return f"storages of {_names(sources)}: " + ("; ".join(shared) or "all distinct")
 
 
+def _relation(g: Guard) -> ShapeRelation:
+    assert isinstance(g.expected, ShapeRelation), "SHAPE_RELATION guards expect a ShapeRelation"
+    return g.expected
+
+
+def _batch_relations(guards: Sequence[Guard], em: Emitter) -> str:
+    """A run of relations as one test: no call beyond the fetches of their symbols."""
+    return " and ".join(f"({_relation(g).emit(em)})" for g in guards)
+
+
+def _msg_relation(g: Guard, fetch: Fetch) -> str:
+    rel = _relation(g)
+    return rel.explain({name: fetch(source) for name, source in rel.symbols})
+
+
 def _names(sources: Sequence[Source]) -> str:
     return ", ".join(map(str, sources))
 
@@ -476,11 +498,12 @@ KINDS: dict[GuardKind, KindRule] = {
         1, 6, lambda g, em: f"{em.value(g.source)} is {em.value(g.expected)}",
         lambda g, fetch: f"expected the same tensor as {g.expected}, got another",
         lambda g: f"{g.source} is {g.expected}", key=lambda expected: expected,
+        sources=lambda g: (g.source, g.expected),
     ),
     GuardKind.NO_ALIASING: KindRule(
         1, 7, _emit_aliasing, _msg_aliasing,
         lambda g: f"{_names((g.source, *g.expected))} are distinct objects",
-        key=lambda expected: expected,
+        key=lambda expected: expected, sources=lambda g: (g.source, *g.expected),
     ),
     GuardKind.MODULE_STATE: KindRule(
         2, 0, _emit_module, _msg_module, lambda g: f"{g.source}: {g.expected}",
@@ -490,9 +513,15 @@ KINDS: dict[GuardKind, KindRule] = {
         2, 1, _emit_tensor, _msg_tensor, lambda g: f"{g.source}: {g.expected}",
         key=lambda expected: expected, batch=_batch_tensors,
     ),
-    # after the tensor checks: they show the values are tensors first
+    # after the tensor checks: they show the values are tensors (of the right rank) first
+    GuardKind.SHAPE_RELATION: KindRule(
+        3, 0, lambda g, em: _relation(g).emit(em), _msg_relation, lambda g: str(g.expected),
+        key=lambda expected: expected.key(), batch=_batch_relations,
+        sources=lambda g: tuple(source for _, source in _relation(g).symbols), headed=False,
+    ),
     GuardKind.STORAGE_ALIASING: KindRule(
-        3, 0, _emit_storage, _msg_storage, _describe_storage, key=lambda expected: expected,
+        3, 1, _emit_storage, _msg_storage, _describe_storage, key=lambda expected: expected,
+        sources=lambda g: (g.source, *g.expected[0]),
     ),
 }  # fmt: skip
 
@@ -539,14 +568,46 @@ def equals(source: Source, value: object, where: str | None = None) -> Guard:
     return Guard(source, GuardKind.EQUALS, value, where)
 
 
-def tensor_match(source: Source, t: torch.Tensor, where: str | None = None) -> Guard:
+def tensor_match(
+    source: Source,
+    t: torch.Tensor,
+    where: str | None = None,
+    *,
+    dynamic_sizes: Iterable[int] = (),
+    dynamic_strides: Iterable[int] = (),
+) -> Guard:
     """``source`` is a tensor with ``t``'s subclass, dtype, device, sizes,
-    strides, requires_grad and autograd/lazy-view dispatch keys.
+    strides, requires_grad and autograd/lazy-view dispatch keys. The sizes of
+    ``dynamic_sizes`` and strides of ``dynamic_strides`` are left to relation
+    guards (see :meth:`TensorSpec.of`); the rank is still checked.
 
     >>> print(tensor_match(Local("x"), torch.zeros(2)).expected)
     Tensor(torch.float32, cpu, size=(2,), stride=(1,))
+    >>> print(tensor_match(Local("x"), torch.zeros(5, 3).t(), dynamic_sizes={1},
+    ...                    dynamic_strides={0}).expected)
+    Tensor(torch.float32, cpu, size=(3, *), stride=(*, 3))
     """
-    return Guard(source, GuardKind.TENSOR_MATCH, TensorSpec.of(t), where)
+    spec = TensorSpec.of(t, dynamic_sizes, dynamic_strides)
+    return Guard(source, GuardKind.TENSOR_MATCH, spec, where)
+
+
+def shape_relation(expr: str, symbols: Mapping[str, Source], where: str | None = None) -> Guard:
+    """``expr``, a Python boolean expression over symbol names (comparisons, ``+ - *``,
+    ``//``, ``%``, ``min``/``max``, ``and``/``or``; sympy's ``Eq``/``Ne``/``Min``/``Max``
+    too), holds when each symbol is the value at its source. Checked after the tensor
+    matches; a bad expression is a ValueError naming it. Symbols it does not use are
+    ignored; equal relations over the same sources deduplicate whatever their names.
+
+    >>> from ember.guards import TensorSize
+    >>> g = shape_relation("s0 >= 2", {"s0": TensorSize(Local("x"), 0)})
+    >>> print(KINDS[GuardKind.SHAPE_RELATION].describe(g))
+    s0 >= 2  where s0 = x.size(0)
+    >>> shape_relation("s0 >= 2.5", {"s0": Local("n")})
+    Traceback (most recent call last):
+    ValueError: bad shape relation 's0 >= 2.5': constant 2.5 is not an int
+    """
+    relation = ShapeRelation.parse(expr, symbols)
+    return Guard(relation.symbols[0][1], GuardKind.SHAPE_RELATION, relation, where)
 
 
 def length(source: Source, value: Sequence[object], where: str | None = None) -> Guard:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar
 
+from ember.guards import _accel
 from ember.guards.state import STATE_FIELDS, read_backend
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "ModuleGlobal",
     "Source",
     "TensorAttr",
+    "TensorSize",
+    "TensorStride",
     "TorchState",
     "TypeOf",
     "read_module_global",
@@ -274,6 +277,48 @@ class TensorAttr(Source):
         return f"{self.base}.{self.name}"
 
 
+def _check_dim(dim: object) -> None:
+    if type(dim) is not int or dim < 0:
+        raise ValueError(f"a dim must be an int >= 0, not {dim!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSize(Source):
+    """``base.size(dim)``, read from the tensor itself (no Python override runs): the
+    value of a dynamic size, for relation guards.
+
+    >>> print(TensorSize(Local("x"), 0))
+    x.size(0)
+    """
+
+    base: Source
+    dim: int
+
+    def __post_init__(self) -> None:
+        _check_dim(self.dim)
+
+    def __str__(self) -> str:
+        return f"{self.base}.size({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStride(Source):
+    """``base.stride(dim)``, read as :class:`TensorSize` reads a size.
+
+    >>> print(TensorStride(Local("x"), 1))
+    x.stride(1)
+    """
+
+    base: Source
+    dim: int
+
+    def __post_init__(self) -> None:
+        _check_dim(self.dim)
+
+    def __str__(self) -> str:
+        return f"{self.base}.stride({self.dim})"
+
+
 @dataclass(frozen=True, slots=True)
 class TypeOf(Source):
     """``type(base)``.
@@ -419,6 +464,16 @@ def _fetch_attr(src: Attr, em: Emitter) -> str:
 @fetcher(TensorAttr)
 def _fetch_tensor_attr(src: TensorAttr, em: Emitter) -> str:
     return _getattr_code(em.value(src.base), src.name)
+
+
+@fetcher(TensorSize)
+def _fetch_size(src: TensorSize, em: Emitter) -> str:
+    return f"{em.bind(_accel.size_at)}({em.value(src.base)}, {src.dim})"
+
+
+@fetcher(TensorStride)
+def _fetch_stride(src: TensorStride, em: Emitter) -> str:
+    return f"{em.bind(_accel.stride_at)}({em.value(src.base)}, {src.dim})"
 
 
 @fetcher(Item)

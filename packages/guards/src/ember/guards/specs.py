@@ -12,11 +12,19 @@ Tensor(torch.float32, cpu, size=(8, 4), stride=(4, 1))
 'size[0] expected 8, got 12'
 >>> tensor_mismatch(spec, torch.zeros(8, 4)) is None
 True
+
+A dynamic dim (``*``) is not compared; its value is for relation guards to check:
+
+>>> batch = TensorSpec.of(torch.zeros(8, 4), dynamic_sizes=frozenset({0}))
+>>> print(batch)
+Tensor(torch.float32, cpu, size=(*, 4), stride=(4, 1))
+>>> tensor_mismatch(batch, torch.zeros(12, 4)) is None, tensor_mismatch(batch, torch.zeros(12))
+(True, 'size expected (*, 4), got (12,)')
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,57 +44,99 @@ class TensorSpec:
     ``inference``, ``conj`` and ``neg`` stand for the dispatch keys that
     change what runs: inference tensors have no autograd keys, and the
     conjugate and negative bits add lazy-view keys. ``stride`` is None for
-    layouts without strides.
+    layouts without strides. A None entry of ``size`` or ``stride`` is a dynamic
+    dim: not compared (relation guards check its value; the rank is still
+    compared). ``specialized`` holds the dims that were asked to be dynamic but
+    kept their size because it was 0 or 1 (as torch specialises those): their
+    mismatch says so.
 
     >>> TensorSpec.of(torch.ones(2, 3).t())
     TensorSpec(cls=<class 'torch.Tensor'>, dtype=torch.float32, device=device(type='cpu'), \
 layout=torch.strided, size=(3, 2), stride=(1, 3), requires_grad=False, inference=False, \
-conj=False, neg=False)
+conj=False, neg=False, specialized=frozenset())
     """
 
     cls: type
     dtype: torch.dtype
     device: torch.device
     layout: torch.layout
-    size: tuple[int, ...]
-    stride: tuple[int, ...] | None
+    size: tuple[int | None, ...]
+    stride: tuple[int | None, ...] | None
     requires_grad: bool = False
     inference: bool = False
     conj: bool = False
     neg: bool = False
+    specialized: frozenset[int] = frozenset()
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> TensorSpec:
-        """Record the facts of ``t`` (raises ValueError for tensors without sizes).
+    def of(
+        cls,
+        t: torch.Tensor,
+        dynamic_sizes: Iterable[int] = (),
+        dynamic_strides: Iterable[int] = (),
+        specialize_zero_one: bool = True,
+    ) -> TensorSpec:
+        """Record the facts of ``t`` (raises ValueError for tensors without sizes, or
+        for a dynamic dim out of range), leaving the ``dynamic_sizes`` and
+        ``dynamic_strides`` dims unchecked. A dynamic size of 0 or 1 is kept and
+        recorded in ``specialized`` unless ``specialize_zero_one`` is False.
 
         >>> TensorSpec.of(torch.zeros(2, requires_grad=True)).requires_grad
         True
+        >>> spec = TensorSpec.of(torch.zeros(1, 5, 3), dynamic_sizes=frozenset({0, 1}))
+        >>> spec.size, spec.specialized
+        ((1, None, 3), frozenset({0}))
         """
         try:
             layout = _torch.layout_of(t)
-            return cls(
-                type(t),
-                _torch.dtype_of(t),
-                _torch.device_of(t),
-                layout,
-                tuple(_torch.shape_of(t)),
-                tuple(_torch.stride_of(t)) if layout is torch.strided else None,
-                bool(_torch.requires_grad_of(t)),
-                _torch.is_inference(t),
-                _torch.is_conj(t),
-                _torch.is_neg(t),
-            )
+            size = tuple(_torch.shape_of(t))
+            stride = tuple(_torch.stride_of(t)) if layout is torch.strided else None
+            flags = (_torch.is_inference(t), _torch.is_conj(t), _torch.is_neg(t))
+            dtype, device = _torch.dtype_of(t), _torch.device_of(t)
+            grad = _torch.requires_grad_of(t)
         except RuntimeError as error:
             raise ValueError(f"cannot guard this tensor's metadata: {error}") from error
+        sizes = _check_dims("dynamic_sizes", dynamic_sizes, len(size))
+        strides = _check_dims("dynamic_strides", dynamic_strides, len(size))
+        kept = frozenset(d for d in sizes if specialize_zero_one and size[d] in (0, 1))
+        return cls(
+            type(t), dtype, device, layout,
+            _loosen(size, sizes - kept),
+            None if stride is None else _loosen(stride, strides),
+            bool(grad), *flags, specialized=kept,
+        )  # fmt: skip
 
     def __str__(self) -> str:
         flags = [
             name for name in ("requires_grad", "inference", "conj", "neg") if getattr(self, name)
         ]
-        parts = [str(self.dtype), str(self.device), f"size={self.size}"]
-        parts += [f"stride={self.stride}"] if self.stride is not None else [str(self.layout)]
+        parts = [str(self.dtype), str(self.device), f"size={_fmt_ints(self.size)}"]
+        if self.stride is not None:
+            parts.append(f"stride={_fmt_ints(self.stride)}")
+        else:
+            parts.append(str(self.layout))
         parts += [f"{flag}=True" for flag in flags]
+        parts += [f"specialized={sorted(self.specialized)}"] if self.specialized else []
         return f"{self.cls.__qualname__}({', '.join(parts)})"
+
+
+def _check_dims(name: str, dims: Iterable[int], rank: int) -> frozenset[int]:
+    found = frozenset(dims)
+    bad = [d for d in found if type(d) is not int or not 0 <= d < rank]
+    if bad:
+        dims_text = ", ".join(sorted(map(repr, bad)))
+        raise ValueError(f"{name}: dim {dims_text} out of range for a tensor of rank {rank}")
+    return found
+
+
+def _loosen(ints: tuple[int, ...], dims: frozenset[int]) -> tuple[int | None, ...]:
+    return tuple(None if d in dims else n for d, n in enumerate(ints))
+
+
+def _fmt_ints(ints: tuple[int | None, ...]) -> str:
+    """``(*, 4)``: a tuple with its dynamic entries as ``*``."""
+    text = ", ".join("*" if n is None else str(n) for n in ints)
+    return f"({text},)" if len(ints) == 1 else f"({text})"
 
 
 # (name in messages, expected, actual): compared in this order after type and sizes.
@@ -102,12 +152,21 @@ _TENSOR_FIELDS: tuple[tuple[str, Callable[[TensorSpec], object], Callable[[Any],
 )  # fmt: skip
 
 
-def _ints_mismatch(name: str, want: tuple[int, ...], got: tuple[int, ...]) -> str | None:
+_SPECIALIZED_NOTE = " (sizes 0 and 1 specialise: this dim was marked dynamic)"
+
+
+def _ints_mismatch(
+    name: str,
+    want: tuple[int | None, ...],
+    got: tuple[int, ...],
+    specialized: frozenset[int] = frozenset(),
+) -> str | None:
     if len(want) != len(got):
-        return f"{name} expected {want}, got {got}"
+        return f"{name} expected {_fmt_ints(want)}, got {got}"
     for dim, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w != g:
-            return f"{name}[{dim}] expected {w}, got {g}"
+        if w is not None and w != g:
+            note = _SPECIALIZED_NOTE if dim in specialized else ""
+            return f"{name}[{dim}] expected {w}, got {g}{note}"
     return None
 
 
@@ -121,10 +180,13 @@ def tensor_mismatch(spec: TensorSpec, t: object) -> str | None:
     'stride[0] expected 3, got 1'
     >>> tensor_mismatch(spec, 1.0)
     'type expected Tensor, got float'
+    >>> one = TensorSpec.of(torch.zeros(1, 3), dynamic_sizes=frozenset({0}))
+    >>> tensor_mismatch(one, torch.zeros(5, 3))
+    'size[0] expected 1, got 5 (sizes 0 and 1 specialise: this dim was marked dynamic)'
     """
     if type(t) is not spec.cls or not isinstance(t, torch.Tensor):
         return f"type expected {spec.cls.__qualname__}, got {type(t).__qualname__}"
-    size = _ints_mismatch("size", spec.size, tuple(_torch.shape_of(t)))
+    size = _ints_mismatch("size", spec.size, tuple(_torch.shape_of(t)), spec.specialized)
     if size is not None:
         return size
     for name, want, got in _TENSOR_FIELDS[:3]:
