@@ -27,6 +27,7 @@ from ember.capture.values import (
     Const,
     DictV,
     ListV,
+    SliceV,
     SymV,
     TensorV,
     TupleV,
@@ -54,6 +55,8 @@ def _convert(fs: FrameState, v: Value, leaf: Any) -> Any:
         return v.value
     if isinstance(v, TupleV):
         return tuple(_convert(fs, x, leaf) for x in v.items)
+    if isinstance(v, SliceV):
+        return slice(*(_convert(fs, x, leaf) for x in v.parts))
     if isinstance(v, ListV):
         return [_convert(fs, x, leaf) for x in fs.tracer.heap.get(v.ref)]
     if isinstance(v, DictV):

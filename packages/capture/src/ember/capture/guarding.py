@@ -224,9 +224,10 @@ class GuardCollector:
         where = self._where()
         self._add(kinds.tensor_match(source, t, where, dynamic_sizes=sizes, dynamic_strides=strides))
 
-    def shape_relation(self, expr: str, symbols: dict[str, Source]) -> None:
-        """``expr`` (Python, over ``symbols``' names) holds for the frame's sizes."""
-        self._add(kinds.shape_relation(expr, symbols, self._where()))
+    def shape_relation(self, expr: str, symbols: dict[str, Source], where: str | None) -> None:
+        """``expr`` (Python, over ``symbols``' names) holds for the frame's sizes; ``where``
+        is the user line whose branch set it (None: the frame's end)."""
+        self._add(kinds.shape_relation(expr, symbols, where or self._where()))
 
     def same_tensor(self, first: Source, second: Source) -> None:
         self._add(kinds.same_tensor(first, second, self._where()))

@@ -96,6 +96,8 @@ def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
         index = fs.ip
         inst = fs.instrs[index]
         fs.current = inst
+        if fs.tracer.shapes.recording:  # the line of the branch that set each shape guard
+            fs.tracer.shapes.note_where(fs.tracer.guards.where)
         fs.tracer.guards.where = (fs.code.co_filename, inst.lineno)
         fs.ip += 1
         fn = HANDLERS.get(inst.opname)

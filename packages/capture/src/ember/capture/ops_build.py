@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.capture import generators
+from ember.capture import generators, shapes
 from ember.capture.interpreter import handler
 from ember.capture.pyrules import constant_of, iter_of, iterate
 from ember.capture.tracer import FrameState, Instr, Unsupported
-from ember.capture.values import Const, DictV, ListV, SetV, TupleV, Value
+from ember.capture.values import Const, DictV, ListV, SetV, SliceV, SymV, TupleV, Value
 
 
 @handler("BUILD_TUPLE")
@@ -43,6 +43,9 @@ def BUILD_CONST_KEY_MAP(fs: FrameState, inst: Instr) -> None:
 def BUILD_SLICE(fs: FrameState, inst: Instr) -> None:
     assert inst.arg is not None
     parts = fs.popn(inst.arg)
+    if any(isinstance(p, SymV) and shapes.is_symbolic(p.example) for p in parts):
+        fs.push(SliceV(tuple(parts)))  # a tensor index keeps it symbolic
+        return
     fs.push(Const(slice(*(constant_of(fs, p) for p in parts))))
 
 

@@ -38,6 +38,7 @@ from ember.capture.values import (
     ModuleV,
     ObjV,
     SetV,
+    SliceV,
     SymV,
     TensorV,
     TupleV,
@@ -78,6 +79,8 @@ def constant_of(fs: FrameState, v: Value) -> Any:
         return v.value
     if isinstance(v, SymV):
         return fs.tracer.specialize(v)
+    if isinstance(v, SliceV):  # a list or tuple index: the sizes in it specialise
+        return slice(*(constant_of(fs, x) for x in v.parts))
     if isinstance(v, TupleV):
         items = tuple(constant_of(fs, x) for x in v.items)
         return make_namedtuple(v.cls, *items) if v.cls is not None else items

@@ -237,10 +237,12 @@ class _Named(Source):  # type: ignore[misc]
 
     label: str
 
-    def name(self) -> str:
+    @property
+    def _name_template(self) -> str:
         return self.label
 
-    def guard_source(self) -> GuardSource:
+    @property
+    def guard_source(self) -> GuardSource:  # type: ignore[override]
         return GuardSource.LOCAL
 
 
@@ -252,6 +254,20 @@ class Shapes:
     code: types.CodeType | None = None
     _env: ShapeEnv | None = None
     inputs: list[_Input] = field(default_factory=list)  # the inputs with symbolic sizes
+    # the user line that was running when each of the ShapeEnv's guards was recorded
+    wheres: list[tuple[str, int | None] | None] = field(default_factory=list)
+    ints: list[tuple[Any, Any]] = field(default_factory=list)  # (source, symbol) of int inputs
+
+    @property
+    def recording(self) -> bool:
+        """Whether there is a ShapeEnv whose guards need their lines noted."""
+        return self._env is not None
+
+    def note_where(self, where: tuple[str, int | None] | None) -> None:
+        """The guards recorded since the last call came from the line ``where``."""
+        missing = len(self.env.guards) - len(self.wheres)
+        if missing > 0:
+            self.wheres.extend([where] * missing)
 
     @property
     def env(self) -> ShapeEnv:
@@ -280,11 +296,33 @@ class Shapes:
         marks = {d: m for d, m in marks_of(real).items() if d in dims}
         for d, mark in marks.items():
             size = fake.shape[d]
+            low, high = mark.min or 0, sympy.oo if mark.max is None else mark.max
+            if not low <= real.shape[d] <= high:
+                raise MarkedDynamicError(
+                    f"{source}.size({d}) is {real.shape[d]}, outside the bounds"
+                    f" [{mark.min}, {mark.max}] mark_dynamic gave it"
+                )
             if is_symbolic(size) and (mark.min is not None or mark.max is not None):
                 low = builtins.max(mark.min or 2, 2)  # sizes 0 and 1 specialise
                 self.env.constrain_symbol_range(size.node.expr, low, mark.max or sympy.oo)
         self.inputs.append(_Input.of(source, fake, marks))
         return fake
+
+    def symbolic_int(self, fake_mode: Any, real: int, source: Any, key: str) -> Any:
+        """A ``torch.SymInt`` for the frame's int ``real`` when the policy makes it one (it
+        changed between compiles of this code, or ``dynamic=True``); None for a constant
+        (0 and 1 specialise, as sizes do)."""
+        changed = observe(self.code, key, (real,)) if self.code is not None else frozenset()
+        if self.policy.dynamic is False or (self.policy.dynamic is None and not changed):
+            return None
+        if real in (0, 1) or real < 0:
+            return None
+        if fake_mode.shape_env is None:
+            fake_mode.shape_env, fake_mode.static_shapes = self.env, False
+        named = _Named(key)
+        sym = self.env.create_symbol(real, source=named, dynamic_dim=DimDynamic.DYNAMIC)
+        self.ints.append((source, sym))
+        return self.env.create_symintnode(sym, hint=real, source=named)
 
     def guard(self, guards: Any, sources: Any) -> None:
         """Add the guards this translation's symbols need to ``guards`` (a
@@ -302,49 +340,64 @@ class Shapes:
                 else:  # x.stride(0) == s1, or a second tensor sharing a symbol
                     here = sympy.Symbol("_e", integer=True)
                     relations.append((sympy.Eq(here, expr), {"_e": entry}))
+        for source, sym in self.ints:
+            if sym in bound:
+                relations.append((sympy.Eq(sympy.Symbol("_e", integer=True), sym), {"_e": source}))
+            else:
+                bound[sym] = source
         self.check_marks()
         relations += self._facts(bound) + self._conditions()
+        # ember's names, in the order the frame's inputs hold them: s0, s1, ...
+        rename = {sym: sympy.Symbol(f"s{i}", integer=True) for i, sym in enumerate(bound)}
         seen = set()
         for expr, extra in relations:
-            names = {**{str(s): bound[s] for s in expr.free_symbols if s in bound}, **extra}
-            missing = [str(s) for s in expr.free_symbols if str(s) not in names]
+            where = extra.pop("@where", None)
+            named = {str(rename[s]): bound[s] for s in expr.free_symbols if s in bound}
+            names = {**named, **extra}
+            missing = [str(s) for s in expr.free_symbols if s not in bound and str(s) not in extra]
             if missing:
                 raise RuntimeError(f"shape guard {expr} reads symbols no input holds: {missing}")
-            text = python_expression(expr)
-            if text in ("True",) or (text, tuple(sorted(names.items(), key=str))) in seen:
+            text = python_expression(expr.xreplace(rename))
+            key = (text, tuple(sorted(names.items(), key=str)))
+            if text == "True" or key in seen:
                 continue
-            seen.add((text, tuple(sorted(names.items(), key=str))))
-            guards.shape_relation(text, names)
+            seen.add(key)
+            guards.shape_relation(text, names, None if where is None else f"{where[0]}:{where[1]}")
 
     def _facts(self, bound: Mapping[sympy.Symbol, Any]) -> list[tuple[Any, dict[str, Any]]]:
         """What the ShapeEnv concluded about each symbol: its range (``s0 >= 2``, refined by
         branches: ``s0 > 3`` leaves ``s0 >= 4``) and its replacement (``s1 == 6`` when the
         code specialised it, ``s1 == s0`` when it equated two sizes)."""
         out: list[tuple[Any, dict[str, Any]]] = []
+        self.note_where(None)
+        last = {}  # the line of the last branch on each symbol: what refined its range
+        for g, where in zip(self.env.guards, self.wheres, strict=True):
+            last |= dict.fromkeys(g.expr.free_symbols, where)
         for sym in bound:
+            at = {"@where": last.get(sym)}
             now = self.env.replace(sym)
             if now != sym:
-                out.append((sympy.Eq(sym, now), {}))
+                out.append((sympy.Eq(sym, now), at))
                 continue
             vr = self.env.var_to_range.get(sym)
             if vr is not None and vr.lower.is_Integer:
-                out.append((sym >= int(vr.lower), {}))
+                out.append((sym >= int(vr.lower), at))
             if vr is not None and vr.upper.is_Integer:
-                out.append((sym <= int(vr.upper), {}))
+                out.append((sym <= int(vr.upper), at))
         return out
 
     def _conditions(self) -> list[tuple[Any, dict[str, Any]]]:
         """The conditions branches recorded, simplified under the replacements, less those
         the ranges and replacements (:meth:`_facts`, always guarded) already imply."""
         out: list[tuple[Any, dict[str, Any]]] = []
-        for g in self.env.guards:
+        for g, where in zip(self.env.guards, self.wheres, strict=True):
             expr = self.env.simplify(g.expr)
             try:
                 implied = self.env._maybe_evaluate_static(expr)
             except Exception:  # an expression the static evaluator cannot decide
                 implied = None
             if implied is None or not bool(implied):
-                out.append((expr, {}))
+                out.append((expr, {"@where": where}))
         return out
 
     def check_marks(self, where: str | None = None) -> None:

@@ -275,10 +275,26 @@ class Tracer:
         self._scalar_sources[node] = source
         return value
 
+    def input_symint(self, real: int, source: Any) -> SymV | None:
+        """The graph input for the int reached by ``source`` when the policy makes it a
+        symbol (as sizes: it changed between compiles, or ``dynamic=True``); else None,
+        and it stays a constant."""
+        key = guarding.source_key(source)
+        if key in self._scalars_by_key:
+            return self._scalars_by_key[key]
+        symint = self.shapes.symbolic_int(self.fake_mode, real, source, key)
+        if symint is None:
+            return None
+        self.guards.type_of(source, real)
+        node = self._placeholder(source, symint, symint)
+        value = SymV(node, symint, source=source)
+        self._scalars_by_key[key] = value
+        return value
+
     def specialize(self, v: SymV, fn: Any = None) -> Any:
         """The number ``v`` stands for (or ``fn`` of it), now assumed constant: a guard checks
         that the frame's numbers still give the same result (``gt(loss, 0.0) == True``)."""
-        if shapes_.is_symbolic(v.example):  # the ShapeEnv records the guard
+        if isinstance(v.example, shapes_.SYM_TYPES):  # the ShapeEnv records the guard
             value = shapes_.concrete(v.example if fn is None else fn(v.example))
             self.shapes.check_marks(self.guards._where())
             return value

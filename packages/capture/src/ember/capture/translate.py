@@ -162,7 +162,7 @@ def _translate(
     tracer.drop_unused_scalars()  # number arithmetic only guards needed
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
-    if shapes.inputs:  # symbolic sizes: where each symbol is read, and the conditions
+    if shapes.inputs or shapes.ints:  # symbolic sizes: where each is read, the conditions
         shapes.guard(tracer.guards, guarding.SizeSources)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
     tracer.guards.backend(guard_key or backend_name)  # an entry never serves another backend

@@ -120,6 +120,14 @@ class SymV(Value):
 
 
 @dataclass(frozen=True, slots=True)
+class SliceV(Value):
+    """A slice with a symbolic size in it (``x[:n]`` for a symbolic ``n``): its parts stay
+    values, so that indexing a tensor keeps the expression; elsewhere it specialises."""
+
+    parts: tuple[Value, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TupleV(Value):
     """A tuple of values (immutable, so held inline); ``cls`` is a namedtuple's class."""
 

@@ -439,12 +439,12 @@ def _compiler_maker(
     scope = functools.partial(config.patch, made.settings) if made.settings else None
     if not supports_dynamic(backend):
         dynamic = False  # every size specialises for this backend (it says why once)
-    kw = {"dynamic": dynamic} if make is FrameCompiler else {}
 
     def new(entry: tuple[types.CodeType, ...]) -> FrameCompiler:
         compiler = make(
-            observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope, **kw
-        )
+            observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope,
+            dynamic=dynamic,
+        )  # fmt: skip
         replay_record.record_failures(compiler, backend, options, repro)
         return compiler
 

@@ -1,0 +1,242 @@
+"""Dynamic shapes (issue 18): symbolic sizes in capture, their guards, and the policy.
+
+Each test compares with eager and counts graphs: ``dynamic=True`` serves every size with
+one graph, the default compiles static first and goes dynamic after a size changes (two
+graphs), ``dynamic=False`` compiles per size. Relations on sizes are guarded, so a size
+that breaks one compiles again, never reuses a graph where eager differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import ember.compiler
+from ember.compiler import CompilationProfiler, MarkedDynamicError
+from ember.compiler.testing import assert_same
+
+BACKENDS = ["eager"]  # the backends that take symbolic sizes (aotgraph and inductor: next)
+SIZES = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Any:
+    ember.compiler.reset()
+    yield
+    ember.compiler.reset()
+
+
+def sweep(fn: Callable[..., Any], make: Callable[[int], tuple[Any, ...]], **kw: Any) -> Any:
+    """``fn`` compiled with ``kw``, called on ``make(n)`` for each of SIZES, each result
+    compared with eager's; the compiled object."""
+    compiled = ember.compiler.compile(fn, **kw)
+    for n in SIZES:
+        args = make(n)
+        assert_same(compiled(*args), fn(*args))
+    assert compiled.stats.failures == [], compiled.stats.failures
+    return compiled
+
+
+def batch_ops(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[0]
+    flat = x.reshape(-1)  # n * 6 elements
+    half = flat[: n * 3].view(-1, 3)
+    return half.sum(0) * n + torch.arange(n).float().mean() + x.size(1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("dynamic", "graphs"), [(True, 1), (None, 2), (False, len(SIZES))])
+def test_the_policy_decides_how_many_graphs_a_batch_sweep_makes(
+    backend: str, dynamic: bool | None, graphs: int
+) -> None:
+    with ember.compiler.config.patch({"guards.cache_size_limit": 64}):
+        compiled = sweep(batch_ops, lambda n: (torch.randn(n, 6),), backend=backend, dynamic=dynamic)
+    assert compiled.stats.graphs == graphs
+
+
+def lengths(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    seq = x.size(1)
+    scores = x @ x.transpose(1, 2) / seq  # (b, s, s)
+    scores = scores.masked_fill(mask[:, None, :seq] == 0, -1e9)
+    return scores.softmax(-1).sum((1, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sequence_length_sweep_is_one_graph_with_dynamic_true(backend: str) -> None:
+    def make(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(3, n, 4), (torch.rand(3, 16) > 0.3).float()
+
+    compiled = sweep(lengths, make, backend=backend, dynamic=True)
+    assert compiled.stats.graphs == 1
+    default = sweep(lengths, make, backend=backend)
+    assert default.stats.graphs <= 2
+
+
+def branchy(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] > 4:  # a relation guard: s0 > 4 (or its negation)
+        return x * 2
+    return x - 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_branch_on_a_size_guards_the_relation_and_recompiles_across_it(backend: str) -> None:
+    compiled = ember.compiler.compile(branchy, backend=backend, dynamic=True)
+    for n in [6, 7, 9, 3, 2, 4, 5, 8]:
+        x = torch.randn(n)
+        assert_same(compiled(x), branchy(x))
+    assert compiled.stats.graphs == 2  # one for s0 > 4, one for 2 <= s0 <= 4
+
+
+def scaled_rows(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0) * x.shape[0] + x.expand(x.shape[0], 6).amax(0, keepdim=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sizes_0_and_1_specialise_and_stay_correct(backend: str) -> None:
+    compiled = ember.compiler.compile(scaled_rows, backend=backend, dynamic=True)
+    for n in [5, 1, 7, 1, 3]:
+        x = torch.randn(n, 6)
+        assert_same(compiled(x), scaled_rows(x))
+    assert compiled.stats.graphs == 2  # symbolic (>= 2), and size 1
+    x = torch.randn(0, 6)
+    with pytest.raises(IndexError, match="amax"):  # eager's error, raised by eager
+        scaled_rows(x)
+    with pytest.raises(IndexError, match="amax"):
+        compiled(x)
+
+
+def pair(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x + y).sum(0) + x.shape[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_relation_between_two_inputs_is_guarded(backend: str) -> None:
+    compiled = ember.compiler.compile(pair, backend=backend, dynamic=True)
+    for n in [3, 5, 8]:
+        x, y = torch.randn(n, 2), torch.randn(n, 2)
+        assert_same(compiled(x, y), pair(x, y))
+    assert compiled.stats.graphs == 1
+    x, y = torch.randn(4, 2), torch.randn(5, 2)  # the relation s0 == s1 fails: eager raises
+    with pytest.raises(RuntimeError, match="must match the size"):
+        pair(x, y)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        compiled(x, y)
+    x, y = torch.randn(4, 2), torch.randn(1, 2)  # broadcasting: another graph, eager's values
+    assert_same(compiled(x, y), pair(x, y))
+
+
+def loop_over(x: torch.Tensor) -> torch.Tensor:
+    out = x[:, 0]
+    for i in range(1, x.size(1)):  # iterating specialises the size (guarded by value)
+        out = out + x[:, i]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loop_over_a_size_specialises_that_size_only(backend: str) -> None:
+    compiled = ember.compiler.compile(loop_over, backend=backend, dynamic=True)
+    for n in [3, 5, 9]:
+        x = torch.randn(n, 4)
+        assert_same(compiled(x), loop_over(x))
+    assert compiled.stats.graphs == 1  # the batch stays symbolic
+    x = torch.randn(3, 5)
+    assert_same(compiled(x), loop_over(x))
+    assert compiled.stats.graphs == 2
+
+
+def take(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x[:n] * n + torch.arange(n).float().sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_int_argument_that_changes_becomes_a_symbol(backend: str) -> None:
+    x = torch.randn(20)
+    compiled = sweep(take, lambda n: (x, n), backend=backend)
+    assert compiled.stats.graphs == 2  # static first, then n symbolic
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mark_dynamic_bounds_are_guarded(backend: str) -> None:
+    compiled = ember.compiler.compile(branchy, backend=backend)
+    x = torch.randn(8)
+    ember.compiler.mark_dynamic(x, 0, min=6, max=12)
+    assert_same(compiled(x), branchy(x))
+    for n in [6, 10, 12]:  # inside the bounds: the same graph (marks are on tensors)
+        y = torch.randn(n)
+        ember.compiler.mark_dynamic(y, 0, min=6, max=12)
+        assert_same(compiled(y), branchy(y))
+    assert compiled.stats.graphs == 1
+    y = torch.randn(13)  # outside: the bound fails, another graph
+    assert_same(compiled(y), branchy(y))
+    assert compiled.stats.graphs == 2
+    ember.compiler.reset()
+    ember.compiler.mark_dynamic(y, 0, min=6, max=12)  # a mark its own size breaks: an error
+    with pytest.raises(MarkedDynamicError, match=r"is 13, outside the bounds \[6, 12\]"):
+        ember.compiler.compile(branchy, backend=backend)(y)
+
+
+def specialising(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 8:
+        return x + 1
+    return x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_specialising_a_marked_dimension_is_an_error_naming_the_line(backend: str) -> None:
+    compiled = ember.compiler.compile(specialising, backend=backend)
+    x = torch.randn(8)
+    ember.compiler.mark_dynamic(x, 0)
+    with pytest.raises(MarkedDynamicError, match=r"x.size\(0\) was marked dynamic.*test_dyn"):
+        compiled(x)
+    ember.compiler.reset()
+    y = torch.randn(8)
+    ember.compiler.maybe_mark_dynamic(y, 0)  # allowed to specialise: no error
+    assert_same(ember.compiler.compile(specialising, backend=backend)(y), specialising(y))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mark_static_keeps_a_dimension_static_under_dynamic_true(backend: str) -> None:
+    compiled = ember.compiler.compile(branchy, backend=backend, dynamic=True)
+    for n in [5, 6, 7]:
+        x = torch.randn(n)
+        ember.compiler.mark_static(x, 0)
+        assert_same(compiled(x), branchy(x))
+    assert compiled.stats.graphs == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parameters_stay_static_and_a_model_serves_every_batch(backend: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=True)
+    for n in SIZES:
+        x = torch.randn(n, 6, requires_grad=True)
+        out, ref = compiled(x), model(x)
+        assert_same(out, ref)
+        (gx,) = torch.autograd.grad(out.sum(), x)
+        (rx,) = torch.autograd.grad(ref.sum(), x)
+        assert_same(gx, rx)
+    assert compiled.stats.graphs == 1
+
+
+def test_a_failing_relation_explains_itself_in_words() -> None:
+    profiler = CompilationProfiler()
+    compiled = ember.compiler.compile(branchy, backend=profiler, dynamic=True)
+    compiled(torch.randn(6))
+    compiled(torch.randn(3))
+    report = str(profiler.report())
+    assert "s0: 3 is not >= 5 (s0 = x.size(0))" in report, report  # refined from s0 > 4
+    assert "if x.shape[0] > 4" in report, report  # the line whose branch set it
+
+
+def test_bad_marks_are_clear_errors() -> None:
+    x = torch.randn(3, 4)
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        ember.compiler.mark_dynamic(x, 2)
+    with pytest.raises(ValueError, match="min 9 is above max 4"):
+        ember.compiler.mark_dynamic(x, 0, min=9, max=4)
+    with pytest.raises(TypeError, match="expected a tensor"):
+        ember.compiler.mark_dynamic([1, 2], 0)  # type: ignore[arg-type]
