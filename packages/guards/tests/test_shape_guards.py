@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import subprocess
 import sys
 
@@ -222,7 +223,9 @@ def test_relation_between_two_tensors_explains_every_symbol() -> None:
         ("s0*s0 <= 4096", 64, 65),
         ("s0 // 3 == 2", 8, 9),
         ("min(s0, 10) == 10 and max(s0, 4) < 20", 12, 20),
-        ("Eq(Mod(s0, 1), 0) or s0 == 1", 5, None),
+        ("Eq(Mod(s0, 3), 0) or s0 == 1", 6, 5),
+        ("(s0 >= 2) & ~(s0 > 9) | Eq(s0, 0)", 9, 10),
+        ("FloorDiv(s0, 4) == 2", 11, 12),
         ("Ne(s0, 7)", 6, 7),
         ("2 <= s0 <= 5", 5, 6),
         ("not s0 == 3", 2, 3),
@@ -231,14 +234,9 @@ def test_relation_between_two_tensors_explains_every_symbol() -> None:
         ("Max(s0, 2) == s0", 2, 1),
     ],
 )
-def test_relation_grammar_evaluates_like_python(expr: str, holds: int, fails: int | None) -> None:
-    if expr.startswith("Eq(Mod"):  # Mod is no function here: rejected, as it should be
-        with pytest.raises(ValueError, match="is not allowed"):
-            eg.shape_relation(expr, {"s0": Local("n")})
-        return
+def test_relation_grammar_evaluates_like_python(expr: str, holds: int, fails: int) -> None:
     c = compiled(eg.shape_relation(expr, {"s0": Local("n")}))
     assert agree(c, 0, 0, holds) == (True, None)
-    assert fails is not None
     ok, why = agree(c, 0, 0, fails)
     assert ok is False and why is not None
     assert f"s0 = {fails} (n)" in why or why.startswith(f"s0: {fails} is not ")
@@ -301,12 +299,47 @@ def test_relations_deduplicate_by_meaning_and_keep_the_first_where() -> None:
         ("s0 if s0 else 1", "IfExp is not allowed"),
         ("1 > 0", "it uses no symbol"),
         ("s0 > 1; s0", "syntax error"),
+        ("s0 & 1 == 0", "& | ~ only join comparisons"),
+        ("~s0 > 1", "& | ~ only join comparisons"),
+        ("Mod(s0, 2, 3) == 0", "is not allowed"),
     ],
 )
 def test_bad_expressions_are_value_errors_naming_them(expr: str, why: str) -> None:
     with pytest.raises(ValueError, match="bad shape relation") as info:
         eg.shape_relation(expr, {"s0": B})
     assert repr(expr) in str(info.value) and why in str(info.value)
+
+
+def _sympy_relations() -> list[object]:
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    return [
+        sympy.Eq(s0, 2 * s1), s0 >= 2, sympy.Ne(s0, 3), sympy.And(s0 >= 2, s1 < 5),
+        sympy.Or(sympy.Eq(Mod(s0, 8), 0), s0 * s1 <= 64), sympy.Not(sympy.Eq(s0, 2)),
+        sympy.Eq(FloorDiv(s0, 2), s1), sympy.Max(s0, s1) <= 10, sympy.Min(s0, s1) > 2,
+        sympy.Eq(PythonMod(s0, 4), 0), s0**2 < 100, 2 * s0 - 3 * s1 + 1 > 0,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("relation", _sympy_relations(), ids=str)
+def test_sympy_printed_relations_hold_exactly_when_sympy_says(relation: object) -> None:
+    import sympy
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    c = compiled(eg.shape_relation(str(relation), {"s0": B, "s1": TensorSize(Y, 0)}))
+    for a, b in itertools.product(range(1, 13), range(1, 13)):
+        want = bool(relation.subs({s0: a, s1: b}))  # type: ignore[attr-defined]
+        assert agree(c, torch.zeros(a), torch.zeros(b), 0)[0] is want, (relation, a, b)
+
+
+def test_relation_guards_pickle_and_compare_equal() -> None:
+    g = eg.shape_relation("Eq(s0, 2*s1)", {"s0": B, "s1": TensorSize(Y, 1)}, where="m.py:9")
+    again = pickle.loads(pickle.dumps(g))
+    assert again == g and again.key() == g.key() and again.where == "m.py:9"
+    c = compiled(again)
+    assert agree(c, torch.zeros(4), torch.zeros(3, 2), 0) == (True, None)
 
 
 def test_bad_relation_arguments_are_type_errors() -> None:
