@@ -226,8 +226,8 @@ class ShapeRelation:
             for name, src in self.symbols
             if not isinstance(src, (TensorSize, TensorStride))
         ]
-        called = {n.func.id for n in ast.walk(self.tree) if isinstance(n, ast.Call)}  # type: ignore[attr-defined]
-        names.update({fn: em.bind(_FUNCTIONS[fn]) for fn in called})
+        called = [n for n in ast.walk(self.tree) if isinstance(n, ast.Name) and n.id in _FUNCTIONS]
+        names.update({n.id: em.bind(_FUNCTIONS[n.id]) for n in called})
         return " and ".join([*tests, f"({_renamed(self.tree, names)})"])
 
     def explain(self, values: Mapping[str, object]) -> str:
