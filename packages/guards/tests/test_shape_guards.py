@@ -153,9 +153,10 @@ def test_size_and_stride_sources_print_and_fetch() -> None:
 
 def test_size_fetchers_twins_agree() -> None:
     pairs = [(_accel.size_at, _accel.py_size_at), (_accel.stride_at, _accel.py_stride_at)]
-    if _accel._CXX is not None:
-        pairs += [(_accel._CXX.size_at, _accel.py_size_at)]
-        pairs += [(_accel._CXX.stride_at, _accel.py_stride_at)]
+    for built in (_accel._CXX, _accel._NATIVE):
+        if built is not None:
+            pairs += [(built.size_at, _accel.py_size_at), (built.stride_at, _accel.py_stride_at)]
+    assert len(pairs) == 2 + 2 * (_accel._CXX is not None) + 2 * (_accel._NATIVE is not None)
     for (fast, slow), value, dim in itertools.product(pairs, _tensors(), range(4)):
         try:
             want: object = slow(value, dim)
@@ -397,10 +398,11 @@ def test_relations_run_in_the_python_fallback_too(monkeypatch: pytest.MonkeyPatc
     assert [a[0] for a, _ in results] == [True, True, False, False, False, False]
 
 
-def test_pure_python_mode_checks_relations() -> None:
+@pytest.mark.parametrize("mode", ["EMBER_GUARDS_PURE_PYTHON", "EMBER_GUARDS_NO_CXX"])
+def test_fallback_modes_check_relations(mode: str) -> None:
     code = """if True:
         import torch, ember.guards as eg
-        assert not eg.NATIVE and not eg.TENSOR_MATCH_CXX
+        assert not eg.TENSOR_MATCH_CXX
         x = eg.Local("x")
         guards = [eg.tensor_match(x, torch.zeros(4, 2), dynamic_sizes={0}),
                   eg.shape_relation("s0 >= 2", {"s0": eg.TensorSize(x, 0)})]
@@ -408,7 +410,7 @@ def test_pure_python_mode_checks_relations() -> None:
         assert g.check(torch.ones(9, 2)) and not g.check(torch.ones(9, 3))
         print(g.explain_failure(torch.ones(1, 2)))
     """
-    env = {**os.environ, "EMBER_GUARDS_PURE_PYTHON": "1"}
+    env = {**os.environ, mode: "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )

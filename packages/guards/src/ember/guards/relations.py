@@ -219,7 +219,16 @@ class ShapeRelation:
 
     def emit(self, em: Emitter) -> str:
         """The inline test: every symbol fetched into a local (once per check, shared with
-        other guards), a plain source's value checked to be an int, then the expression."""
+        other guards), a plain source's value checked to be an int, then the expression.
+
+        >>> from ember.guards import FrameSpec, Local, TensorSize
+        >>> from ember.guards.codegen import CheckEmitter
+        >>> em = CheckEmitter(FrameSpec("f", ("x", "n"), {}, {}))
+        >>> rel = ShapeRelation.parse("Max(n, 2) <= s0", {"n": Local("n"),
+        ...                                              "s0": TensorSize(Local("x"), 0)})
+        >>> rel.emit(em), em.lines
+        ('type(L_n) is int and (K1(L_n, 2) <= v0)', ['v0 = K0(L_x, 0)'])
+        """
         names = {name: em.value(src) for name, src in self.symbols}
         tests = [
             f"type({names[name]}) is int"
