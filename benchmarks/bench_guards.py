@@ -9,6 +9,12 @@ tensor inputs, and a tensor match for each of them.
 
 Run: ``python3 benchmarks/bench_guards.py [--quick]``. Torch runs with
 ``torch.set_num_threads(1)`` so both measurements see the same single thread.
+
+``--shapes`` times instead a frame with dynamic shapes against the same frame static:
+``attend(q, kv, n)`` with ``q`` of size ``(B, 64)``, ``kv`` of size ``(2*B, 64)``
+and an int ``n``; static, the two tensor matches pin B; dynamic, they leave B free and
+four relations check ``B >= 2``, ``kv.size(0) == 2*B``, ``B*64 <= 1<<20`` and ``n % 8 == 0``
+(target: at most 1.5x the static check).
 """
 
 from __future__ import annotations
@@ -106,10 +112,64 @@ def torch_overhead_ns(net: Net, args: tuple[object, ...], calls: int, repeats: i
     return comp - graph
 
 
+def attend(q, kv, n):  # type: ignore[no-untyped-def]
+    return (q @ kv.t()).softmax(-1)[:, :n]
+
+
+def shape_guards(q: torch.Tensor, kv: torch.Tensor, n: int, dynamic: bool) -> eg.GuardSet:
+    """``attend``'s guards: static (sizes and n pinned) or dynamic (batch dims free)."""
+    state = [eg.backend("eager"), *eg.global_state()]
+    alias = eg.storage_aliasing([Local("q"), Local("kv")], [q, kv])
+    if not dynamic:
+        tensors = [eg.tensor_match(Local("q"), q), eg.tensor_match(Local("kv"), kv)]
+        return eg.GuardSet([*state, alias, *tensors, eg.equals(Local("n"), n)])
+    b, b2 = eg.TensorSize(Local("q"), 0), eg.TensorSize(Local("kv"), 0)
+    tensors = [
+        eg.tensor_match(Local("q"), q, dynamic_sizes={0}),
+        eg.tensor_match(Local("kv"), kv, dynamic_sizes={0}),
+    ]
+    relations = [
+        eg.shape_relation("s0 >= 2", {"s0": b}),
+        eg.shape_relation("s1 == 2*s0", {"s0": b, "s1": b2}),
+        eg.shape_relation("s0*64 <= 1048576", {"s0": b}),
+        eg.shape_relation("(n % 8) == 0", {"n": Local("n")}),
+    ]
+    return eg.GuardSet([*state, eg.type_match(Local("n"), n), alias, *tensors, *relations])
+
+
+def shapes_main(quick: bool) -> None:
+    """Time ``attend``'s dynamic check against its static one, interleaved."""
+    args = (torch.randn(8, 64), torch.randn(16, 64), 16)
+    frame = eg.FrameSpec.from_function(attend)
+    static = shape_guards(*args, dynamic=False).compile(frame)
+    dynamic = shape_guards(*args, dynamic=True).compile(frame)
+    other = (torch.randn(5, 64), torch.randn(10, 64), 24)
+    checks, repeats = (10_000, 3) if quick else (200_000, 7)
+    with eg.backend_scope("eager"):
+        assert static.check(*args) and dynamic.check(*args) and dynamic.check(*other)
+        assert not static.check(*other)
+        print(f"a failing call explains itself: {dynamic.explain_failure(other[0], *args[1:])}")
+        static_ns = dynamic_ns = float("inf")
+        for _ in range(repeats):
+            static_ns = min(static_ns, per_call_ns(lambda: static.check(*args), checks, 1))
+            dynamic_ns = min(dynamic_ns, per_call_ns(lambda: dynamic.check(*args), checks, 1))
+    print(f"C++ tensor matcher: {eg.TENSOR_MATCH_CXX}; C accelerator: {eg.NATIVE}")
+    print(f"static check  ({len(static.guards)} guards): {static_ns:,.0f} ns/check")
+    print(f"dynamic check ({len(dynamic.guards)} guards, 4 relations): {dynamic_ns:,.0f} ns/check")
+    ratio = dynamic_ns / static_ns
+    verdict = "met" if ratio <= 1.5 else "missed"
+    print(f"ratio dynamic / static: {ratio:.2f} (target <= 1.5: {verdict})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    quick = parser.parse_args().quick
+    parser.add_argument("--shapes", action="store_true", help="dynamic vs static shape check")
+    options = parser.parse_args()
+    quick = options.quick
+    if options.shapes:
+        shapes_main(quick)
+        return
     torch.set_num_threads(1)
     net = Net()
     args = (*(torch.randn(2, 4) for _ in range(4)), 1, 2.0, 3, 4, True, "train")

@@ -130,7 +130,7 @@ def py_size_at(t: object, dim: int) -> int:
     """
     if not isinstance(t, _torch.TensorBase) or dim < 0:
         raise TypeError("size_at(tensor, dim >= 0)")
-    return int(_torch.shape_of(t)[dim])
+    return _int(_torch.shape_of(t)[dim])
 
 
 def py_stride_at(t: object, dim: int) -> int:
@@ -142,7 +142,13 @@ def py_stride_at(t: object, dim: int) -> int:
     """
     if not isinstance(t, _torch.TensorBase) or dim < 0:
         raise TypeError("stride_at(tensor, dim >= 0)")
-    return int(_torch.stride_of(t)[dim])
+    return _int(_torch.stride_of(t)[dim])
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:  # a symbolic size (a fake tensor's): no value to compare
+        raise TypeError(f"size is not an int: {value!r}")
+    return value
 
 
 def storage_layout(tensors: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -235,9 +241,11 @@ module_match: Callable[[PackedModule, object], bool] = (
 modules_match: Callable[..., bool] = _NATIVE.modules_match if NATIVE else py_modules_match
 distinct: Callable[..., bool] = _NATIVE.distinct if NATIVE else py_distinct
 storage_groups: Callable[..., bool] = _CXX.storage_groups if TENSOR_MATCH_CXX else py_storage_groups
-#: Fetchers of the size and stride sources (``TensorSize``, ``TensorStride``): one C++ call.
-size_at: Callable[[object, int], int] = _CXX.size_at if TENSOR_MATCH_CXX else py_size_at
-stride_at: Callable[[object, int], int] = _CXX.stride_at if TENSOR_MATCH_CXX else py_stride_at
+#: Fetchers of the size and stride sources (``TensorSize``, ``TensorStride``): one C++ call
+#: (or C, through torch's getters, where the C++ matcher is not built).
+_dims = _CXX if TENSOR_MATCH_CXX else _NATIVE
+size_at: Callable[[object, int], int] = _dims.size_at if _dims is not None else py_size_at
+stride_at: Callable[[object, int], int] = _dims.stride_at if _dims is not None else py_stride_at
 calls_return: Callable[[tuple[Callable[[], object], ...], tuple[object, ...]], bool] = (
     _NATIVE.calls_return if NATIVE else py_calls_return
 )

@@ -291,6 +291,54 @@ distinct(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
+/* size_at(t, dim) / stride_at(t, dim): one entry of torch's own sizes or strides, an int
+ * (the fetchers of TensorSize and TensorStride where the C++ matcher is not built). */
+static PyObject *
+dim_at(PyObject *const *args, Py_ssize_t nargs, int strides)
+{
+    if (tensor_base == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ember.guards._native.setup() was not called");
+        return NULL;
+    }
+    if (nargs != 2 || !PyType_IsSubtype(Py_TYPE(args[0]), tensor_base)
+        || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "expected (tensor, dim)");
+        return NULL;
+    }
+    Py_ssize_t dim = PyLong_AsSsize_t(args[1]);
+    if (dim < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "dim must be >= 0");
+        return NULL;
+    }
+    PyObject *ints = strides ? call0(m_stride, args[0]) : get(g_shape, args[0]);
+    if (ints == NULL)
+        return NULL;
+    PyObject *item = NULL;
+    if (!PyTuple_Check(ints))
+        PyErr_SetString(PyExc_TypeError, "sizes are not a tuple");
+    else if (dim >= PyTuple_GET_SIZE(ints))
+        PyErr_SetString(PyExc_IndexError, "dim out of range");
+    else if (!PyLong_CheckExact(PyTuple_GET_ITEM(ints, dim)))  /* a symbolic size */
+        PyErr_SetString(PyExc_TypeError, "size is not an int");
+    else
+        item = Py_NewRef(PyTuple_GET_ITEM(ints, dim));
+    Py_DECREF(ints);
+    return item;
+}
+
+static PyObject *
+size_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return dim_at(args, nargs, 0);
+}
+
+static PyObject *
+stride_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return dim_at(args, nargs, 1);
+}
+
 static int
 find(PyTypeObject *type, const char *name, PyTypeObject *kind, PyObject **out)
 {
@@ -344,6 +392,10 @@ static PyMethodDef methods[] = {
      "calls_return(fns, values) -> bool: every fn() == its value"},
     {"distinct", (PyCFunction)(void (*)(void))distinct, METH_FASTCALL,
      "distinct(*objects) -> bool: no two are the same object"},
+    {"size_at", (PyCFunction)(void (*)(void))size_at, METH_FASTCALL,
+     "size_at(tensor, dim) -> int: tensor.size(dim)"},
+    {"stride_at", (PyCFunction)(void (*)(void))stride_at, METH_FASTCALL,
+     "stride_at(tensor, dim) -> int: tensor.stride(dim)"},
     {NULL, NULL, 0, NULL},
 };
 

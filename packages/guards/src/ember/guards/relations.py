@@ -21,7 +21,6 @@ import ast
 import copy
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from types import CodeType
 from typing import Any
 
 from ember.guards.sources import Emitter, Source, TensorSize, TensorStride
@@ -30,8 +29,20 @@ __all__ = ["ALLOWED", "ShapeRelation"]
 
 #: sympy's printed names of the functions it may leave in an expression -> Python's.
 _FUNCTIONS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "Min": min, "Max": max}
-#: sympy's ``Eq(a, b)``, ``Ne(a, b)`` -> the comparison they stand for.
-_RELATIONAL_CALLS: dict[str, type[ast.cmpop]] = {"Eq": ast.Eq, "Ne": ast.NotEq}
+#: sympy's (and torch's sympy functions') binary calls -> the Python they stand for.
+_BINARY_CALLS: dict[str, Callable[[ast.expr, ast.expr], ast.expr]] = {
+    "Eq": lambda a, b: ast.Compare(a, [ast.Eq()], [b]),  # Eq(a, b) -> a == b
+    "Ne": lambda a, b: ast.Compare(a, [ast.NotEq()], [b]),  # Ne(a, b) -> a != b
+    "Mod": lambda a, b: ast.BinOp(a, ast.Mod(), b),  # Mod(a, b) -> a % b (sympy's is Python's)
+    "PythonMod": lambda a, b: ast.BinOp(a, ast.Mod(), b),  # PythonMod(a, b) -> a % b
+    "FloorDiv": lambda a, b: ast.BinOp(a, ast.FloorDiv(), b),  # FloorDiv(a, b) -> a // b
+}
+#: sympy prints And/Or/Not as ``&``, ``|``, ``~``: accepted between truth values only.
+_BOOL_BITS: dict[type[ast.AST], Callable[[list[ast.expr]], ast.expr]] = {
+    ast.BitAnd: lambda values: ast.BoolOp(ast.And(), values),  # (a < b) & (c < d) -> ... and ...
+    ast.BitOr: lambda values: ast.BoolOp(ast.Or(), values),  # (a < b) | (c < d) -> ... or ...
+    ast.Invert: lambda values: ast.UnaryOp(ast.Not(), values[0]),  # ~(a < b) -> not a < b
+}
 _CMP_TEXT: dict[type[ast.cmpop], str] = {
     ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
 }  # fmt: skip
@@ -46,7 +57,7 @@ _MAX_POWER = 64  # s0**2 is sympy's; 2**s0 (or s0**10**9) could cost more than t
 ALLOWED: frozenset[type[ast.AST]] = frozenset(
     {ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.USub, ast.UAdd, ast.Not,
      ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare,
-     *_CMP_TEXT, ast.Name, ast.Load, ast.Constant, ast.Call}
+     *_CMP_TEXT, ast.Name, ast.Load, ast.Constant, ast.Call, *_BOOL_BITS}
 )  # fmt: skip
 
 
@@ -62,7 +73,7 @@ def _check_node(node: ast.AST, expr: str, symbols: Mapping[str, Source], calls: 
     if isinstance(node, ast.Constant) and type(node.value) is not int:
         raise _reject(expr, f"constant {node.value!r} is not an int")
     if isinstance(node, ast.Name) and id(node) not in calls:
-        if node.id in _FUNCTIONS or node.id in _RELATIONAL_CALLS:
+        if node.id in _FUNCTIONS or node.id in _BINARY_CALLS:
             raise _reject(expr, f"{node.id!r} is a function, not a symbol")
         if node.id not in symbols:
             raise _reject(expr, f"unknown name {node.id!r}")
@@ -74,8 +85,8 @@ def _check_node(node: ast.AST, expr: str, symbols: Mapping[str, Source], calls: 
             raise _reject(expr, f"only constant powers 0..{_MAX_POWER}")
     if isinstance(node, ast.Call):
         name = node.func.id if isinstance(node.func, ast.Name) else None
-        arity_ok = len(node.args) == 2 if name in _RELATIONAL_CALLS else len(node.args) >= 2
-        if name not in {**_FUNCTIONS, **_RELATIONAL_CALLS} or node.keywords or not arity_ok:
+        arity_ok = len(node.args) == 2 if name in _BINARY_CALLS else len(node.args) >= 2
+        if name not in {**_FUNCTIONS, **_BINARY_CALLS} or node.keywords or not arity_ok:
             raise _reject(expr, f"call {ast.unparse(node)} is not allowed")
 
 
@@ -84,15 +95,29 @@ def _called(tree: ast.AST) -> set[int]:
 
 
 class _Sympy(ast.NodeTransformer):
-    """``Eq(a, b)`` -> ``a == b``, ``Ne`` -> ``!=``, ``Min``/``Max`` -> ``min``/``max``."""
+    """sympy's spellings as Python: ``Eq(a, b)`` -> ``a == b`` (see :data:`_BINARY_CALLS`),
+    ``Min``/``Max`` -> ``min``/``max``, ``&``/``|``/``~`` between truth values -> ``and``/
+    ``or``/``not`` (between ints they stay, and are rejected)."""
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         assert isinstance(node.func, ast.Name)
-        op = _RELATIONAL_CALLS.get(node.func.id)
-        if op is not None:
-            return ast.Compare(node.args[0], [op()], [node.args[1]])
+        binary = _BINARY_CALLS.get(node.func.id)
+        if binary is not None:
+            return binary(node.args[0], node.args[1])
         return ast.Call(ast.Name(node.func.id.lower(), ast.Load()), node.args, [])
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        rule = _BOOL_BITS.get(type(node.op))
+        if rule is None or not (_is_boolean(node.left) and _is_boolean(node.right)):
+            return node
+        return rule([node.left, node.right])
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        rule = _BOOL_BITS.get(type(node.op))
+        return node if rule is None or not _is_boolean(node.operand) else rule([node.operand])
 
 
 def _is_boolean(node: ast.AST) -> bool:
@@ -143,7 +168,8 @@ class ShapeRelation:
     expr: str
     symbols: tuple[tuple[str, Source], ...]
     tree: ast.Expression = field(compare=False, repr=False)
-    code: CodeType = field(compare=False, repr=False)
+    #: ``expr`` with the symbols renamed ``_0``, ``_1``... in reading order (see :meth:`key`).
+    canonical: str = field(default="", compare=False, repr=False)
 
     @classmethod
     def parse(cls, expr: str, symbols: Mapping[str, Source]) -> ShapeRelation:
@@ -167,6 +193,8 @@ class ShapeRelation:
         for node in ast.walk(tree):
             _check_node(node, expr, symbols, calls)
         tree = ast.fix_missing_locations(_Sympy().visit(tree))
+        if any(isinstance(n, tuple(_BOOL_BITS)) for n in ast.walk(tree)):
+            raise _reject(expr, "& | ~ only join comparisons")
         if not _is_boolean(tree.body):
             raise _reject(expr, "it is not a comparison")
         used = _first_seen(tree, symbols)
@@ -175,9 +203,9 @@ class ShapeRelation:
         for name in used:
             if not isinstance(symbols[name], Source):
                 raise TypeError(f"symbol {name!r} must map to a Source, not {symbols[name]!r}")
-        text = ast.unparse(tree)
-        code = compile(text, f"<shape relation {text}>", "eval")
-        return cls(text, tuple((name, symbols[name]) for name in used), tree, code)
+        canonical = _renamed(tree, {name: f"_{i}" for i, name in enumerate(used)})
+        bound = tuple((name, symbols[name]) for name in used)
+        return cls(ast.unparse(tree), bound, tree, canonical)
 
     def key(self) -> Hashable:
         """Equal for the same relation over the same sources, whatever the symbols' names.
@@ -187,20 +215,28 @@ class ShapeRelation:
         >>> a.key() == ShapeRelation.parse("b>=2", {"b": Local("n")}).key()
         True
         """
-        canonical = {name: f"_{i}" for i, (name, _) in enumerate(self.symbols)}
-        return (_renamed(self.tree, canonical), tuple(src for _, src in self.symbols))
+        return (self.canonical, tuple(src for _, src in self.symbols))
 
     def emit(self, em: Emitter) -> str:
         """The inline test: every symbol fetched into a local (once per check, shared with
-        other guards), a plain source's value checked to be an int, then the expression."""
+        other guards), a plain source's value checked to be an int, then the expression.
+
+        >>> from ember.guards import FrameSpec, Local, TensorSize
+        >>> from ember.guards.codegen import CheckEmitter
+        >>> em = CheckEmitter(FrameSpec("f", ("x", "n"), {}, {}))
+        >>> rel = ShapeRelation.parse("Max(n, 2) <= s0", {"n": Local("n"),
+        ...                                              "s0": TensorSize(Local("x"), 0)})
+        >>> rel.emit(em), em.lines
+        ('type(L_n) is int and (K1(L_n, 2) <= v0)', ['v0 = K0(L_x, 0)'])
+        """
         names = {name: em.value(src) for name, src in self.symbols}
         tests = [
             f"type({names[name]}) is int"
             for name, src in self.symbols
             if not isinstance(src, (TensorSize, TensorStride))
         ]
-        called = {n.func.id for n in ast.walk(self.tree) if isinstance(n, ast.Call)}  # type: ignore[attr-defined]
-        names.update({fn: em.bind(_FUNCTIONS[fn]) for fn in called})
+        called = [n for n in ast.walk(self.tree) if isinstance(n, ast.Name) and n.id in _FUNCTIONS]
+        names.update({n.id: em.bind(_FUNCTIONS[n.id]) for n in called})
         return " and ".join([*tests, f"({_renamed(self.tree, names)})"])
 
     def explain(self, values: Mapping[str, object]) -> str:
@@ -214,7 +250,8 @@ class ShapeRelation:
         for name, src in self.symbols:
             if type(values[name]) is not int:
                 return f"{name} = {values[name]!r} ({src}) is not an int"
-        holds = bool(eval(self.code, {"__builtins__": {}, **_FUNCTIONS}, dict(values)))
+        code = compile(self.tree, "<shape relation>", "eval")  # the slow path: no cache
+        holds = bool(eval(code, {"__builtins__": {}, **_FUNCTIONS}, dict(values)))
         single = _single_bound(self.tree.body)
         if single is not None and not holds:
             name, op, bound = single
