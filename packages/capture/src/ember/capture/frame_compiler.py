@@ -364,6 +364,7 @@ class FrameCompiler:
         self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any
     ) -> tuple[GuardSet, CacheEntry]:
         """``fn`` behind the translation's guards, in the code's cache."""
+        t.seal()  # the shape guards, with those the backend's trace added
         guards = GuardSet(t.guards.guards)
         checked = guards.compile(FrameSpec.from_function(frame.function))
         cache_entry = cache.add(checked, fn)

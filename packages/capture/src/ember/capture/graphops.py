@@ -148,7 +148,7 @@ def scalar_call(fs: FrameState, fn: Any, args: list[Value]) -> Value:
         example = fn(*examples)
     except Exception as e:
         raise Unsupported(f"{_name(fn)}() raised {type(e).__name__}: {e}") from e
-    if type(example) not in (int, float, bool) and not shapes.is_symbolic(example):
+    if type(example) not in (int, float, bool) and not isinstance(example, shapes.SYM_TYPES):
         return Const(fn(*(specialized(fs, a).value for a in args)))  # type: ignore[attr-defined]
     node_args = tuple(a.node if isinstance(a, SymV) else a.value for a in args)  # type: ignore[attr-defined]
     node = fs.tracer.add_node("call_function", fn, node_args, {}, example)
@@ -171,7 +171,7 @@ def _has_symbol(values: list[Value], fs: FrameState | None = None) -> bool:
     """Whether a graph-input number (not a symbolic size: fake tensors take those) is in
     ``values``."""
     for v in values:
-        if isinstance(v, SymV) and not shapes.is_symbolic(v.example):
+        if isinstance(v, SymV) and not isinstance(v.example, shapes.SYM_TYPES):
             return True
         if isinstance(v, TupleV) and _has_symbol(list(v.items), fs):
             return True

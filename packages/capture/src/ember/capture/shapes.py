@@ -254,6 +254,7 @@ class Shapes:
     code: types.CodeType | None = None
     _env: ShapeEnv | None = None
     inputs: list[_Input] = field(default_factory=list)  # the inputs with symbolic sizes
+    sealed: bool = False  # the guards were added (Shapes.guard)
     # the user line that was running when each of the ShapeEnv's guards was recorded
     wheres: list[tuple[str, int | None] | None] = field(default_factory=list)
     ints: list[tuple[Any, Any]] = field(default_factory=list)  # (source, symbol) of int inputs
@@ -328,7 +329,11 @@ class Shapes:
         """Add the guards this translation's symbols need to ``guards`` (a
         ``GuardCollector``): each symbol read from the first size, stride or offset holding
         it, every other symbolic entry equal to its expression, each symbol's range, and
-        every condition a branch recorded. ``sources`` builds the size/stride sources."""
+        every condition a branch recorded. ``sources`` builds the size/stride sources.
+        Only the first call adds them."""
+        if self.sealed:
+            return
+        self.sealed = True
         bound: dict[sympy.Symbol, Any] = {}  # symbol -> the source it is read from
         relations: list[tuple[sympy.Basic, dict[str, Any]]] = []
         for found in self.inputs:

@@ -80,6 +80,14 @@ class Translation:
     user_location: str = field(default="")
     layout: Layout | None = None  # set when translation stopped at a graph break
     effects: list[tuple[Any, ...]] = field(default_factory=list)  # see codegen.generate
+    shapes: Shapes | None = None  # the symbolic sizes, when the graph has any
+
+    def seal(self) -> None:
+        """Add the shape guards, once, after the backend compiled the graph: a backend
+        that traces with the graph's ShapeEnv (aotgraph) adds the conditions its own
+        trace relied on, and they are guarded with the frame's."""
+        if self.shapes is not None and (self.shapes.inputs or self.shapes.ints):
+            self.shapes.guard(self.guards, guarding.SizeSources)
 
 
 def translate(
@@ -162,8 +170,6 @@ def _translate(
     tracer.drop_unused_scalars()  # number arithmetic only guards needed
     gm = torch.fx.GraphModule(torch.nn.Module(), tracer.graph)
     gm.graph.lint()  # FX's own invariants (STYLE rule 10)
-    if shapes.inputs or shapes.ints:  # symbolic sizes: where each is read, the conditions
-        shapes.guard(tracer.guards, guarding.SizeSources)
     tracer.guards.global_state()  # grad mode, autocast, default dtype, ...
     tracer.guards.backend(guard_key or backend_name)  # an entry never serves another backend
     # which tensor inputs share storage: aliased inputs need another graph
@@ -180,6 +186,7 @@ def _translate(
         user_location=f"{frame.code.co_filename}:{frame.code.co_firstlineno}",
         layout=layout,
         effects=effects,
+        shapes=shapes,
     )
 
 

@@ -1,0 +1,54 @@
+"""Dynamic shapes on real models (issue 18): tiny random-init transformers models, one
+compiled object per varied dimension, ten batch sizes or ten sequence lengths.
+``dynamic=True`` makes one graph, the default (automatic dynamic) at most two, and every
+result equals eager's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import ember.compiler
+
+models = pytest.importorskip("models.hf", reason="benchmarks/ is on the path in the repository")
+if models.missing() is not None:
+    pytest.skip(models.missing(), allow_module_level=True)
+
+BATCHES = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+LENGTHS = [4, 6, 8, 10, 12, 14, 16, 18, 20, 22]  # even: T5's decoder (length // 2) varies too
+CASES = [(n, "batch") for n in ["gpt2", "bert", "llama", "t5", "vit"]] + [
+    (n, "seq") for n in ["gpt2", "bert", "llama", "t5"]  # ViT's image size is fixed
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.compiler.reset()
+    yield
+    ember.compiler.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "dim"), CASES)
+@pytest.mark.parametrize(("dynamic", "most"), [(True, 1), (None, 2)])
+def test_a_sweep_compiles_once_or_twice_and_matches_eager(name, dim, dynamic, most):
+    spec = models.HF_MODELS[name]
+    model, _ = spec.make(quick=True)
+    model.eval()
+    base = spec.sizes(True)
+    if dim == "seq":  # positions for the longest length
+        torch.manual_seed(0)
+        config = spec.config(dataclasses.replace(base, seq=max(LENGTHS)))
+        config._attn_implementation = models.ATTENTION
+        model = getattr(models._transformers(), spec.model_class)(config).eval()
+    compiled = ember.compiler.compile(model, backend="eager", dynamic=dynamic)
+    for n in BATCHES if dim == "batch" else LENGTHS:
+        torch.manual_seed(n)
+        inputs = spec.inputs(dataclasses.replace(base, **{dim: n}))
+        with torch.no_grad():
+            got, want = compiled(**inputs), model(**inputs)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    assert not compiled.stats.failures and not compiled.stats.breaks
+    assert compiled.stats.graphs <= most
