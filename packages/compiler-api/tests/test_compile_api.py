@@ -150,7 +150,7 @@ def test_threads_share_a_compiled_function():
         return torch.tanh(x) * 2 + 1
 
     counter = CompileCounter()
-    compiled = ember.compiler.compile(f, backend=counter)
+    compiled = ember.compiler.compile(f, backend=counter, dynamic=False)  # a graph per shape
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:
@@ -230,7 +230,7 @@ def test_cache_limit_warns_once_and_then_runs_eagerly():
         return x * 2
 
     counter = CompileCounter()
-    compiled = ember.compiler.compile(f, backend=counter)
+    compiled = ember.compiler.compile(f, backend=counter, dynamic=False)  # a graph per shape
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(1, 13):

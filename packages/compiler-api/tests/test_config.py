@@ -108,7 +108,7 @@ def test_the_module_constant_is_a_view_of_the_setting(backend: str) -> None:
     assert ember.guards.DEFAULT_CACHE_SIZE_LIMIT == 8
     ember.guards.DEFAULT_CACHE_SIZE_LIMIT = 3  # the issue: this used to still allow 8
     assert config.guards.cache_size_limit == 3 == ember.guards.CodeCache("f").limit
-    compiled = ember.compiler.compile(scale, backend=backend)
+    compiled = ember.compiler.compile(scale, backend=backend, dynamic=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ember.guards.CacheLimitWarning)
         shapes(compiled, 5)
@@ -142,7 +142,7 @@ def test_patch_is_local_to_its_thread() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cache_size_limit_set_globally_takes_effect(backend: str) -> None:
     config.guards.cache_size_limit = 3
-    compiled = ember.compiler.compile(scale, backend=backend)
+    compiled = ember.compiler.compile(scale, backend=backend, dynamic=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ember.guards.CacheLimitWarning)
         shapes(compiled, 5)
@@ -197,7 +197,7 @@ def test_suppress_errors_true_falls_back_with_the_reason(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(frame_compiler, "_replacement", broken)
-    compiled = ember.compiler.compile(scale, backend=backend)
+    compiled = ember.compiler.compile(scale, backend=backend, dynamic=False)
     x = torch.randn(4)
     assert_same(compiled(x), scale(x))
     (failure,) = compiled.stats.failures

@@ -303,7 +303,7 @@ def sized(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_full_cache_is_a_recorded_reason_for_the_callable_that_meets_it() -> None:
-    compiled = ember.compiler.compile(sized, backend="eager")
+    compiled = ember.compiler.compile(sized, backend="eager", dynamic=False)
     with pytest.warns(ember.guards.CacheLimitWarning):
         for n in range(1, 11):  # the default cache_size_limit is 8: the last two run eagerly
             x = torch.randn(n)
@@ -314,11 +314,11 @@ def test_a_full_cache_is_a_recorded_reason_for_the_callable_that_meets_it() -> N
 
 
 def test_a_full_cache_is_a_fullgraph_error_naming_the_function() -> None:
-    lenient = ember.compiler.compile(sized, backend="eager")
+    lenient = ember.compiler.compile(sized, backend="eager", dynamic=False)
     with pytest.warns(ember.guards.CacheLimitWarning):
         for n in range(1, 10):  # fills the code's cache (every callable's entries count)
             lenient(torch.randn(n))
-    strict = ember.compiler.compile(sized, backend="eager", fullgraph=True)
+    strict = ember.compiler.compile(sized, backend="eager", fullgraph=True, dynamic=False)
     x = torch.randn(3)
     with pytest.raises(ember.compiler.FullGraphError, match="cache_size_limit") as info:
         strict(x)

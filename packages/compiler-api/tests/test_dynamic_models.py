@@ -39,10 +39,7 @@ def test_a_sweep_compiles_once_or_twice_and_matches_eager(name, dim, dynamic, mo
     model.eval()
     base = spec.sizes(True)
     if dim == "seq":  # positions for the longest length
-        torch.manual_seed(0)
-        config = spec.config(dataclasses.replace(base, seq=max(LENGTHS)))
-        config._attn_implementation = models.ATTENTION
-        model = getattr(models._transformers(), spec.model_class)(config).eval()
+        model = _long_model(spec, max(LENGTHS))
     compiled = ember.compiler.compile(model, backend="eager", dynamic=dynamic)
     for n in BATCHES if dim == "batch" else LENGTHS:
         torch.manual_seed(n)
@@ -52,3 +49,28 @@ def test_a_sweep_compiles_once_or_twice_and_matches_eager(name, dim, dynamic, mo
         torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
     assert not compiled.stats.failures and not compiled.stats.breaks
     assert compiled.stats.graphs <= most
+
+
+def _long_model(spec, seq):
+    torch.manual_seed(0)
+    config = spec.config(dataclasses.replace(spec.sizes(True), seq=seq))
+    config._attn_implementation = models.ATTENTION
+    return getattr(models._transformers(), spec.model_class)(config).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_16_tokens_recompiles_at_most_twice(name):
+    spec = models.HF_MODELS[name]
+    model = _long_model(spec, 32)
+    ids = spec.inputs(spec.sizes(True))["input_ids"][:, :6]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16,
+                              do_sample=False, pad_token_id=0)  # fmt: skip
+        model.forward = ember.compiler.compile(model.forward, backend="eager")
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16,
+                             do_sample=False, pad_token_id=0)  # fmt: skip
+    assert torch.equal(got, want) and got.shape[1] == 22
+    assert model.forward.stats.graphs <= 2  # the prompt, then one graph for every step
+    assert not model.forward.stats.failures and not model.forward.stats.breaks

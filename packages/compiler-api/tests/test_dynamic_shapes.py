@@ -240,3 +240,74 @@ def test_bad_marks_are_clear_errors() -> None:
         ember.compiler.mark_dynamic(x, 0, min=9, max=4)
     with pytest.raises(TypeError, match="expected a tensor"):
         ember.compiler.mark_dynamic([1, 2], 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threads_calling_a_dynamic_function_share_one_graph(backend: str) -> None:
+    import threading
+
+    compiled = ember.compiler.compile(batch_ops, backend=backend, dynamic=True)
+    errors: list[BaseException] = []
+
+    def worker(first: int) -> None:
+        try:
+            for n in range(first, first + 6):
+                x = torch.randn(n, 6)
+                assert_same(compiled(x), batch_ops(x))
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in (2, 4, 6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert compiled.stats.graphs == 1
+
+
+# -- a fuzzer: random size relations, random sizes (0 and 1 among them) ------------------------
+
+
+def relations_program(threshold: int, mod: int, cut: int) -> Callable[..., Any]:
+    """A function whose result depends on relations between its inputs' sizes and ints."""
+
+    def f(x: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
+        n, m = x.shape[0], y.shape[0]
+        a = x * 2 if n > threshold else x - 1
+        if (n + k) % mod == 0:
+            a = a + 1
+        b = y[: n // cut] if m >= n // cut else y[:1]
+        return a.sum(0) + b.sum() * (n - m) + x.new_ones(max(n - k, 0)).sum()
+
+    return f
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_random_sizes_never_reuse_a_graph_where_eager_differs(backend: str, dynamic: Any) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=25, deadline=None, database=None)
+    @given(
+        st.integers(0, 6), st.integers(2, 4), st.integers(1, 3),
+        st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9), st.integers(0, 5)),
+                 min_size=4, max_size=10),
+    )  # fmt: skip
+    def run(threshold: int, mod: int, cut: int, calls: list[tuple[int, int, int]]) -> None:
+        ember.compiler.reset()
+        fn = relations_program(threshold, mod, cut)
+        compiled = ember.compiler.compile(fn, backend=backend, dynamic=dynamic)
+        for n, m, k in calls:
+            x, y = torch.randn(n, 3), torch.randn(m)
+            try:
+                want = fn(x, y, k)
+            except Exception as e:  # eager's error must be ember's
+                with pytest.raises(type(e)):
+                    compiled(x, y, k)
+                continue
+            assert_same(compiled(x, y, k), want)
+
+    with ember.compiler.config.patch({"guards.cache_size_limit": 64}):
+        run()

@@ -99,8 +99,9 @@ def test_training_step_matches_eager_loss_and_gradients(name, backend):
 def test_generate_with_compiled_forward_gives_eagers_tokens(backend):
     """Greedy decoding with a key/value cache (a DynamicCache mutated by every forward).
 
-    Until dynamic shapes land, each new cache length compiles again: a prefill and one
-    graph per further token, each forward captured whole.
+    A backend that takes symbolic sizes compiles the prefill, then one graph for every
+    further token (automatic dynamic); the others compile once per cache length, each
+    forward captured whole.
     """
     model, inputs = HF_MODELS["llama"].make(quick=True)
     model.config.use_cache = True
@@ -113,7 +114,8 @@ def test_generate_with_compiled_forward_gives_eagers_tokens(backend):
         got = model.generate(ids, max_new_tokens=6, do_sample=False)
     assert torch.equal(got, expected)
     stats = model.forward.stats
-    assert stats.graphs == 6 and not stats.breaks and not stats.failures
+    graphs = 2 if ember.compiler.backends.supports_dynamic(backend) else 6
+    assert stats.graphs == graphs and not stats.breaks and not stats.failures
 
 
 # -- einops -----------------------------------------------------------------------------------

@@ -392,13 +392,16 @@ class Shapes:
         return out
 
     def _conditions(self) -> list[tuple[Any, dict[str, Any]]]:
-        """The conditions branches recorded, simplified under the replacements, less those
-        the ranges and replacements (:meth:`_facts`, always guarded) already imply."""
+        """The conditions branches recorded, under the replacements, less those the ranges
+        and replacements (:meth:`_facts`, always guarded) already imply."""
         out: list[tuple[Any, dict[str, Any]]] = []
         for g, where in zip(self.env.guards, self.wheres, strict=True):
-            expr = self.env.simplify(g.expr)
+            # Only what is guarded anyway may simplify a condition: the replacements and
+            # ranges (:meth:`_facts`). The ShapeEnv's axioms and divisibility facts come
+            # from these very conditions, and would prove each one from itself.
+            expr = self.env.replace(g.expr)
             try:
-                implied = self.env._maybe_evaluate_static(expr)
+                implied = self.env._maybe_evaluate_static(expr, axioms=())
             except Exception:  # an expression the static evaluator cannot decide
                 implied = None
             if implied is None or not bool(implied):
