@@ -23,13 +23,14 @@ tensor([2., 2.])
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
+from ember.aotgraph.symbolic import ShapeCheck, resolve
 from ember.aotgraph.tangents import TangentUse, without_undefined
 from ember.aotgraph.trace import Output, Signature
 
@@ -51,6 +52,8 @@ class Runtime:
     tangent_use: TangentUse | None = None
     # the backward graph before compiling: pruned for undefined tangents (see backward_for)
     backward_graph: torch.fx.GraphModule | None = None
+    # symbolic sizes: what the trace assumed of them, and how to read them from the inputs
+    shapes: ShapeCheck | None = None
     # (input, how far eager moves its version counter) for each input written in place
     bumped: tuple[tuple[int, int], ...] = field(init=False)
     # graph outputs to copy (they share storage where eager's do not): found on the first call
@@ -72,7 +75,7 @@ class Runtime:
         no_grad = tuple(j for j in range(n) if j not in grad | numbers)
         object.__setattr__(self, "num_forward_outputs", n)
         object.__setattr__(self, "non_differentiable", no_grad)
-        object.__setattr__(self, "assemble", assembler(sig))
+        object.__setattr__(self, "assemble", assembler(sig, self.shapes))
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
         object.__setattr__(self, "clone", [])
         object.__setattr__(self, "pruned", {})
@@ -198,7 +201,9 @@ def write_back(
             inputs[i].copy_(value)
 
 
-def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
+def assembler(
+    sig: Signature, shapes: ShapeCheck | None = None
+) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
     """``assemble`` for ``sig``, with fast paths for the usual output structures.
 
     Most compiled functions return their graph outputs in order, as one tensor or a
@@ -211,6 +216,8 @@ def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]
     (tensor([0.]), tensor([1.]))
     """
     spec, n = sig.out_spec, len(sig.outputs)
+    if shapes is not None and any(o.kind in ("alias", "view") for o in sig.outputs):
+        return lambda inputs, outs: assemble(sig, inputs, outs, shapes.bind(inputs))
     if any(o.kind != "graph" or o.index != k for k, o in enumerate(sig.outputs)):
         return lambda inputs, outs: assemble(sig, inputs, outs)
     if spec.is_leaf():
@@ -223,8 +230,14 @@ def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]
     return lambda inputs, outs: pytree.tree_unflatten(list(outs[:n]), spec)
 
 
-def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
-    """The caller's output structure from graph outputs, inputs, views of inputs, constants."""
+def assemble(
+    sig: Signature,
+    inputs: Sequence[torch.Tensor],
+    outs: Sequence[Any],
+    sizes: dict[Any, int] | None = None,
+) -> Any:
+    """The caller's output structure from graph outputs, inputs, views of inputs, constants;
+    ``sizes``: the symbols' values in this call, for views whose layout is symbolic."""
     leaves: list[Any] = []
     for o in sig.outputs:
         if o.kind == "graph":
@@ -233,6 +246,8 @@ def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]
             leaves.append(inputs[o.index])
         elif o.kind in ("alias", "view"):
             assert o.meta is not None
+            if sizes is not None:
+                o = replace(o, meta=resolve(o.meta, sizes))
             leaves.append(_view(o, inputs[o.index] if o.kind == "alias" else outs[o.index]))
         elif o.kind == "same":  # one object, returned twice
             leaves.append(leaves[o.index])
