@@ -220,6 +220,10 @@ def _view_of_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return y, y.view(-1)
 
 
+def _times_int(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    return x * n, x.size(0) + n  # backward needs n; the second output is a number
+
+
 class _MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -251,6 +255,7 @@ CASES = {
     "mutation": Case(_mutate, lambda n: [rand(n, 4, grad=False), rand(4)], {0: [0]}),
     # x[1:] has one row at n=2, which the joint trace assumed it has not (Ne(s0 - 1, 1))
     "aliases": Case(_aliases, lambda n: [rand(n, n + 1)], {0: [0, 1]}, eager=(2,)),
+    "int_in_backward": Case(_times_int, lambda n: [rand(n, 2), n + 1], {0: [0]}),
     "view_of_output": Case(_view_of_output, lambda n: [rand(n, 3)], {0: [0]}),
 }
 
@@ -284,6 +289,29 @@ def test_inference_many_sizes(name: str) -> None:
         check_call(compiled, case.fn, plain)
     assert compilers.names().count("inference") == 1
     assert compilers.runs["inference"] == 2 * len(SIZES)  # none ran eagerly
+
+
+def test_undefined_output_gradients_stay_undefined() -> None:
+    """An output no gradient reaches: its tangent is zeros of this call's size where the
+    backward graph needs one, and an input reached only through it keeps ``grad is None``."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x.sin(), x.cos() * 2, y.exp()
+
+    gm, example, _ = symbolic_graph(f, [rand(4), rand(5)], {0: [0], 1: [0]})
+    compilers = Compilers([])
+    compiled = compilers.compile(gm, example)
+    for n in SIZES:
+        mine, ref = [rand(n), rand(n + 1)], [rand(n), rand(n + 1)]
+        with torch.no_grad():
+            for a, b in zip(mine, ref, strict=True):
+                a.copy_(b)
+        compiled(*mine)[0].sum().backward()
+        f(*ref)[0].sum().backward()
+        torch.testing.assert_close(mine[0].grad, ref[0].grad)
+        assert mine[1].grad is None and ref[1].grad is None
+    # the backward pass runs the graph pruned for the undefined tangents (as aten ops)
+    assert compilers.runs == {"forward": len(SIZES)}
 
 
 def test_module_with_parameters() -> None:

@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
-from ember.aotgraph.symbolic import ShapeCheck, resolve
+from ember.aotgraph.symbolic import MAX_REMEMBERED, ShapeCheck, resolve
 from ember.aotgraph.tangents import TangentUse, without_undefined
 from ember.aotgraph.trace import Output, Signature
 
@@ -217,7 +217,7 @@ def assembler(
     """
     spec, n = sig.out_spec, len(sig.outputs)
     if shapes is not None and any(o.kind in ("alias", "view") for o in sig.outputs):
-        return lambda inputs, outs: assemble(sig, inputs, outs, shapes.bind(inputs))
+        return _symbolic_assembler(sig, shapes)
     if any(o.kind != "graph" or o.index != k for k, o in enumerate(sig.outputs)):
         return lambda inputs, outs: assemble(sig, inputs, outs)
     if spec.is_leaf():
@@ -230,14 +230,33 @@ def assembler(
     return lambda inputs, outs: pytree.tree_unflatten(list(outs[:n]), spec)
 
 
-def assemble(
-    sig: Signature,
-    inputs: Sequence[torch.Tensor],
-    outs: Sequence[Any],
-    sizes: dict[Any, int] | None = None,
-) -> Any:
-    """The caller's output structure from graph outputs, inputs, views of inputs, constants;
-    ``sizes``: the symbols' values in this call, for views whose layout is symbolic."""
+def _symbolic_assembler(
+    sig: Signature, shapes: ShapeCheck
+) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
+    """``assemble`` where views of inputs or outputs have symbolic layouts: resolved with
+    each call's sizes, remembered per sizes (sympy takes about 10 us a view)."""
+    known: dict[tuple[int, ...], Signature] = {}
+
+    def run(inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
+        sizes = shapes.bind(inputs)
+        key = tuple(sizes.values())
+        now = known.get(key)
+        if now is None:
+            if len(known) >= MAX_REMEMBERED:
+                known.clear()
+            views = ("alias", "view")
+            resolved = tuple(
+                replace(o, meta=resolve(o.meta, sizes)) if o.kind in views else o
+                for o in sig.outputs
+            )
+            now = known[key] = replace(sig, outputs=resolved)
+        return assemble(now, inputs, outs)
+
+    return run
+
+
+def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
+    """The caller's output structure from graph outputs, inputs, views of inputs, constants."""
     leaves: list[Any] = []
     for o in sig.outputs:
         if o.kind == "graph":
@@ -246,8 +265,6 @@ def assemble(
             leaves.append(inputs[o.index])
         elif o.kind in ("alias", "view"):
             assert o.meta is not None
-            if sizes is not None:
-                o = replace(o, meta=resolve(o.meta, sizes))
             leaves.append(_view(o, inputs[o.index] if o.kind == "alias" else outs[o.index]))
         elif o.kind == "same":  # one object, returned twice
             leaves.append(leaves[o.index])
@@ -313,6 +330,8 @@ class CompiledFunction(torch.autograd.Function):
         ctx.runtime = rt
         if rt.tangent_use is not None:  # an undefined gradient is None in backward, not zeros
             ctx.set_materialize_grads(False)
+            if rt.shapes is not None:  # its zeros, if the backward graph needs them: this size
+                ctx.sizes = rt.shapes.bind(inputs)
         result = tuple(outs[:k])
         if rt.non_differentiable:
             ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
@@ -339,7 +358,7 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
     tangents: list[Any] = [grads[j] for j in rt.signature.grad_outputs]
     missing: frozenset[int] = frozenset()
     if rt.tangent_use is not None and any(t is None for t in tangents):
-        tangents, missing = rt.tangent_use.fill(tangents)
+        tangents, missing = rt.tangent_use.fill(tangents, getattr(ctx, "sizes", None))
     tangents = [t.contiguous() for t in tangents]
     saved = ctx.saved_tensors
     if rt.own_checks:
