@@ -51,7 +51,7 @@ from ember.aotgraph.symbolic import (
     GraphSymbols,
     ShapeCheck,
     fresh_fakes,
-    new_guards,
+    shape_guards,
 )
 from ember.aotgraph.tangents import TangentUse
 from ember.aotgraph.timing import TIMES
@@ -214,13 +214,11 @@ class AOTCompiled:
         """:meth:`_build` for a graph with symbolic sizes: traced with the graph's fake mode
         (fake inputs with its symbols), checked per call against the guards the trace added
         to its ShapeEnv; never cached on disk (a record would need the symbols too)."""
-        env = found.env
-        before, replaced, known = len(env.guards), dict(env.replacements), set(env.var_to_range)
         try:
             traced = self._trace(fresh_fakes(found, inputs), grad=grad)
         except SYMBOLIC_LIMITS as e:
             raise Unsupported(f"aot_compile: symbolic sizes: {type(e).__name__}: {e}") from e
-        shapes = ShapeCheck.of(found.values, new_guards(env, before, replaced, known))
+        shapes = ShapeCheck.of(found.values, *shape_guards(found))
         self.cache_hit = None
         runtime = self._compile(traced, _with_symints(found, inputs), None, shapes)
         if traced.signature.training or grad:

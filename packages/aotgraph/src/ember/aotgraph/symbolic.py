@@ -90,6 +90,11 @@ class GraphSymbols:
 
     mode: FakeTensorMode
     values: tuple[Any, ...]  # per placeholder: a fake tensor, a SymInt, or None (unknown)
+    # the ShapeEnv when the graph reached aotgraph: its guards (capture's, which capture
+    # checks), replacements and symbols. What is added after is aotgraph's to check.
+    guards_before: int = 0
+    replaced_before: tuple[tuple[Any, Any], ...] = ()
+    symbols_before: frozenset[Any] = frozenset()
 
     @property
     def env(self) -> ShapeEnv:
@@ -115,10 +120,12 @@ def graph_symbols(gm: Any) -> GraphSymbols | None:
             f"{len(envs)} shape environments and {len(modes)} fake modes; expected one"
         )
     env = _env_of(next(iter(envs.values())))
+    assert env is not None  # envs holds only values with one
     mode = next(iter(modes.values())) if modes else FakeTensorMode(shape_env=env)
     if mode.shape_env is not env:
         raise Unsupported("aot_compile: the fake mode's ShapeEnv is not its symbols' ShapeEnv")
-    return GraphSymbols(mode, tuple(values))
+    replaced = tuple(env.replacements.items())
+    return GraphSymbols(mode, tuple(values), len(env.guards), replaced, frozenset(env.var_to_range))
 
 
 def _env_of(value: Any) -> ShapeEnv | None:
@@ -201,9 +208,14 @@ class ShapeCheck:
     verdicts: dict[tuple[Any, ...], bool] = field(default_factory=dict)
 
     @staticmethod
-    def of(values: Sequence[Any], guards: Sequence[sympy.Basic]) -> ShapeCheck:
-        """The check for placeholders ``values`` and the trace's ``guards``; a guard on a
-        symbol no input holds raises ``Unsupported``."""
+    def of(
+        values: Sequence[Any],
+        guards: Sequence[sympy.Basic],
+        earlier: Sequence[sympy.Basic] = (),
+    ) -> ShapeCheck:
+        """The check for placeholders ``values``, the traces' ``guards`` (one on a symbol no
+        input holds raises ``Unsupported``) and ``earlier`` guards (capture's: checked too
+        where the inputs hold their symbols, which costs only a new layout's first call)."""
         places: dict[sympy.Symbol, Place] = {}
         equal: list[tuple[Place, sympy.Expr]] = []
         for place, expr in _layout(values):
@@ -212,7 +224,7 @@ class ShapeCheck:
             else:
                 equal.append((place, expr))
         env = _any_env(values)
-        conditions = [*guards]
+        conditions = [*guards, *(g for g in earlier if g.free_symbols <= places.keys())]
         for sym in places:
             r = env.var_to_range.get(sym) if env is not None else None
             if r is not None and isinstance(r.lower, sympy.Integer):
@@ -303,20 +315,24 @@ def _layout_key(inputs: Sequence[Any]) -> tuple[Any, ...]:
     return tuple((tuple(t.shape), t.stride()) if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
-def new_guards(
-    env: ShapeEnv, before: int, replaced: dict[Any, Any], known: set[Any]
-) -> list[sympy.Basic]:
-    """The guards ``env`` gained since it had ``before`` guards, and its new replacements (a
-    symbol fixed to a value or another symbol) as equalities. A size made from data (an
-    unbacked symbol, new since ``known``: ``nonzero``, ``item``) raises ``Unsupported``."""
-    data = [s for s in env.var_to_range if s not in known and symbol_is_type(s, UNBACKED)]
+def shape_guards(found: GraphSymbols) -> tuple[list[sympy.Basic], list[sympy.Basic]]:
+    """The ShapeEnv's guards and replacements (a symbol fixed to a value or to another symbol,
+    as an equality): those added since the graph reached aotgraph (by its traces: every one
+    of them, as one trace may rely on a guard an earlier trace added), and those before.
+    A size made from data (an unbacked symbol: ``nonzero``, ``item``) raises ``Unsupported``.
+    """
+    env = found.env
+    data = [
+        s for s in env.var_to_range if s not in found.symbols_before and symbol_is_type(s, UNBACKED)
+    ]
     if data:
         raise Unsupported(
             f"aot_compile: symbolic sizes: sizes that depend on data ({data[0]}) are not "
             "compiled yet"
         )
-    guards = [g.expr for g in env.guards[before:]]
+    k = found.guards_before
+    ours, theirs = [g.expr for g in env.guards[k:]], [g.expr for g in env.guards[:k]]
+    replaced = dict(found.replaced_before)
     for sym, expr in env.replacements.items():
-        if replaced.get(sym) != expr:
-            guards.append(sympy.Eq(sym, expr))
-    return guards
+        (theirs if replaced.get(sym) == expr else ours).append(sympy.Eq(sym, expr))
+    return ours, theirs
