@@ -378,6 +378,25 @@ def test_each_path_checks_every_guard_the_traces_added() -> None:
         assert any("Mod" in str(c) for c in runtime.shapes.conditions)
 
 
+def _view_mm(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    return (x.view(-1, n) @ w).relu() * x.size(0)
+
+
+def test_an_int_the_trace_fixed_is_checked() -> None:
+    """``view(-1, n) @ w`` with ``w`` of 3 rows fixes ``n`` to 3: the ShapeEnv replaces its
+    symbol by 3, and a call with another ``n`` runs eagerly (and fails as eager does)."""
+    w = rand(3, 5)
+    gm, example, _ = symbolic_graph(_view_mm, [rand(12), w, 3], {0: [0]})
+    compilers = Compilers([])
+    compiled = compilers.compile(gm, example)
+    for n in SIZES:
+        check_call(compiled, _view_mm, [rand(6 * n), w, 3])
+    assert compilers.runs == {"forward": len(SIZES), "backward": len(SIZES)}
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        compiled(rand(16), w, 4)
+    assert compilers.runs["forward"] == len(SIZES)
+
+
 def test_guards_from_before_are_checked_where_inputs_hold_their_symbols() -> None:
     gm, example, _ = symbolic_graph(_scaled, [torch.randn(4, 3), rand(3, 5)], {0: [0]})
     fake = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"]

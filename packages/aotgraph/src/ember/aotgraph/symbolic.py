@@ -260,7 +260,8 @@ class ShapeCheck:
                 if place.read(inputs) != evaluate(expr, env):
                     return False
             return all(bool(evaluate(c, env)) for c in self.conditions)
-        except (IndexError, TypeError, AttributeError, ValueError):  # not the traced layout
+        except (IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError):
+            # not the traced layout (fewer dims, a tensor for an int), or n % 0
             return False
 
 
@@ -291,7 +292,13 @@ def resolve(meta: Any, env: dict[sympy.Symbol, int]) -> Any:
 
 
 def _expr(value: Any) -> Any:
-    return value.node.expr if isinstance(value, torch.SymInt) else sympy.Integer(value)
+    """A placeholder size's own expression: not ``node.expr``, which applies the ShapeEnv's
+    replacements (a trace that found ``n == 3`` turns ``n``'s symbol into 3 there; the input
+    must still bind the symbol, so that the check ``Eq(n, 3)`` can read it)."""
+    if not isinstance(value, torch.SymInt):
+        return sympy.Integer(value)
+    node = value.node
+    return getattr(node, "_expr", node.expr)
 
 
 def _layout(values: Sequence[Any]) -> list[tuple[Place, Any]]:
