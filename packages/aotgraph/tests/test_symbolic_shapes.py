@@ -480,3 +480,16 @@ def test_two_shape_envs_are_refused() -> None:
         node.meta["val"] = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.zeros(3))
     with pytest.raises(Unsupported, match="2 shape environments"):
         aot_compile(gm, [torch.zeros(3), torch.zeros(3)], fw_compiler=lambda g, e: g)
+
+
+def test_shape_check_refuses_other_layouts() -> None:
+    gm, example, _ = symbolic_graph(_view_n, [rand(12), 3], {0: [0]})
+    compiled = Compilers([]).compile(gm, example)
+    assert compiled.training is not None
+    check = compiled.training.shapes
+    assert check is not None
+    assert check.ok([torch.zeros(15), 5])
+    assert not check.ok([torch.zeros(15), torch.tensor(5)])  # a tensor is not the int input
+    assert not check.ok([torch.zeros(15, 1), 5])  # another number of dims
+    assert not check.ok([torch.zeros(30)[::2], 5])  # another stride
+    assert not check.ok([torch.zeros(15), 0])  # n % 0

@@ -31,7 +31,7 @@ reshape by ``s0 // 2``). A call that breaks one runs the graph eagerly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -171,23 +171,29 @@ def _fresh(mode: FakeTensorMode, value: Any, real: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class Place:
     """Where a symbol's value is read at run time: input ``index``, its ``size`` or
-    ``stride`` ``dim`` (``kind``), or the input itself (``"int"``)."""
+    ``stride`` ``dim`` (``kind``), its number of ``dims``, or the input itself (``"int"``)."""
 
     kind: str
     index: int
     dim: int = 0
 
     def read(self, inputs: Sequence[Any]) -> int:
-        value = inputs[self.index]
-        return int(READERS[self.kind](value, self.dim))
+        """The value in a call (TypeError, IndexError, AttributeError: not this layout)."""
+        return int(READERS[self.kind](inputs[self.index], self.dim))
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:  # a one-element tensor would convert: not an int input
+        raise TypeError(f"expected an int, got {type(value).__name__}")
+    return value
 
 
 # kind -> how to read it from a run-time input
-READERS = {
-    "int": lambda v, d: v,
+READERS: dict[str, Callable[[Any, int], Any]] = {
+    "int": lambda v, d: _int(v),
+    "dims": lambda v, d: v.dim(),
     "size": lambda v, d: v.shape[d],
     "stride": lambda v, d: v.stride(d),
-    "offset": lambda v, d: v.storage_offset(),
 }
 
 
@@ -195,11 +201,11 @@ READERS = {
 class ShapeCheck:
     """What one trace assumed about its symbols, checked against each call's inputs.
 
-    ``places`` binds each symbol to the first input size (or int input) holding it;
-    ``equal`` lists every other place, which must hold the same value (a symbol may
-    name several sizes: ``ShapeEnv`` duck-sizes equal dims); ``exprs`` are the
-    other sizes, strides and offsets, which must equal their expression;
-    ``conditions`` the ranges and guards. Verdicts are remembered per input layout.
+    ``places`` binds each symbol to the first input size, stride or int input holding
+    it; ``equal`` lists every other size, stride and int input with the expression it
+    must equal (a symbol may name several sizes: ``ShapeEnv`` duck-sizes equal dims;
+    static sizes and strides are numbers); ``conditions`` are the ranges and guards.
+    Verdicts are remembered per input layout.
     """
 
     places: dict[sympy.Symbol, Place]
@@ -308,6 +314,7 @@ def _layout(values: Sequence[Any]) -> list[tuple[Place, Any]]:
         if isinstance(v, torch.SymInt):
             out.append((Place("int", i), _expr(v)))
         elif isinstance(v, FakeTensor):
+            out.append((Place("dims", i), sympy.Integer(v.dim())))  # first: then dims exist
             out += [(Place("size", i, d), _expr(s)) for d, s in enumerate(v.shape)]
             out += [(Place("stride", i, d), _expr(s)) for d, s in enumerate(v.stride())]
     return out
