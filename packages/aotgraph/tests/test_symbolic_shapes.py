@@ -493,3 +493,28 @@ def test_shape_check_refuses_other_layouts() -> None:
     assert not check.ok([torch.zeros(15, 1), 5])  # another number of dims
     assert not check.ok([torch.zeros(30)[::2], 5])  # another stride
     assert not check.ok([torch.zeros(15), 0])  # n % 0
+
+
+def test_guards_a_compiler_adds_are_checked() -> None:
+    """A compiler that specialises a size (``int()`` of a SymInt guards it in the ShapeEnv)
+    gets only that size: others run eagerly instead of through its specialised code."""
+
+    def specialising(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fake = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["val"]
+        rows = int(fake.shape[0])  # a compiler that bakes the size in
+
+        def run(*args: Any) -> Any:
+            assert args[0].shape[0] == rows, "run with a size it was not compiled for"
+            return gm(*args)
+
+        return run
+
+    gm, example, _ = symbolic_graph(_scaled, [torch.randn(4, 3), rand(3, 5)], {0: [0]})
+    compiled = aot_compile(gm, example, fw_compiler=specialising, bw_compiler=as_is)
+    for n in SIZES:
+        check_call(compiled, _scaled, [torch.randn(n, 3), rand(3, 5)])
+    check_call(compiled, _scaled, [torch.randn(4, 3), rand(3, 5)])
+
+
+def as_is(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    return gm

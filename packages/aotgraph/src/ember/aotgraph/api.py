@@ -218,9 +218,11 @@ class AOTCompiled:
             traced = self._trace(fresh_fakes(found, inputs), grad=grad)
         except SYMBOLIC_LIMITS as e:
             raise Unsupported(f"aot_compile: symbolic sizes: {type(e).__name__}: {e}") from e
-        shapes = ShapeCheck.of(found.values, *shape_guards(found))
         self.cache_hit = None
-        runtime = self._compile(traced, _with_symints(found, inputs), None, shapes)
+        runtime = self._compile(traced, _with_symints(found, inputs), None)
+        # after the compilers: a guard one adds (int() of a size it specialises) is checked too
+        shapes = ShapeCheck.of(found.values, *shape_guards(found))
+        runtime = dataclasses.replace(runtime, shapes=shapes)
         if traced.signature.training or grad:
             self.training = runtime
         else:
