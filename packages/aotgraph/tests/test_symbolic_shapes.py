@@ -518,3 +518,17 @@ def test_guards_a_compiler_adds_are_checked() -> None:
 
 def as_is(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     return gm
+
+
+def test_a_miss_is_explained_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    gm, example, _ = symbolic_graph(_view_n, [rand(12), 3], {0: [0]})
+    compiled = Compilers([]).compile(gm, example)
+    assert compiled.training is not None and compiled.training.shapes is not None
+    check = compiled.training.shapes
+    assert check.explain([torch.zeros(15), 5]) is None
+    assert "is false for input sizes (10,), 3" in str(check.explain([torch.zeros(10), 3]))
+    assert "do not have the traced layout" in str(check.explain([torch.zeros(10), 3.0]))
+    with caplog.at_level("DEBUG", logger="ember.aotgraph"), pytest.raises(RuntimeError):
+        compiled(rand(10), 3)  # 3 does not divide 10: eager runs it, and raises
+    messages = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
+    assert len(messages) == 1 and "Mod" in messages[0], messages

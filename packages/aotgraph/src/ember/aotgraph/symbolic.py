@@ -48,6 +48,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ember.aotgraph.eager_checks import Unsupported
+from ember.aotgraph.log import LOG
 
 __all__ = ["GraphSymbols", "ShapeCheck", "evaluate", "fresh_fakes", "graph_symbols", "is_symbolic"]
 
@@ -249,26 +250,46 @@ class ShapeCheck:
         return {sym: place.read(inputs) for sym, place in self.places.items()}
 
     def ok(self, inputs: Sequence[Any]) -> bool:
-        """Whether the traced graphs are valid for ``inputs`` (remembered per layout)."""
+        """Whether the traced graphs are valid for ``inputs`` (remembered per layout); the
+        first miss of a layout is logged with :meth:`explain`'s reason."""
         key = _layout_key(inputs)
         verdict = self.verdicts.get(key)
         if verdict is None:
-            verdict = self._holds(inputs)
+            reason = self.explain(inputs)
+            verdict = reason is None
+            if reason is not None:
+                LOG.debug("symbolic sizes: %s; running the graph eagerly", reason)
             if len(self.verdicts) >= MAX_REMEMBERED:
                 self.verdicts.clear()
             self.verdicts[key] = verdict
         return verdict
 
-    def _holds(self, inputs: Sequence[Any]) -> bool:
+    def explain(self, inputs: Sequence[Any]) -> str | None:
+        """Why the traced graphs are not valid for ``inputs``; None if they are.
+
+        >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        >>> x = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.zeros(4, 3))
+        >>> check = ShapeCheck.of([x], [sympy.Eq(x.shape[0].node.expr % 2, 0)])
+        >>> check.explain([torch.zeros(6, 3)]) is None, check.explain([torch.zeros(5, 3)])
+        (True, 'Eq(Mod(s..., 2), 0) is false for input sizes (5, 3)')
+        """
         try:
             env = self.bind(inputs)
             for place, expr in self.equal:
                 if place.read(inputs) != evaluate(expr, env):
-                    return False
-            return all(bool(evaluate(c, env)) for c in self.conditions)
-        except (IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError):
+                    return f"input {place.index}: {place.kind} {place.dim} is not {expr}"
+            for c in self.conditions:
+                if not bool(evaluate(c, env)):
+                    return f"{c} is false for {_sizes(inputs)}"
+        except (IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError) as e:
             # not the traced layout (fewer dims, a tensor for an int), or n % 0
-            return False
+            return f"{_sizes(inputs)} do not have the traced layout ({type(e).__name__}: {e})"
+        return None
+
+
+def _sizes(inputs: Sequence[Any]) -> str:
+    shown = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in inputs]
+    return "input sizes " + ", ".join(map(str, shown))
 
 
 def evaluate(expr: Any, env: dict[sympy.Symbol, int]) -> Any:
