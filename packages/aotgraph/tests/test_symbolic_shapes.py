@@ -10,6 +10,7 @@ the compilers run once.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -334,6 +335,51 @@ def test_module_with_parameters() -> None:
             torch.testing.assert_close(a, p.grad)
         model.zero_grad()
     assert compilers.names() == ["forward", "backward"]
+
+
+MODULES: dict[str, tuple[Callable[[], nn.Module], Callable[[int], tuple[int, ...]], list[int]]] = {
+    # buffers written back (running statistics) with a symbolic batch
+    "batchnorm": (
+        lambda: nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU()),
+        lambda n: (n, 4),
+        [0],
+    ),
+    # random masks drawn in eager's order: same seed, same numbers
+    "dropout": (lambda: nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.3)), lambda n: (n, 4), [0]),
+    # two symbolic dims through a convolution and a pooling
+    "conv": (
+        lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.AdaptiveAvgPool2d(1)),
+        lambda n: (n, 2, n + 3, 5),
+        [0, 2],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_many_sizes(name: str) -> None:
+    make, shape, dims = MODULES[name]
+    torch.manual_seed(0)
+    model = make()
+    ref = copy.deepcopy(model)
+    gm, example, _ = symbolic_graph(model, [torch.randn(*shape(4))], {0: dims})
+    compilers = Compilers([])
+    compiled = compilers.compile(gm, example)
+    for n in SIZES:
+        x = torch.randn(*shape(n))
+        torch.manual_seed(n)
+        got = compiled(x)
+        got.sum().backward()
+        torch.manual_seed(n)
+        want = ref(x)
+        want.sum().backward()
+        torch.testing.assert_close(got, want)
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        for b, c in zip(model.buffers(), ref.buffers(), strict=True):
+            torch.testing.assert_close(b, c)
+    runs = compilers.runs["forward"]
+    # the convolution's trace guarded the batch below 16: 21 runs eagerly
+    assert runs == len(SIZES) - (name == "conv"), runs
 
 
 # ---- assumptions are checked: other sizes run eagerly -----------------------------------------
