@@ -378,7 +378,8 @@ def test_modules_many_sizes(name: str) -> None:
         for b, c in zip(model.buffers(), ref.buffers(), strict=True):
             torch.testing.assert_close(b, c)
     runs = compilers.runs["forward"]
-    # the convolution's trace guarded the batch below 16: 21 runs eagerly
+    # torch's fake convolution picks its backend (the output's layout) by batch < 16: the
+    # trace guarded it, so batch 21 runs eagerly
     assert runs == len(SIZES) - (name == "conv"), runs
 
 
