@@ -46,6 +46,13 @@ from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
 from ember.aotgraph.store import Traced
+from ember.aotgraph.symbolic import (
+    SYMBOLIC_LIMITS,
+    GraphSymbols,
+    ShapeCheck,
+    fresh_fakes,
+    shape_guards,
+)
 from ember.aotgraph.tangents import TangentUse
 from ember.aotgraph.timing import TIMES
 from ember.aotgraph.trace import (
@@ -150,6 +157,8 @@ class AOTCompiled:
         if runtime is None:
             assert self.fallback is not None
             return self.fallback(*args)
+        if runtime.shapes is not None and not runtime.shapes.ok(inputs):
+            return self.lifted(*inputs)  # sizes the graphs were not traced for: run eagerly
         return runtime(inputs)
 
     def variant(self, args: Sequence[Any]) -> AOTCompiled:
@@ -186,6 +195,8 @@ class AOTCompiled:
             return None
 
     def _build(self, inputs: list[torch.Tensor], *, grad: bool) -> Runtime:
+        if self.lifted.symbols is not None:
+            return self._build_symbolic(self.lifted.symbols, inputs, grad=grad)
         key = store.record_key(self.lifted, inputs, grad, self.settings.cache_key)
         traced = store.cached(key, lambda: self._trace(inputs, grad=grad))  # disk cache
         self.cache_hit = traced.from_cache if key is not None else None
@@ -197,10 +208,36 @@ class AOTCompiled:
             self.inference = runtime
         return runtime
 
+    def _build_symbolic(
+        self, found: GraphSymbols, inputs: list[torch.Tensor], *, grad: bool
+    ) -> Runtime:
+        """:meth:`_build` for a graph with symbolic sizes: traced with the graph's fake mode
+        (fake inputs with its symbols), checked per call against the guards the trace added
+        to its ShapeEnv; never cached on disk (a record would need the symbols too)."""
+        try:
+            traced = self._trace(fresh_fakes(found, inputs), grad=grad)
+        except SYMBOLIC_LIMITS as e:
+            raise Unsupported(f"aot_compile: symbolic sizes: {type(e).__name__}: {e}") from e
+        self.cache_hit = None
+        runtime = self._compile(traced, _with_symints(found, inputs), None)
+        # after the compilers: a guard one adds (int() of a size it specialises) is checked too
+        shapes = ShapeCheck.of(found.values, *shape_guards(found))
+        runtime = dataclasses.replace(runtime, shapes=shapes)
+        if traced.signature.training or grad:
+            self.training = runtime
+        else:
+            self.inference = runtime
+        return runtime
+
     def _trace(self, inputs: list[torch.Tensor], *, grad: bool) -> Traced:
         signature = analyze(self.lifted, inputs, grad=grad)
         fn: Callable[..., Any] = self.lifted
         written = _written_with_grad(signature, inputs, grad)
+        if self.lifted.symbols is not None and (signature.restrided or written):
+            raise Unsupported(
+                "aot_compile: symbolic sizes with an input restrided (t_, resize_) or written "
+                "while requiring grad; run this function eagerly"
+            )
         if signature.restrided or written:  # t_, resize_ on inputs: on views inside the graph
             fn, replaced = own_views(fn, signature.restrided, written, inputs, grad)
             signature = _with_replaced(signature, replaced, grad and bool(written))
@@ -253,7 +290,13 @@ class AOTCompiled:
         numbers = tuple(k for k, v in enumerate(saved_values) if not isinstance(v, torch.Tensor))
         return Traced(signature, joint.mutated, part.forward, part, clone, numbers)
 
-    def _compile(self, traced: Traced, inputs: list[torch.Tensor], merge: Merge | None) -> Runtime:
+    def _compile(
+        self,
+        traced: Traced,
+        inputs: list[torch.Tensor],
+        merge: Merge | None,
+        shapes: ShapeCheck | None = None,
+    ) -> Runtime:
         """Run the caller's compilers on traced (or cached) graphs; wrap them in a Runtime."""
         sig, part = traced.signature, traced.partition
         graph_inputs = list(inputs) if merge is None else merge.inputs(inputs)
@@ -262,7 +305,7 @@ class AOTCompiled:
             _log_graph("inference", traced.forward)
             with log.graph(1, 1, "inference"):
                 compiled = self.settings.inference_compiler(traced.forward, graph_inputs)
-            return Runtime(sig, traced.mutated, compiled, merge=merge)
+            return Runtime(sig, traced.mutated, compiled, merge=merge, shapes=shapes)
         self.partition = part
         _log_graph("forward", part.forward)
         _log_graph("backward", part.backward)
@@ -275,8 +318,26 @@ class AOTCompiled:
         use = TangentUse.of(part.backward, bw_inputs[len(bw_inputs) - len(sig.grad_outputs) :])
         graph = part.backward if use is not None else None
         return Runtime(
-            sig, traced.mutated, fw, bw, *saved, merge=merge, tangent_use=use, backward_graph=graph
+            sig,
+            traced.mutated,
+            fw,
+            bw,
+            *saved,
+            merge=merge,
+            tangent_use=use,
+            backward_graph=graph,
+            shapes=shapes,
         )
+
+
+def _with_symints(found: GraphSymbols, inputs: list[Any]) -> list[Any]:
+    """The compilers' example inputs: the call's tensors, and the graph's SymInt for each int
+    placeholder (its value in this call would read as a constant)."""
+    values = found.values
+    return [
+        values[i] if i < len(values) and isinstance(values[i], torch.SymInt) else t
+        for i, t in enumerate(inputs)
+    ]
 
 
 def _log_graph(what: str, gm: torch.fx.GraphModule) -> None:

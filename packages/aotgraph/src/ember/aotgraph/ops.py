@@ -130,7 +130,7 @@ def node_class(node: torch.fx.Node) -> OpClass:
     first = node.args[0] if node.args else None
     numel = 0
     if isinstance(first, torch.fx.Node) and isinstance(first.meta.get("val"), torch.Tensor):
-        numel = first.meta["val"].numel()
+        numel = _hint(first.meta["val"].numel())  # symbolic sizes: no guard for a heuristic
     return op_class(node.target, input_numel=numel)
 
 
@@ -141,5 +141,12 @@ def tensor_bytes(value: Any) -> int:
     (128, 0)
     """
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        return _hint(value.numel()) * value.element_size()
     return 0
+
+
+def _hint(n: Any) -> int:
+    """A count that may be a SymInt, as its example value (``int()`` would add a guard)."""
+    if isinstance(n, torch.SymInt):
+        return int(n.node.hint) if n.node.has_hint() else 0
+    return int(n)

@@ -23,13 +23,14 @@ tensor([2., 2.])
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
+from ember.aotgraph.symbolic import MAX_REMEMBERED, ShapeCheck, resolve
 from ember.aotgraph.tangents import TangentUse, without_undefined
 from ember.aotgraph.trace import Output, Signature
 
@@ -51,6 +52,8 @@ class Runtime:
     tangent_use: TangentUse | None = None
     # the backward graph before compiling: pruned for undefined tangents (see backward_for)
     backward_graph: torch.fx.GraphModule | None = None
+    # symbolic sizes: what the trace assumed of them, and how to read them from the inputs
+    shapes: ShapeCheck | None = None
     # (input, how far eager moves its version counter) for each input written in place
     bumped: tuple[tuple[int, int], ...] = field(init=False)
     # graph outputs to copy (they share storage where eager's do not): found on the first call
@@ -72,7 +75,7 @@ class Runtime:
         no_grad = tuple(j for j in range(n) if j not in grad | numbers)
         object.__setattr__(self, "num_forward_outputs", n)
         object.__setattr__(self, "non_differentiable", no_grad)
-        object.__setattr__(self, "assemble", assembler(sig))
+        object.__setattr__(self, "assemble", assembler(sig, self.shapes))
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
         object.__setattr__(self, "clone", [])
         object.__setattr__(self, "pruned", {})
@@ -198,7 +201,9 @@ def write_back(
             inputs[i].copy_(value)
 
 
-def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
+def assembler(
+    sig: Signature, shapes: ShapeCheck | None = None
+) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
     """``assemble`` for ``sig``, with fast paths for the usual output structures.
 
     Most compiled functions return their graph outputs in order, as one tensor or a
@@ -211,6 +216,8 @@ def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]
     (tensor([0.]), tensor([1.]))
     """
     spec, n = sig.out_spec, len(sig.outputs)
+    if shapes is not None and any(o.kind in ("alias", "view") for o in sig.outputs):
+        return _symbolic_assembler(sig, shapes)
     if any(o.kind != "graph" or o.index != k for k, o in enumerate(sig.outputs)):
         return lambda inputs, outs: assemble(sig, inputs, outs)
     if spec.is_leaf():
@@ -221,6 +228,31 @@ def assembler(sig: Signature) -> Callable[[Sequence[torch.Tensor], Sequence[Any]
     if flat and spec.type is list:
         return lambda inputs, outs: list(outs[:n])
     return lambda inputs, outs: pytree.tree_unflatten(list(outs[:n]), spec)
+
+
+def _symbolic_assembler(
+    sig: Signature, shapes: ShapeCheck
+) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
+    """``assemble`` where views of inputs or outputs have symbolic layouts: resolved with
+    each call's sizes, remembered per sizes (sympy takes about 10 us a view)."""
+    known: dict[tuple[int, ...], Signature] = {}
+
+    def run(inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
+        sizes = shapes.bind(inputs)
+        key = tuple(sizes.values())
+        now = known.get(key)
+        if now is None:
+            if len(known) >= MAX_REMEMBERED:
+                known.clear()
+            views = ("alias", "view")
+            resolved = tuple(
+                replace(o, meta=resolve(o.meta, sizes)) if o.kind in views else o
+                for o in sig.outputs
+            )
+            now = known[key] = replace(sig, outputs=resolved)
+        return assemble(now, inputs, outs)
+
+    return run
 
 
 def assemble(sig: Signature, inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
@@ -298,6 +330,8 @@ class CompiledFunction(torch.autograd.Function):
         ctx.runtime = rt
         if rt.tangent_use is not None:  # an undefined gradient is None in backward, not zeros
             ctx.set_materialize_grads(False)
+            if rt.shapes is not None:  # its zeros, if the backward graph needs them: this size
+                ctx.sizes = rt.shapes.bind(inputs)
         result = tuple(outs[:k])
         if rt.non_differentiable:
             ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
@@ -324,7 +358,7 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
     tangents: list[Any] = [grads[j] for j in rt.signature.grad_outputs]
     missing: frozenset[int] = frozenset()
     if rt.tangent_use is not None and any(t is None for t in tangents):
-        tangents, missing = rt.tangent_use.fill(tangents)
+        tangents, missing = rt.tangent_use.fill(tangents, getattr(ctx, "sizes", None))
     tangents = [t.contiguous() for t in tangents]
     saved = ctx.saved_tensors
     if rt.own_checks:

@@ -302,8 +302,10 @@ def _global_state() -> JSON:
 def record_key(
     lifted: Lifted, inputs: Sequence[Any], grad: bool, settings: str | None
 ) -> str | None:
-    """The record's name for tracing ``lifted`` on ``inputs``; ``None``: not cacheable."""
-    if settings is None:
+    """The record's name for tracing ``lifted`` on ``inputs``; ``None``: not cacheable.
+    Graphs with symbolic sizes are not: their graphs hold the ShapeEnv's symbols, which the
+    key does not name, and a record keyed by the example's sizes would serve other shapes."""
+    if settings is None or lifted.symbols is not None:
         return None
     try:
         parts = [

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ember.aotgraph.symbolic import evaluate
+
 __all__ = ["TangentUse", "tangent_reads", "without_undefined"]
 
 
@@ -38,7 +40,8 @@ class TangentUse:
     """How a backward graph reads its tangents: each tangent's shape, and the tangents each
     gradient output depends on. Example: see the module docstring."""
 
-    metas: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]  # one per tangent
+    # one per tangent: shape (SymInts in a graph with symbolic sizes), dtype, device
+    metas: tuple[tuple[tuple[Any, ...], torch.dtype, torch.device], ...]
     deps: tuple[frozenset[int], ...]  # per backward output: the tangents it reads
     # per saved value: the tangents of the gradient formulas that read it (empty: read by
     # none, or only by tangent-free nodes; then always needed)
@@ -47,10 +50,11 @@ class TangentUse:
     @staticmethod
     def of(backward: torch.fx.GraphModule, tangents: Sequence[Any]) -> TangentUse | None:
         """From the backward graph and its tangents' example values (the last placeholders);
-        ``None`` when a tangent's shape is symbolic (then grads stay materialised)."""
+        ``None`` when a tangent is not a tensor (then grads stay materialised). A shape may
+        hold SymInts: :meth:`fill` is then given the symbols' values."""
         metas = []
         for t in tangents:
-            if not isinstance(t, torch.Tensor) or not all(isinstance(s, int) for s in t.shape):
+            if not isinstance(t, torch.Tensor):
                 return None
             metas.append((tuple(t.shape), t.dtype, t.device))
         placeholders = list(backward.graph.find_nodes(op="placeholder"))
@@ -74,10 +78,15 @@ class TangentUse:
         """
         return [k for k, reads in enumerate(self.saved) if not reads or reads - missing]
 
-    def fill(self, tangents: Sequence[torch.Tensor | None]) -> tuple[list[Any], frozenset[int]]:
-        """The tangents with zeros for the undefined ones, and which those were."""
+    def fill(
+        self, tangents: Sequence[torch.Tensor | None], sizes: dict[Any, int] | None = None
+    ) -> tuple[list[Any], frozenset[int]]:
+        """The tangents with zeros for the undefined ones, and which those were; ``sizes``:
+        the symbols' values in this call, where the shapes are symbolic."""
         missing = frozenset(k for k, t in enumerate(tangents) if t is None)
-        full = [t if t is not None else _zeros(*self.metas[k]) for k, t in enumerate(tangents)]
+        full = [
+            t if t is not None else _zeros(*self.metas[k], sizes) for k, t in enumerate(tangents)
+        ]
         return full, missing
 
     def mask(self, grads: Sequence[Any], missing: frozenset[int]) -> list[Any]:
@@ -168,5 +177,12 @@ def _formulas_reading(
     return found
 
 
-def _zeros(size: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _zeros(
+    size: tuple[Any, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    sizes: dict[Any, int] | None = None,
+) -> torch.Tensor:
+    if sizes is not None:  # symbolic: this call's sizes
+        size = tuple(evaluate(s, sizes) for s in size)
     return torch.zeros(size, dtype=dtype, device=device)

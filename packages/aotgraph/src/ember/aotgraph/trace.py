@@ -35,20 +35,20 @@ def forward(self, primals_1, primals_2, tangents_1):
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._guards import GuardSource, SLoc, Source
-from torch._subclasses import FakeTensorMode
+from torch._subclasses import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
+from ember.aotgraph.cleanup import eliminate_common_subexpressions, lift_mutations, strip_detach
 from ember.aotgraph.eager_checks import (
     EagerOnly,
     Unsupported,
@@ -57,6 +57,7 @@ from ember.aotgraph.eager_checks import (
 )
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 from ember.aotgraph.rng_order import draw_in_memory_order
+from ember.aotgraph.symbolic import GraphSymbols, graph_symbols, is_symbolic
 
 __all__ = [
     "JointGraph",
@@ -82,7 +83,7 @@ class TensorMeta:
     TensorMeta(size=(3, 2), stride=(1, 3), offset=0, dtype=torch.float32, device=device(type='cpu'))
     """
 
-    size: tuple[int, ...]
+    size: tuple[int, ...]  # SymInts too, in a graph with symbolic sizes (as stride, offset)
     stride: tuple[int, ...]
     offset: int
     dtype: torch.dtype
@@ -90,7 +91,13 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
-        return TensorMeta(tuple(t.shape), t.stride(), int(t.storage_offset()), t.dtype, t.device)
+        # sizes, strides and offset stay SymInts where they are: int() would fix them
+        return TensorMeta(tuple(t.shape), tuple(t.stride()), _offset(t), t.dtype, t.device)
+
+    def key(self) -> tuple[Any, ...]:
+        """The fields with sympy expressions for SymInts: compared without adding guards."""
+        layout = tuple(map(_expr, (*self.size, *self.stride, self.offset)))
+        return (len(self.size), layout, self.dtype, self.device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,15 +179,23 @@ class Lifted:
     input_positions: tuple[int, ...]  # which example inputs are graph inputs (tensors, floats)
     constant_positions: tuple[int, ...]  # which are not: compiled in for their values
     floats: bool  # whether float inputs are graph inputs (symbolic) or constants
+    # the graph's own fake mode and placeholder values, when its sizes are symbolic: then
+    # its SymInt placeholders are graph inputs too, and floats are constants
+    symbols: GraphSymbols | None = None
 
     @staticmethod
     def of(
         module: Callable[..., Any], example_inputs: Sequence[Any], *, floats: bool = True
     ) -> Lifted:
+        found = graph_symbols(module)
+        floats = floats and found is None
+        ints = (
+            {i for i, v in enumerate(found.values) if isinstance(v, torch.SymInt)} if found else ()
+        )
         positions = tuple(
             i
             for i, a in enumerate(example_inputs)
-            if isinstance(a, torch.Tensor) or (floats and type(a) is float)
+            if isinstance(a, torch.Tensor) or (floats and type(a) is float) or i in ints
         )
         others = tuple(i for i in range(len(example_inputs)) if i not in positions)
         floats = any(type(example_inputs[i]) is float for i in positions)
@@ -195,7 +210,7 @@ class Lifted:
                 path, _, attr = name.rpartition(".")
                 owners.append((module.get_submodule(path), attr))
         template = tuple(example_inputs)
-        return Lifted(module, names, tuple(owners), template, positions, others, floats)
+        return Lifted(module, names, tuple(owners), template, positions, others, floats, found)
 
     def specialized(self) -> Lifted:
         """The same function with its float inputs compiled in as constants.
@@ -243,6 +258,10 @@ class Lifted:
         return torch.func.functional_call(self.module, state, tuple(args))
 
 
+def _expr(value: Any) -> Any:
+    return value.node.expr if isinstance(value, torch.SymInt) else value
+
+
 class Specialized(Exception):
     """Tracing needed the value of a float input (``math.sqrt(k)``, ``if k > 0``): compile
     the function again with its floats as constants."""
@@ -281,21 +300,38 @@ class QuietShapeEnv(ShapeEnv):
         return SLoc(framework_loc or "ember.aotgraph", None), ""
 
 
-def _fake_mode() -> FakeTensorMode:
+def _fake_mode(inputs: Sequence[Any]) -> FakeTensorMode:
+    """The mode to trace ``inputs`` in: that of fake inputs with symbolic sizes (the graph's
+    own, see :mod:`ember.aotgraph.symbolic`), else a new one with static shapes."""
+    for value in inputs:
+        if isinstance(value, FakeTensor):
+            return value.fake_mode
     return FakeTensorMode(allow_non_fake_inputs=True, shape_env=QuietShapeEnv(), static_shapes=True)
 
 
 def _fakes(mode: FakeTensorMode, inputs: Sequence[Any]) -> list[Any]:
-    """Fake tensors for tensors; for floats, symbolic floats with the value as hint."""
+    """Fake tensors for tensors; for floats, symbolic floats with the value as hint.
+    A fake input (symbolic shapes) gets a new fake with its layout and ``requires_grad``,
+    so that a trace's in-place ops do not change it for the next trace; a SymInt stays."""
     out: list[Any] = []
     env = mode.shape_env
     assert env is not None
     for i, value in enumerate(inputs):
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, FakeTensor):
+            out.append(_refake(mode, value))
+        elif isinstance(value, torch.Tensor):
             out.append(mode.from_tensor(value))
+        elif isinstance(value, torch.SymInt):
+            out.append(value)
         else:
             out.append(symbolic_float(env, value, i))
     return out
+
+
+def _refake(mode: FakeTensorMode, t: FakeTensor) -> torch.Tensor:
+    with mode:
+        new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return new.requires_grad_() if t.requires_grad else new
 
 
 def symbolic_float(env: ShapeEnv, value: float, index: int) -> torch.SymFloat | float:
@@ -312,8 +348,8 @@ def symbolic_float(env: ShapeEnv, value: float, index: int) -> torch.SymFloat | 
 
 def _unspecialized(mode: FakeTensorMode) -> None:
     """Raise :class:`Specialized` if tracing guarded on a float input's value."""
-    env = mode.shape_env
-    if env is not None and (env.guards or env.replacements):
+    env = mode.shape_env  # only ember's own: a graph's ShapeEnv has guards on sizes
+    if isinstance(env, QuietShapeEnv) and (env.guards or env.replacements):
         raise Specialized(f"tracing needed the value of a float input: {env.guards}")
 
 
@@ -345,12 +381,18 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         # offset relative to the input's: the next call's input may sit elsewhere in
         # its storage (``c = a[1]`` then a fresh ``c``); guards fix its strides
         meta = TensorMeta.of(leaf)
-        meta = replace(meta, offset=meta.offset - int(f.storage_offset()))
+        meta = replace(meta, offset=meta.offset - _offset(f))
         made = _creation(leaf)
         return Output("alias", i, leaf.requires_grad, meta=meta, creation=made)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     made = _creation(leaf)  # eager refuses in-place writes to it too
     return Output("graph", graph_index, grad, TensorMeta.of(leaf), creation=made)
+
+
+def _offset(t: torch.Tensor) -> Any:
+    """A storage offset: an int, or a SymInt left symbolic (``int()`` would add a guard)."""
+    offset = t.storage_offset()
+    return offset if isinstance(offset, torch.SymInt) else int(offset)
 
 
 _REFUSED = ("MULTI_OUTPUT_NODE", "NO_GRAD_MODE")  # creations autograd refuses to write
@@ -392,7 +434,7 @@ def _outputs(leaves: list[Any], fakes: list[Any], grad: bool) -> tuple[list[Outp
         elif out.kind == "graph":  # a view of graph output ``base``
             base = bases[id(leaf._base)]
             meta = TensorMeta.of(leaf)
-            meta = replace(meta, offset=meta.offset - int(leaf._base.storage_offset()))
+            meta = replace(meta, offset=meta.offset - _offset(leaf._base))
             made = _creation(leaf)
             outputs[pos] = Output("view", index[base], leaf.requires_grad, meta=meta, creation=made)
     return outputs, positions
@@ -407,10 +449,10 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     >>> [(o.kind, o.index, o.requires_grad) for o in sig.outputs]
     [('alias', 0, True), ('graph', 0, True), ('constant', -1, False)]
     """
-    mode = _fake_mode()
+    mode = _fake_mode(inputs)
     fakes = _fakes(mode, inputs)
     before = [_version(f) for f in fakes]
-    metas = [_meta(f) for f in fakes]
+    keys = [_key(f) for f in fakes]
     wanted = [_requires_grad(f) for f in fakes]
     with mode, torch.set_grad_enabled(grad):
         leaves, spec = pytree.tree_flatten(fn(*fakes))
@@ -422,7 +464,7 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
             "run this function eagerly"
         )
     versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
-    restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _meta(f) != metas[i])
+    restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _key(f) != keys[i])
     outputs, positions = _outputs(leaves, fakes, grad)
     grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
     grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t) or i in changed)
@@ -446,6 +488,11 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
 
 def _meta(value: Any) -> TensorMeta | None:
     return TensorMeta.of(value) if isinstance(value, torch.Tensor) else None
+
+
+def _key(value: Any) -> Any:
+    meta = _meta(value)
+    return meta.key() if meta is not None else None
 
 
 def _version(value: Any) -> int:
@@ -542,7 +589,9 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     The second trace is skipped when the first graph mutates nothing (no op with a
     mutable schema): functionalization would give the same graph back.
     """
-    aten_gm = make_fx(f, decomposition_table=table, tracing_mode="fake")(*args)
+    # symbolic sizes: traced as sym_size nodes and SymInt arguments, not as numbers
+    mode: Literal["symbolic", "fake"] = "symbolic" if any(map(is_symbolic, args)) else "fake"
+    aten_gm = make_fx(f, decomposition_table=table, tracing_mode=mode)(*args)
     draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
@@ -550,7 +599,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)
     functional = torch.func.functionalize(aten_gm, remove="mutations")
-    traced = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*args)
+    traced = make_fx(functional, decomposition_table=table, tracing_mode=mode)(*args)
     return plain_numbers(traced)
 
 
@@ -675,7 +724,7 @@ def trace_joint(
     fn: Callable[..., Any], inputs: Sequence[torch.Tensor], sig: Signature, table: Table
 ) -> JointGraph:
     """The functional joint forward+backward graph of ``fn`` (see the module docstring)."""
-    mode = _fake_mode()
+    mode = _fake_mode(inputs)
     primals = _fakes(mode, inputs)
     tangents = _tangents(mode, sig, inputs)
     # Fakes of inputs sharing a storage are views of one fake base, so autograd would pass
@@ -705,7 +754,7 @@ def trace_forward(
     >>> fw.mutated, fw.gm(torch.zeros(2))
     ((0,), [tensor([0.8415, 0.8415]), tensor([1., 1.])])
     """
-    mode = _fake_mode()
+    mode = _fake_mode(inputs)
     primals = _fakes(mode, inputs)
     with torch.no_grad():
         gm = _trace(_graph_outputs(fn, sig), primals, table)
@@ -727,79 +776,3 @@ def _finish(gm: torch.fx.GraphModule, n_primals: int, n_outs: int) -> tuple[int,
     gm.graph.lint()
     gm.recompile()
     return mutated
-
-
-def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
-    """Replace each trailing ``copy_(input, new)`` by ``new`` as an output after the first
-    ``n_outs``; return the indices of the inputs written back."""
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    output = gm.graph.output_node()
-    mutated: list[int] = []
-    news: list[torch.fx.Node] = []
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is aten.copy_.default:
-            dest, new = node.args[0], node.args[1]
-            if dest not in placeholders or node.users:
-                raise Unsupported(
-                    f"aot_compile: {node.format_node()} survived functionalization; in-place "
-                    "changes to an input's metadata (t_, transpose_, resize_) are not supported"
-                )
-            mutated.append(placeholders.index(dest))
-            news.append(new)
-            gm.graph.erase_node(node)
-    outs = list(output.args[0])  # type: ignore[arg-type]
-    output.args = ([*outs[:n_outs], *news, *outs[n_outs:]],)
-    return tuple(mutated)
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return tuple(_frozen(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    return value
-
-
-def _pure(node: torch.fx.Node) -> bool:
-    """A node whose result depends only on its op and arguments: it can be shared."""
-    target = node.target
-    if target is operator.getitem:
-        return True
-    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
-        return False
-    return torch.Tag.nondeterministic_seeded not in target.tags  # two dropouts: two masks
-
-
-def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> None:
-    """Merge nodes that apply the same pure op to the same arguments.
-
-    >>> graph = torch.fx.Graph()
-    >>> w = graph.placeholder("w")
-    >>> a = graph.call_function(torch.ops.aten.t.default, (w,))
-    >>> b = graph.call_function(torch.ops.aten.t.default, (w,))
-    >>> _ = graph.output([a, b])
-    >>> gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    >>> eliminate_common_subexpressions(gm)
-    >>> [n.name for n in gm.graph.nodes]
-    ['w', 't_default', 'output']
-    """
-    seen: dict[Any, torch.fx.Node] = {}
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not _pure(node):
-            continue
-        key = (node.target, _frozen(node.args), _frozen(node.kwargs))
-        try:
-            first = seen.setdefault(key, node)
-        except TypeError:  # an unhashable argument: leave the node alone
-            continue
-        if first is not node:
-            node.replace_all_uses_with(first)
-            gm.graph.erase_node(node)
-
-
-def strip_detach(gm: torch.fx.GraphModule) -> None:
-    """Remove ``detach`` nodes: in a graph without autograd they are the identity."""
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is aten.detach.default:
-            node.replace_all_uses_with(node.args[0])
-            gm.graph.erase_node(node)
