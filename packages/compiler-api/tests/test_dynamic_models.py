@@ -19,7 +19,8 @@ if models.missing() is not None:
 BATCHES = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 LENGTHS = [4, 6, 8, 10, 12, 14, 16, 18, 20, 22]  # even: T5's decoder (length // 2) varies too
 CASES = [(n, "batch") for n in ["gpt2", "bert", "llama", "t5", "vit"]] + [
-    (n, "seq") for n in ["gpt2", "bert", "llama", "t5"]  # ViT's image size is fixed
+    (n, "seq")
+    for n in ["gpt2", "bert", "llama", "t5"]  # ViT's image size is fixed
 ]
 
 
@@ -31,16 +32,17 @@ def _fresh():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize(("name", "dim"), CASES)
 @pytest.mark.parametrize(("dynamic", "most"), [(True, 1), (None, 2)])
-def test_a_sweep_compiles_once_or_twice_and_matches_eager(name, dim, dynamic, most):
+def test_a_sweep_compiles_once_or_twice_and_matches_eager(backend, name, dim, dynamic, most):
     spec = models.HF_MODELS[name]
     model, _ = spec.make(quick=True)
     model.eval()
     base = spec.sizes(True)
     if dim == "seq":  # positions for the longest length
         model = _long_model(spec, max(LENGTHS))
-    compiled = ember.compiler.compile(model, backend="eager", dynamic=dynamic)
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=dynamic)
     for n in BATCHES if dim == "batch" else LENGTHS:
         torch.manual_seed(n)
         inputs = spec.inputs(dataclasses.replace(base, **{dim: n}))
@@ -74,3 +76,27 @@ def test_generate_16_tokens_recompiles_at_most_twice(name):
     assert torch.equal(got, want) and got.shape[1] == 22
     assert model.forward.stats.graphs <= 2  # the prompt, then one graph for every step
     assert not model.forward.stats.failures and not model.forward.stats.breaks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_training_gradients_match_eager_over_a_batch_sweep(name):
+    spec = models.HF_MODELS[name]
+    model, _ = spec.make(quick=True)
+    model.eval()  # no dropout: the same numbers both ways; gradients still flow
+    compiled = ember.compiler.compile(model, backend="aot_eager", dynamic=True)
+    for n in [2, 3, 5, 8]:
+        torch.manual_seed(n)
+        inputs = spec.inputs(dataclasses.replace(spec.sizes(True), batch=n))
+        grads = []
+        for run in (compiled, model):
+            model.zero_grad(set_to_none=True)
+            run(**inputs).logits.square().mean().backward()
+            grads.append(
+                {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+            )
+        assert grads[0].keys() == grads[1].keys()
+        for key in grads[1]:
+            torch.testing.assert_close(grads[0][key], grads[1][key], rtol=1e-4, atol=1e-5)
+    assert compiled.stats.graphs == 1
+    assert not compiled.stats.failures and not compiled.stats.breaks

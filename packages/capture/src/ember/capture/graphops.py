@@ -269,7 +269,9 @@ def tensor_sizes(fs: FrameState, v: TensorV, attr: str = "shape") -> Value:
     value = tuple(getattr(v.fake, attr)) if attr == "shape" else getattr(v.fake, attr)()
     if not shapes.contains_symbolic(value):
         return Const(getattr(v.fake, attr) if attr == "shape" else value)
-    node = fs.tracer.add_node("call_method", "size" if attr == "shape" else attr, (v.node,), {}, value)
+    node = fs.tracer.add_node(
+        "call_method", "size" if attr == "shape" else attr, (v.node,), {}, value
+    )
     fs.tracer.ops -= 1  # reading metadata is no work for a backend
     return symbolic_value(fs, node, value)
 

@@ -45,11 +45,11 @@ class SizeSources:
 
     @staticmethod
     def size(base: Source, dim: int) -> Source:
-        return sources.TensorSize(base, dim)  # type: ignore[attr-defined]
+        return sources.TensorSize(base, dim)
 
     @staticmethod
     def stride(base: Source, dim: int) -> Source:
-        return sources.TensorStride(base, dim)  # type: ignore[attr-defined]
+        return sources.TensorStride(base, dim)
 
     @staticmethod
     def offset(base: Source) -> Source:
@@ -222,7 +222,9 @@ class GuardCollector:
             self._add(kinds.tensor_match(source, t, self._where()))
             return
         where = self._where()
-        self._add(kinds.tensor_match(source, t, where, dynamic_sizes=sizes, dynamic_strides=strides))
+        self._add(
+            kinds.tensor_match(source, t, where, dynamic_sizes=sizes, dynamic_strides=strides)
+        )
 
     def shape_relation(self, expr: str, symbols: dict[str, Source], where: str | None) -> None:
         """``expr`` (Python, over ``symbols``' names) holds for the frame's sizes; ``where``

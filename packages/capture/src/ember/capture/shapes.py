@@ -165,7 +165,8 @@ def observe(code: types.CodeType, key: str, sizes: tuple[int, ...]) -> frozenset
         seen = _SEEN.setdefault(code, {})
         last, changed = seen.get(key, (sizes, frozenset()))
         if len(last) == len(sizes):
-            changed = changed | {d for d, (a, b) in enumerate(zip(last, sizes)) if a != b}
+            pairs = enumerate(zip(last, sizes, strict=True))
+            changed = changed | {d for d, (a, b) in pairs if a != b}
         seen[key] = (sizes, changed)
         return changed
 
@@ -219,10 +220,11 @@ def contains_symbolic(x: Any) -> bool:
 def concrete(x: Any) -> Any:
     """The Python number symbolic ``x`` has here; the ShapeEnv records the guard that keeps
     it (``s0 == 8``), so code that needs the number itself specialises soundly."""
-    for kind, convert in ((torch.SymBool, bool), (torch.SymInt, int), (torch.SymFloat, float)):
-        if isinstance(x, kind):
-            return convert(x)
-    return x
+    if isinstance(x, torch.SymBool):
+        return bool(x)
+    if isinstance(x, torch.SymInt):
+        return int(x)
+    return float(x) if isinstance(x, torch.SymFloat) else x
 
 
 def _constant(x: Any) -> bool:
@@ -231,7 +233,7 @@ def _constant(x: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class _Named(Source):  # type: ignore[misc]
+class _Named(Source):
     """The name ShapeEnv gives the symbols of one input (its messages and logs use it);
     ember itself reads symbols through its own sources (:meth:`Shapes.guard`)."""
 
@@ -242,7 +244,7 @@ class _Named(Source):  # type: ignore[misc]
         return self.label
 
     @property
-    def guard_source(self) -> GuardSource:  # type: ignore[override]
+    def guard_source(self) -> GuardSource:
         return GuardSource.LOCAL
 
 
@@ -283,20 +285,22 @@ class Shapes:
         self, fake_mode: Any, real: torch.Tensor, source: Any, key: str, parameter: bool
     ) -> torch.Tensor:
         """The fake tensor of input ``real``: symbolic where the policy says."""
-        code, sizes = self.code, tuple(real.shape)
-        changed = observe(code, key, sizes) if code is not None else frozenset()
+        code = self.code
+        changed = observe(code, key, tuple(real.shape)) if code is not None else frozenset()
         dims = self.policy.dims(real, parameter=parameter, changed=changed)
         plain = type(real) in (torch.Tensor, torch.nn.Parameter)
         if not dims or real.layout is not torch.strided or not plain:
-            return fake_mode.from_tensor(real, static_shapes=True)
+            return fake_mode.from_tensor(real, static_shapes=True)  # type: ignore[no-any-return]
         if fake_mode.shape_env is None:  # from here on the mode makes symbolic fakes
             fake_mode.shape_env, fake_mode.static_shapes = self.env, False
-        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
-        context = StatelessSymbolicContext(dynamic_sizes=sizes)
-        fake = fake_mode.from_tensor(real, symbolic_context=context, source=_Named(key))
+        kinds = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
+        context: StatelessSymbolicContext[Any, Any] = StatelessSymbolicContext(dynamic_sizes=kinds)
+        fake: torch.Tensor = fake_mode.from_tensor(
+            real, symbolic_context=context, source=_Named(key)
+        )
         marks = {d: m for d, m in marks_of(real).items() if d in dims}
         for d, mark in marks.items():
-            size = fake.shape[d]
+            size: Any = fake.shape[d]
             low, high = mark.min or 0, sympy.oo if mark.max is None else mark.max
             if not low <= real.shape[d] <= high:
                 raise MarkedDynamicError(
@@ -375,7 +379,9 @@ class Shapes:
         code specialised it, ``s1 == s0`` when it equated two sizes)."""
         out: list[tuple[Any, dict[str, Any]]] = []
         self.note_where(None)
-        last = {}  # the line of the last branch on each symbol: what refined its range
+        last: dict[
+            Any, Any
+        ] = {}  # the line of the last branch on each symbol: what refined its range
         for g, where in zip(self.env.guards, self.wheres, strict=True):
             last |= dict.fromkeys(g.expr.free_symbols, where)
         for sym in bound:

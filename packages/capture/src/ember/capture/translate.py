@@ -35,9 +35,9 @@ from ember.capture.codegen import (
 )
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
+from ember.capture.shapes import Policy, Shapes
 from ember.capture.timing import TIMES
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
-from ember.capture.shapes import Policy, Shapes
 from ember.capture.values import (
     EMPTY,
     NULL,

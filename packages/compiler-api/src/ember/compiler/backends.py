@@ -170,11 +170,6 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
     )
 
 
-# Backends that cannot take graphs with symbolic sizes yet: frames compiled for them keep
-# every size static (issue 18: aotgraph and inductor are being taught symbolic shapes).
-aot_eager.supports_dynamic = False  # type: ignore[attr-defined]
-
-
 def supports_dynamic(backend: Any) -> bool:
     """Whether ``backend`` takes graphs with symbolic sizes (``torch.SymInt`` in its fake
     tensors); a user's backend does unless it says ``supports_dynamic = False``.
@@ -242,6 +237,8 @@ def inductor(
     )
 
 
+# inductor cannot generate kernels for symbolic sizes yet (issue 18): frames compiled for
+# it keep every size static, as before.
 inductor.supports_dynamic = False  # type: ignore[attr-defined]
 
 
