@@ -313,3 +313,39 @@ def test_random_sizes_never_reuse_a_graph_where_eager_differs(backend: str, dyna
 
     with ember.compiler.config.patch({"guards.cache_size_limit": 64}):
         run()
+
+
+class Cached(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.table = torch.randn(6, 4)  # a plain tensor attribute: symbolic under dynamic=True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).sum(0) + self.table.sum(0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mark_static_of_a_module_pins_its_tensor_attributes(backend: str) -> None:
+    model = Cached()
+    ember.compiler.mark_static(model)
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=True)
+    for n in [3, 5]:
+        x = torch.randn(n, 4)
+        assert_same(compiled(x), model(x))
+    assert compiled.stats.graphs == 1  # the batch is symbolic
+    model.table = torch.randn(7, 4)  # unmarked, and now of another size: guarded, new graph
+    x = torch.randn(3, 4)
+    assert_same(compiled(x), model(x))
+    assert compiled.stats.graphs == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_mark_static_a_module_tensor_attribute_is_symbolic(backend: str) -> None:
+    model = Cached()
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=True)
+    x = torch.randn(3, 4)
+    assert_same(compiled(x), model(x))
+    model.table = torch.randn(7, 4)  # its size is symbolic: the same graph serves it
+    assert_same(compiled(x), model(x))
+    assert compiled.stats.graphs == 1

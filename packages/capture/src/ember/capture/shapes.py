@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 _MARKS = "_ember_dynamic_marks"  # on a tensor: {dim: Mark}
-_STATIC = "_ember_static_dims"  # on a tensor: frozenset of dims; on a module: True
+_STATIC = "_ember_static_dims"  # on a tensor: frozenset of dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +119,29 @@ def _mark(t: torch.Tensor, dim: int | Iterable[int], mark: Mark) -> None:
 
 def mark_static(t: torch.Tensor | torch.nn.Module, dim: int | Iterable[int] | None = None) -> None:
     """Keep size ``dim`` of ``t`` (all its sizes when ``dim`` is None) static whatever the
-    policy; for a module, every parameter and buffer it holds, and every tensor attribute.
+    policy; for a module, every parameter, buffer and tensor attribute it and its
+    submodules hold now.
 
     >>> x = torch.ones(8, 3)
     >>> mark_static(x, 0)
     >>> getattr(x, "_ember_static_dims")
     frozenset({0})
+    >>> m = torch.nn.Linear(2, 2)
+    >>> mark_static(m)
+    >>> getattr(m.weight, "_ember_static_dims")
+    frozenset({0, 1})
     """
     if isinstance(t, torch.nn.Module):
         if dim is not None:
             raise TypeError("mark_static(module) takes no dim")
-        object.__setattr__(t, _STATIC, True)
+        for sub in t.modules():
+            held = [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]
+            held += [v for v in vars(sub).values() if isinstance(v, torch.Tensor)]
+            for tensor in held:
+                mark_static(tensor)
         return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a tensor or a module, got {type(t).__name__}")
     dims = range(t.dim()) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     setattr(t, _STATIC, frozenset(getattr(t, _STATIC, ())) | {_check_dim(t, d) for d in dims})
 
@@ -138,11 +149,6 @@ def mark_static(t: torch.Tensor | torch.nn.Module, dim: int | Iterable[int] | No
 def marks_of(t: torch.Tensor) -> dict[int, Mark]:
     """The dims of ``t`` marked dynamic, with their marks."""
     return dict(getattr(t, _MARKS, {}))
-
-
-def static_module(module: Any) -> bool:
-    """Whether ``mark_static(module)`` pinned every tensor of ``module``."""
-    return getattr(module, _STATIC, False) is True
 
 
 # -- automatic dynamic ---------------------------------------------------------------------
