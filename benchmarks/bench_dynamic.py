@@ -88,6 +88,7 @@ def run(name: str, dim: str, backend: str, rounds: int) -> None:
         import torch._dynamo
 
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()  # graphs are counted from here
         torch._dynamo.config.cache_size_limit = 64
         peer = torch.compile(model, backend=backend, dynamic=dynamic)
         torch_first, torch_s = sweep(peer, made, rounds)
