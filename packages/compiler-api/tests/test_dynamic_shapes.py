@@ -349,3 +349,28 @@ def test_without_mark_static_a_module_tensor_attribute_is_symbolic(backend: str)
     model.table = torch.randn(7, 4)  # its size is symbolic: the same graph serves it
     assert_same(compiled(x), model(x))
     assert compiled.stats.graphs == 1
+
+
+def scaled_by_item(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * y.sum().item() + 1
+
+
+def masked(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return x[x > 0].sum() * 2, torch.nonzero(x).shape[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_values_stay_in_the_graph_when_asked(backend: str) -> None:
+    x, y = torch.randn(4), torch.randn(3)
+    default = ember.compiler.compile(scaled_by_item, backend=backend)
+    assert_same(default(x, y), scaled_by_item(x, y))
+    assert len(default.stats.breaks) == 1  # torch's default: .item() breaks the graph
+    settings = {"capture.scalar_outputs": True, "capture.dynamic_output_shape_ops": True}
+    with ember.compiler.config.patch(settings):
+        for fn, args in [(scaled_by_item, (x, y)), (masked, (torch.randn(7),))]:
+            ember.compiler.reset()
+            compiled = ember.compiler.compile(fn, backend=backend, fullgraph=True)
+            for _ in range(3):  # new values, the same graph
+                assert_same(compiled(*args), fn(*args))
+                args = tuple(torch.randn_like(a) for a in args)
+            assert compiled.stats.graphs == 1

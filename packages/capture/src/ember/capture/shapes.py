@@ -45,6 +45,8 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
+from ember.capture import settings
+
 __all__ = [
     "Mark",
     "Policy",
@@ -284,8 +286,19 @@ class Shapes:
         it. ``.item()`` and ``nonzero`` still raise on fake tensors (they break the graph),
         as without one."""
         if self._env is None:
-            self._env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+            now = settings.section.get()
+            self._env = ShapeEnv(
+                allow_scalar_outputs=now.scalar_outputs,
+                allow_dynamic_output_shape_ops=now.dynamic_output_shape_ops,
+            )
         return self._env
+
+    def data_dependent(self, fake_mode: Any) -> None:
+        """Give ``fake_mode`` the ShapeEnv from the start when a setting asks for unbacked
+        symbols (``.item()``, ``nonzero``): without one, fake tensors raise instead."""
+        now = settings.section.get()
+        if (now.scalar_outputs or now.dynamic_output_shape_ops) and fake_mode.shape_env is None:
+            fake_mode.shape_env, fake_mode.static_shapes = self.env, False
 
     def fake_input(
         self, fake_mode: Any, real: torch.Tensor, source: Any, key: str, parameter: bool
