@@ -374,3 +374,30 @@ def test_data_dependent_values_stay_in_the_graph_when_asked(backend: str) -> Non
                 assert_same(compiled(*args), fn(*args))
                 args = tuple(torch.randn_like(a) for a in args)
             assert compiled.stats.graphs == 1
+
+
+@pytest.mark.parametrize("backend", ["eager"])  # aotgraph refuses unbacked inputs (a reason)
+def test_mark_unbacked_serves_sizes_0_and_1_and_breaks_on_a_branch(backend: str) -> None:
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(0) * 2 + x.shape[0]
+
+    compiled = ember.compiler.compile(total, backend=backend)
+    for n in [5, 1, 0, 3]:
+        x = torch.randn(n, 3)
+        ember.compiler.mark_unbacked(x, 0)
+        assert_same(compiled(x), total(x))
+    assert compiled.stats.graphs == 1  # 0 and 1 did not specialise
+    ember.compiler.reset()
+    branching = ember.compiler.compile(branchy, backend=backend)
+    x = torch.randn(6)
+    ember.compiler.mark_unbacked(x, 0)
+    assert_same(branching(x), branchy(x))  # the branch runs natively, after a graph break
+    assert branching.stats.graphs == 0 or branching.stats.breaks
+
+
+def test_aot_eager_refuses_an_unbacked_input_size_with_a_reason() -> None:
+    compiled = ember.compiler.compile(scaled_rows, backend="aot_eager")
+    x = torch.randn(5, 6)
+    ember.compiler.mark_unbacked(x, 0)
+    assert_same(compiled(x), scaled_rows(x))
+    assert "unbacked" in compiled.stats.failures[0].reason

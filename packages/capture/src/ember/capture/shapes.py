@@ -53,6 +53,7 @@ __all__ = [
     "Shapes",
     "mark_dynamic",
     "mark_static",
+    "mark_unbacked",
     "marks_of",
     "maybe_mark_dynamic",
     "observe",
@@ -71,6 +72,7 @@ class Mark:
     min: int | None = None
     max: int | None = None
     strict: bool = True
+    unbacked: bool = False  # mark_unbacked: no value known while tracing, 0 and 1 included
 
 
 def _check_dim(t: Any, dim: int) -> int:
@@ -107,6 +109,19 @@ def maybe_mark_dynamic(t: torch.Tensor, dim: int | Iterable[int]) -> None:
     False
     """
     _mark(t, dim, Mark(strict=False))
+
+
+def mark_unbacked(t: torch.Tensor, dim: int | Iterable[int]) -> None:
+    """Make size ``dim`` of ``t`` symbolic with no value known while tracing: sizes 0 and 1
+    do not specialise, and code that branches on the size breaks the graph there (no
+    guard can decide it), as torch's ``mark_unbacked``.
+
+    >>> x = torch.ones(8)
+    >>> mark_unbacked(x, 0)
+    >>> marks_of(x)[0].unbacked
+    True
+    """
+    _mark(t, dim, Mark(strict=True, unbacked=True))
 
 
 def _mark(t: torch.Tensor, dim: int | Iterable[int], mark: Mark) -> None:
@@ -312,7 +327,12 @@ class Shapes:
             return fake_mode.from_tensor(real, static_shapes=True)  # type: ignore[no-any-return]
         if fake_mode.shape_env is None:  # from here on the mode makes symbolic fakes
             fake_mode.shape_env, fake_mode.static_shapes = self.env, False
-        kinds = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
+        unbacked = {d for d, m in marks_of(real).items() if m.unbacked and d in dims}
+        kinds = [
+            DimDynamic.UNBACKED if d in unbacked else DimDynamic.DYNAMIC if d in dims
+            else DimDynamic.STATIC
+            for d in range(real.dim())
+        ]  # fmt: skip
         context: StatelessSymbolicContext[Any, Any] = StatelessSymbolicContext(dynamic_sizes=kinds)
         fake: torch.Tensor = fake_mode.from_tensor(
             real, symbolic_context=context, source=_Named(key)
