@@ -38,6 +38,7 @@ from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
 from ember.inductor.loops import split_inner, without_unit_loops
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
+from ember.inductor.symbolic import hint
 
 __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "scalar_arg", "translation_unit"]
 
@@ -256,6 +257,8 @@ def _cindex(e: sympy.Expr) -> str:
         return "(" + " + ".join(_cindex(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + " * ".join(_cindex(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.args[1].is_Integer and 0 < int(e.args[1]) <= 8:
+        return "(" + " * ".join([_cindex(e.args[0])] * int(e.args[1])) + ")"
     if isinstance(e, sympy.floor):
         num, den = sympy.fraction(sympy.together(e.args[0]))
         return f"(({_cindex(num)}) / {_cindex(den)})"
@@ -310,11 +313,16 @@ static inline uint16_t ember_float_to_bf16(float f) {
 """  # noqa: E501
 
 
-def _loops(vars_: list[sympy.Symbol], ranges: tuple[int, ...]) -> list[str]:
+def _loops(vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
     return [
-        f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {n}")
+        f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {_bound(n)}")
         for v, n in zip(vars_, ranges, strict=True)
     ]
+
+
+def _bound(n: Any) -> str:
+    """A loop bound: an int, or a size expression over the kernel's size arguments."""
+    return str(n) if isinstance(n, int) else _cindex(sympy.sympify(n))
 
 
 class _KernelWriter(WelfordLoops):
@@ -324,8 +332,9 @@ class _KernelWriter(WelfordLoops):
         self.prog, self.kernel, self.p = sched.program, kernel, printer
         self.locals, self.scratch = sched.locals, sched.scratch
         self.lines: list[str] = []
-        self.outer_work = math.prod(kernel.outer)
-        work = self.outer_work * sum(math.prod(st.inner) for st in kernel.stages)
+        hints = sched.program.size_vars.hints if sched.program.size_vars is not None else {}
+        self.outer_work = hint(math.prod(kernel.outer), hints)  # example sizes: heuristics only
+        work = self.outer_work * sum(hint(math.prod(st.inner), hints) for st in kernel.stages)
         chosen = KNOBS.get()
         self.parallel, self.tile = work >= chosen.parallel_min_work, chosen.tile
         self.threads = chosen.num_threads  # the num_threads clause of parallel loops
@@ -333,6 +342,9 @@ class _KernelWriter(WelfordLoops):
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
         self.tiled = _column_kernel(kernel)
+        sv = sched.program.size_vars
+        self.size_symbols = sorted(sv.sources, key=str) if sv is not None else []
+        self.sizes: list[str] = []  # the size symbols the kernel reads, as int64 arguments
         mine = {s.name for st in kernel.stages for s in st.stores}
         # outputs written over a buffer the kernel reads, and that buffer: one memory
         self.shared = {n for o, d in sched.inplace.items() if o in mine for n in (o, d)}
@@ -341,8 +353,9 @@ class _KernelWriter(WelfordLoops):
         self.lines.append("  " * depth + line)
 
     def write(self) -> str:
-        if self.tiled:
-            return self.write_tiled()
+        return self.write_tiled() if self.tiled else self.write_loops()
+
+    def write_loops(self) -> str:
         k = self.kernel
         depth = 1
         if k.outer:
@@ -361,7 +374,14 @@ class _KernelWriter(WelfordLoops):
             self.stage(st, depth)
         for d in range(depth - 1, 0, -1):
             self.emit("}", d)
-        return self.signature() + "\n".join(self.lines) + "\n}\n"
+        return self.body()
+
+    def body(self) -> str:
+        """The function: its signature (size arguments: the symbols its lines name) and body."""
+        text = "\n".join(self.lines)
+        names = [str(s) for s in self.size_symbols]
+        self.sizes = [n for n in names if re.search(rf"\b{n}\b", text)]
+        return self.signature() + text + "\n}\n"
 
     def write_tiled(self) -> str:
         """A column kernel: reductions over rows, vectorised across a tile of the last outer
@@ -374,10 +394,10 @@ class _KernelWriter(WelfordLoops):
         for line in _loops(X[: n - 1], k.outer[:-1]):
             self.emit(line, depth)
             depth += 1
-        self.emit(f"for (int64_t xb = 0; xb < {k.outer[-1]}; xb += {self.tile}) {{", depth)
+        end = _bound(k.outer[-1])
+        self.emit(f"for (int64_t xb = 0; xb < {end}; xb += {self.tile}) {{", depth)
         self.emit(
-            f"const int64_t xe = xb + {self.tile} < {k.outer[-1]}"
-            f" ? xb + {self.tile} : {k.outer[-1]};",
+            f"const int64_t xe = xb + {self.tile} < {end} ? xb + {self.tile} : {end};",
             depth + 1,
         )
         for st in k.stages:
@@ -388,7 +408,7 @@ class _KernelWriter(WelfordLoops):
             self.tiled_stage(st, depth + 1, xk)
         for d in range(depth, 0, -1):
             self.emit("}", d)
-        return self.signature() + "\n".join(self.lines) + "\n}\n"
+        return self.body()
 
     def tiled_stage(self, st: Stage, depth: int, xk: str) -> None:
         """One stage of a column kernel: a reduction's accumulators over the tile, the loop
@@ -504,6 +524,7 @@ class _KernelWriter(WelfordLoops):
             params.append(f"{const}{element}* {restrict}{name}")
         for name, dtype in self.scalars.items():
             params.append(f"const {self.p.type(dtype)} {self.p.SCALAR.format(name)}")
+        params += [f"const int64_t {name}" for name in self.sizes]
         return f'extern "C" void {self.kernel.name}({", ".join(params)}) {{\n'
 
     @property
@@ -513,7 +534,8 @@ class _KernelWriter(WelfordLoops):
     @property
     def args(self) -> list[str]:
         """The kernel's arguments as the wrapper passes them: buffers, then numbers."""
-        return self.buffer_args + [scalar_arg(n, d) for n, d in self.scalars.items()]
+        sizes = [scalar_arg(n, torch.int64) for n in self.sizes]
+        return self.buffer_args + [scalar_arg(n, d) for n, d in self.scalars.items()] + sizes
 
     def _note_reads(self, e: Expr) -> None:
         for n in walk(e):
@@ -733,8 +755,8 @@ TILEABLE = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL}) | WELFOR
 def _column_kernel(kernel: Kernel) -> bool:
     """Reductions that read along a strided inner index while the last outer index is the
     contiguous one (sums over the batch in backward graphs)."""
-    if not kernel.outer or kernel.outer[-1] < 8:
-        return False
+    if not kernel.outer or (isinstance(kernel.outer[-1], int) and kernel.outer[-1] < 8):
+        return False  # (a symbolic size: tiles handle any length, tails included)
     xk, column = X[len(kernel.outer) - 1], False
     for st in kernel.stages:
         for s in st.stores:

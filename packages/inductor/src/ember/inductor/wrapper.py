@@ -27,11 +27,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
+from ember.inductor.symbolic import FloatSize, is_static, pyexpr, pytuple
 
 __all__ = ["bind", "wrapper_source"]
 
@@ -82,10 +84,9 @@ def _ref(sched: Schedule, ref: Ref, computed: set[str]) -> str:
     if dims is not None:  # a transpose costs 1.7 us, as_strided with its offset 2.7 us
         last_two = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
         return f"{ref.name}.mT" if dims == last_two else f"{ref.name}.permute{tuple(dims)}"
-    base = (
-        str(lay.offset) if ref.name in computed else f"{ref.name}.storage_offset() + {lay.offset}"
-    )
-    return f"_as_strided({ref.name}, {lay.sizes}, {lay.strides}, {base})"
+    offset = pyexpr(lay.offset)
+    base = offset if ref.name in computed else f"{ref.name}.storage_offset() + {offset}"
+    return f"_as_strided({ref.name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)}, {base})"
 
 
 def _permutation(base: Layout, view: Layout) -> list[int] | None:
@@ -110,6 +111,10 @@ def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
         return _ref(sched, tree, computed)
     if isinstance(tree, Scalar):
         return tree.name
+    if isinstance(tree, sympy.Basic):  # a symbolic size, from the call's size variables
+        return pyexpr(tree)
+    if isinstance(tree, FloatSize):
+        return f"float({pyexpr(tree.size)})"
     if isinstance(tree, list | tuple):
         inner = ", ".join(_arg(src, sched, t, computed) for t in tree)
         return (
@@ -126,17 +131,22 @@ def wrapper_source(
     kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
+    if prog.size_vars is not None:  # the size symbols, read off this call's inputs
+        for sym, (name, kind, d) in prog.size_vars.sources.items():
+            read = name if kind == "int" else f"{name}.{kind}({d})"
+            src.lines.append(f"    {sym} = {read}")
     for name in prog.inputs:
         if name in kernel_reads:
             lay = prog.buffers[name].layout
             src.lines.append(
-                f"    if {name}.stride() != {lay.strides}: "
-                f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
+                f"    if {name}.stride() != {pytuple(lay.strides)}: "
+                f"{name} = _restride({name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)})"
             )
     for op in prog.scalar_ops:
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     for c in prog.index_checks:
-        src.lines.append(f"    _check_index({c.name}, {c.size}, {c.error!r}, {c.message!r})")
+        size = pyexpr(c.size)
+        src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
     if pooled:
         src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
@@ -205,6 +215,8 @@ def _pooled(sched: Schedule) -> list[str]:
     for step in sched.steps:
         for name in _allocated(step, sched):
             buf = prog.buffers[name]
+            if not is_static((buf.layout.sizes, buf.layout.strides)):
+                continue  # its size changes from call to call
             nbytes = buf.layout.extent * buf.dtype.itemsize
             if name not in escaping and size + nbytes <= POOL_MAX_BYTES:
                 out.append(name)
@@ -224,7 +236,7 @@ def _alloc(src: _Source, sched: Schedule, names: list[str]) -> list[str]:
     out = []
     for name in names:
         lay, dtype = sched.program.buffers[name].layout, sched.program.buffers[name].dtype
-        out.append(f"_empty({lay.sizes}, {lay.strides}, dtype={_dtype_name(dtype, src)})")
+        out.append(f"_empty({pytuple(lay.sizes)}, {pytuple(lay.strides)}, dtype={_dtype_name(dtype, src)})")
     return out
 
 
@@ -242,8 +254,8 @@ def _kernel_call(
                 continue
             buf = sched.program.buffers[store.name]
             src.lines.append(
-                f"    {store.name} = _empty({buf.layout.sizes}, {buf.layout.strides}, "
-                f"dtype={_dtype_name(buf.dtype, src)})"
+                f"    {store.name} = _empty({pytuple(buf.layout.sizes)}, "
+                f"{pytuple(buf.layout.strides)}, dtype={_dtype_name(buf.dtype, src)})"
             )
     ptrs = ", ".join(a.split(":")[0] if ":" in a else f"{a}.data_ptr()" for a in args)
     src.lines.append(f"    {kernel.name}({ptrs})")
@@ -296,8 +308,8 @@ def _extern_call(
         if name in restride:
             lay = sched.program.buffers[name].layout
             src.lines.append(
-                f"    if {name}.stride() != {lay.strides}: "
-                f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
+                f"    if {name}.stride() != {pytuple(lay.strides)}: "
+                f"{name} = _restride({name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)})"
             )
 
 
