@@ -336,7 +336,8 @@ class Lowerer:
 
     def scalar_op(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Scalar:
         """Arithmetic on numbers (``operator.truediv``, ``max``): computed by the wrapper."""
-        if kwargs or not all(isinstance(a, Scalar | int | float | bool) for a in args):
+        numbers = Scalar | int | float | bool | sympy.Basic | FloatSize  # sizes too
+        if kwargs or not all(isinstance(a, numbers) for a in args):
             raise Fallback(f"{node.name}: {node.target} of a tensor or container, not numbers")
         out = self.new_scalar(node.name, node.meta["val"])
         target, args = _flatten_extremum(node, args, self.scalar_ops)

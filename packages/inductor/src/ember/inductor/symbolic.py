@@ -12,10 +12,11 @@ expression over those symbols, so one build serves every size. Nothing here call
 >>> from torch.fx.experimental.proxy_tensor import make_fx
 >>> gm = make_fx(lambda x: x.exp(), tracing_mode="symbolic")(torch.randn(5, 3))
 >>> sv = size_vars(gm, [torch.randn(5, 3)])
->>> [(str(s), src) for s, src in sv.sources.items()], sv.hints
-([('ks0', ('x_1', 'size', 0)), ('ks1', ('x_1', 'size', 1))], {ks0: 5, ks1: 3})
->>> pyexpr(sympy.floor(sv.sym(gm.graph.find_nodes(op="placeholder")[0].meta["val"].numel()) / 2))
-'((ks0*ks1) // 2)'
+>>> list(sv.sources.values()), sorted(sv.hints.values())
+([('x_1', 'size', 0), ('x_1', 'size', 1)], [3, 5])
+>>> rows, cols = sv.sources
+>>> sv.sym(gm.graph.find_nodes(op="placeholder")[0].meta["val"].numel()) == rows * cols
+True
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ def _symbol_of(value: Any) -> sympy.Symbol | None:
 
 
 def _hint_of(value: torch.SymInt) -> int | None:
-    expr = value.node.expr
-    got = value.node.shape_env.var_to_val.get(expr)
+    expr, env = value.node.expr, value.node.shape_env
+    table = getattr(env, "backed_var_to_val", None)  # torch 2.13's name (var_to_val: older)
+    got = (table if table is not None else env.var_to_val).get(expr)
     return None if got is None else int(got)
 
 
@@ -186,7 +188,7 @@ def pyexpr(e: Any) -> str:
 
     >>> k = sympy.Symbol("ks0", integer=True, positive=True)
     >>> pyexpr(sympy.Mod(sympy.floor(k / 3), 2) + 1)
-    '(((ks0 // 3)) % 2 + 1)'
+    '(1 + ((ks0 // 3) % 2))'
     """
     if isinstance(e, int) or (isinstance(e, sympy.Basic) and e.is_Integer):
         return str(int(e))
@@ -197,16 +199,24 @@ def pyexpr(e: Any) -> str:
     if isinstance(e, sympy.Mul):
         return "*".join(pyexpr(a) for a in e.args)
     if isinstance(e, sympy.Pow) and e.args[1].is_Integer and int(e.args[1]) >= 0:
-        return f"({pyexpr(e.args[0])})**{int(e.args[1])}"
+        return f"{_operand(e.args[0])}**{int(e.args[1])}"
     if isinstance(e, sympy.floor):
         num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"(({pyexpr(num)}) // ({pyexpr(den)}))"
+        return f"({_operand(num)} // {_operand(den)})"
     if isinstance(e, sympy.Mod):
-        return f"(({pyexpr(e.args[0])}) % ({pyexpr(e.args[1])}))"
+        return f"({_operand(e.args[0])} % {_operand(e.args[1])})"
     if isinstance(e, sympy.Min | sympy.Max):
         fn = "min" if isinstance(e, sympy.Min) else "max"
         return f"{fn}({', '.join(pyexpr(a) for a in e.args)})"
     raise Unsupported(f"cannot print size {e}")
+
+
+def _operand(e: Any) -> str:
+    """``pyexpr(e)``, parenthesised unless it is one name or number (``*`` binds as ``//``)."""
+    text = pyexpr(e)
+    if isinstance(e, sympy.Mul | sympy.Pow) or text.startswith("-"):
+        return f"({text})"
+    return text
 
 
 def pytuple(sizes: Sequence[Any]) -> str:

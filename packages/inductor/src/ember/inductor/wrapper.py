@@ -109,18 +109,24 @@ def _permutation(base: Layout, view: Layout) -> list[int] | None:
 def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
     if isinstance(tree, Ref):
         return _ref(sched, tree, computed)
-    if isinstance(tree, Scalar):
-        return tree.name
-    if isinstance(tree, sympy.Basic):  # a symbolic size, from the call's size variables
-        return pyexpr(tree)
-    if isinstance(tree, FloatSize):
-        return f"float({pyexpr(tree.size)})"
     if isinstance(tree, list | tuple):
         inner = ", ".join(_arg(src, sched, t, computed) for t in tree)
         return (
             f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
         )
-    return src.const(tree)
+    return _size_or_const(src, tree)
+
+
+def _size_or_const(src: _Source, leaf: Any) -> str:
+    """A number leaf: a run-time number, a symbolic size (from the call's size variables,
+    ``float()`` of one), or a constant."""
+    if isinstance(leaf, Scalar):
+        return leaf.name
+    if isinstance(leaf, sympy.Basic):
+        return pyexpr(leaf)
+    if isinstance(leaf, FloatSize):
+        return f"float({pyexpr(leaf.size)})"
+    return src.const(leaf)
 
 
 def wrapper_source(
@@ -132,9 +138,7 @@ def wrapper_source(
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
     if prog.size_vars is not None:  # the size symbols, read off this call's inputs
-        for sym, (name, kind, d) in prog.size_vars.sources.items():
-            read = name if kind == "int" else f"{name}.{kind}({d})"
-            src.lines.append(f"    {sym} = {read}")
+        src.lines += _bind_sizes(prog)
     for name in prog.inputs:
         if name in kernel_reads:
             lay = prog.buffers[name].layout
@@ -171,6 +175,30 @@ def wrapper_source(
     if pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _bind_sizes(prog: Any) -> list[str]:
+    """Lines reading the size symbols off the call's inputs, then checking every other input
+    size against what the trace knew of it (``y.size(0) == x.size(1)``): a call breaking
+    such a relation raises rather than running kernels past the end of a buffer."""
+    lines, bound = [], {}
+    for sym, (name, kind, d) in prog.size_vars.sources.items():
+        read = name if kind == "int" else f"{name}.{kind}({d})"
+        lines.append(f"    {sym} = {read}")
+        bound[(name, kind, d)] = sym
+    for name in prog.inputs:
+        buf = prog.buffers.get(name)
+        if buf is None:
+            continue
+        for d, n in enumerate(buf.layout.sizes):
+            if bound.get((name, "size", d)) is not n:
+                want = pyexpr(n)
+                lines.append(
+                    f"    if {name}.size({d}) != {want}: "
+                    f"raise ValueError(f'{name}: size {d} is {{{name}.size({d})}}, compiled "
+                    f"for {want} = {{{want}}}')"
+                )
+    return lines
 
 
 def _drops(sched: Schedule, keep: set[str]) -> dict[int, list[str]]:
@@ -277,7 +305,7 @@ NUMBER_OPS: dict[Any, str] = {
 
 def _number(src: _Source, op: ScalarOp) -> str:
     """``op`` as a Python expression over the wrapper's variables."""
-    args = [a.name if isinstance(a, Scalar) else src.const(a) for a in op.args]
+    args = [_size_or_const(src, a) for a in op.args]
     fmt = NUMBER_OPS.get(op.target)
     if fmt is not None:
         return fmt.format(*args, all=", ".join(args))
