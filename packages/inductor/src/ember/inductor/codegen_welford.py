@@ -177,9 +177,9 @@ class WelfordLoops(abc.ABC):
         for d in range(depth + k - 1, depth - 1, -1):
             self.emit("}", d)
         self.emit(f"{t} {w}_mean = 0; {t} {w}_m2 = 0; int64_t {w}_n = 0;", depth)
-        for p, _, size in parts:
+        for p, _, used in parts:
             self.emit(
-                f"for (int64_t yl = 0; yl < {size}; ++yl) "
+                f"for (int64_t yl = 0; yl < {used}; ++yl) "
                 f"ember_welford_combine({w}_mean, {w}_m2, {w}_n, {w}_{p}m[yl], {w}_{p}s[yl], "
                 f"{w}_{p}c);",
                 depth,
@@ -217,7 +217,8 @@ def _lanes(n: Any, index: Any) -> tuple[list[tuple[str, int, int | str]], str]:
     if isinstance(n, int):
         lanes = min(WELFORD_LANES, n)
         rem = n % lanes
-        return [("", lanes, lanes)] + ([("t", rem, rem)] if rem else []), str(n - rem)
+        parts: list[tuple[str, int, int | str]] = [("", lanes, lanes)]
+        return parts + ([("t", rem, rem)] if rem else []), str(n - rem)
     c = index(n)
     tail = f"({c} % {WELFORD_LANES})"
     return [("", WELFORD_LANES, WELFORD_LANES), ("t", WELFORD_LANES, tail)], f"({c} - {tail[1:-1]})"

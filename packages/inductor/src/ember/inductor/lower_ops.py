@@ -29,8 +29,8 @@ from ember.inductor.knobs import KNOBS
 from ember.inductor.low_precision import LOW, rounded, to_common
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering, size_const
-from ember.inductor.symbolic import FloatSize
 from ember.inductor.ops import Op, Reduce
+from ember.inductor.symbolic import FloatSize
 
 __all__ = ["cast", "pointwise", "wrap_index"]
 
@@ -75,10 +75,8 @@ def _meta_of(ctx: Lowerer, a: Any) -> Any:
         return torch.empty((), dtype=a.dtype) if a.ndim == 0 else torch.empty((1,), dtype=a.dtype)
     if isinstance(a, Scalar):  # a Python number to type promotion, whatever its value
         return {torch.float64: 1.0, torch.int64: 1, torch.bool: True}[a.dtype]
-    if isinstance(a, sympy.Basic):  # a symbolic size: a Python int
-        return 1
-    if isinstance(a, FloatSize):
-        return 1.0
+    if isinstance(a, sympy.Basic | FloatSize):  # a symbolic size (float() of one)
+        return 1.0 if isinstance(a, FloatSize) else 1
     return a
 
 
@@ -124,11 +122,8 @@ def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr
             raise Fallback("float scalar with an integer computation")
         leaf = cast(scalar(a), dtype)  # eager too converts the number to the computation dtype
         return lambda idx: leaf
-    if isinstance(a, sympy.Basic | FloatSize):  # a symbolic size, from the kernel's arguments
-        if isinstance(a, FloatSize) and not dtype.is_floating_point:
-            raise Fallback("float scalar with an integer computation")
-        size = cast(Expr(Op.INDEX, torch.int64, (), getattr(a, "size", a)), dtype)
-        return lambda idx: size
+    if isinstance(a, sympy.Basic) or (isinstance(a, FloatSize) and dtype.is_floating_point):
+        return lambda idx: size_const(getattr(a, "size", a), dtype)  # symbolic: kernel args
     if not isinstance(a, int | float | bool):
         raise Fallback(f"scalar argument {a!r}")
     if isinstance(a, float) and not dtype.is_floating_point:
@@ -708,14 +703,6 @@ def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = 
 prims = torch.ops.prims
 
 
-@lowering(prims.broadcast_in_dim.default)
-def broadcast_in_dim(ctx: Lowerer, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
-    def index(idx: Sequence[sympy.Expr]) -> list[sympy.Expr]:
-        return [sympy.Integer(0) if a.sizes[j] == 1 else idx[d] for j, d in enumerate(dims)]
-
-    return Value(ctx.shape(ctx.meta), a.dtype, lambda idx: a.loader(index(idx)))
-
-
 @lowering(prims.convert_element_type.default)
 def convert_element_type(ctx: Lowerer, a: Value, dtype: torch.dtype) -> Value:
     return Value(a.sizes, dtype, lambda idx: cast(a.loader(idx), dtype))
@@ -770,12 +757,10 @@ def prims_var(ctx: Lowerer, a: Value, dims: Sequence[int], correction: float, **
         raise Fallback("var over no dims")
     n = math.prod(a.sizes[d % a.ndim] for d in dims) if a.ndim else 1
     m2 = _reduce(ctx, Reduce.WELFORD_M2, a, dims, False, acc, out=acc)
-    if isinstance(n, int):
-        denom = const(float(max(n - correction, 0)), acc)
-    elif float(correction).is_integer():  # n - correction, at least 0, computed in the kernel
-        denom = size_const(sympy.Max(n - int(correction), 0), acc)
-    else:
+    if not isinstance(n, int) and not float(correction).is_integer():
         raise Fallback(f"var with correction {correction} over a symbolic size")
+    count = max(n - correction, 0) if isinstance(n, int) else sympy.Max(n - int(correction), 0)
+    denom = size_const(count, acc)  # a symbolic one computed in the kernel
     out = ctx.meta.dtype
     return Value(m2.sizes, out, lambda idx: cast(_DIV(m2.loader(idx), denom), out))
 

@@ -198,6 +198,14 @@ def as_strided(ctx: Lowerer, v: Value, *args: Any, **kwargs: Any) -> Value:
     return window
 
 
+@lowering(torch.ops.prims.broadcast_in_dim.default)
+def broadcast_in_dim(ctx: Lowerer, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
+    def index(idx: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+        return [sympy.Integer(0) if a.sizes[j] == 1 else idx[d] for j, d in enumerate(dims)]
+
+    return Value(ctx.shape(ctx.meta), a.dtype, lambda idx: a.loader(index(idx)))
+
+
 @lowering(aten.alias.default, aten.detach.default)
 def alias(ctx: Lowerer, v: Value) -> Value:
     return v

@@ -389,7 +389,8 @@ class Lowerer:
         its value as a sympy expression over the size symbols, or None."""
         val = node.meta.get("val")
         if self.sv is not None and node.target is torch.sym_float and len(node.args) == 1:
-            size = self.values.get(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else None
+            arg = node.args[0]
+            size = self.values.get(arg) if isinstance(arg, torch.fx.Node) else None
             return FloatSize(size) if isinstance(size, sympy.Basic) else None
         if self.sv is None or not isinstance(val, torch.SymInt):
             return None
@@ -432,7 +433,11 @@ class Lowerer:
             if m is None:
                 results.append(None)
                 continue
-            buf = self.new_buffer(m.dtype, Layout(self.shape(m), self.strides(m)))
+            layout = Layout(self.shape(m), self.strides(m))
+            if self.sv is not None:  # its inputs may not have eager's strides (realized
+                # compact), so neither may it: compact, and the wrapper copies it when not
+                layout = Layout.contiguous(layout.sizes)
+            buf = self.new_buffer(m.dtype, layout)
             results.append(self.buffer_value(buf))
         names = tuple(v.ref.name for v in results if v is not None and v.ref is not None)
         self.nodes.append(Extern(names, target or node.target, *refs))
@@ -462,8 +467,8 @@ def size_const(n: Any, dtype: torch.dtype) -> Expr:
     >>> str(size_const(4, torch.float32)), str(size_const(sympy.Symbol("ks0"), torch.float32))
     ('4.0', 'CAST.float32((ks0))')
     """
-    if isinstance(n, int):
-        return const(float(n) if dtype.is_floating_point else n, dtype)
+    if isinstance(n, int | float):
+        return const(float(n) if dtype.is_floating_point else int(n), dtype)
     return Expr(Op.CAST, dtype, (Expr(Op.INDEX, torch.int64, (), n),))
 
 
@@ -540,7 +545,7 @@ SYMBOLIC_OPS = frozenset(
     sigmoid erf pow maximum minimum relu where clamp clamp_min clamp_max eq ne lt le gt ge
     logical_not logical_and logical_or bitwise_not sign _to_copy convert_element_type
     sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
-    alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor
+    alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
     var where_ threshold_backward isnan gelu silu""".split()
 )
 

@@ -56,7 +56,7 @@ class SizeVars:
         mine = sympy.Symbol(f"k{torch_sym.name}", integer=True, positive=True)
         self.by_torch[torch_sym] = mine
         self.sources[mine] = source
-        self.hints[mine] = int(hint_value)
+        self.hints[mine] = hint_value  # an int: int() of a SymInt would add a guard
 
     def sym(self, value: Any) -> Any:
         """``value`` (int, SymInt or torch sympy expression) over this graph's symbols: an
@@ -141,20 +141,23 @@ def size_vars(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> SizeVa
         if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
             symbolic = True
         if (s := _symbol_of(val)) is not None:
-            real = example if isinstance(example, int) else _hint_of(val)
+            real = example if type(example) is int else _hint_of(val)
             if real is not None:
                 sv.bind(s, (node.name, "int", 0), real)
         if not isinstance(val, torch.Tensor):
             continue
+        real_strides = example.stride() if isinstance(example, torch.Tensor) else None
         for kind, dims, real_dims in (
             ("size", val.shape, getattr(example, "shape", None)),
-            ("stride", val.stride(), example.stride() if isinstance(example, torch.Tensor) else None),
+            ("stride", val.stride(), real_strides),
         ):
             for d, n in enumerate(dims):
                 if (s := _symbol_of(n)) is None:
                     continue
                 symbolic = True
-                real = real_dims[d] if real_dims is not None else _hint_of(n)
+                real = real_dims[d] if real_dims is not None else None
+                real = real if type(real) is int else _hint_of(n)  # type: ignore[arg-type]
+                # (a fake example's size is a SymInt: its hint, never int() of it)
                 if real is not None:
                     sv.bind(s, (node.name, kind, d), real)
     return sv if symbolic else None

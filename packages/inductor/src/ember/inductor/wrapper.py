@@ -135,12 +135,18 @@ def wrapper_source(
     """The source of ``call(*inputs)`` and the globals it needs (besides kernels)."""
     prog, src = sched.program, _Source()
     kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
+    if prog.size_vars is not None:
+        # symbolic sizes: values are realized compact, not with eager's strides, so an extern
+        # result may not have the strides its fake value shows; every input and extern result
+        # is checked against the layout the kernels and windows (as_strided) assume
+        kernel_reads |= set(prog.inputs) | {n for s in sched.steps if isinstance(s, Extern)
+                                            for n in s.names}  # fmt: skip
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
     if prog.size_vars is not None:  # the size symbols, read off this call's inputs
         src.lines += _bind_sizes(prog)
     for name in prog.inputs:
-        if name in kernel_reads:
+        if name in kernel_reads and name in prog.buffers:
             lay = prog.buffers[name].layout
             src.lines.append(
                 f"    if {name}.stride() != {pytuple(lay.strides)}: "
@@ -264,7 +270,8 @@ def _alloc(src: _Source, sched: Schedule, names: list[str]) -> list[str]:
     out = []
     for name in names:
         lay, dtype = sched.program.buffers[name].layout, sched.program.buffers[name].dtype
-        out.append(f"_empty({pytuple(lay.sizes)}, {pytuple(lay.strides)}, dtype={_dtype_name(dtype, src)})")
+        shape, strides = pytuple(lay.sizes), pytuple(lay.strides)
+        out.append(f"_empty({shape}, {strides}, dtype={_dtype_name(dtype, src)})")
     return out
 
 
