@@ -125,6 +125,22 @@ def test_vector_tails_of_every_length(builds: list[str]) -> None:
     assert len(builds) == 1
 
 
+def test_threads_are_chosen_per_call(builds: list[str]) -> None:
+    """Traced small, called large: the kernels' OpenMP regions are decided at run time
+    (``if(work >= ...)``), so the large calls run on threads, with the same values."""
+
+    def fn(x: torch.Tensor) -> Any:
+        return (x * 2).sum(0), torch.softmax(x, -1), F.layer_norm(x, x.shape[-1:]), x.sum()
+
+    c = compiled(fn, torch.randn(5, 3))
+    assert c.source is not None and " if(" in c.source
+    for rows, cols in [(517, 300), (3, 70001), (1031, 129)]:
+        x = torch.randn(rows, cols)
+        # sums of 1e5 floats in another order (threads): float32 rounding, not 1e-5
+        torch.testing.assert_close(c(x), fn(x), rtol=1e-4, atol=5e-3, msg=f"{rows}x{cols}")
+    assert len(builds) == 1
+
+
 def test_int_input_as_a_size(builds: list[str]) -> None:
     def fn(x: torch.Tensor, w: torch.Tensor, n: int) -> Any:
         return (x.view(-1, n) @ w).relu() * x.size(0)

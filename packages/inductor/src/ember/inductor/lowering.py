@@ -353,7 +353,7 @@ class Lowerer:
         except Fallback:
             return self.new_scalar(node.name, val)
         assert self.sv is not None
-        self.sv.int_inputs.add(node.name)
+        self.sv.int_inputs[node.name] = size
         return size
 
     def _lower_node(self, node: torch.fx.Node) -> Any:

@@ -48,7 +48,7 @@ class SizeVars:
     sources: dict[sympy.Symbol, Source] = field(default_factory=dict)
     hints: dict[sympy.Symbol, int] = field(default_factory=dict)
     by_torch: dict[sympy.Symbol, sympy.Symbol] = field(default_factory=dict)  # s0 -> ks0
-    int_inputs: set[str] = field(default_factory=set)  # int inputs the graph reads as sizes
+    int_inputs: dict[str, Any] = field(default_factory=dict)  # int input -> its size expression
 
     def bind(self, torch_sym: sympy.Symbol, source: Source, hint_value: int) -> None:
         if torch_sym in self.by_torch:

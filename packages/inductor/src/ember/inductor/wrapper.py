@@ -139,8 +139,8 @@ def wrapper_source(
         # symbolic sizes: values are realized compact, not with eager's strides, so an extern
         # result may not have the strides its fake value shows; every input and extern result
         # is checked against the layout the kernels and windows (as_strided) assume
-        kernel_reads |= set(prog.inputs) | {n for s in sched.steps if isinstance(s, Extern)
-                                            for n in s.names}  # fmt: skip
+        kernel_reads |= {n for n in prog.inputs if not _static_input(prog, n)}
+        kernel_reads |= {n for s in sched.steps if isinstance(s, Extern) for n in s.names}
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
     if prog.size_vars is not None:  # the size symbols, read off this call's inputs
@@ -192,19 +192,25 @@ def _bind_sizes(prog: Any) -> list[str]:
         read = name if kind == "int" else f"{name}.{kind}({d})"
         lines.append(f"    {sym} = {read}")
         bound[(name, kind, d)] = sym
-    for name in prog.inputs:
-        buf = prog.buffers.get(name)
-        if buf is None:
-            continue
-        for d, n in enumerate(buf.layout.sizes):
-            if bound.get((name, "size", d)) is not n:
-                want = pyexpr(n)
-                lines.append(
-                    f"    if {name}.size({d}) != {want}: "
-                    f"raise ValueError(f'{name}: size {d} is {{{name}.size({d})}}, compiled "
-                    f"for {want} = {{{want}}}')"
-                )
+    checks = {(f"{n}.size({d})", bound.get((n, "size", d)), size)  # (read, symbol, size)
+              for n in prog.inputs if not _static_input(prog, n)
+              for d, size in enumerate(prog.buffers[n].layout.sizes)}  # fmt: skip
+    checks |= {(n, bound.get((n, "int", 0)), size) for n, size in prog.size_vars.int_inputs.items()}
+    for read, sym, size in sorted(checks, key=str):
+        if sym is None or sym != size:  # a size the trace tied to another input's
+            want = pyexpr(size)
+            lines.append(
+                f"    if {read} != {want}: raise ValueError("
+                f"f'{read} is {{{read}}}, compiled for {want} = {{{want}}}')"
+            )
     return lines
+
+
+def _static_input(prog: Any, name: str) -> bool:
+    """A tensor input of static sizes and strides (guarded by the caller, as in a static
+    graph), or a number input."""
+    buf = prog.buffers.get(name)
+    return buf is None or is_static((buf.layout.sizes, buf.layout.strides))
 
 
 def _drops(sched: Schedule, keep: set[str]) -> dict[int, list[str]]:
