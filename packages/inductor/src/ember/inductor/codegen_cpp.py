@@ -274,9 +274,6 @@ def _cindex(e: sympy.Expr) -> str:
     raise ValueError(f"cannot print index {e}")
 
 
-SIZES = "@sizes@"  # in a kernel's pragmas: the size arguments it reads, once they are known
-
-
 def _loops(vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
     return [
         f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {_bound(n)}")
@@ -306,9 +303,6 @@ class _KernelWriter(WelfordLoops):
         if not isinstance(total, int):  # symbolic: parallel or not is decided per call
             self.parallel = True
             self.threads += f" if({_cindex(sympy.expand(total))} >= {chosen.parallel_min_work})"
-            # threads get their own copy of the sizes: read through the region's shared
-            # struct instead, they are reloaded in inner loops (a column sum: 1.37x slower)
-            self.threads += f" firstprivate({SIZES})"
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
@@ -352,7 +346,6 @@ class _KernelWriter(WelfordLoops):
         text = "\n".join(self.lines)
         names = [str(s) for s in self.size_symbols]
         self.sizes = [n for n in names if re.search(rf"\b{n}\b", text)]
-        text = text.replace(SIZES, ", ".join(self.sizes))
         return self.signature() + text + "\n}\n"
 
     def write_tiled(self) -> str:

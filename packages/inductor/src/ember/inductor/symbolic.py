@@ -120,9 +120,14 @@ CONVERT: dict[type, Callable[..., sympy.Expr]] = {
 
 
 def _symbol_of(value: Any) -> sympy.Symbol | None:
-    if isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
-        return value.node.expr
-    return None
+    """The symbol ``value`` is, if it is one that may stand for any size >= 2. Lowerings treat
+    a symbol as never 0 or 1 (a broadcast dimension is a literal 1): one whose range allows
+    those stays unbound, so its graph runs as aten calls."""
+    if not isinstance(value, torch.SymInt) or not value.node.expr.is_Symbol:
+        return None
+    expr, env = value.node.expr, value.node.shape_env
+    bounds = env.var_to_range.get(expr)
+    return expr if bounds is not None and bounds.lower >= 2 else None
 
 
 def _hint_of(value: torch.SymInt) -> int | None:
