@@ -289,7 +289,9 @@ def _bound(n: Any) -> str:
 class _KernelWriter(WelfordLoops):
     """The source of one kernel; ``args`` are its buffers in signature order."""
 
-    def __init__(self, sched: Schedule, kernel: Kernel, printer: CppPrinter) -> None:
+    def __init__(
+        self, sched: Schedule, kernel: Kernel, printer: CppPrinter, parallel: bool | None = None
+    ) -> None:
         self.prog, self.kernel, self.p = sched.program, kernel, printer
         self.locals, self.scratch = sched.locals, sched.scratch
         self.lines: list[str] = []
@@ -300,9 +302,14 @@ class _KernelWriter(WelfordLoops):
         self.parallel, self.tile = work >= chosen.parallel_min_work, chosen.tile
         self.threads = chosen.num_threads  # the num_threads clause of parallel loops
         total = math.prod(kernel.outer) * sum(math.prod(st.inner) for st in kernel.stages)
-        if not isinstance(total, int):  # symbolic: parallel or not is decided per call
+        # symbolic sizes: parallel or not is decided per call (``parallel``: this version's
+        # choice, see ``_kernel_source``; None: an OpenMP ``if`` clause)
+        self.work = None if isinstance(total, int) else sympy.expand(total)
+        if self.work is not None and parallel is not None:
+            self.parallel = parallel
+        elif self.work is not None:
             self.parallel = True
-            self.threads += f" if({_cindex(sympy.expand(total))} >= {chosen.parallel_min_work})"
+            self.threads += f" if({_cindex(self.work)} >= {chosen.parallel_min_work})"
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
@@ -664,9 +671,7 @@ def translation_unit(
     seen: dict[str, str] = {}  # kernel text with names made positional -> first kernel's name
     for step in sched.steps:
         if isinstance(step, Kernel):
-            w = _KernelWriter(sched, step, p)
-            src = _resolve_locals(w.write(), sched, step)
-            args[step.name] = w.args
+            src, args[step.name] = _kernel_source(sched, step, p)
             first = seen.setdefault(_canonical(src, step.name), step.name)
             if first == step.name:
                 parts.append(src)
@@ -676,6 +681,34 @@ def translation_unit(
     if any("ember_rand" in part for part in parts[1:]):
         parts.insert(1, philox.CPP)
     return "\n".join(parts), args
+
+
+def _kernel_source(sched: Schedule, kernel: Kernel, p: CppPrinter) -> tuple[str, list[str]]:
+    """A kernel's source and arguments. Over symbolic sizes: a serial and a parallel version,
+    and the ``extern "C"`` function choosing one per call by the work it has, as a static
+    kernel is chosen once (an OpenMP region that ``if(...)`` turns off still costs about
+    1 us a call, and its outlined loops ran up to 1.3x slower than plain ones)."""
+    w = _KernelWriter(sched, kernel, p)
+    if w.work is None:
+        return _resolve_locals(w.write(), sched, kernel), w.args
+    versions = [_KernelWriter(sched, kernel, p, parallel=choice) for choice in (False, True)]
+    texts = [_resolve_locals(v.write(), sched, kernel) for v in versions]
+    serial = versions[0]
+    if versions[1].args != serial.args or {str(s) for s in w.work.free_symbols} - set(serial.sizes):
+        return _resolve_locals(w.write(), sched, kernel), w.args  # (an if clause)
+    head = f'extern "C" void {kernel.name}('
+    bodies = [
+        t.replace(head, f"static void {kernel.name}_{k}(", 1)
+        for t, k in zip(texts, "sp", strict=True)
+    ]
+    names = [*serial.buffer_args, *(p.SCALAR.format(n) for n in serial.scalars), *serial.sizes]
+    call = f"({', '.join(names)});"
+    limit = KNOBS.get().parallel_min_work
+    choose = (
+        f"{serial.signature()}  if ({_cindex(w.work)} >= {limit}) {kernel.name}_p{call}\n"
+        f"  else {kernel.name}_s{call}\n}}\n"
+    )
+    return "\n".join([*bodies, choose]), serial.args
 
 
 def scalar_arg(name: str, dtype: torch.dtype) -> str:
