@@ -32,7 +32,7 @@ def _fresh():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 @pytest.mark.parametrize(("name", "dim"), CASES)
 @pytest.mark.parametrize(("dynamic", "most"), [(True, 1), (None, 2)])
 def test_a_sweep_compiles_once_or_twice_and_matches_eager(backend, name, dim, dynamic, most):

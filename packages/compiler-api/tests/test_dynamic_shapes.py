@@ -18,7 +18,7 @@ import ember.compiler
 from ember.compiler import CompilationProfiler, MarkedDynamicError
 from ember.compiler.testing import assert_same
 
-BACKENDS = ["eager", "aot_eager"]  # the backends that take symbolic sizes (inductor: next)
+BACKENDS = ["eager", "aot_eager", "inductor"]  # the backends that take symbolic sizes
 SIZES = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 
 

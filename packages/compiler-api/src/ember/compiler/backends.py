@@ -237,9 +237,9 @@ def inductor(
     )
 
 
-# inductor cannot generate kernels for symbolic sizes yet (issue 18): frames compiled for
-# it keep every size static, as before.
-inductor.supports_dynamic = False  # type: ignore[attr-defined]
+# inductor generates kernels whose sizes are arguments (issue 18): one build serves every
+# size of a frame compiled with symbolic sizes.
+inductor.supports_dynamic = True  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)

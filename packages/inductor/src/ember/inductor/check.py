@@ -47,8 +47,9 @@ def enabled() -> bool:
 def check(prog: Program) -> None:
     """Raise :class:`IRError` if ``prog`` breaks an invariant of the loop IR."""
     defined = set(prog.inputs) | set(prog.constants)
+    sizes = prog.size_vars.int_inputs if prog.size_vars is not None else set()
     for name in prog.inputs:
-        if name not in prog.buffers and name not in prog.scalars:
+        if name not in prog.buffers and name not in prog.scalars and name not in sizes:
             raise IRError(f"input {name} has no buffer")
     for op in prog.scalar_ops:
         for leaf in scalars(op.args):
@@ -96,7 +97,9 @@ def _check_node(prog: Program, node: Node, defined: set[str]) -> None:
             raise IRError(f"{name}: {node.kind.name} of {node.body.dtype} into {buf.dtype}")
     reduce_ranges = () if isinstance(node, Pointwise) else node.reduce_ranges
     allowed = set(I[: len(node.ranges)]) | set(R[: len(reduce_ranges)])
+    allowed |= set(prog.size_vars.sources) if prog.size_vars is not None else set()
     bounds = dict(zip(I, node.ranges, strict=False)) | dict(zip(R, reduce_ranges, strict=False))
+    bounds = {v: n for v, n in bounds.items() if isinstance(n, int)}  # symbolic: unchecked
     for e in walk(node.body):
         _check_expr(prog, name, e, defined, allowed, bounds)
 

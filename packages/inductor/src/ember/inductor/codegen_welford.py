@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sympy  # type: ignore[import-untyped]
 
@@ -83,7 +83,7 @@ class WelfordLoops(abc.ABC):
         else:
             self.emit(f"{t} {w}_k;", depth)
             self.welford_shift(st.stores[0].body, len(st.inner), f"{w}_k", depth)
-            if self.kernel.outer or not self.parallel:
+            if self.kernel.outer or not self.parallel or not isinstance(inner[-1], int):
                 self.welford_pass(st, inner, w, depth)
             else:
                 self.welford_threads(st, inner, w, depth)
@@ -149,17 +149,15 @@ class WelfordLoops(abc.ABC):
         ``tail_if``: a condition for running the tail (once, not per chunk of blocks)."""
         t = self.p.type(st.stores[0].body.dtype)
         n, k = inner[-1], len(inner) - 1
-        lanes = min(WELFORD_LANES, n)
-        full, rem = n - n % lanes, n % lanes
+        parts, full = _lanes(n, self.p.index)  # (prefix, array size, lanes used) per part
         memo: dict[Expr, str] = {}
         for line in self.hoist(st, Y[: len(inner)], inner, memo):
             self.emit(line, depth)
-        parts = [("", lanes)] + ([("t", rem)] if rem else [])
-        for p, size in parts:
+        for p, size, _ in parts:
             self.emit(f"{t} {w}_{p}m[{size}] = {{}}; {t} {w}_{p}s[{size}] = {{}};", depth)
             self.emit(f"int64_t {w}_{p}c = 0;", depth)
         rows = [
-            f"for (int64_t {y} = 0; {y} < {n}; ++{y}) {{"
+            f"for (int64_t {y} = 0; {y} < {self.p.index(sympy.sympify(n))}; ++{y}) {{"
             for y, n in zip(Y[:k], inner[:k], strict=True)
         ]
         if span is not None and k:
@@ -167,28 +165,28 @@ class WelfordLoops(abc.ABC):
         for d, line in enumerate(rows):
             self.emit(line, depth + d)
         d = depth + k
-        lo, hi = span if span is not None and not k else ("0", str(full))
-        self.emit(f"for (int64_t yb = {lo}; yb < {hi}; yb += {lanes}) {{", d)
-        self.welford_block(st, w, "", lanes, d + 1, dict(memo))
+        lo, hi = span if span is not None and not k else ("0", full)
+        self.emit(f"for (int64_t yb = {lo}; yb < {hi}; yb += {parts[0][1]}) {{", d)
+        self.welford_block(st, w, "", parts[0][2], d + 1, dict(memo))
         self.emit("}", d)
-        if rem:
+        if len(parts) > 1:
             self.emit(f"if ({tail_if}) {{" if tail_if else "{", d)
             self.emit(f"const int64_t yb = {full};", d + 1)
-            self.welford_block(st, w, "t", rem, d + 1, dict(memo))
+            self.welford_block(st, w, "t", parts[1][2], d + 1, dict(memo))
             self.emit("}", d)
         for d in range(depth + k - 1, depth - 1, -1):
             self.emit("}", d)
         self.emit(f"{t} {w}_mean = 0; {t} {w}_m2 = 0; int64_t {w}_n = 0;", depth)
-        for p, size in parts:
+        for p, _, used in parts:
             self.emit(
-                f"for (int64_t yl = 0; yl < {size}; ++yl) "
+                f"for (int64_t yl = 0; yl < {used}; ++yl) "
                 f"ember_welford_combine({w}_mean, {w}_m2, {w}_n, {w}_{p}m[yl], {w}_{p}s[yl], "
                 f"{w}_{p}c);",
                 depth,
             )
 
     def welford_block(
-        self, st: Stage, w: str, p: str, lanes: int, depth: int, memo: dict[Expr, str]
+        self, st: Stage, w: str, p: str, lanes: int | str, depth: int, memo: dict[Expr, str]
     ) -> None:
         """One Welford step of ``lanes`` lanes at points ``yb + yl`` of the innermost loop."""
         t = self.p.type(st.stores[0].body.dtype)
@@ -204,6 +202,26 @@ class WelfordLoops(abc.ABC):
         for line in lines:
             self.emit(line, depth + 1)
         self.emit("}", depth)
+
+
+def _lanes(n: Any, index: Any) -> tuple[list[tuple[str, int, int | str]], str]:
+    """The lane parts of a Welford pass over ``n`` points (prefix, array size, lanes in use)
+    and where the tail starts. A symbolic ``n`` has a tail of ``n % lanes`` lanes, counted
+    at run time (0 included), in arrays of the full width.
+
+    >>> _lanes(20, str)
+    ([('', 16, 16), ('t', 4, 4)], '16')
+    >>> _lanes(sympy.Symbol("ks0"), str)
+    ([('', 16, 16), ('t', 16, '(ks0 % 16)')], '(ks0 - ks0 % 16)')
+    """
+    if isinstance(n, int):
+        lanes = min(WELFORD_LANES, n)
+        rem = n % lanes
+        parts: list[tuple[str, int, int | str]] = [("", lanes, lanes)]
+        return parts + ([("t", rem, rem)] if rem else []), str(n - rem)
+    c = index(n)
+    tail = f"({c} % {WELFORD_LANES})"
+    return [("", WELFORD_LANES, WELFORD_LANES), ("t", WELFORD_LANES, tail)], f"({c} - {tail[1:-1]})"
 
 
 def by_body(stores: Iterable[Store]) -> list[tuple[Store, ...]]:

@@ -185,6 +185,10 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     if all("val" in n.meta and (n.target not in table or n.target in KEPT_VIEWS) for n in calls):
         return gm
+    if graph_cache.symbolic(gm):  # a re-trace would specialise the sizes: composites stay aten
+        if all("val" in n.meta for n in calls):
+            return gm
+        raise Fallback("a graph with symbolic sizes and nodes without fake values")
     if not all(isinstance(t, torch.Tensor) for t in example_inputs):
         # make_fx would bake the example numbers into the graph as constants
         raise Fallback("a graph with number inputs needs decompositions")
@@ -404,7 +408,8 @@ def _generate(
     with timing.TIMES.timed("codegen"):
         source, args = run.phase("codegen", translation_unit, sched)  # C++ source
     lowered = _Lowered(decomposed, sched, prog.out_spec)
-    if opts["max_autotune"] and any(isinstance(s, Kernel) for s in sched.steps):
+    tunable = prog.size_vars is None  # symbolic sizes: the choice would fit one example only
+    if opts["max_autotune"] and tunable and any(isinstance(s, Kernel) for s in sched.steps):
         return _autotuned(run, gm, example_inputs, fused_random, compile_options, lowered)
     return lowered, source, args
 

@@ -56,12 +56,42 @@ def _meta(t: Any) -> Any:
     raise Unencodable(f"a {type(t).__name__} input")
 
 
+def _symbolic_meta(node: torch.fx.Node, example: Any) -> Any:
+    """An input as the graph traced it: symbolic sizes by name (``s0``), never one example's
+    values, so that one record serves every size."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.SymInt):
+        return ["symint", str(val.node.expr)]
+    if isinstance(val, torch.Tensor):
+        return [[str(n) for n in val.shape], [str(n) for n in val.stride()], str(val.dtype)]
+    return _meta(example)
+
+
+def symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` was traced with symbolic sizes (a placeholder has a ``SymInt``)."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) or (
+            isinstance(val, torch.Tensor)
+            and any(isinstance(n, torch.SymInt) for n in (*val.shape, *val.stride()))
+        ):
+            return True
+    return False
+
+
 def graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], options: CompileOptions) -> str:
-    """The record's name: everything the compiled result depends on."""
+    """The record's name: everything the compiled result depends on (for a graph traced with
+    symbolic sizes, those sizes, not the examples')."""
     constants = [_meta(_fetch(gm, str(n.target))) for n in gm.graph.nodes if n.op == "get_attr"]
+    places = gm.graph.find_nodes(op="placeholder")
+    metas = (
+        [_symbolic_meta(n, t) for n, t in zip(places, inputs, strict=True)]
+        if symbolic(gm)
+        else [_meta(t) for t in inputs]
+    )
     parts = [
         gm.code,
-        [_meta(t) for t in inputs],
+        metas,
         constants,
         options.cxx,
         list(options.cflags),

@@ -68,16 +68,17 @@ class Layout:
 
     @staticmethod
     def contiguous(sizes: Sequence[int]) -> Layout:
-        strides, step = [], 1
+        strides: list[Any] = []
+        step: Any = 1
         for s in reversed(sizes):
             strides.append(step)
-            step *= max(s, 1)
+            step *= max(s, 1) if isinstance(s, int) else s  # a symbolic size is >= 2
         return Layout(tuple(sizes), tuple(reversed(strides)))
 
     def index(self, idx: Sequence[sympy.Expr]) -> sympy.Expr:
         """The flat storage index of the point ``idx``."""
         terms = [i * s for i, s, n in zip(idx, self.strides, self.sizes, strict=True) if n != 1]
-        return sympy.Integer(self.offset) + sympy.Add(*terms)
+        return sympy.sympify(self.offset) + sympy.Add(*terms)
 
     @property
     def numel(self) -> int:
@@ -332,6 +333,9 @@ class Program:
     scalars: dict[str, Scalar] = field(default_factory=dict)  # run-time numbers, by name
     scalar_ops: list[ScalarOp] = field(default_factory=list)  # computed first, in this order
     index_checks: list[IndexCheck] = field(default_factory=list)  # run before the kernels
+    # the size symbols (``ember.inductor.symbolic.SizeVars``) of a graph traced with symbolic
+    # sizes: sizes, strides and indices may then be sympy expressions over them
+    size_vars: Any = None
 
     def __str__(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]

@@ -87,6 +87,8 @@ def _cuts(indices: list[sympy.Expr], y: sympy.Symbol, n: int) -> list[int]:
 def split_inner(st: Stage, bounds: dict[sympy.Symbol, int]) -> Nest | None:
     """The stage's inner loops split where their indices cut them (None: nothing to gain).
     ``bounds``: the ranges of the outer loop variables, for index simplification."""
+    if not all(isinstance(n, int) for n in st.inner):
+        return None  # symbolic sizes: cut points are not known (divisions stay in indices)
     indices = _indices(st)
     vars_: list[sympy.Symbol] = []
     ranges: list[int] = []

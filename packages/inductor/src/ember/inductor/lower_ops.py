@@ -28,8 +28,9 @@ from ember.inductor.ir import Expr, I, IndexCheck, Layout, R, Scalar, const, sca
 from ember.inductor.knobs import KNOBS
 from ember.inductor.low_precision import LOW, rounded, to_common
 from ember.inductor.lower_views import broadcast
-from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering
+from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering, size_const
 from ember.inductor.ops import Op, Reduce
+from ember.inductor.symbolic import FloatSize
 
 __all__ = ["cast", "pointwise", "wrap_index"]
 
@@ -74,6 +75,8 @@ def _meta_of(ctx: Lowerer, a: Any) -> Any:
         return torch.empty((), dtype=a.dtype) if a.ndim == 0 else torch.empty((1,), dtype=a.dtype)
     if isinstance(a, Scalar):  # a Python number to type promotion, whatever its value
         return {torch.float64: 1.0, torch.int64: 1, torch.bool: True}[a.dtype]
+    if isinstance(a, sympy.Basic | FloatSize):  # a symbolic size (float() of one)
+        return 1.0 if isinstance(a, FloatSize) else 1
     return a
 
 
@@ -88,10 +91,10 @@ def pointwise(
     out_meta = ctx.meta
     if not isinstance(out_meta, torch.Tensor):
         raise Fallback("pointwise op without a tensor result")
-    sizes, out_dtype = tuple(out_meta.shape), out_meta.dtype
+    sizes, out_dtype = ctx.shape(out_meta), out_meta.dtype
     low = None
     if compute is None:
-        numbers = Value | Scalar | int | float | bool
+        numbers = Value | Scalar | int | float | bool | sympy.Basic | FloatSize
         metas = [_meta_of(ctx, a) for a in args if isinstance(a, numbers)]
         compute = _compute(elementwise_dtypes(*metas, type_promotion_kind=kind)[0])
         common = elementwise_dtypes(*metas, type_promotion_kind=KIND.DEFAULT)[1]
@@ -119,6 +122,8 @@ def _scalar(a: Any, dtype: torch.dtype) -> Callable[[Sequence[sympy.Expr]], Expr
             raise Fallback("float scalar with an integer computation")
         leaf = cast(scalar(a), dtype)  # eager too converts the number to the computation dtype
         return lambda idx: leaf
+    if isinstance(a, sympy.Basic) or (isinstance(a, FloatSize) and dtype.is_floating_point):
+        return lambda idx: size_const(getattr(a, "size", a), dtype)  # symbolic: kernel args
     if not isinstance(a, int | float | bool):
         raise Fallback(f"scalar argument {a!r}")
     if isinstance(a, float) and not dtype.is_floating_point:
@@ -337,7 +342,7 @@ def to_copy(ctx: Lowerer, a: Value, *args: Any, **kwargs: Any) -> Value:
         raise Fallback("a copy to another device or layout")
     if args and isinstance(args[0], Value):  # aten.copy(self, src): src broadcast to self
         a = args[0]
-    src = broadcast(a, tuple(out.shape))
+    src = broadcast(a, ctx.shape(out))
     return Value(src.sizes, out.dtype, lambda idx: cast(src.loader(idx), out.dtype))
 
 
@@ -352,9 +357,9 @@ def _filled(ctx: Lowerer, value: Any) -> Value:
         if value.dtype == torch.float64 and not out.dtype.is_floating_point:
             raise Fallback("fill of integers with a float")
         leaf = cast(scalar(value), out.dtype)
-        return Value(tuple(out.shape), out.dtype, lambda idx: leaf)
+        return Value(ctx.shape(out), out.dtype, lambda idx: leaf)
     e = const(_convert(_fits(value, out.dtype), out.dtype), out.dtype)
-    return Value(tuple(out.shape), out.dtype, lambda idx: e)
+    return Value(ctx.shape(out), out.dtype, lambda idx: e)
 
 
 @lowering(aten.full.default, aten.full_like.default, aten.scalar_tensor.default, scalars=True)
@@ -382,7 +387,7 @@ def arange(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
     if out.dtype == torch.bool:  # eager has no bool kernel: the aten call raises its error
         raise Fallback("arange of bool")
     return Value(
-        tuple(out.shape),
+        ctx.shape(out),
         out.dtype,
         lambda idx: cast(
             Expr(Op.INDEX, torch.int64, (), sympy.Integer(start) + step * idx[0]), out.dtype
@@ -451,7 +456,7 @@ def mean(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False, **kw: 
     return Value(
         total.sizes,
         out_dtype,
-        lambda idx: cast(_DIV(cast(total.loader(idx), acc), const(float(n), acc)), out_dtype),
+        lambda idx: cast(_DIV(cast(total.loader(idx), acc), size_const(n, acc)), out_dtype),
     )
 
 
@@ -534,7 +539,7 @@ def cat(ctx: Lowerer, tensors: Sequence[Value], dim: int = 0) -> Value:
         assert result is not None
         return result
 
-    return Value(tuple(out.shape), out.dtype, loader)
+    return Value(ctx.shape(out), out.dtype, loader)
 
 
 def _index(e: sympy.Expr) -> Expr:
@@ -548,7 +553,7 @@ def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) 
         raise Fallback("negative padding")
     fill = const(_convert(value, out.dtype), out.dtype)
     if 0 in a.sizes:
-        return Value(tuple(out.shape), out.dtype, lambda idx: fill)
+        return Value(ctx.shape(out), out.dtype, lambda idx: fill)
 
     def loader(idx: Sequence[sympy.Expr]) -> Expr:
         at, inside = list(idx), None
@@ -570,7 +575,7 @@ def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) 
         e = a.loader(at)
         return e if inside is None else Expr(Op.WHERE, out.dtype, (inside, e, fill))
 
-    return Value(tuple(out.shape), out.dtype, loader)
+    return Value(ctx.shape(out), out.dtype, loader)
 
 
 def indirect(ctx: Lowerer, table: Value, dim: int, index: Expr) -> Callable[..., Expr]:
@@ -670,7 +675,7 @@ def index_select(ctx: Lowerer, a: Value, dim_or_idx: Any, idx: Any = None) -> Va
         rest = [*ix[:dim], *ix[dim + k :]]
         return indirect(ctx, a, dim, pos)(rest)
 
-    return Value(tuple(out.shape), out.dtype, loader)
+    return Value(ctx.shape(out), out.dtype, loader)
 
 
 @lowering(aten.gather.default)
@@ -690,20 +695,12 @@ def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = 
         flat = sympy.expand(layout.index([*ix[:d], IND, *ix[d + 1 :]]))
         return Expr(Op.LOAD, buf.dtype, (pos,), (buf.name, flat, (IND,)))
 
-    return Value(tuple(out.shape), out.dtype, loader)
+    return Value(ctx.shape(out), out.dtype, loader)
 
 
 # ---- prims that torch's reference decompositions leave behind -------------------------------
 
 prims = torch.ops.prims
-
-
-@lowering(prims.broadcast_in_dim.default)
-def broadcast_in_dim(ctx: Lowerer, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
-    def index(idx: Sequence[sympy.Expr]) -> list[sympy.Expr]:
-        return [sympy.Integer(0) if a.sizes[j] == 1 else idx[d] for j, d in enumerate(dims)]
-
-    return Value(tuple(ctx.meta.shape), a.dtype, lambda idx: a.loader(index(idx)))
 
 
 @lowering(prims.convert_element_type.default)
@@ -760,7 +757,10 @@ def prims_var(ctx: Lowerer, a: Value, dims: Sequence[int], correction: float, **
         raise Fallback("var over no dims")
     n = math.prod(a.sizes[d % a.ndim] for d in dims) if a.ndim else 1
     m2 = _reduce(ctx, Reduce.WELFORD_M2, a, dims, False, acc, out=acc)
-    denom = const(float(max(n - correction, 0)), acc)
+    if not isinstance(n, int) and not float(correction).is_integer():
+        raise Fallback(f"var with correction {correction} over a symbolic size")
+    count = max(n - correction, 0) if isinstance(n, int) else sympy.Max(n - int(correction), 0)
+    denom = size_const(count, acc)  # a symbolic one computed in the kernel
     out = ctx.meta.dtype
     return Value(m2.sizes, out, lambda idx: cast(_DIV(m2.loader(idx), denom), out))
 

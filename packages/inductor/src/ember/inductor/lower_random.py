@@ -75,12 +75,12 @@ def _float_dtype(ctx: Lowerer) -> torch.dtype:
 
 @lowering(aten.rand.default, aten.rand_like.default)
 def rand(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
-    return random_values(ctx, Op.RAND, tuple(ctx.meta.shape), _float_dtype(ctx))
+    return random_values(ctx, Op.RAND, ctx.shape(ctx.meta), _float_dtype(ctx))
 
 
 @lowering(aten.randn.default, aten.randn_like.default)
 def randn(ctx: Lowerer, *args: Any, **kwargs: Any) -> Value:
-    return random_values(ctx, Op.RANDN, tuple(ctx.meta.shape), _float_dtype(ctx))
+    return random_values(ctx, Op.RANDN, ctx.shape(ctx.meta), _float_dtype(ctx))
 
 
 def _compare(ctx: Lowerer, cmp: Op, p: Any, sizes: Sequence[int]) -> Value:

@@ -41,12 +41,12 @@ def _window(ctx: Lowerer, v: Value, delta: int | None = 0) -> Value | None:
         return None
     buf = ctx.buffers[v.ref.name]
     have = v.ref.layout or buf.layout
-    if (have.sizes, have.strides) != (tuple(in_meta.shape), tuple(in_meta.stride())):
+    if (have.sizes, have.strides) != (ctx.shape(in_meta), ctx.strides(in_meta)):
         return None
     if delta is None:
-        delta = int(out.storage_offset() - in_meta.storage_offset())
+        delta = ctx.num(out.storage_offset() - in_meta.storage_offset())
     offset = have.offset + delta
-    return ctx.buffer_value(buf, Layout(tuple(out.shape), tuple(out.stride()), int(offset)))
+    return ctx.buffer_value(buf, Layout(ctx.shape(out), ctx.strides(out), ctx.num(offset)))
 
 
 def _dim(d: int, n: int) -> int:
@@ -98,7 +98,7 @@ def broadcast(v: Value, sizes: Sequence[int]) -> Value:
 
 @lowering(aten.expand.default)
 def expand(ctx: Lowerer, v: Value, sizes: Sequence[int], *, implicit: bool = False) -> Value:
-    return _window(ctx, v) or broadcast(v, tuple(ctx.meta.shape))
+    return _window(ctx, v) or broadcast(v, ctx.shape(ctx.meta))
 
 
 @lowering(aten.slice.Tensor)
@@ -113,7 +113,7 @@ def slice_(
     d = _dim(dim, v.ndim)
     n = v.sizes[d]
     lo = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
-    sizes = list(ctx.meta.shape)
+    sizes = list(ctx.shape(ctx.meta))
 
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
         return [*idx[:d], lo + idx[d] * step, *idx[d + 1 :]]
@@ -129,7 +129,7 @@ def select(ctx: Lowerer, v: Value, dim: int, i: int) -> Value:
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
         return [*idx[:d], sympy.Integer(i), *idx[d:]]
 
-    return _window(ctx, v, i * _stride(ctx, v, d)) or _lazy(v, ctx.meta.shape, index)
+    return _window(ctx, v, i * _stride(ctx, v, d)) or _lazy(v, ctx.shape(ctx.meta), index)
 
 
 def _stride(ctx: Lowerer, v: Value, d: int) -> int:
@@ -146,7 +146,7 @@ def unsqueeze(ctx: Lowerer, v: Value, dim: int) -> Value:
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
         return idx[:d] + idx[d + 1 :]
 
-    return _window(ctx, v) or _lazy(v, ctx.meta.shape, index)
+    return _window(ctx, v) or _lazy(v, ctx.shape(ctx.meta), index)
 
 
 @lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
@@ -160,7 +160,7 @@ def squeeze(ctx: Lowerer, v: Value, dims: int | Sequence[int] | None = None) -> 
         it = iter(idx)
         return [sympy.Integer(0) if d in gone else next(it) for d in range(v.ndim)]
 
-    return _window(ctx, v) or _lazy(v, ctx.meta.shape, index)
+    return _window(ctx, v) or _lazy(v, ctx.shape(ctx.meta), index)
 
 
 @lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -168,7 +168,7 @@ def view(ctx: Lowerer, v: Value, sizes: Sequence[int]) -> Value:
     window = _window(ctx, v)
     if window is not None:
         return window
-    out = tuple(ctx.meta.shape)
+    out = ctx.shape(ctx.meta)
     return _lazy(v, out, lambda idx: unflatten(flatten(idx, out), v.sizes))
 
 
@@ -196,6 +196,14 @@ def as_strided(ctx: Lowerer, v: Value, *args: Any, **kwargs: Any) -> Value:
     if window is None:
         raise Fallback("a strided view of a computed value")
     return window
+
+
+@lowering(torch.ops.prims.broadcast_in_dim.default)
+def broadcast_in_dim(ctx: Lowerer, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
+    def index(idx: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+        return [sympy.Integer(0) if a.sizes[j] == 1 else idx[d] for j, d in enumerate(dims)]
+
+    return Value(ctx.shape(ctx.meta), a.dtype, lambda idx: a.loader(index(idx)))
 
 
 @lowering(aten.alias.default, aten.detach.default)

@@ -56,6 +56,7 @@ from ember.inductor.ir import (
     walk,
 )
 from ember.inductor.ops import COMPARE, SEMANTICS, WELFORD, Op, Reduce
+from ember.inductor.symbolic import FloatSize, SizeVars, Unsupported, is_static, size_vars
 
 __all__ = [
     "LOWERINGS",
@@ -124,8 +125,9 @@ class Value:
 class Lowerer:
     """The state of one lowering: buffers, nodes so far, and each fx node's value."""
 
-    def __init__(self, *, fused_random: bool = False) -> None:
+    def __init__(self, *, fused_random: bool = False, sv: SizeVars | None = None) -> None:
         self.fused_random = fused_random  # lower random ops (else: torch's kernels)
+        self.sv = sv  # the size symbols of a graph with symbolic sizes (None: all static)
         self.buffers: dict[str, Buffer] = {}
         self.nodes: list[Node] = []
         self.values: dict[torch.fx.Node, Any] = {}
@@ -150,6 +152,23 @@ class Lowerer:
         view = layout or buf.layout
         ref = Ref(buf.name, None if view == buf.layout else view)
         return Value(view.sizes, buf.dtype, lambda idx: load(buf, idx, view), ref)
+
+    # ---- sizes (ints, or sympy expressions over the size symbols) --------------------------
+    def num(self, value: Any) -> Any:
+        """A size or int of the graph: an int, or a sympy expression (symbolic graphs)."""
+        if self.sv is None or isinstance(value, int):
+            return value
+        try:
+            return self.sv.sym(value)
+        except Unsupported as e:
+            raise Fallback(str(e)) from None
+
+    def shape(self, meta: Any) -> tuple[Any, ...]:
+        """``meta``'s sizes (a fake tensor's), ints or sympy expressions."""
+        return tuple(self.num(n) for n in meta.shape)
+
+    def strides(self, meta: Any) -> tuple[Any, ...]:
+        return tuple(self.num(n) for n in meta.stride())
 
     @property
     def meta(self) -> Any:
@@ -250,7 +269,7 @@ class Lowerer:
         decompositions divide it by the count right away): the Welford pass's mean times the
         count, so the values are read once."""
         mean = self.reduction(Reduce.WELFORD_MEAN, ranges, reduce_ranges, body, body.dtype)
-        n = const(float(math.prod(reduce_ranges)), body.dtype)
+        n = size_const(math.prod(reduce_ranges), body.dtype)
 
         def loader(idx: Sequence[sympy.Expr]) -> Expr:
             total = Expr(Op.MUL, body.dtype, (mean.loader(idx), n))
@@ -264,12 +283,19 @@ class Lowerer:
         inputs = []
         for node, example in zip(placeholders, example_inputs, strict=True):
             inputs.append(node.name)
+            if self.sv is not None and isinstance(example, torch.SymInt | int):
+                self.values[node] = self._size_input(node, example)
+                continue
             if isinstance(example, torch.SymInt | torch.SymBool):  # sizes stay static
                 raise Fallback(f"input {node.name} is a {type(example).__name__}")
             if not isinstance(example, torch.Tensor):
                 self.values[node] = self.new_scalar(node.name, example)
                 continue
-            buf = Buffer(node.name, example.dtype, Layout(tuple(example.shape), example.stride()))
+            layout = Layout(tuple(example.shape), example.stride())
+            if self.sv is not None:  # the traced sizes and strides, symbols included
+                val = node.meta["val"]
+                layout = Layout(self.shape(val), self.strides(val))
+            buf = Buffer(node.name, example.dtype, layout)
             self.buffers[buf.name] = buf
             self.given.add(buf.name)
             self.values[node] = self.buffer_value(buf)
@@ -296,6 +322,7 @@ class Lowerer:
         prog = Program(self.buffers, inputs, self.nodes, outputs, constants=constants)
         prog.scalars, prog.scalar_ops = self.scalars, self.scalar_ops
         prog.index_checks = self.index_checks
+        prog.size_vars = self.sv
         return prog
 
     # ---- numbers -------------------------------------------------------------------------
@@ -309,12 +336,25 @@ class Lowerer:
 
     def scalar_op(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Scalar:
         """Arithmetic on numbers (``operator.truediv``, ``max``): computed by the wrapper."""
-        if kwargs or not all(isinstance(a, Scalar | int | float | bool) for a in args):
+        numbers = Scalar | int | float | bool | sympy.Basic | FloatSize  # sizes too
+        if kwargs or not all(isinstance(a, numbers) for a in args):
             raise Fallback(f"{node.name}: {node.target} of a tensor or container, not numbers")
         out = self.new_scalar(node.name, node.meta["val"])
         target, args = _flatten_extremum(node, args, self.scalar_ops)
         self.scalar_ops.append(ScalarOp(out, target, tuple(args)))
         return out
+
+    def _size_input(self, node: torch.fx.Node, example: Any) -> Any:
+        """An int input of a symbolic graph: its symbol (kernels take it as a size argument),
+        or a run-time number when the trace did not make it a size."""
+        val = node.meta.get("val", example)
+        try:
+            size = self.num(val)
+        except Fallback:
+            return self.new_scalar(node.name, val)
+        assert self.sv is not None
+        self.sv.int_inputs[node.name] = size
+        return size
 
     def _lower_node(self, node: torch.fx.Node) -> Any:
         args, kwargs = pytree.tree_map_only(
@@ -322,18 +362,42 @@ class Lowerer:
         )
         if node.target is operator.getitem:
             return args[0][args[1]]
+        size = self._size_node(node)
+        if size is not None:
+            return size
         if _number_dtype(node.meta.get("val")) is not None:
             return self.scalar_op(node, args, kwargs)
         fn = LOWERINGS.get(node.target)
         takes = node.target in SCALAR_OPERANDS or not scalars((args, kwargs))
-        plain = takes and _plain_meta(node.meta.get("val"))
+        plain = takes and _plain_meta(node.meta.get("val"), self.sv is not None)
+        if self.sv is not None and not _symbolic_ok(node, args, kwargs):
+            fn = None  # a lowering not yet checked on symbolic sizes: the aten op runs it
         # an op eager has no kernel for at these dtypes: the aten call raises eager's error
         if fn is not None and plain and not lacks_kernel(node):
             try:
                 return fn(self, *args, **kwargs)
             except Fallback:
                 pass
+            except (TypeError, ValueError, Unsupported):
+                if self.sv is None:
+                    raise
+                # a comparison of symbolic sizes that sympy cannot decide: never guess
         return self.extern(node, args, kwargs)
+
+    def _size_node(self, node: torch.fx.Node) -> Any:
+        """A node computing a size in a symbolic graph (``sym_size``, arithmetic on sizes):
+        its value as a sympy expression over the size symbols, or None."""
+        val = node.meta.get("val")
+        if self.sv is not None and node.target is torch.sym_float and len(node.args) == 1:
+            arg = node.args[0]
+            size = self.values.get(arg) if isinstance(arg, torch.fx.Node) else None
+            return FloatSize(size) if isinstance(size, sympy.Basic) else None
+        if self.sv is None or not isinstance(val, torch.SymInt):
+            return None
+        try:
+            return self.sv.sym(val)
+        except Unsupported:
+            return None
 
     def _maybe_realize(self, node: torch.fx.Node) -> None:
         value = self.values[node]
@@ -346,14 +410,14 @@ class Lowerer:
         if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
             returned = any(u.op == "output" for u in node.users)  # eager's strides, gaps too
             strides = _output_strides if returned else _dense_strides
-            self.values[node] = self.realized(value, strides(node.meta.get("val")))
+            self.values[node] = self.realized(value, self._strides(strides, node))
 
     def _output(self, arg: Any) -> Any:
         if not isinstance(arg, torch.fx.Node):
             return arg
         value = self.values[arg]
         if isinstance(value, Value):
-            return self.realize(value, _output_strides(arg.meta.get("val")))
+            return self.realize(value, self._strides(_output_strides, arg))
         return value
 
     def extern(self, node: torch.fx.Node, args: Any, kwargs: Any, target: Any = None) -> Any:
@@ -369,7 +433,11 @@ class Lowerer:
             if m is None:
                 results.append(None)
                 continue
-            buf = self.new_buffer(m.dtype, Layout(tuple(m.shape), m.stride()))
+            layout = Layout(self.shape(m), self.strides(m))
+            if self.sv is not None:  # its inputs may not have eager's strides (realized
+                # compact), so neither may it: compact, and the wrapper copies it when not
+                layout = Layout.contiguous(layout.sizes)
+            buf = self.new_buffer(m.dtype, layout)
             results.append(self.buffer_value(buf))
         names = tuple(v.ref.name for v in results if v is not None and v.ref is not None)
         self.nodes.append(Extern(names, target or node.target, *refs))
@@ -380,9 +448,28 @@ class Lowerer:
 
         def to_ref(value: Value) -> Ref:
             source = fx_args.get(id(value))
-            return self.realize(value, _dense_strides(source.meta.get("val") if source else None))
+            return self.realize(value, self._strides(_dense_strides, source))
 
         return to_ref
+
+    def _strides(self, rule: Callable[[Any], Any], node: torch.fx.Node | None) -> Any:
+        """The strides ``rule`` picks for realizing ``node``'s value; compact (None) in a
+        symbolic graph, where reading a fake tensor's strides would add guards."""
+        if self.sv is not None or node is None:
+            return None
+        return rule(node.meta.get("val"))
+
+
+def size_const(n: Any, dtype: torch.dtype) -> Expr:
+    """The count ``n`` (an int, or a symbolic size) as a ``dtype`` body leaf: a constant, or
+    the size computed from the kernel's size arguments and converted as eager converts it.
+
+    >>> str(size_const(4, torch.float32)), str(size_const(sympy.Symbol("ks0"), torch.float32))
+    ('4.0', 'CAST.float32((ks0))')
+    """
+    if isinstance(n, int | float):
+        return const(float(n) if dtype.is_floating_point else int(n), dtype)
+    return Expr(Op.CAST, dtype, (Expr(Op.INDEX, torch.int64, (), n),))
 
 
 def _fetch(gm: torch.fx.GraphModule, target: str) -> Any:
@@ -437,17 +524,44 @@ def _number_dtype(value: Any) -> torch.dtype | None:
     return None
 
 
-def _plain_meta(meta: Any) -> bool:
-    """Lowerings handle static, dense-or-view CPU tensors of ordinary dtypes only."""
+def _plain_meta(meta: Any, symbolic: bool = False) -> bool:
+    """Lowerings handle dense-or-view CPU tensors of ordinary dtypes only, of static sizes
+    unless the graph is ``symbolic``."""
     leaves = pytree.tree_leaves(meta)
     return all(
         isinstance(m, torch.Tensor)
         and m.device.type == "cpu"
         and m.dtype in DTYPES
         and not m.is_sparse
-        and all(isinstance(s, int) for s in m.shape)
+        and (symbolic or all(isinstance(s, int) for s in m.shape))
         for m in leaves
     ) and bool(leaves)
+
+
+# Lowerings checked on symbolic sizes (tests/test_symbolic.py); any other op whose operands
+# or result have a symbolic size runs as its aten op. Names are aten packet names.
+SYMBOLIC_OPS = frozenset(
+    """abs add sub rsub mul div neg exp log log1p expm1 sqrt rsqrt reciprocal sin cos tanh
+    sigmoid erf pow maximum minimum relu where clamp clamp_min clamp_max eq ne lt le gt ge
+    logical_not logical_and logical_or bitwise_not sign _to_copy convert_element_type
+    sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
+    alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
+    var where_ threshold_backward isnan gelu silu""".split()
+)
+
+
+def _symbolic_ok(node: torch.fx.Node, args: Any, kwargs: Any) -> bool:
+    """Whether ``node`` may use its lowering in a symbolic graph: a checked op, or one whose
+    operands and result all have static sizes."""
+    name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
+    if name in SYMBOLIC_OPS:
+        return True
+    sizes = [v.sizes for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, Value)]
+    leaves = pytree.tree_leaves((args, kwargs))
+    numbers = [a for a in leaves if isinstance(a, sympy.Basic | FloatSize)]
+    metas = [m for m in pytree.tree_leaves(node.meta.get("val")) if isinstance(m, torch.Tensor)]
+    static_out = all(isinstance(n, int) for m in metas for n in m.shape)
+    return not numbers and all(is_static(s) for s in sizes) and static_out
 
 
 DTYPES = frozenset(
@@ -493,4 +607,5 @@ def lower_graph(
     (:mod:`ember.inductor.lower_random`); by default they run torch's kernels."""
     from ember.inductor import lower_ops, lower_random, lower_views  # noqa: F401  (registers)
 
-    return Lowerer(fused_random=fused_random).lower(gm, example_inputs)
+    sv = size_vars(gm, example_inputs)
+    return Lowerer(fused_random=fused_random, sv=sv).lower(gm, example_inputs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
@@ -179,14 +180,21 @@ def _coeff(term: sympy.Expr) -> int:
     return int(c) if c.is_Integer else 1
 
 
-def simplify_index(e: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> sympy.Expr:
+def _proved(relation: Any) -> bool:
+    """True only when sympy decides ``relation`` (with a symbolic size it may not)."""
+    return relation is sympy.true
+
+
+def simplify_index(e: sympy.Expr, bounds: dict[sympy.Symbol, Any]) -> sympy.Expr:
     """Drop or shrink ``Mod``/``floor`` using the loop bounds: values that cannot wrap
     (``Mod(i1, 8) -> i1`` when ``i1 < 8``) and low terms that cannot carry
-    (``floor((512*x0 + y0)/32768) -> floor(x0/64)`` when ``y0 < 512``)."""
+    (``floor((512*x0 + y0)/32768) -> floor(x0/64)`` when ``y0 < 512``). Variables with a
+    symbolic bound are left alone."""
+    bounds = {v: n for v, n in bounds.items() if isinstance(n, int)}
 
     def mod(x: sympy.Expr, n: sympy.Expr) -> sympy.Expr:
         r = _range(x, bounds)
-        if r is not None and r[0] >= 0 and r[1] < n:
+        if r is not None and r[0] >= 0 and _proved(sympy.Lt(r[1], n)):
             return x
         if n.is_Integer:
             q, rest, m = _split(x, int(n), bounds)

@@ -425,7 +425,8 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> tuple[set[str
         if ok:
             local.add(name)
         elif all(r // 1000 == k for r in who) and kernel.outer:
-            if math.prod(kernel.stages[s].inner) <= SCRATCH_MAX:
+            size = math.prod(kernel.stages[s].inner)  # a symbolic size: not on the stack
+            if isinstance(size, int) and size <= SCRATCH_MAX:
                 local.add(name)
                 scratch.add(name)
     return local, scratch

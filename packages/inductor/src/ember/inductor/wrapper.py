@@ -27,11 +27,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
+from ember.inductor.symbolic import FloatSize, is_static, pyexpr, pytuple
 
 __all__ = ["bind", "wrapper_source"]
 
@@ -82,10 +84,9 @@ def _ref(sched: Schedule, ref: Ref, computed: set[str]) -> str:
     if dims is not None:  # a transpose costs 1.7 us, as_strided with its offset 2.7 us
         last_two = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
         return f"{ref.name}.mT" if dims == last_two else f"{ref.name}.permute{tuple(dims)}"
-    base = (
-        str(lay.offset) if ref.name in computed else f"{ref.name}.storage_offset() + {lay.offset}"
-    )
-    return f"_as_strided({ref.name}, {lay.sizes}, {lay.strides}, {base})"
+    offset = pyexpr(lay.offset)
+    base = offset if ref.name in computed else f"{ref.name}.storage_offset() + {offset}"
+    return f"_as_strided({ref.name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)}, {base})"
 
 
 def _permutation(base: Layout, view: Layout) -> list[int] | None:
@@ -108,14 +109,24 @@ def _permutation(base: Layout, view: Layout) -> list[int] | None:
 def _arg(src: _Source, sched: Schedule, tree: Any, computed: set[str]) -> str:
     if isinstance(tree, Ref):
         return _ref(sched, tree, computed)
-    if isinstance(tree, Scalar):
-        return tree.name
     if isinstance(tree, list | tuple):
         inner = ", ".join(_arg(src, sched, t, computed) for t in tree)
         return (
             f"[{inner}]" if isinstance(tree, list) else f"({inner}{',' if len(tree) == 1 else ''})"
         )
-    return src.const(tree)
+    return _size_or_const(src, tree)
+
+
+def _size_or_const(src: _Source, leaf: Any) -> str:
+    """A number leaf: a run-time number, a symbolic size (from the call's size variables,
+    ``float()`` of one), or a constant."""
+    if isinstance(leaf, Scalar):
+        return leaf.name
+    if isinstance(leaf, sympy.Basic):
+        return pyexpr(leaf)
+    if isinstance(leaf, FloatSize):
+        return f"float({pyexpr(leaf.size)})"
+    return src.const(leaf)
 
 
 def wrapper_source(
@@ -124,19 +135,28 @@ def wrapper_source(
     """The source of ``call(*inputs)`` and the globals it needs (besides kernels)."""
     prog, src = sched.program, _Source()
     kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
+    if prog.size_vars is not None:
+        # symbolic sizes: values are realized compact, not with eager's strides, so an extern
+        # result may not have the strides its fake value shows; every input and extern result
+        # is checked against the layout the kernels and windows (as_strided) assume
+        kernel_reads |= {n for n in prog.inputs if not _static_input(prog, n)}
+        kernel_reads |= {n for s in sched.steps if isinstance(s, Extern) for n in s.names}
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
+    if prog.size_vars is not None:  # the size symbols, read off this call's inputs
+        src.lines += _bind_sizes(prog)
     for name in prog.inputs:
-        if name in kernel_reads:
+        if name in kernel_reads and name in prog.buffers:
             lay = prog.buffers[name].layout
             src.lines.append(
-                f"    if {name}.stride() != {lay.strides}: "
-                f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
+                f"    if {name}.stride() != {pytuple(lay.strides)}: "
+                f"{name} = _restride({name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)})"
             )
     for op in prog.scalar_ops:
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     for c in prog.index_checks:
-        src.lines.append(f"    _check_index({c.name}, {c.size}, {c.error!r}, {c.message!r})")
+        size = pyexpr(c.size)
+        src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
     if pooled:
         src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
@@ -161,6 +181,36 @@ def wrapper_source(
     if pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _bind_sizes(prog: Any) -> list[str]:
+    """Lines reading the size symbols off the call's inputs, then checking every other input
+    size against what the trace knew of it (``y.size(0) == x.size(1)``): a call breaking
+    such a relation raises rather than running kernels past the end of a buffer."""
+    lines, bound = [], {}
+    for sym, (name, kind, d) in prog.size_vars.sources.items():
+        read = name if kind == "int" else f"{name}.{kind}({d})"
+        lines.append(f"    {sym} = {read}")
+        bound[(name, kind, d)] = sym
+    checks = {(f"{n}.size({d})", bound.get((n, "size", d)), size)  # (read, symbol, size)
+              for n in prog.inputs if not _static_input(prog, n)
+              for d, size in enumerate(prog.buffers[n].layout.sizes)}  # fmt: skip
+    checks |= {(n, bound.get((n, "int", 0)), size) for n, size in prog.size_vars.int_inputs.items()}
+    for read, sym, size in sorted(checks, key=str):
+        if sym is None or sym != size:  # a size the trace tied to another input's
+            want = pyexpr(size)
+            lines.append(
+                f"    if {read} != {want}: raise ValueError("
+                f"f'{read} is {{{read}}}, compiled for {want} = {{{want}}}')"
+            )
+    return lines
+
+
+def _static_input(prog: Any, name: str) -> bool:
+    """A tensor input of static sizes and strides (guarded by the caller, as in a static
+    graph), or a number input."""
+    buf = prog.buffers.get(name)
+    return buf is None or is_static((buf.layout.sizes, buf.layout.strides))
 
 
 def _drops(sched: Schedule, keep: set[str]) -> dict[int, list[str]]:
@@ -205,6 +255,8 @@ def _pooled(sched: Schedule) -> list[str]:
     for step in sched.steps:
         for name in _allocated(step, sched):
             buf = prog.buffers[name]
+            if not is_static((buf.layout.sizes, buf.layout.strides)):
+                continue  # its size changes from call to call
             nbytes = buf.layout.extent * buf.dtype.itemsize
             if name not in escaping and size + nbytes <= POOL_MAX_BYTES:
                 out.append(name)
@@ -224,7 +276,8 @@ def _alloc(src: _Source, sched: Schedule, names: list[str]) -> list[str]:
     out = []
     for name in names:
         lay, dtype = sched.program.buffers[name].layout, sched.program.buffers[name].dtype
-        out.append(f"_empty({lay.sizes}, {lay.strides}, dtype={_dtype_name(dtype, src)})")
+        shape, strides = pytuple(lay.sizes), pytuple(lay.strides)
+        out.append(f"_empty({shape}, {strides}, dtype={_dtype_name(dtype, src)})")
     return out
 
 
@@ -242,8 +295,8 @@ def _kernel_call(
                 continue
             buf = sched.program.buffers[store.name]
             src.lines.append(
-                f"    {store.name} = _empty({buf.layout.sizes}, {buf.layout.strides}, "
-                f"dtype={_dtype_name(buf.dtype, src)})"
+                f"    {store.name} = _empty({pytuple(buf.layout.sizes)}, "
+                f"{pytuple(buf.layout.strides)}, dtype={_dtype_name(buf.dtype, src)})"
             )
     ptrs = ", ".join(a.split(":")[0] if ":" in a else f"{a}.data_ptr()" for a in args)
     src.lines.append(f"    {kernel.name}({ptrs})")
@@ -265,7 +318,7 @@ NUMBER_OPS: dict[Any, str] = {
 
 def _number(src: _Source, op: ScalarOp) -> str:
     """``op`` as a Python expression over the wrapper's variables."""
-    args = [a.name if isinstance(a, Scalar) else src.const(a) for a in op.args]
+    args = [_size_or_const(src, a) for a in op.args]
     fmt = NUMBER_OPS.get(op.target)
     if fmt is not None:
         return fmt.format(*args, all=", ".join(args))
@@ -296,8 +349,8 @@ def _extern_call(
         if name in restride:
             lay = sched.program.buffers[name].layout
             src.lines.append(
-                f"    if {name}.stride() != {lay.strides}: "
-                f"{name} = _restride({name}, {lay.sizes}, {lay.strides})"
+                f"    if {name}.stride() != {pytuple(lay.strides)}: "
+                f"{name} = _restride({name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)})"
             )
 
 
