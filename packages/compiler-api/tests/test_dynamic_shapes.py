@@ -359,7 +359,7 @@ def masked(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x[x > 0].sum() * 2, torch.nonzero(x).shape[0]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])  # inductor: test below
 def test_data_dependent_values_stay_in_the_graph_when_asked(backend: str) -> None:
     x, y = torch.randn(4), torch.randn(3)
     default = ember.compiler.compile(scaled_by_item, backend=backend)
@@ -401,3 +401,15 @@ def test_aot_eager_refuses_an_unbacked_input_size_with_a_reason() -> None:
     ember.compiler.mark_unbacked(x, 0)
     assert_same(compiled(x), scaled_rows(x))
     assert "unbacked" in compiled.stats.failures[0].reason
+
+
+def test_inductor_takes_item_and_runs_data_dependent_sizes_eagerly_with_a_reason() -> None:
+    settings = {"capture.scalar_outputs": True, "capture.dynamic_output_shape_ops": True}
+    with ember.compiler.config.patch(settings):
+        x, y = torch.randn(4), torch.randn(3)
+        compiled = ember.compiler.compile(scaled_by_item, backend="inductor", fullgraph=True)
+        assert_same(compiled(x, y), scaled_by_item(x, y))
+        x = torch.randn(7)
+        compiled = ember.compiler.compile(masked, backend="inductor")
+        assert_same(compiled(x), masked(x))
+        assert "nonzero" in compiled.stats.failures[0].reason  # a reason, eager's values
