@@ -228,14 +228,14 @@ def _dynamo() -> Any:
 
 # kind -> (make(program, backend, mode) -> compiled, reset caches, look a backend name up)
 KINDS: dict[str, tuple[Callable[..., Any], Callable[[], None], Callable[[str], Any]]] = {
-    "eager": (lambda p, b, mode: p, lambda: None, lambda name: None),
+    "eager": (lambda p, b, mode, dynamic=None: p, lambda: None, lambda name: None),
     "ember": (
-        lambda p, b, mode: _ember().compile(p, backend=b, mode=mode),
+        lambda p, b, mode, dynamic=None: _ember().compile(p, backend=b, mode=mode, dynamic=dynamic),
         lambda: _ember().reset(),
         lambda name: _ember().lookup_backend(name),
     ),
     "torch": (
-        lambda p, b, mode: torch.compile(p, backend=b, mode=mode),
+        lambda p, b, mode, dynamic=None: torch.compile(p, backend=b, mode=mode, dynamic=dynamic),
         lambda: _dynamo().reset(),
         lambda name: _dynamo().lookup_backend(name),
     ),
@@ -244,13 +244,24 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[[], None], Callable[[str], A
 
 def split_config(config: str) -> tuple[str, str]:
     """``"ember:eager"`` -> ``("ember", "eager")``; ``"eager"`` -> ``("eager", "")``; a mode
-    (``"ember:inductor@max-autotune"``, see :func:`config_mode`) is not part of either.
+    (``"ember:inductor@max-autotune"``, see :func:`config_mode`) and ``+dynamic`` (see
+    :func:`config_dynamic`) are not part of either.
 
-    >>> split_config("torch:inductor@max-autotune")
+    >>> split_config("torch:inductor+dynamic@max-autotune")
     ('torch', 'inductor')
     """
     kind, _, backend = config.partition("@")[0].partition(":")
-    return kind, backend
+    return kind, backend.partition("+")[0]
+
+
+def config_dynamic(config: str) -> bool | None:
+    """``dynamic=True`` for a configuration ending its backend with ``+dynamic``, else the
+    default (None: automatic dynamic).
+
+    >>> config_dynamic("ember:inductor+dynamic"), config_dynamic("ember:inductor")
+    (True, None)
+    """
+    return True if "+dynamic" in config.partition("@")[0] else None
 
 
 def config_mode(config: str) -> str | None:
@@ -265,8 +276,8 @@ def config_mode(config: str) -> str | None:
 def compiler_for(config: str, backend: Any = None) -> Callable[[Program], Any]:
     """A function that compiles a program as ``config`` says (``backend`` overrides the name)."""
     kind, name = split_config(config)
-    make, mode = KINDS[kind][0], config_mode(config)
-    return lambda program: make(program, backend if backend is not None else name, mode)
+    make, mode, dynamic = KINDS[kind][0], config_mode(config), config_dynamic(config)
+    return lambda program: make(program, backend if backend is not None else name, mode, dynamic)
 
 
 # --- graphs, breaks and per-call overhead ---------------------------------------------
@@ -351,7 +362,8 @@ def overhead(prepared: Prepared, config: str, quick: bool) -> float | None:
     make, reset, lookup = KINDS[kind]
     reset()
     timer = GraphTimer(lookup(name))
-    fn = make(prepared.program, timer, None)  # the mode needs a backend named, not wrapped
+    # the mode needs a backend named, not wrapped; dynamic=True as the configuration says
+    fn = make(prepared.program, timer, None, config_dynamic(config))
     for _ in range(3):
         prepared.forward(fn)
     once = min(s for s, _ in sample(lambda: prepared.forward(fn), 1, 3))

@@ -100,3 +100,44 @@ def test_training_gradients_match_eager_over_a_batch_sweep(name):
             torch.testing.assert_close(grads[0][key], grads[1][key], rtol=1e-4, atol=1e-5)
     assert compiled.stats.graphs == 1
     assert not compiled.stats.failures and not compiled.stats.breaks
+
+
+# -- the model zoo (benchmarks/models/suite.py) ---------------------------------------------
+
+from models import ZOO  # noqa: E402  (benchmarks/ is on the path, as for models.hf)
+
+# (case, dim varied in every tensor argument): the batch everywhere, sequence lengths too.
+# Not the RNN's length: its Python loop runs once per step, unrolled, so each length is a
+# graph of its own (as under torch.compile); its batch is symbolic.
+ZOO_CASES = [(name, 0) for name in sorted(ZOO)] + [("transformer-block", 1), ("gpt", 1)]
+
+
+def resized(args, dim, n):
+    """``args`` with size ``dim`` of every tensor made ``n`` (new values, the same kind)."""
+    out = []
+    for a in args:
+        shape = list(a.shape)
+        shape[dim] = n
+        if a.dtype.is_floating_point:
+            out.append(torch.randn(shape))
+        else:
+            out.append(torch.randint(0, int(a.max()) + 1, shape, dtype=a.dtype))
+    return tuple(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize(("name", "dim"), ZOO_CASES)
+@pytest.mark.parametrize(("dynamic", "most"), [(True, 1), (None, 2)])
+def test_the_zoo_over_a_size_sweep(backend, name, dim, dynamic, most):
+    model, args = ZOO[name].make()
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=dynamic)
+    for n in range(2, 12):
+        sized = resized(args, dim, n)
+        torch.manual_seed(n)
+        want = model(*sized)
+        torch.manual_seed(n)
+        got = compiled(*sized)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not compiled.stats.failures and not compiled.stats.breaks, compiled.stats.failures
+    assert compiled.stats.graphs <= most

@@ -313,3 +313,91 @@ def test_random_sizes_never_reuse_a_graph_where_eager_differs(backend: str, dyna
 
     with ember.compiler.config.patch({"guards.cache_size_limit": 64}):
         run()
+
+
+class Cached(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.table = torch.randn(6, 4)  # a plain tensor attribute: symbolic under dynamic=True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).sum(0) + self.table.sum(0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mark_static_of_a_module_pins_its_tensor_attributes(backend: str) -> None:
+    model = Cached()
+    ember.compiler.mark_static(model)
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=True)
+    for n in [3, 5]:
+        x = torch.randn(n, 4)
+        assert_same(compiled(x), model(x))
+    assert compiled.stats.graphs == 1  # the batch is symbolic
+    model.table = torch.randn(7, 4)  # unmarked, and now of another size: guarded, new graph
+    x = torch.randn(3, 4)
+    assert_same(compiled(x), model(x))
+    assert compiled.stats.graphs == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_mark_static_a_module_tensor_attribute_is_symbolic(backend: str) -> None:
+    model = Cached()
+    compiled = ember.compiler.compile(model, backend=backend, dynamic=True)
+    x = torch.randn(3, 4)
+    assert_same(compiled(x), model(x))
+    model.table = torch.randn(7, 4)  # its size is symbolic: the same graph serves it
+    assert_same(compiled(x), model(x))
+    assert compiled.stats.graphs == 1
+
+
+def scaled_by_item(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * y.sum().item() + 1
+
+
+def masked(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return x[x > 0].sum() * 2, torch.nonzero(x).shape[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_values_stay_in_the_graph_when_asked(backend: str) -> None:
+    x, y = torch.randn(4), torch.randn(3)
+    default = ember.compiler.compile(scaled_by_item, backend=backend)
+    assert_same(default(x, y), scaled_by_item(x, y))
+    assert len(default.stats.breaks) == 1  # torch's default: .item() breaks the graph
+    settings = {"capture.scalar_outputs": True, "capture.dynamic_output_shape_ops": True}
+    with ember.compiler.config.patch(settings):
+        for fn, args in [(scaled_by_item, (x, y)), (masked, (torch.randn(7),))]:
+            ember.compiler.reset()
+            compiled = ember.compiler.compile(fn, backend=backend, fullgraph=True)
+            for _ in range(3):  # new values, the same graph
+                assert_same(compiled(*args), fn(*args))
+                args = tuple(torch.randn_like(a) for a in args)
+            assert compiled.stats.graphs == 1
+
+
+@pytest.mark.parametrize("backend", ["eager"])  # aotgraph refuses unbacked inputs (a reason)
+def test_mark_unbacked_serves_sizes_0_and_1_and_breaks_on_a_branch(backend: str) -> None:
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(0) * 2 + x.shape[0]
+
+    compiled = ember.compiler.compile(total, backend=backend)
+    for n in [5, 1, 0, 3]:
+        x = torch.randn(n, 3)
+        ember.compiler.mark_unbacked(x, 0)
+        assert_same(compiled(x), total(x))
+    assert compiled.stats.graphs == 1  # 0 and 1 did not specialise
+    ember.compiler.reset()
+    branching = ember.compiler.compile(branchy, backend=backend)
+    x = torch.randn(6)
+    ember.compiler.mark_unbacked(x, 0)
+    assert_same(branching(x), branchy(x))  # the branch runs natively, after a graph break
+    assert branching.stats.graphs == 0 or branching.stats.breaks
+
+
+def test_aot_eager_refuses_an_unbacked_input_size_with_a_reason() -> None:
+    compiled = ember.compiler.compile(scaled_rows, backend="aot_eager")
+    x = torch.randn(5, 6)
+    ember.compiler.mark_unbacked(x, 0)
+    assert_same(compiled(x), scaled_rows(x))
+    assert "unbacked" in compiled.stats.failures[0].reason

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import codegen, guarding, markers, polyfills, trace_rules
+from ember.capture import codegen, guarding, markers, polyfills, settings, trace_rules
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Raised, Unsupported, decode
@@ -366,8 +366,11 @@ def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwa
         raise Unsupported(TENSOR_AUTOGRAD_METHODS[name], "autograd")
     if name == "backward":
         _no_double_backward("Tensor.backward", [t, *args], kwargs, 3)
-    if name in TENSOR_DATA_METHODS:
+    scalar = name == "item" and settings.section.get().scalar_outputs  # an unbacked symbol
+    if name in TENSOR_DATA_METHODS and not scalar:
         hint = "keep the value a tensor, e.g. torch.where" if name == "item" else ""
+        if name == "item":
+            hint += " (or config.capture.scalar_outputs=True: .item() stays in the graph)"
         raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent", hint)
     return graph_call(fs, "call_method", name, [t, *args], kwargs)
 

@@ -45,12 +45,15 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
+from ember.capture import settings
+
 __all__ = [
     "Mark",
     "Policy",
     "Shapes",
     "mark_dynamic",
     "mark_static",
+    "mark_unbacked",
     "marks_of",
     "maybe_mark_dynamic",
     "observe",
@@ -58,7 +61,7 @@ __all__ = [
 ]
 
 _MARKS = "_ember_dynamic_marks"  # on a tensor: {dim: Mark}
-_STATIC = "_ember_static_dims"  # on a tensor: frozenset of dims; on a module: True
+_STATIC = "_ember_static_dims"  # on a tensor: frozenset of dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class Mark:
     min: int | None = None
     max: int | None = None
     strict: bool = True
+    unbacked: bool = False  # mark_unbacked: no value known while tracing, 0 and 1 included
 
 
 def _check_dim(t: Any, dim: int) -> int:
@@ -107,6 +111,19 @@ def maybe_mark_dynamic(t: torch.Tensor, dim: int | Iterable[int]) -> None:
     _mark(t, dim, Mark(strict=False))
 
 
+def mark_unbacked(t: torch.Tensor, dim: int | Iterable[int]) -> None:
+    """Make size ``dim`` of ``t`` symbolic with no value known while tracing: sizes 0 and 1
+    do not specialise, and code that branches on the size breaks the graph there (no
+    guard can decide it), as torch's ``mark_unbacked``.
+
+    >>> x = torch.ones(8)
+    >>> mark_unbacked(x, 0)
+    >>> marks_of(x)[0].unbacked
+    True
+    """
+    _mark(t, dim, Mark(strict=True, unbacked=True))
+
+
 def _mark(t: torch.Tensor, dim: int | Iterable[int], mark: Mark) -> None:
     if mark.min is not None and mark.max is not None and mark.min > mark.max:
         raise ValueError(f"min {mark.min} is above max {mark.max}")
@@ -119,18 +136,29 @@ def _mark(t: torch.Tensor, dim: int | Iterable[int], mark: Mark) -> None:
 
 def mark_static(t: torch.Tensor | torch.nn.Module, dim: int | Iterable[int] | None = None) -> None:
     """Keep size ``dim`` of ``t`` (all its sizes when ``dim`` is None) static whatever the
-    policy; for a module, every parameter and buffer it holds, and every tensor attribute.
+    policy; for a module, every parameter, buffer and tensor attribute it and its
+    submodules hold now.
 
     >>> x = torch.ones(8, 3)
     >>> mark_static(x, 0)
     >>> getattr(x, "_ember_static_dims")
     frozenset({0})
+    >>> m = torch.nn.Linear(2, 2)
+    >>> mark_static(m)
+    >>> getattr(m.weight, "_ember_static_dims")
+    frozenset({0, 1})
     """
     if isinstance(t, torch.nn.Module):
         if dim is not None:
             raise TypeError("mark_static(module) takes no dim")
-        object.__setattr__(t, _STATIC, True)
+        for sub in t.modules():
+            held = [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]
+            held += [v for v in vars(sub).values() if isinstance(v, torch.Tensor)]
+            for tensor in held:
+                mark_static(tensor)
         return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a tensor or a module, got {type(t).__name__}")
     dims = range(t.dim()) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     setattr(t, _STATIC, frozenset(getattr(t, _STATIC, ())) | {_check_dim(t, d) for d in dims})
 
@@ -138,11 +166,6 @@ def mark_static(t: torch.Tensor | torch.nn.Module, dim: int | Iterable[int] | No
 def marks_of(t: torch.Tensor) -> dict[int, Mark]:
     """The dims of ``t`` marked dynamic, with their marks."""
     return dict(getattr(t, _MARKS, {}))
-
-
-def static_module(module: Any) -> bool:
-    """Whether ``mark_static(module)`` pinned every tensor of ``module``."""
-    return getattr(module, _STATIC, False) is True
 
 
 # -- automatic dynamic ---------------------------------------------------------------------
@@ -278,8 +301,19 @@ class Shapes:
         it. ``.item()`` and ``nonzero`` still raise on fake tensors (they break the graph),
         as without one."""
         if self._env is None:
-            self._env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+            now = settings.section.get()
+            self._env = ShapeEnv(
+                allow_scalar_outputs=now.scalar_outputs,
+                allow_dynamic_output_shape_ops=now.dynamic_output_shape_ops,
+            )
         return self._env
+
+    def data_dependent(self, fake_mode: Any) -> None:
+        """Give ``fake_mode`` the ShapeEnv from the start when a setting asks for unbacked
+        symbols (``.item()``, ``nonzero``): without one, fake tensors raise instead."""
+        now = settings.section.get()
+        if (now.scalar_outputs or now.dynamic_output_shape_ops) and fake_mode.shape_env is None:
+            fake_mode.shape_env, fake_mode.static_shapes = self.env, False
 
     def fake_input(
         self, fake_mode: Any, real: torch.Tensor, source: Any, key: str, parameter: bool
@@ -293,7 +327,12 @@ class Shapes:
             return fake_mode.from_tensor(real, static_shapes=True)  # type: ignore[no-any-return]
         if fake_mode.shape_env is None:  # from here on the mode makes symbolic fakes
             fake_mode.shape_env, fake_mode.static_shapes = self.env, False
-        kinds = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
+        unbacked = {d for d, m in marks_of(real).items() if m.unbacked and d in dims}
+        kinds = [
+            DimDynamic.UNBACKED if d in unbacked else DimDynamic.DYNAMIC if d in dims
+            else DimDynamic.STATIC
+            for d in range(real.dim())
+        ]  # fmt: skip
         context: StatelessSymbolicContext[Any, Any] = StatelessSymbolicContext(dynamic_sizes=kinds)
         fake: torch.Tensor = fake_mode.from_tensor(
             real, symbolic_context=context, source=_Named(key)

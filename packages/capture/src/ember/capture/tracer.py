@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from ember.capture import bytecode_311, guarding
 from ember.capture import shapes as shapes_
@@ -295,7 +296,11 @@ class Tracer:
         """The number ``v`` stands for (or ``fn`` of it), now assumed constant: a guard checks
         that the frame's numbers still give the same result (``gt(loss, 0.0) == True``)."""
         if isinstance(v.example, shapes_.SYM_TYPES):  # the ShapeEnv records the guard
-            value = shapes_.concrete(v.example if fn is None else fn(v.example))
+            try:
+                value = shapes_.concrete(v.example if fn is None else fn(v.example))
+            except GuardOnDataDependentSymNode as e:  # an unbacked value: no guard decides it
+                reason = f"branching on a value only known when the graph runs ({e.cond})"
+                raise Unsupported(reason, "data-dependent") from None
             self.shapes.check_marks(self.guards._where())
             return value
         source = self.scalar_source(v.node)

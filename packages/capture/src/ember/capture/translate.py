@@ -138,6 +138,7 @@ def _translate(
     start = time.perf_counter()
     shapes = Shapes(Policy(dynamic), frame.code)
     tracer = Tracer(backend_name=backend_name, shapes=shapes)
+    shapes.data_dependent(tracer.fake_mode)  # .item() and nonzero symbolic, if asked
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily
     grad_mode = torch.is_grad_enabled()
     # A tensor subclass's __torch_function__ sees the torch calls eager makes, and those

@@ -33,7 +33,13 @@ from ember.capture.markers import (
     graph_break,
     is_compiling,
 )
-from ember.capture.shapes import MarkedDynamicError, mark_dynamic, mark_static, maybe_mark_dynamic
+from ember.capture.shapes import (
+    MarkedDynamicError,
+    mark_dynamic,
+    mark_static,
+    mark_unbacked,
+    maybe_mark_dynamic,
+)
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.configuration import Config, config
@@ -89,6 +95,7 @@ __all__ = [
     "lookup_backend",
     "mark_dynamic",
     "mark_static",
+    "mark_unbacked",
     "maybe_mark_dynamic",
     "register_backend",
     "replay",

@@ -74,7 +74,7 @@ class SectionView(Generic[S]):
     >>> config.capture.verbose
     False
     >>> sorted(config.capture.describe())
-    ['check', 'suppress_errors', 'verbose']
+    ['check', 'dynamic_output_shape_ops', 'scalar_outputs', 'suppress_errors', 'verbose']
     """
 
     __slots__ = ("_section",)
