@@ -27,6 +27,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._subclasses.fake_impls import _compute_stride
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from ember.inductor import autotune, cache, graph_cache, log, settings, timing
@@ -401,6 +402,8 @@ def _generate(
     graph must run as aten calls."""
     if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
         raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
+    if (node := _data_dependent(gm)) is not None:
+        raise Fallback(f"{node}: a size that depends on tensor values (nonzero, masking)")
     fused_random = not opts["fallback_random"]
     decomposed, prog = _lower(run, gm, example_inputs, fused_random)  # -> simplified loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
@@ -412,6 +415,19 @@ def _generate(
     if opts["max_autotune"] and tunable and any(isinstance(s, Kernel) for s in sched.steps):
         return _autotuned(run, gm, example_inputs, fused_random, compile_options, lowered)
     return lowered, source, args
+
+
+def _data_dependent(gm: torch.fx.GraphModule) -> str | None:
+    """The first node whose tensor has an unbacked size (``nonzero``, masking): kernels take
+    every size from the inputs, so such a graph runs as aten calls. (An unbacked number,
+    ``.item()``, is a run-time number kernels take as an argument.)"""
+    for node in gm.graph.nodes:
+        tensors = [
+            v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)
+        ]
+        if any(free_unbacked_symbols((t.shape, t.stride())) for t in tensors):
+            return str(node.name)
+    return None
 
 
 def _log_generated(run: _Run, sched: Any, source: str) -> None:

@@ -534,7 +534,7 @@ def cat(ctx: Lowerer, tensors: Sequence[Value], dim: int = 0) -> Value:
             if result is None:
                 result = e
             else:
-                inside = Expr(Op.LT, torch.bool, (_index(idx[d]), _index(sympy.Integer(hi))))
+                inside = Expr(Op.LT, torch.bool, (_index(idx[d]), _index(sympy.sympify(hi))))
                 result = Expr(Op.WHERE, out.dtype, (inside, e, result))
         assert result is not None
         return result
@@ -567,7 +567,7 @@ def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) 
                 (
                     Expr(Op.GE, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo)))),
                     Expr(
-                        Op.LT, torch.bool, (_index(idx[d]), _index(sympy.Integer(lo + a.sizes[d])))
+                        Op.LT, torch.bool, (_index(idx[d]), _index(sympy.sympify(lo + a.sizes[d])))
                     ),
                 ),
             )

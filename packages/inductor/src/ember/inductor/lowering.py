@@ -546,6 +546,7 @@ SYMBOLIC_OPS = frozenset(
     logical_not logical_and logical_or bitwise_not sign _to_copy convert_element_type
     sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
     alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
+    slice cat constant_pad_nd
     var where_ threshold_backward isnan gelu silu""".split()
 )
 

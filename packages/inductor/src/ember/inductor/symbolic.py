@@ -76,6 +76,8 @@ class SizeVars:
         if e.is_Integer:
             return e
         if e.is_Symbol:
+            if e in self.sources:  # converted already
+                return e
             if e not in self.by_torch:
                 raise Unsupported(f"size symbol {e} is not an input's size, stride or int")
             return self.by_torch[e]
