@@ -409,7 +409,10 @@ def test_inductor_takes_item_and_runs_data_dependent_sizes_eagerly_with_a_reason
         x, y = torch.randn(4), torch.randn(3)
         compiled = ember.compiler.compile(scaled_by_item, backend="inductor", fullgraph=True)
         assert_same(compiled(x, y), scaled_by_item(x, y))
-        x = torch.randn(7)
         compiled = ember.compiler.compile(masked, backend="inductor")
-        assert_same(compiled(x), masked(x))
-        assert "nonzero" in compiled.stats.failures[0].reason  # a reason, eager's values
+        for n in (7, 9):
+            x = torch.randn(n)
+            assert_same(compiled(x), masked(x))
+        # aotgraph's trace with inductor's decompositions loses nonzero's unbacked sizes:
+        # the frame runs eagerly, and says why
+        assert "unbacked" in compiled.stats.failures[0].reason.lower()
