@@ -167,7 +167,7 @@ class FrameCompiler:
         entry_codes: tuple[types.CodeType, ...] = (),
         track: bool = False,
         scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-        dynamic: bool | None = False,
+        dynamic: bool | shapes.Policy | None = False,
     ) -> None:
         self.backend = backend
         self.dynamic = dynamic  # the symbolic-size policy (ember.capture.shapes.Policy)

@@ -209,6 +209,9 @@ class Policy:
     """
 
     dynamic: bool | None = None
+    # dynamic=None: whether a size that changed between compiles becomes symbolic; a backend
+    # whose symbolic code is slower than its static code says no (marks still count)
+    automatic: bool = True
 
     def dims(self, t: torch.Tensor, *, parameter: bool, changed: frozenset[int]) -> frozenset[int]:
         """The symbolic dims of input ``t`` (a parameter or buffer when ``parameter``)."""
@@ -218,9 +221,13 @@ class Policy:
         wanted = marked
         if self.dynamic is True and not parameter:
             wanted = frozenset(range(t.dim()))
-        elif self.dynamic is None and not parameter:
+        elif self.dynamic is None and not parameter and self.automatic:
             wanted = marked | changed
         return wanted - frozenset(getattr(t, _STATIC, ()))
+
+    def int_symbolic(self, changed: bool) -> bool:
+        """Whether an int argument is a symbol (``changed``: it changed between compiles)."""
+        return self.dynamic is True or (self.dynamic is None and self.automatic and changed)
 
 
 # -- one translation's symbols --------------------------------------------------------------
@@ -357,7 +364,7 @@ class Shapes:
         changed between compiles of this code, or ``dynamic=True``); None for a constant
         (0 and 1 specialise, as sizes do)."""
         changed = observe(self.code, key, (real,)) if self.code is not None else frozenset()
-        if self.policy.dynamic is False or (self.policy.dynamic is None and not changed):
+        if not self.policy.int_symbolic(bool(changed)):
             return None
         if real in (0, 1) or real < 0:
             return None

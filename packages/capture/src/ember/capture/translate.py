@@ -95,14 +95,15 @@ def translate(
     backend_name: str,
     stop_at: int | None = None,
     guard_key: str | None = None,
-    dynamic: bool | None = False,
+    dynamic: bool | Policy | None = False,
 ) -> Translation:
     """Capture ``frame`` as one graph; :class:`Unsupported` if it cannot be.
 
     With ``stop_at`` (an instruction index, for a graph break) translation stops
     before that instruction, and the output is the stack and the bound locals there.
     The backend guard compares ``guard_key`` (default: ``backend_name``). ``dynamic``
-    is the symbolic-size policy (:class:`~ember.capture.shapes.Policy`).
+    is the symbolic-size policy (a :class:`~ember.capture.shapes.Policy`, or its
+    ``dynamic``).
     """
     with TIMES.timed("capture"), _quiet_meta_errors():  # timed for compile_times()
         return _translate(frame, backend_name, stop_at, guard_key, dynamic)
@@ -136,7 +137,7 @@ def _translate(
     frame: Frame, backend_name: str, stop_at: int | None, guard_key: str | None, dynamic: Any
 ) -> Translation:
     start = time.perf_counter()
-    shapes = Shapes(Policy(dynamic), frame.code)
+    shapes = Shapes(dynamic if isinstance(dynamic, Policy) else Policy(dynamic), frame.code)
     tracer = Tracer(backend_name=backend_name, shapes=shapes)
     shapes.data_dependent(tracer.fake_mode)  # .item() and nonzero symbolic, if asked
     fs = _top_frame(tracer, frame)  # arguments and free variables, wrapped lazily

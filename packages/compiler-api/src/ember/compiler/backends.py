@@ -181,6 +181,19 @@ def supports_dynamic(backend: Any) -> bool:
     return bool(getattr(found, "supports_dynamic", True))
 
 
+def automatic_dynamic(backend: Any) -> bool:
+    """Whether ``dynamic=None`` makes a size symbolic for ``backend`` after it changed
+    between compiles (automatic dynamic); a backend whose symbolic code is slower than its
+    static code says ``automatic_dynamic = False`` and compiles per size instead, while
+    ``dynamic=True`` and ``mark_dynamic`` still give it symbolic graphs.
+
+    >>> automatic_dynamic("eager"), automatic_dynamic("inductor")
+    (True, False)
+    """
+    found = lookup_backend(backend) if isinstance(backend, str) else backend
+    return bool(getattr(found, "automatic_dynamic", True))
+
+
 def as_is(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
     """aot_eager's inner compiler: the aten graph runs as it is (a module-level function, so
     that a repro script can import it).
@@ -238,8 +251,12 @@ def inductor(
 
 
 # inductor generates kernels whose sizes are arguments (issue 18): one build serves every
-# size of a frame compiled with symbolic sizes.
+# size of a frame compiled with symbolic sizes. Those kernels are still slower than static
+# ones on real models (benchmarks/run.py, ember:inductor+dynamic: gpt-infer 2.9x eager
+# against 0.85x static), so a size that changes compiles again rather than going symbolic;
+# dynamic=True and mark_dynamic still get symbolic kernels.
 inductor.supports_dynamic = True  # type: ignore[attr-defined]
+inductor.automatic_dynamic = False  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)

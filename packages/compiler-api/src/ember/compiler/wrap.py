@@ -15,9 +15,16 @@ import torch
 
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
+from ember.capture.shapes import Policy
 from ember.compiler import replay_record, reporting
 from ember.compiler import repro as repro_hooks
-from ember.compiler.backends import Backend, backend_name, lookup_backend, supports_dynamic
+from ember.compiler.backends import (
+    Backend,
+    automatic_dynamic,
+    backend_name,
+    lookup_backend,
+    supports_dynamic,
+)
 from ember.compiler.configuration import MODE_OPTIONS, config
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
@@ -437,13 +444,12 @@ def _compiler_maker(
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
     scope = functools.partial(config.patch, made.settings) if made.settings else None
-    if not supports_dynamic(backend):
-        dynamic = False  # every size specialises for this backend (it says why once)
+    policy = Policy(dynamic if supports_dynamic(backend) else False, automatic_dynamic(backend))
 
     def new(entry: tuple[types.CodeType, ...]) -> FrameCompiler:
         compiler = make(
             observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope,
-            dynamic=dynamic,
+            dynamic=policy,
         )  # fmt: skip
         replay_record.record_failures(compiler, backend, options, repro)
         return compiler

@@ -417,8 +417,25 @@ class Lowerer:
             return arg
         value = self.values[arg]
         if isinstance(value, Value):
+            if self.sv is not None:
+                self._compact_output(arg)
             return self.realize(value, self._strides(_output_strides, arg))
         return value
+
+    def _compact_output(self, node: torch.fx.Node) -> None:
+        """A symbolic graph realizes its outputs compact; an output eager lays out otherwise
+        (a pointwise op on a transposed input keeps its layout) makes the graph run as aten
+        calls, which keep eager's strides. The strides compare as expressions: no guard."""
+        meta = node.meta.get("val")
+        if not isinstance(meta, torch.Tensor):
+            return
+        sizes, strides = self.shape(meta), self.strides(meta)
+        compact = Layout.contiguous(sizes).strides
+        for n, have, want in zip(sizes, strides, compact, strict=True):
+            if n != 1 and sympy.expand(sympy.sympify(have) - sympy.sympify(want)) != 0:
+                raise Fallback(
+                    f"output {node.name} has strides {strides} in eager, not compact {compact}"
+                )
 
     def extern(self, node: torch.fx.Node, args: Any, kwargs: Any, target: Any = None) -> Any:
         """Run ``node`` with its aten kernel (or ``target``'s, which must return what the
