@@ -63,3 +63,30 @@ def test_trace_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     } <= set(names), names
     assert 'extern "C" void kernel0' in (folder / "05_kernels.cpp").read_text()
     assert "lower" in json.loads((folder / "times.json").read_text())
+
+
+def test_floor_and_mod_by_a_multiple_of_a_size_drop_the_low_terms() -> None:
+    """``(y0 + 128*x0) // (128*ks0) == x0 // ks0`` when ``0 <= y0 < 128``: exact for every
+    positive size, checked by brute force (symbolic graphs indexed with run-time division)."""
+    import itertools
+
+    import sympy
+
+    from ember.inductor.rewrite import simplify_index
+
+    ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    y0, x0 = sympy.symbols("y0 x0", integer=True, nonnegative=True)
+    bounds = {y0: 16, x0: ks0 * ks1}
+    cases = [
+        sympy.floor((y0 + 16 * x0) / (16 * ks0)),
+        sympy.Mod(y0 + 16 * x0, 16 * ks0),
+        sympy.floor((y0 + 32 * x0) / (16 * ks0)),
+        sympy.Mod(y0 + 8 * x0, 16 * ks0),
+    ]
+    simple = [simplify_index(e, bounds) for e in cases]
+    assert simple[0] == sympy.floor(x0 / ks0)
+    for a, b in itertools.product(range(1, 4), range(1, 4)):
+        for x, y in itertools.product(range(a * b), range(16)):
+            point = {ks0: a, ks1: b, x0: x, y0: y}
+            for e, s in zip(cases, simple, strict=True):
+                assert int(e.subs(point)) == int(s.subs(point)), (e, s, point)

@@ -180,6 +180,27 @@ def _coeff(term: sympy.Expr) -> int:
     return int(c) if c.is_Integer else 1
 
 
+def _integer_part(n: sympy.Expr) -> tuple[int, sympy.Expr]:
+    """``n = k * size``: its integer coefficient ``k`` and the rest, a product of symbolic
+    sizes (positive integers, so the identities of :func:`simplify_index` hold for it as for
+    a number); ``(1, n)`` when ``n`` is anything else.
+
+    >>> ks0 = sympy.Symbol("ks0", integer=True, positive=True)
+    >>> _integer_part(128 * ks0), _integer_part(sympy.Integer(32)), _integer_part(ks0 - 1)
+    ((128, ks0), (32, 1), (1, ks0 - 1))
+    """
+    k, size = n.as_coeff_Mul()
+    sizes = sympy.Mul.make_args(size)
+    if not k.is_Integer or k < 1 or not all(s.is_Number or _size_symbol(s) for s in sizes):
+        return 1, n
+    return int(k), size
+
+
+def _size_symbol(s: sympy.Expr) -> bool:
+    """A symbol that stands for a size: a positive integer (ember.inductor.symbolic)."""
+    return bool(s.is_Symbol and s.is_integer and s.is_positive)
+
+
 def _proved(relation: Any) -> bool:
     """True only when sympy decides ``relation`` (with a symbolic size it may not)."""
     return relation is sympy.true
@@ -196,10 +217,11 @@ def simplify_index(e: sympy.Expr, bounds: dict[sympy.Symbol, Any]) -> sympy.Expr
         r = _range(x, bounds)
         if r is not None and r[0] >= 0 and _proved(sympy.Lt(r[1], n)):
             return x
-        if n.is_Integer:
-            q, rest, m = _split(x, int(n), bounds)
-            if m > 1:  # m*q + r mod n == m*(q mod n/m) + r
-                return m * sympy.Mod(q, int(n) // m) + rest
+        k, size = _integer_part(n)
+        if k > 1:
+            q, rest, m = _split(x, k, bounds)
+            if m > 1:  # m*q + r mod m*c == m*(q mod c) + r when 0 <= r < m
+                return m * sympy.Mod(q, (k // m) * size) + rest
         return sympy.Mod(x, n)
 
     def floor(x: sympy.Expr) -> sympy.Expr:
@@ -207,10 +229,11 @@ def simplify_index(e: sympy.Expr, bounds: dict[sympy.Symbol, Any]) -> sympy.Expr
         if r is not None and sympy.floor(r[0]) == sympy.floor(r[1]):
             return sympy.floor(r[0])
         num, den = sympy.fraction(sympy.together(x))
-        if den.is_Integer and den > 1:
-            q, _, m = _split(num, int(den), bounds)
-            if m > 1:  # floor((m*q + r)/d) == floor(q/(d/m)) when r < m
-                return sympy.floor(q / (int(den) // m))
+        k, size = _integer_part(den)
+        if k > 1:
+            q, _, m = _split(num, k, bounds)
+            if m > 1:  # floor((m*q + r)/(m*c)) == floor(q/c) when 0 <= r < m
+                return sympy.floor(q / ((k // m) * size))
         return sympy.floor(x)
 
     for _ in range(6):
