@@ -23,7 +23,7 @@ another size would not.
 >>> x = torch.ones(4, 3)
 >>> mark_dynamic(x, 0, min=2, max=64)
 >>> marks_of(x)
-{0: Mark(min=2, max=64, strict=True)}
+{0: Mark(min=2, max=64, strict=True, unbacked=False)}
 """
 
 from __future__ import annotations
