@@ -22,6 +22,7 @@ import torch
 
 from ember.inductor.ir import Layout
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
+from ember.inductor.reshape import flatten, reshape_index, unflatten
 
 __all__ = ["broadcast", "flatten", "unflatten"]
 
@@ -169,25 +170,7 @@ def view(ctx: Lowerer, v: Value, sizes: Sequence[int]) -> Value:
     if window is not None:
         return window
     out = ctx.shape(ctx.meta)
-    return _lazy(v, out, lambda idx: unflatten(flatten(idx, out), v.sizes))
-
-
-def flatten(idx: Sequence[sympy.Expr], sizes: Sequence[int]) -> sympy.Expr:
-    flat, step = sympy.Integer(0), 1
-    for i, n in zip(reversed(idx), reversed(sizes), strict=True):
-        flat += i * step
-        step *= n
-    return flat
-
-
-def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
-    if 0 in sizes:  # nothing is ever loaded from an empty tensor
-        return [sympy.Integer(0)] * len(sizes)
-    out, step = [], 1
-    for n in reversed(sizes):
-        out.append(sympy.Integer(0) if n == 1 else sympy.Mod(sympy.floor(flat / step), n))
-        step *= n
-    return list(reversed(out))
+    return _lazy(v, out, lambda idx: reshape_index(idx, out, v.sizes))
 
 
 @lowering(aten.as_strided.default, aten.diagonal.default, aten.unfold.default)
