@@ -86,7 +86,7 @@ def _group(
 
 
 def _same(a: Any, b: Any) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+    return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
 
 
 def _divides(a: Any, b: Any, new_dims: list[int], old_dims: list[int]) -> bool:
