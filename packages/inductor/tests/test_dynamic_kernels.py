@@ -180,3 +180,48 @@ def test_an_input_eager_lays_out_otherwise_still_gets_the_right_strides() -> Non
     for n, m in [(2, 3), (4, 9), (7, 5)]:
         x = torch.randn(n, m)
         torch.testing.assert_close(fn(x), f(x))
+
+
+def _two_layers(x: T, w: T, w2: T) -> tuple[T, T]:
+    h = (x.sin() @ w).tanh()  # x.sin(): an intermediate a matmul reads, pooled
+    return (h @ w2).relu(), h.sum(0)
+
+
+def test_intermediates_are_pooled_per_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call of the size of the last one takes its intermediates from the pool; a call of
+    another size allocates (and the pool then holds that size's set only)."""
+    allocs: list[tuple[int, ...]] = []
+    real = torch.empty_strided
+
+    def counted(size: Any, stride: Any, **kw: Any) -> T:
+        allocs.append(tuple(size))
+        return real(size, stride, **kw)
+
+    monkeypatch.setattr(torch, "empty_strided", counted)
+    w, w2 = torch.randn(16, 16), torch.randn(16, 4)
+    fn = compiled(_two_layers, torch.randn(8, 16), w, w2)
+    made, kept = [], []
+    for n in [5, 5, 7, 5, 5]:
+        x = torch.randn(n, 16)
+        allocs.clear()
+        kept.append((x, fn(x, w, w2)))
+        made.append((n, 16) in allocs)
+    assert "_pool.pop()" in fn.wrapper
+    assert made == [True, False, True, True, False]
+    for x, got in kept:  # earlier results survive later calls
+        for g, want in zip(got, _two_layers(x, w, w2), strict=True):
+            torch.testing.assert_close(g, want)
+
+
+def test_pooled_symbolic_wrapper_is_thread_safe(in_threads: Any) -> None:
+    w, w2 = torch.randn(16, 16), torch.randn(16, 4)
+    fn = compiled(_two_layers, torch.randn(8, 16), w, w2)
+
+    def work(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for k in range(40):
+            x = torch.randn(3 + (seed + k) % 4, 16, generator=g)
+            for got, want in zip(fn(x, w, w2), _two_layers(x, w, w2), strict=True):
+                torch.testing.assert_close(got, want)
+
+    in_threads(work)

@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
-from ember.inductor.symbolic import FloatSize, is_static, pyexpr, pytuple
+from ember.inductor.symbolic import FloatSize, hint, is_static, pyexpr, pytuple
 
 __all__ = ["bind", "wrapper_source"]
 
@@ -158,7 +158,12 @@ def wrapper_source(
         size = pyexpr(c.size)
         src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
-    if pooled:
+    key = _pool_key(sched, pooled)
+    if key:  # sets of another size are dropped: the pool holds one size's at most
+        src.lines.append(f"    _key = {key}")
+        src.lines.append("    if not _pool or _pool[-1][0] != _key: _pool[:] = [_alloc(*_key)]")
+        src.lines.append(f"    _bufs = _pool.pop()\n    _, {', '.join(pooled)}, = _bufs")
+    elif pooled:
         src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
         src.lines.append(f"    {', '.join(pooled)}, = _bufs")
     computed: set[str] = set(pooled)
@@ -175,12 +180,41 @@ def wrapper_source(
         if dead:
             src.lines.append(f"    del {', '.join(dead)}")
     outs = [_arg(src, sched, o, computed) for o in prog.outputs]
-    if pooled:
+    if key:
+        src.lines.append("    if _bufs[0] is not None: _pool.append(_bufs)")
+    elif pooled:
         src.lines.append("    _pool.append(_bufs)")
     src.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    if pooled:
+    if key:
+        src.lines += ["", *_alloc_sized(src, sched, pooled, key)]
+    elif pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _pool_key(sched: Schedule, pooled: list[str]) -> str:
+    """The size variables the pooled buffers' layouts use, as a Python tuple (a pool set
+    serves calls of these sizes only), or "" when the layouts are static."""
+    syms: set[Any] = set()
+    for name in pooled:
+        lay = sched.program.buffers[name].layout
+        syms |= set().union(*(sympy.sympify(n).free_symbols for n in (*lay.sizes, *lay.strides)))
+    names = sorted(str(s) for s in syms)
+    return f"({', '.join(names)},)" if names else ""
+
+
+def _alloc_sized(src: _Source, sched: Schedule, pooled: list[str], key: str) -> list[str]:
+    """``_alloc(*sizes)``: a set of the pooled buffers for these sizes, keyed by them, or by
+    None when the set is larger than POOL_MAX_BYTES (used for one call, never kept)."""
+    total = sum(
+        sched.program.buffers[n].layout.extent * sched.program.buffers[n].dtype.itemsize
+        for n in pooled
+    )
+    return [
+        f"def _alloc{key}:",
+        f"    _key = {key} if {pyexpr(sympy.expand(total))} <= {POOL_MAX_BYTES} else None",
+        f"    return (_key, {', '.join(_alloc(src, sched, pooled))},)",
+    ]
 
 
 def _bind_sizes(prog: Any) -> list[str]:
@@ -246,6 +280,7 @@ def _pooled(sched: Schedule) -> list[str]:
             name = sched.reuse[name]
         return name
 
+    hints = prog.size_vars.hints if prog.size_vars is not None else {}
     escaping = {o.name for o in prog.outputs if isinstance(o, Ref)}
     for step in sched.steps:
         if isinstance(step, Extern) and may_alias(step):
@@ -255,9 +290,9 @@ def _pooled(sched: Schedule) -> list[str]:
     for step in sched.steps:
         for name in _allocated(step, sched):
             buf = prog.buffers[name]
-            if not is_static((buf.layout.sizes, buf.layout.strides)):
-                continue  # its size changes from call to call
-            nbytes = buf.layout.extent * buf.dtype.itemsize
+            # a symbolic size: its bytes at the example sizes (the set's real size is checked
+            # per size, in ``_alloc``)
+            nbytes = hint(buf.layout.extent * buf.dtype.itemsize, hints)
             if name not in escaping and size + nbytes <= POOL_MAX_BYTES:
                 out.append(name)
                 size += nbytes
