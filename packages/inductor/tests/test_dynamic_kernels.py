@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sympy  # type: ignore[import-untyped]
 import torch
+import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph, decompositions, wrapper
@@ -206,7 +207,7 @@ def test_intermediates_are_pooled_per_size(monkeypatch: pytest.MonkeyPatch) -> N
         allocs.clear()
         kept.append((x, fn(x, w, w2)))
         made.append((n, 16) in allocs)
-    assert "_pool.pop()" in fn.wrapper
+    assert "_take(_pool)" in fn.wrapper
     assert made == [True, False, True, True, False]
     for x, got in kept:  # earlier results survive later calls
         for g, want in zip(got, _two_layers(x, w, w2), strict=True):
@@ -225,3 +226,42 @@ def test_pooled_symbolic_wrapper_is_thread_safe(in_threads: Any) -> None:
                 torch.testing.assert_close(got, want)
 
     in_threads(work)
+
+
+def _packed_heads(x: T, w: T) -> T:
+    b, s, _ = x.shape  # the view's constants tie the other sizes to 32 and 96
+    qkv = (x @ w).view(b, s, 3, HEADS, 8).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]  # select: windows of the matmul's result
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def test_selected_heads_are_windows_not_extern_calls() -> None:
+    w = torch.randn(32, 96) * 0.2
+    fn = compiled(_packed_heads, torch.randn(2, 5, 32), w)
+    targets = [str(s.target) for s in fn.schedule.steps if not isinstance(s, Kernel)]
+    assert not any("select" in t for t in targets), targets
+    for b, s in [(2, 3), (3, 8), (4, 13)]:
+        x = torch.randn(b, s, 32)
+        torch.testing.assert_close(fn(x, w), _packed_heads(x, w), rtol=1e-4, atol=1e-4)
+
+
+def _embed(ids: T, wte: T, wpe: T) -> tuple[T, T]:
+    pos = torch.arange(0, ids.size(1))
+    h = F.embedding(ids, wte) + F.embedding(pos, wpe)
+    return h.sum(-1), (pos[None, :] <= pos[:, None]).float()
+
+
+def test_embeddings_are_gathered_in_the_kernel() -> None:
+    """Token and position embeddings read their tables in the kernel (as in a static
+    graph), with eager's IndexError for a token id or a position past the table."""
+    wte, wpe = torch.randn(50, 8), torch.randn(16, 8)
+    fn = compiled(_embed, torch.randint(0, 50, (2, 5)), wte, wpe)
+    assert all(isinstance(s, Kernel) for s in fn.schedule.steps)  # no embedding, no arange
+    for b, s in [(2, 3), (3, 9), (4, 16)]:
+        ids = torch.randint(0, 50, (b, s))
+        for got, want in zip(fn(ids, wte, wpe), _embed(ids, wte, wpe), strict=True):
+            torch.testing.assert_close(got, want)
+    with pytest.raises(IndexError, match="index out of range in self"):
+        fn(torch.randint(0, 50, (2, 17)), wte, wpe)  # position 16 of a 16-row table
+    with pytest.raises(IndexError, match="index out of range in self"):
+        fn(torch.full((2, 4), 50), wte, wpe)  # token id 50 of a 50-row table

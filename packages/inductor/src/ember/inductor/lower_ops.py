@@ -598,9 +598,14 @@ IND = sympy.Symbol("ind", integer=True)  # an indirect index inside a LOAD's fla
 def wrap_index(index: Expr, n: int) -> Expr:
     """``index`` as int64, negative values counted from the end, clamped into ``[0, n)``."""
     i = cast(index, torch.int64)
-    zero, size = const(0, torch.int64), const(n, torch.int64)
+    zero, size = const(0, torch.int64), _count(n)
     i = where_(Expr(Op.LT, torch.bool, (i, zero)), _ADD(i, size), i)
-    return _MIN(_MAX(i, zero), const(n - 1, torch.int64))
+    return _MIN(_MAX(i, zero), _count(n - 1))
+
+
+def _count(n: Any) -> Expr:
+    """The int64 leaf of size ``n``: a constant, or computed from the size arguments."""
+    return const(n, torch.int64) if isinstance(n, int) else Expr(Op.INDEX, torch.int64, (), n)
 
 
 def _checked(ctx: Lowerer, idx: Value, size: int, error: str, message: str) -> None:
@@ -610,11 +615,41 @@ def _checked(ctx: Lowerer, idx: Value, size: int, error: str, message: str) -> N
     if idx.ref is not None and idx.ref.name in ctx.given and _covers(ctx, idx.ref):
         ctx.index_checks.append(IndexCheck(idx.ref.name, size, error, message))
         return
+    span = _span(idx)
+    if span is not None and ctx.sv is not None:
+        if not (_proved(sympy.Ge(span[0], 0)) and _proved(sympy.Lt(span[1], size))):
+            ctx.index_checks.append(IndexCheck("", size, error, message, span))
+        return
     assert ctx.node is not None
     node = next((a for a in ctx.node.all_input_nodes if ctx.values.get(a) is idx), None)
     value = _constant(node, {}) if node is not None else None
     if value is None or not bool(((value >= 0) & (value < size)).all()):
         raise Fallback("an index computed in the graph: the aten call checks its range")
+
+
+def _span(idx: Value) -> tuple[Any, Any] | None:
+    """The lowest and highest value of an index computed from its position alone, affine
+    with coefficients >= 0 (``arange(n)``, maybe viewed or expanded), or None."""
+    body = idx.loader(I[: idx.ndim])
+    while body.op is Op.CAST and body.dtype in (torch.int64, torch.int32):
+        (body,) = body.args
+    if body.op is not Op.INDEX or 0 in idx.sizes:
+        return None
+    e = sympy.expand(body.arg)
+    low, high = e, e
+    for i, n in zip(I, idx.sizes, strict=False):
+        c = e.coeff(i)
+        if i in c.free_symbols or not (c.is_Integer and c >= 0):
+            return None
+        low = sympy.sympify(low.xreplace({i: sympy.Integer(0)}))
+        high = sympy.sympify(high.xreplace({i: sympy.sympify(n - 1)}))
+    if any(i in low.free_symbols | high.free_symbols for i in I):
+        return None  # not affine in the index (or another loop's variable)
+    return low, high
+
+
+def _proved(relation: Any) -> bool:
+    return relation is sympy.true
 
 
 def _covers(ctx: Lowerer, ref: Any) -> bool:

@@ -128,7 +128,7 @@ def select(ctx: Lowerer, v: Value, dim: int, i: int) -> Value:
     i = i + v.sizes[d] if i < 0 else i
 
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
-        return [*idx[:d], sympy.Integer(i), *idx[d:]]
+        return [*idx[:d], sympy.sympify(i), *idx[d:]]
 
     return _window(ctx, v, i * _stride(ctx, v, d)) or _lazy(v, ctx.shape(ctx.meta), index)
 

@@ -404,7 +404,7 @@ class Lowerer:
         if not isinstance(value, Value) or value.ref is not None:
             return
         body = list(walk(value.loader(I[: value.ndim])))
-        readers = sum(1 for u in node.users if u.target in LOWERINGS)
+        readers = sum(1 for u in node.users if u.target in LOWERINGS or u.target in SIZE_READS)
         heavy = len(body) > 8 or any(e.op in HEAVY for e in body)
         shared = len(node.users) > 1 and heavy  # recompute cheap values, store costly ones
         if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
@@ -587,7 +587,7 @@ SYMBOLIC_OPS = frozenset(
     logical_not logical_and logical_or bitwise_not sign _to_copy convert_element_type
     sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
     alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
-    slice cat constant_pad_nd
+    slice select cat constant_pad_nd arange embedding index_select
     var where_ threshold_backward isnan gelu silu""".split()
 )
 
@@ -605,6 +605,16 @@ def _symbolic_ok(node: torch.fx.Node, args: Any, kwargs: Any) -> bool:
     static_out = all(isinstance(n, int) for m in metas for n in m.shape)
     return not numbers and all(is_static(s) for s in sizes) and static_out
 
+
+# nodes reading a tensor's sizes only (symbolic graphs): the tensor need not be realized
+SIZE_READS = frozenset(
+    {
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+    }
+)
 
 DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.bool}

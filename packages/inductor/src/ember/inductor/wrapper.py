@@ -48,6 +48,22 @@ def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
         raise _ERRORS[error](message.format(index=bad, size=size))
 
 
+def _check_span(low: int, high: int, size: int, error: str, message: str) -> None:
+    """Raise eager's error if indices ``low`` to ``high`` (an ``arange``) leave ``[0, size)``."""
+    for bad in (low, high):
+        if not 0 <= bad < size:
+            raise _ERRORS[error](message.format(index=bad, size=size))
+
+
+def _take(pool: list[Any]) -> Any:
+    """A set of buffers from ``pool``, or None (one ``list.pop``: atomic, so threads calling
+    the same wrapper never take the same set, nor fail on a pool another emptied)."""
+    try:
+        return pool.pop()
+    except IndexError:
+        return None
+
+
 def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
     """``t`` copied into the layout the kernels were generated for."""
     if tuple(t.shape) != sizes:
@@ -156,15 +172,20 @@ def wrapper_source(
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     for c in prog.index_checks:
         size = pyexpr(c.size)
-        src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
+        if c.span is not None:
+            lo, hi = (pyexpr(e) for e in c.span)
+            src.lines.append(f"    _check_span({lo}, {hi}, {size}, {c.error!r}, {c.message!r})")
+        else:
+            src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
     key = _pool_key(sched, pooled)
-    if key:  # sets of another size are dropped: the pool holds one size's at most
+    if key:  # a set of another size is dropped: the pool holds one per thread at most
         src.lines.append(f"    _key = {key}")
-        src.lines.append("    if not _pool or _pool[-1][0] != _key: _pool[:] = [_alloc(*_key)]")
-        src.lines.append(f"    _bufs = _pool.pop()\n    _, {', '.join(pooled)}, = _bufs")
+        src.lines.append("    _bufs = _take(_pool)")
+        src.lines.append("    if _bufs is None or _bufs[0] != _key: _bufs = _alloc(*_key)")
+        src.lines.append(f"    _, {', '.join(pooled)}, = _bufs")
     elif pooled:
-        src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
+        src.lines.append("    _bufs = _take(_pool) or _alloc()")
         src.lines.append(f"    {', '.join(pooled)}, = _bufs")
     computed: set[str] = set(pooled)
     # extern results a kernel reads, or whose memory a kernel's output takes, in the layout
@@ -440,7 +461,9 @@ def bind(
         "_empty": torch.empty_strided,
         "_as_strided": torch.as_strided,
         "_restride": _restride,
+        "_take": _take,
         "_check_index": _check_index,
+        "_check_span": _check_span,
         "_leaves": _leaves,
         "_pool": [],  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
