@@ -247,8 +247,9 @@ def test_selected_heads_are_windows_not_extern_calls() -> None:
 
 def _embed(ids: T, wte: T, wpe: T) -> tuple[T, T]:
     pos = torch.arange(0, ids.size(1))
-    h = F.embedding(ids, wte) + F.embedding(pos, wpe)
-    return h.sum(-1), (pos[None, :] <= pos[:, None]).float()
+    h = F.embedding(ids, wte) + F.embedding((pos + 0)[None], wpe)  # as HF GPT-2 makes them
+    causal = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= 0)
+    return h.sum(-1), causal.float()
 
 
 def test_embeddings_are_gathered_in_the_kernel() -> None:

@@ -630,12 +630,10 @@ def _checked(ctx: Lowerer, idx: Value, size: int, error: str, message: str) -> N
 def _span(idx: Value) -> tuple[Any, Any] | None:
     """The lowest and highest value of an index computed from its position alone, affine
     with coefficients >= 0 (``arange(n)``, maybe viewed or expanded), or None."""
-    body = idx.loader(I[: idx.ndim])
-    while body.op is Op.CAST and body.dtype in (torch.int64, torch.int32):
-        (body,) = body.args
-    if body.op is not Op.INDEX or 0 in idx.sizes:
+    e = _size_arithmetic(idx.loader(I[: idx.ndim]))
+    if e is None or 0 in idx.sizes:
         return None
-    e = sympy.expand(body.arg)
+    e = sympy.expand(e)
     low, high = e, e
     for i, n in zip(I, idx.sizes, strict=False):
         c = e.coeff(i)
@@ -646,6 +644,26 @@ def _span(idx: Value) -> tuple[Any, Any] | None:
     if any(i in low.free_symbols | high.free_symbols for i in I):
         return None  # not affine in the index (or another loop's variable)
     return low, high
+
+
+# integer arithmetic an index computed from positions may do (``arange(n) + 0``)
+SIZE_ARITHMETIC = {Op.ADD: sympy.Add, Op.SUB: lambda a, b: a - b, Op.MUL: sympy.Mul}
+
+
+def _size_arithmetic(e: Expr) -> Any:
+    """``e`` as a sympy expression if it is integer arithmetic on positions and constants
+    (``INDEX``, int constants, ``SIZE_ARITHMETIC``), else None."""
+    if e.dtype not in (torch.int64, torch.int32):
+        return None
+    if e.op is Op.INDEX:
+        return sympy.sympify(e.arg)
+    if e.op is Op.CONST:
+        return sympy.Integer(e.arg)
+    if e.op is Op.CAST:
+        return _size_arithmetic(e.args[0])
+    fn = SIZE_ARITHMETIC.get(e.op)
+    args = [_size_arithmetic(a) for a in e.args]
+    return None if fn is None or any(a is None for a in args) else fn(*args)
 
 
 def _proved(relation: Any) -> bool:

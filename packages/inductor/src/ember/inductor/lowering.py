@@ -584,7 +584,8 @@ def _plain_meta(meta: Any, symbolic: bool = False) -> bool:
 SYMBOLIC_OPS = frozenset(
     """abs add sub rsub mul div neg exp log log1p expm1 sqrt rsqrt reciprocal sin cos tanh
     sigmoid erf pow maximum minimum relu where clamp clamp_min clamp_max eq ne lt le gt ge
-    logical_not logical_and logical_or bitwise_not sign _to_copy convert_element_type
+    logical_not logical_and logical_or bitwise_not bitwise_and bitwise_or bitwise_xor sign
+    _to_copy convert_element_type
     sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
     alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
     slice select cat constant_pad_nd arange embedding index_select
