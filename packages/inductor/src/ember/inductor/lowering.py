@@ -446,7 +446,7 @@ class Lowerer:
         if not all(isinstance(m, torch.Tensor | type(None)) for m in leaves):
             raise Fallback(f"{node.target} returns {type(meta).__name__}")
         results: list[Value | None] = []
-        eager_strides = self.sv is None or self._eager_inputs(node)
+        eager_strides = self.sv is None or _eager_inputs(self, node)
         for m in leaves:
             if m is None:
                 results.append(None)
@@ -461,23 +461,6 @@ class Lowerer:
         names = tuple(v.ref.name for v in results if v is not None and v.ref is not None)
         self.nodes.append(Extern(names, target or node.target, *refs))
         return pytree.tree_unflatten(results, spec)
-
-    def _eager_inputs(self, node: torch.fx.Node) -> bool:
-        """Every tensor ``node`` reads is realized with its fake value's sizes and strides, so
-        an extern computing it returns the strides its fake value shows (a symbolic graph's
-        ``split`` returns windows of its input, which kernels then read in place). The
-        wrapper still checks them at run time, so a wrong guess costs a copy, never a value."""
-        for arg in node.all_input_nodes:
-            meta, value = arg.meta.get("val"), self.values.get(arg)
-            if not isinstance(meta, torch.Tensor) or not isinstance(value, Value):
-                continue
-            ref = value.ref or self._realized.get(id(value), (None, None))[1]
-            if ref is None:
-                return False
-            have = ref.layout or self.buffers[ref.name].layout
-            if (have.sizes, have.strides) != (self.shape(meta), self.strides(meta)):
-                return False
-        return True
 
     def _extern_arg(self, node: torch.fx.Node) -> Callable[[Value], Ref]:
         fx_args = {id(self.values[a]): a for a in node.all_input_nodes if a in self.values}
@@ -494,6 +477,24 @@ class Lowerer:
         if self.sv is not None or node is None:
             return None
         return rule(node.meta.get("val"))
+
+
+def _eager_inputs(ctx: Lowerer, node: torch.fx.Node) -> bool:
+    """Every tensor ``node`` reads is realized with its fake value's sizes and strides, so
+    an extern computing it returns the strides its fake value shows (a symbolic graph's
+    ``split`` returns windows of its input, which kernels then read in place). The
+    wrapper still checks them at run time, so a wrong guess costs a copy, never a value."""
+    for arg in node.all_input_nodes:
+        meta, value = arg.meta.get("val"), ctx.values.get(arg)
+        if not isinstance(meta, torch.Tensor) or not isinstance(value, Value):
+            continue
+        ref = value.ref or ctx._realized.get(id(value), (None, None))[1]
+        if ref is None:
+            return False
+        have = ref.layout or ctx.buffers[ref.name].layout
+        if (have.sizes, have.strides) != (ctx.shape(meta), ctx.strides(meta)):
+            return False
+    return True
 
 
 def _plain_strides(layout: Layout) -> bool:

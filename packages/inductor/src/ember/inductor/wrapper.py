@@ -179,14 +179,7 @@ def wrapper_source(
             src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
     key = _pool_key(sched, pooled)
-    if key:  # a set of another size is dropped: the pool holds one per thread at most
-        src.lines.append(f"    _key = {key}")
-        src.lines.append("    _bufs = _take(_pool)")
-        src.lines.append("    if _bufs is None or _bufs[0] != _key: _bufs = _alloc(*_key)")
-        src.lines.append(f"    _, {', '.join(pooled)}, = _bufs")
-    elif pooled:
-        src.lines.append("    _bufs = _take(_pool) or _alloc()")
-        src.lines.append(f"    {', '.join(pooled)}, = _bufs")
+    src.lines += _take_lines(pooled, key)
     computed: set[str] = set(pooled)
     # extern results a kernel reads, or whose memory a kernel's output takes, in the layout
     # the kernels were generated for
@@ -211,6 +204,21 @@ def wrapper_source(
     elif pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _take_lines(pooled: list[str], key: str) -> list[str]:
+    """The wrapper's lines taking the pooled buffers: a set from the pool, or a fresh one
+    (a set of another size, ``key``, is dropped: the pool holds one per thread at most)."""
+    if key:
+        return [
+            f"    _key = {key}",
+            "    _bufs = _take(_pool)",
+            "    if _bufs is None or _bufs[0] != _key: _bufs = _alloc(*_key)",
+            f"    _, {', '.join(pooled)}, = _bufs",
+        ]
+    if pooled:
+        return ["    _bufs = _take(_pool) or _alloc()", f"    {', '.join(pooled)}, = _bufs"]
+    return []
 
 
 def _pool_key(sched: Schedule, pooled: list[str]) -> str:
