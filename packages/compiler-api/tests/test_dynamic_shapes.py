@@ -442,3 +442,26 @@ def test_outputs_keep_eagers_strides_for_a_transposed_input(backend: str) -> Non
         got, want = compiled(a, b), divided(a, b)
         assert_same(got, want)
         assert got.stride() == want.stride()
+
+
+def permuted(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x @ w).permute(0, 2, 1).sin() * 2, x.transpose(0, 1) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_permuted_outputs_are_written_in_eagers_layout_by_the_kernels(backend: str) -> None:
+    """Outputs eager lays out dense in another order (a backward's transposed gradient) are
+    written so by the symbolic kernels: the graph compiles instead of running as aten calls."""
+    import warnings
+
+    compiled = ember.compiler.compile(permuted, backend=backend, dynamic=True)
+    w = torch.randn(8, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "running the graph eagerly" would be a warning
+        for n in (3, 5, 7):
+            x = torch.randn(n, 4, 8)
+            got, want = compiled(x, w), permuted(x, w)
+            for g, e in zip(got, want, strict=True):
+                assert_same(g, e)
+                assert g.stride() == e.stride()
+    assert compiled.stats.graphs == 1 and not compiled.stats.failures

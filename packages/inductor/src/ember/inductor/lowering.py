@@ -56,7 +56,7 @@ from ember.inductor.ir import (
     walk,
 )
 from ember.inductor.ops import COMPARE, SEMANTICS, WELFORD, Op, Reduce
-from ember.inductor.symbolic import FloatSize, SizeVars, Unsupported, is_static, size_vars
+from ember.inductor.symbolic import FloatSize, SizeVars, Unsupported, hint, is_static, size_vars
 
 __all__ = [
     "LOWERINGS",
@@ -417,15 +417,17 @@ class Lowerer:
             return arg
         value = self.values[arg]
         if isinstance(value, Value):
-            if self.sv is not None:
+            strides = self._strides(_output_strides, arg)
+            if self.sv is not None and strides is None:
                 self._compact_output(arg)
-            return self.realize(value, self._strides(_output_strides, arg))
+            return self.realize(value, strides)
         return value
 
     def _compact_output(self, node: torch.fx.Node) -> None:
-        """A symbolic graph realizes its outputs compact; an output eager lays out otherwise
-        (a pointwise op on a transposed input keeps its layout) makes the graph run as aten
-        calls, which keep eager's strides. The strides compare as expressions: no guard."""
+        """A symbolic graph realizes an output compact unless eager's strides are dense in
+        another order (:meth:`_dense_symbolic`); any other layout eager gives (a window with
+        gaps) makes the graph run as aten calls, which keep eager's strides. The strides
+        compare as expressions: no guard."""
         meta = node.meta.get("val")
         if not isinstance(meta, torch.Tensor):
             return
@@ -470,11 +472,30 @@ class Lowerer:
         return to_ref
 
     def _strides(self, rule: Callable[[Any], Any], node: torch.fx.Node | None) -> Any:
-        """The strides ``rule`` picks for realizing ``node``'s value; compact (None) in a
-        symbolic graph, where reading a fake tensor's strides would add guards."""
-        if self.sv is not None or node is None:
+        """The strides ``rule`` picks for realizing ``node``'s value. In a symbolic graph:
+        eager's strides when they are proved dense in some order of the dims (a transposed
+        result), else compact (None); read as expressions, so no guard is added."""
+        if node is None:
             return None
+        if self.sv is not None:
+            return self._dense_symbolic(node.meta.get("val"))
         return rule(node.meta.get("val"))
+
+    def _dense_symbolic(self, meta: Any) -> tuple[Any, ...] | None:
+        """``meta``'s symbolic strides if, in the order the example sizes give, each is the
+        product of the sizes inside it (equal as expressions: dense for every size)."""
+        if not isinstance(meta, torch.Tensor) or self.sv is None:
+            return None
+        sizes, strides = self.shape(meta), self.strides(meta)
+        hints = self.sv.hints
+        order = sorted(range(len(sizes)), key=lambda d: (hint(strides[d], hints), -d))
+        span: Any = 1
+        for d in order:
+            if sizes[d] != 1 and sympy.expand(sympy.sympify(strides[d]) - span) != 0:
+                return None
+            span = span * sizes[d]
+        compact = Layout.contiguous(sizes).strides
+        return None if tuple(strides) == tuple(compact) else tuple(strides)
 
 
 def size_const(n: Any, dtype: torch.dtype) -> Expr:
