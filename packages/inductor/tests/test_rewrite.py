@@ -155,3 +155,15 @@ def test_symbolic_attention_index_has_no_division() -> None:
         ]
     )
     assert simplify_index(index, {x0: 4 * ks0, x1: ks1, y0: ks1}) == flat
+
+
+def test_a_flat_loop_over_two_symbolic_dims_indexes_without_division() -> None:
+    """``x0 < ks0*ks1`` split into ``(x0 // ks0) % ks1`` and ``x0 % ks0`` (GPT-2's MLP under
+    dynamic=True) is ``x0`` again: ``x0 // ks0 <= (ks0*ks1 - 1)/ks0 < ks1``."""
+    ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    x0, y0 = sympy.symbols("x0 y0", integer=True, nonnegative=True)
+    index = y0 + 512 * sympy.Mod(x0, ks0) + 512 * ks0 * sympy.Mod(sympy.floor(x0 / ks0), ks1)
+    assert simplify_index(index, {x0: ks0 * ks1, y0: 512}) == y0 + 512 * x0
+    assert simplify_index(sympy.Mod(sympy.floor(x0 / ks0), ks1), {x0: ks0 * ks1 + 1}) != (
+        sympy.floor(x0 / ks0)
+    )  # one past the end may wrap: kept

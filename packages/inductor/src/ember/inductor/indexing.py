@@ -52,6 +52,9 @@ def nonnegative(e: sympy.Expr) -> bool:
     e = sympy.expand(e)
     if e.is_Number:
         return bool(e >= 0)
+    num, den = sympy.fraction(sympy.together(e))
+    if den != 1:  # a fraction of sizes: >= 0 when its numerator is and its denominator > 0
+        return nonnegative(sympy.expand(num)) and nonnegative(sympy.expand(den) - 1)
     sizes = e.free_symbols
     if not all(_size_symbol(s) for s in sizes):
         return False
@@ -64,8 +67,12 @@ def nonnegative(e: sympy.Expr) -> bool:
 
 
 def _less(a: sympy.Expr, b: sympy.Expr) -> bool:
-    """``a < b`` proved (both integers)."""
-    return nonnegative(b - a - 1)
+    """``v < b`` proved for every integer ``v <= a`` (``b`` an integer, ``a`` an integer or a
+    fraction of sizes: the upper end of a range of ``floor``)."""
+    num, den = sympy.fraction(sympy.together(b - a))
+    if den == 1:
+        return nonnegative(num - 1)  # integers: b - a >= 1
+    return nonnegative(sympy.expand(num) - 1) and nonnegative(sympy.expand(den) - 1)  # > 0
 
 
 def _range(e: sympy.Expr, bounds: Bounds) -> Interval | None:
@@ -73,10 +80,10 @@ def _range(e: sympy.Expr, bounds: Bounds) -> Interval | None:
     the ends in terms of the sizes), or None when not known."""
     if e.is_Number:
         return e, e
-    if e.is_Symbol:
-        if e in bounds:
-            return sympy.Integer(0), sympy.sympify(bounds[e]) - 1
-        return (e, e) if _size_symbol(e) else None
+    if e.is_Symbol and e in bounds:
+        return sympy.Integer(0), sympy.sympify(bounds[e]) - 1
+    if all(_size_symbol(s) and s not in bounds for s in e.free_symbols):
+        return e, e  # the same everywhere in the loops (a size, ``1/ks0``)
     rule = _RANGE_RULES.get(type(e))
     return None if rule is None else rule(e, bounds)
 
@@ -108,8 +115,13 @@ def _range_pow(e: sympy.Pow, bounds: Bounds) -> Interval | None:
 
 
 def _range_floor(e: sympy.floor, bounds: Bounds) -> Interval | None:
+    """``floor(x)`` lies in ``[floor(lo), floor(hi)]``; an end that is a fraction of sizes
+    stays one (``x - 1 < floor(x) <= x``), which :func:`_less` and :func:`nonnegative` read."""
     r = _range(e.args[0], bounds)
-    return None if r is None else (sympy.floor(r[0]), sympy.floor(r[1]))
+    if r is None:
+        return None
+    lo, hi = r
+    return (sympy.floor(lo) if lo.is_Number else lo - 1), (sympy.floor(hi) if hi.is_Number else hi)
 
 
 def _range_mod(e: sympy.Mod, bounds: Bounds) -> Interval | None:
