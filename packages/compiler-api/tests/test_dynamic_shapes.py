@@ -470,3 +470,25 @@ def test_permuted_outputs_are_written_in_eagers_layout_by_the_kernels(backend: s
                 assert_same(g, e)
                 assert g.stride() == e.stride()
     assert compiled.stats.graphs == 1 and not compiled.stats.failures
+
+
+def first_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = (x * 2).sin()
+    return y[:, 0], y.narrow(-1, 1, 2)  # windows of a wider tensor: eager keeps the gaps
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_that_are_windows_keep_eagers_gaps(backend: str) -> None:
+    """A selected row of a symbolic result (BERT's pooled token, which made its backward run
+    as aten calls) is written with eager's strides, gaps included, by the kernels."""
+    import warnings
+
+    compiled = ember.compiler.compile(first_rows, backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n, t in [(3, 5), (4, 7), (6, 4)]:
+            x = torch.randn(n, t, 6)
+            for g, e in zip(compiled(x), first_rows(x), strict=True):
+                assert_same(g, e)
+                assert g.stride() == e.stride()
+    assert compiled.stats.graphs == 1 and not compiled.stats.failures

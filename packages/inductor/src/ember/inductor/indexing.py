@@ -38,27 +38,28 @@ def _size_symbol(s: sympy.Expr) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def nonnegative(e: sympy.Expr) -> bool:
-    """True when ``e >= 0`` is proved for every value of its sizes (each ``>= 1``); False
-    when it is not proved (it may still hold).
+def nonnegative(e: sympy.Expr, least: int = 1) -> bool:
+    """True when ``e >= 0`` is proved for every value of its sizes (each ``>= least``);
+    False when it is not proved (it may still hold).
 
-    Each size ``s`` is written ``1 + u`` with ``u >= 0``: a polynomial in the ``u`` whose
-    coefficients are all ``>= 0`` is ``>= 0``.
+    Each size ``s`` is written ``least + u`` with ``u >= 0``: a polynomial in the ``u``
+    whose coefficients are all ``>= 0`` is ``>= 0``. (The lowering's size symbols are all
+    ``>= 2``: sizes 0 and 1 specialise, :func:`ember.inductor.symbolic.size_vars`.)
 
     >>> ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
-    >>> nonnegative(ks0 * ks1 - ks0), nonnegative(ks0 - 2)
-    (True, False)
+    >>> nonnegative(ks0 * ks1 - ks0), nonnegative(ks0 - 2), nonnegative(ks0 - 2, least=2)
+    (True, False, True)
     """
     e = sympy.expand(e)
     if e.is_Number:
         return bool(e >= 0)
     num, den = sympy.fraction(sympy.together(e))
     if den != 1:  # a fraction of sizes: >= 0 when its numerator is and its denominator > 0
-        return nonnegative(sympy.expand(num)) and nonnegative(sympy.expand(den) - 1)
+        return nonnegative(sympy.expand(num), least) and nonnegative(sympy.expand(den) - 1, least)
     sizes = e.free_symbols
     if not all(_size_symbol(s) for s in sizes):
         return False
-    shifted = sympy.expand(e.xreplace({s: s + 1 for s in sizes}))
+    shifted = sympy.expand(e.xreplace({s: s + least for s in sizes}))
     try:
         coeffs = sympy.Poly(shifted, *sizes).coeffs()
     except sympy.PolynomialError:

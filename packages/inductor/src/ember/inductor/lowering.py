@@ -36,6 +36,7 @@ from torch._prims_common import (
 from torch.utils import _pytree as pytree
 
 from ember.inductor.eager_kernels import lacks_kernel
+from ember.inductor.indexing import nonnegative
 from ember.inductor.ir import (
     Buffer,
     Expr,
@@ -424,10 +425,10 @@ class Lowerer:
         return value
 
     def _compact_output(self, node: torch.fx.Node) -> None:
-        """A symbolic graph realizes an output compact unless eager's strides are dense in
-        another order (:meth:`_dense_symbolic`); any other layout eager gives (a window with
-        gaps) makes the graph run as aten calls, which keep eager's strides. The strides
-        compare as expressions: no guard."""
+        """A symbolic graph realizes an output compact unless eager's strides are proved
+        dense, or a window with gaps, in some order (:meth:`_symbolic_strides`); any other
+        layout eager gives (one not proved for every size) makes the graph run as aten
+        calls, which keep eager's strides. The strides compare as expressions: no guard."""
         meta = node.meta.get("val")
         if not isinstance(meta, torch.Tensor):
             return
@@ -478,22 +479,28 @@ class Lowerer:
         if node is None:
             return None
         if self.sv is not None:
-            return self._dense_symbolic(node.meta.get("val"))
+            return self._symbolic_strides(node.meta.get("val"), gaps=rule is _output_strides)
         return rule(node.meta.get("val"))
 
-    def _dense_symbolic(self, meta: Any) -> tuple[Any, ...] | None:
+    def _symbolic_strides(self, meta: Any, gaps: bool) -> tuple[Any, ...] | None:
         """``meta``'s symbolic strides if, in the order the example sizes give, each is the
-        product of the sizes inside it (equal as expressions: dense for every size)."""
+        product of the sizes inside it (equal as expressions: dense for every size) or, with
+        ``gaps``, at least the reach of those inside it (proved for every size: a window of
+        a wider tensor, as :func:`_output_strides`); else None (compact)."""
         if not isinstance(meta, torch.Tensor) or self.sv is None:
             return None
         sizes, strides = self.shape(meta), self.strides(meta)
         hints = self.sv.hints
         order = sorted(range(len(sizes)), key=lambda d: (hint(strides[d], hints), -d))
-        span: Any = 1
+        dense, reach = True, sympy.Integer(0)  # reach: the farthest element the dims so far
         for d in order:
-            if sizes[d] != 1 and sympy.expand(sympy.sympify(strides[d]) - span) != 0:
+            if sizes[d] == 1:
+                continue
+            stride = sympy.sympify(strides[d])
+            dense = dense and sympy.expand(stride - reach - 1) == 0
+            if not (dense or (gaps and nonnegative(stride - reach - 1, least=2))):
                 return None
-            span = span * sizes[d]
+            reach = reach + (sizes[d] - 1) * stride
         compact = Layout.contiguous(sizes).strides
         return None if tuple(strides) == tuple(compact) else tuple(strides)
 
