@@ -11,9 +11,10 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph
+from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import Buffer, Expr, I, Layout, const, load
 from ember.inductor.ops import Op
-from ember.inductor.rewrite import ALGEBRA, FOLD, rewrite, simplify_index
+from ember.inductor.rewrite import ALGEBRA, FOLD, rewrite
 
 x0, x1, y0 = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("x0", "x1", "y0"))
 
@@ -72,7 +73,7 @@ def test_floor_and_mod_by_a_multiple_of_a_size_drop_the_low_terms() -> None:
 
     import sympy
 
-    from ember.inductor.rewrite import simplify_index
+    from ember.inductor.indexing import simplify_index
 
     ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
     y0, x0 = sympy.symbols("y0 x0", integer=True, nonnegative=True)
@@ -90,3 +91,79 @@ def test_floor_and_mod_by_a_multiple_of_a_size_drop_the_low_terms() -> None:
             point = {ks0: a, ks1: b, x0: x, y0: y}
             for e, s in zip(cases, simple, strict=True):
                 assert int(e.subs(point)) == int(s.subs(point)), (e, s, point)
+
+
+def _digits(flat: sympy.Expr, sizes: list[sympy.Expr]) -> list[sympy.Expr]:
+    """The row-major coordinates of position ``flat`` in ``sizes``, as the lowering writes them."""
+    import math
+
+    steps = [math.prod(sizes[j + 1 :]) for j in range(len(sizes))]
+    return [sympy.Mod(sympy.floor(flat / s), n) for s, n in zip(steps, sizes, strict=True)]
+
+
+def test_symbolic_bounds_simplify_and_stay_exact() -> None:
+    """Indices of a view of a view over loops with symbolic bounds: the divisions go away
+    where they cannot change anything, and every simplified index equals the original at
+    every point, for several values of the sizes (brute force)."""
+    import itertools
+    import math
+    import random
+
+    ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    rng = random.Random(0)
+    pool = [sympy.Integer(2), sympy.Integer(3), sympy.Integer(4), ks0, ks1]
+    dropped = 0
+    for _ in range(40):
+        dims = [rng.choice(pool) for _ in range(rng.randint(2, 4))]
+        loops = sympy.symbols(f"x0:{len(dims)}", integer=True, nonnegative=True)
+        flat = sympy.Add(*[x * math.prod(dims[j + 1 :]) for j, x in enumerate(loops)])
+        cut = rng.randint(1, len(dims) - 1)  # the same elements, two dims merged or split
+        other = [math.prod(dims[:cut]), *dims[cut:]] if rng.random() < 0.5 else [*dims]
+        order = list(range(len(other)))
+        rng.shuffle(order)  # a permuted layout: the address of each coordinate
+        strides = [math.prod(other[k] for k in order[order.index(j) + 1 :]) for j in order]
+        index = sympy.Add(*[d * s for d, s in zip(_digits(flat, other), strides, strict=True)])
+        extent = list(dims)  # the loops' sizes: the view's, or past it (a wrap to keep)
+        extent[rng.randrange(len(dims))] += rng.choice((0, 0, 1))
+        bounds = dict(zip(loops, extent, strict=True))
+        simple = simplify_index(index, bounds)
+        divisions = (sympy.floor, sympy.Mod)
+        dropped += len(index.atoms(*divisions)) - len(simple.atoms(*divisions))
+        names = [ks0, ks1, *loops]
+        before, after = (sympy.lambdify(names, e, "math") for e in (index, simple))
+        for a, b in itertools.product((1, 2, 3), (1, 2)):
+            ranges = [range(int(n.subs({ks0: a, ks1: b}))) for n in extent]
+            for point in itertools.product(*ranges):
+                assert before(a, b, *point) == after(a, b, *point), (index, simple, a, b, point)
+    assert dropped > 40  # the point of it: most divisions were proved away
+
+
+def test_symbolic_attention_index_has_no_division() -> None:
+    """The softmax-times-values index of a (b*4, t, t) attention view over loops of sizes
+    (4*b, t, t), which fusion used to leave as ``(x1 + y0 // t) % t`` and worse."""
+    ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    x0, x1, y0 = sympy.symbols("x0 x1 y0", integer=True, nonnegative=True)
+    flat = y0 + x1 * ks1 + x0 * ks1**2
+    index = sympy.Add(
+        *[
+            d * s
+            for d, s in zip(
+                _digits(flat, [ks0, sympy.Integer(4), ks1, ks1]),
+                [4 * ks1**2, ks1**2, ks1, 1],
+                strict=True,
+            )
+        ]
+    )
+    assert simplify_index(index, {x0: 4 * ks0, x1: ks1, y0: ks1}) == flat
+
+
+def test_a_flat_loop_over_two_symbolic_dims_indexes_without_division() -> None:
+    """``x0 < ks0*ks1`` split into ``(x0 // ks0) % ks1`` and ``x0 % ks0`` (GPT-2's MLP under
+    dynamic=True) is ``x0`` again: ``x0 // ks0 <= (ks0*ks1 - 1)/ks0 < ks1``."""
+    ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    x0, y0 = sympy.symbols("x0 y0", integer=True, nonnegative=True)
+    index = y0 + 512 * sympy.Mod(x0, ks0) + 512 * ks0 * sympy.Mod(sympy.floor(x0 / ks0), ks1)
+    assert simplify_index(index, {x0: ks0 * ks1, y0: 512}) == y0 + 512 * x0
+    assert simplify_index(sympy.Mod(sympy.floor(x0 / ks0), ks1), {x0: ks0 * ks1 + 1}) != (
+        sympy.floor(x0 / ks0)
+    )  # one past the end may wrap: kept

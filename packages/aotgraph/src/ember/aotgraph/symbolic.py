@@ -44,7 +44,6 @@ from torch.fx.experimental.symbolic_shapes import (
     GuardOnDataDependentSymNode,
     PendingUnbackedSymbolNotFound,
     ShapeEnv,
-    free_unbacked_symbols,
 )
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
@@ -126,11 +125,6 @@ def graph_symbols(gm: Any) -> GraphSymbols | None:
     mode = next(iter(modes.values())) if modes else FakeTensorMode(shape_env=env)
     if mode.shape_env is not env:
         raise Unsupported("aot_compile: the fake mode's ShapeEnv is not its symbols' ShapeEnv")
-    if any(free_unbacked_symbols(v) for v in values if v is not None):
-        raise Unsupported(
-            "aot_compile: an input size is unbacked (mark_unbacked): not traced yet; "
-            "mark it with mark_dynamic instead"
-        )
     replaced = tuple(env.replacements.items())
     return GraphSymbols(mode, tuple(values), len(env.guards), replaced, frozenset(env.var_to_range))
 

@@ -213,18 +213,21 @@ class GuardCollector:
         self,
         source: Source,
         t: torch.Tensor,
-        symbolic: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset()),
+        symbolic: tuple[frozenset[int], ...] = (frozenset(), frozenset(), frozenset()),
     ) -> None:
         """``source`` holds a tensor like ``t``; the ``symbolic`` (sizes, strides) are left
-        to shape relations (:meth:`shape_relation`)."""
-        sizes, strides = symbolic
+        to shape relations (:meth:`shape_relation`), and the unbacked sizes (the third) do
+        not specialise at 0 and 1."""
+        sizes, strides, unbacked = symbolic
         if not sizes and not strides:
             self._add(kinds.tensor_match(source, t, self._where()))
             return
-        where = self._where()
         self._add(
-            kinds.tensor_match(source, t, where, dynamic_sizes=sizes, dynamic_strides=strides)
-        )
+            kinds.tensor_match(
+                source, t, self._where(),
+                dynamic_sizes=sizes, dynamic_strides=strides, unbacked_sizes=unbacked,
+            )
+        )  # fmt: skip
 
     def shape_relation(self, expr: str, symbols: dict[str, Source], where: str | None) -> None:
         """``expr`` (Python, over ``symbols``' names) holds for the frame's sizes; ``where``

@@ -43,6 +43,7 @@ from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
     ShapeEnv,
     StatelessSymbolicContext,
+    free_unbacked_symbols,
 )
 
 from ember.capture import settings
@@ -344,6 +345,10 @@ class Shapes:
         fake: torch.Tensor = fake_mode.from_tensor(
             real, symbolic_context=context, source=_Named(key)
         )
+        if unbacked:  # an input's own symbols: no op of the graph binds them (make_fx would)
+            mine = {n.node.expr for n in (*fake.shape, *fake.stride()) if is_symbolic(n)}
+            pending = self.env.pending_fresh_unbacked_symbols
+            pending[:] = [u for u in pending if u not in mine]
         marks = {d: m for d, m in marks_of(real).items() if d in dims}
         for d, mark in marks.items():
             size: Any = fake.shape[d]
@@ -596,13 +601,15 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
-def symbolic_entries(fake: torch.Tensor) -> tuple[frozenset[int], frozenset[int]]:
+def symbolic_entries(fake: torch.Tensor) -> tuple[frozenset[int], ...]:
     """The dims of ``fake`` whose size, and those whose stride, are symbolic: the tensor's
-    match guard leaves them to the shape relations.
+    match guard leaves them to the shape relations; then the dims whose size is unbacked
+    (``mark_unbacked``: 0 and 1 do not specialise them).
 
     >>> symbolic_entries(torch.ones(2, 3))
-    (frozenset(), frozenset())
+    (frozenset(), frozenset(), frozenset())
     """
     sizes = frozenset(d for d, n in enumerate(fake.shape) if is_symbolic(n))
     strides = frozenset(d for d, n in enumerate(fake.stride()) if is_symbolic(n))
-    return sizes, strides
+    unbacked = frozenset(d for d in sizes if free_unbacked_symbols(fake.shape[d]))
+    return sizes, strides, unbacked

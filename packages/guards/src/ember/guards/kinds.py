@@ -575,11 +575,13 @@ def tensor_match(
     *,
     dynamic_sizes: Iterable[int] = (),
     dynamic_strides: Iterable[int] = (),
+    unbacked_sizes: Iterable[int] = (),
 ) -> Guard:
     """``source`` is a tensor with ``t``'s subclass, dtype, device, sizes,
     strides, requires_grad and autograd/lazy-view dispatch keys. The sizes of
     ``dynamic_sizes`` and strides of ``dynamic_strides`` are left to relation
-    guards (see :meth:`TensorSpec.of`); the rank is still checked.
+    guards (see :meth:`TensorSpec.of`); the rank is still checked. A dynamic size of 0
+    or 1 is kept (specialised), except in ``unbacked_sizes`` (``mark_unbacked``).
 
     >>> print(tensor_match(Local("x"), torch.zeros(2)).expected)
     Tensor(torch.float32, cpu, size=(2,), stride=(1,))
@@ -587,7 +589,8 @@ def tensor_match(
     ...                    dynamic_strides={0}).expected)
     Tensor(torch.float32, cpu, size=(3, *), stride=(*, 3))
     """
-    spec = TensorSpec.of(t, dynamic_sizes, dynamic_strides)
+    dynamic = frozenset(dynamic_sizes)
+    spec = TensorSpec.of(t, dynamic, dynamic_strides, dynamic - frozenset(unbacked_sizes))
     return Guard(source, GuardKind.TENSOR_MATCH, spec, where)
 
 

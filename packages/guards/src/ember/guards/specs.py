@@ -74,12 +74,13 @@ conj=False, neg=False, specialized=frozenset())
         t: torch.Tensor,
         dynamic_sizes: Iterable[int] = (),
         dynamic_strides: Iterable[int] = (),
-        specialize_zero_one: bool = True,
+        specialize_zero_one: bool | Iterable[int] = True,
     ) -> TensorSpec:
         """Record the facts of ``t`` (raises ValueError for tensors without sizes, or
         for a dynamic dim out of range), leaving the ``dynamic_sizes`` and
         ``dynamic_strides`` dims unchecked. A dynamic size of 0 or 1 is kept and
-        recorded in ``specialized`` unless ``specialize_zero_one`` is False.
+        recorded in ``specialized`` unless ``specialize_zero_one`` is False (or, given as
+        dims, for the dims it does not name: ``mark_unbacked`` keeps 0 and 1 symbolic).
 
         >>> TensorSpec.of(torch.zeros(2, requires_grad=True)).requires_grad
         True
@@ -98,7 +99,12 @@ conj=False, neg=False, specialized=frozenset())
             raise ValueError(f"cannot guard this tensor's metadata: {error}") from error
         sizes = _check_dims("dynamic_sizes", dynamic_sizes, len(size))
         strides = _check_dims("dynamic_strides", dynamic_strides, len(size))
-        kept = frozenset(d for d in sizes if specialize_zero_one and size[d] in (0, 1))
+        zero_one = (
+            sizes if isinstance(specialize_zero_one, bool) and specialize_zero_one
+            else frozenset() if isinstance(specialize_zero_one, bool)
+            else frozenset(specialize_zero_one)
+        )  # fmt: skip
+        kept = frozenset(d for d in sizes if d in zero_one and size[d] in (0, 1))
         return cls(
             type(t), dtype, device, layout,
             _loosen(size, sizes - kept),

@@ -403,7 +403,7 @@ def _generate(
     if (kind := subclass_input(example_inputs)) is not None:  # aten calls keep its type
         raise Fallback(f"an input is a {kind.__name__}, whose type eager keeps in outputs")
     if (node := _data_dependent(gm)) is not None:
-        raise Fallback(f"{node}: a size that depends on tensor values (nonzero, masking)")
+        raise Fallback(f"{node}: an unbacked size (mark_unbacked, or from data: nonzero, masking)")
     fused_random = not opts["fallback_random"]
     decomposed, prog = _lower(run, gm, example_inputs, fused_random)  # -> simplified loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()

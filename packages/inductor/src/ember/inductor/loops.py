@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import sympy  # type: ignore[import-untyped]
 
+from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import Expr, map_indices, walk
 from ember.inductor.ops import Op
-from ember.inductor.rewrite import simplify_index
 from ember.inductor.scheduler import Stage, Y
 
 __all__ = ["Nest", "split_inner", "without_unit_loops"]

@@ -36,6 +36,7 @@ from torch._prims_common import (
 from torch.utils import _pytree as pytree
 
 from ember.inductor.eager_kernels import lacks_kernel
+from ember.inductor.indexing import nonnegative
 from ember.inductor.ir import (
     Buffer,
     Expr,
@@ -56,7 +57,7 @@ from ember.inductor.ir import (
     walk,
 )
 from ember.inductor.ops import COMPARE, SEMANTICS, WELFORD, Op, Reduce
-from ember.inductor.symbolic import FloatSize, SizeVars, Unsupported, is_static, size_vars
+from ember.inductor.symbolic import FloatSize, SizeVars, Unsupported, hint, is_static, size_vars
 
 __all__ = [
     "LOWERINGS",
@@ -417,14 +418,16 @@ class Lowerer:
             return arg
         value = self.values[arg]
         if isinstance(value, Value):
-            if self.sv is not None:
+            strides = self._strides(_output_strides, arg)
+            if self.sv is not None and strides is None:
                 self._compact_output(arg)
-            return self.realize(value, self._strides(_output_strides, arg))
+            return self.realize(value, strides)
         return value
 
     def _compact_output(self, node: torch.fx.Node) -> None:
-        """A symbolic graph realizes its outputs compact; an output eager lays out otherwise
-        (a pointwise op on a transposed input keeps its layout) makes the graph run as aten
+        """A symbolic graph realizes an output compact unless eager's strides are proved
+        dense, or a window with gaps, in some order (:meth:`_symbolic_strides`); any other
+        layout eager gives (one not proved for every size) makes the graph run as aten
         calls, which keep eager's strides. The strides compare as expressions: no guard."""
         meta = node.meta.get("val")
         if not isinstance(meta, torch.Tensor):
@@ -472,11 +475,36 @@ class Lowerer:
         return to_ref
 
     def _strides(self, rule: Callable[[Any], Any], node: torch.fx.Node | None) -> Any:
-        """The strides ``rule`` picks for realizing ``node``'s value; compact (None) in a
-        symbolic graph, where reading a fake tensor's strides would add guards."""
-        if self.sv is not None or node is None:
+        """The strides ``rule`` picks for realizing ``node``'s value. In a symbolic graph:
+        eager's strides when they are proved dense in some order of the dims (a transposed
+        result), else compact (None); read as expressions, so no guard is added."""
+        if node is None:
             return None
+        if self.sv is not None:
+            return self._symbolic_strides(node.meta.get("val"), gaps=rule is _output_strides)
         return rule(node.meta.get("val"))
+
+    def _symbolic_strides(self, meta: Any, gaps: bool) -> tuple[Any, ...] | None:
+        """``meta``'s symbolic strides if, in the order the example sizes give, each is the
+        product of the sizes inside it (equal as expressions: dense for every size) or, with
+        ``gaps``, at least the reach of those inside it (proved for every size: a window of
+        a wider tensor, as :func:`_output_strides`); else None (compact)."""
+        if not isinstance(meta, torch.Tensor) or self.sv is None:
+            return None
+        sizes, strides = self.shape(meta), self.strides(meta)
+        hints = self.sv.hints
+        order = sorted(range(len(sizes)), key=lambda d: (hint(strides[d], hints), -d))
+        dense, reach = True, sympy.Integer(0)  # reach: the farthest element the dims so far
+        for d in order:
+            if sizes[d] == 1:
+                continue
+            stride = sympy.sympify(strides[d])
+            dense = dense and sympy.expand(stride - reach - 1) == 0
+            if not (dense or (gaps and nonnegative(stride - reach - 1, least=2))):
+                return None
+            reach = reach + (sizes[d] - 1) * stride
+        compact = Layout.contiguous(sizes).strides
+        return None if tuple(strides) == tuple(compact) else tuple(strides)
 
 
 def _eager_inputs(ctx: Lowerer, node: torch.fx.Node) -> bool:

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
 
+from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import Expr, Extern, I, Node, Program, R, const
 from ember.inductor.ops import LEAF, SEMANTICS, Op
 
-__all__ = ["ALGEBRA", "FOLD", "Rule", "rewrite", "simplify", "simplify_index"]
+__all__ = ["ALGEBRA", "FOLD", "Rule", "rewrite", "simplify"]
 
 Rule = tuple[frozenset[Op], Callable[[Expr], Expr | None]]
 
@@ -125,137 +125,6 @@ def rewrite(e: Expr, rules: Iterable[Rule], index: Callable[[Expr], Expr] | None
         return out
 
     return visit(e)
-
-
-def _range(e: sympy.Expr, bounds: dict[sympy.Symbol, int]) -> tuple[sympy.Expr, sympy.Expr] | None:
-    """Lowest and highest value of ``e`` over the box ``bounds`` (interval arithmetic), or None."""
-    if e.is_Number:
-        return e, e
-    if e.is_Symbol:
-        return (sympy.Integer(0), sympy.Integer(bounds[e] - 1)) if e in bounds else None
-    if isinstance(e, sympy.Add):
-        parts = [_range(a, bounds) for a in e.args]
-        if any(p is None for p in parts):
-            return None
-        return sympy.Add(*[p[0] for p in parts]), sympy.Add(*[p[1] for p in parts])  # type: ignore[index]
-    if isinstance(e, sympy.Mul) and len(e.args) == 2 and e.args[0].is_Number:
-        inner = _range(e.args[1], bounds)
-        if inner is None:
-            return None
-        ends = (e.args[0] * inner[0], e.args[0] * inner[1])
-        return min(ends), max(ends)
-    if isinstance(e, sympy.floor):
-        inner = _range(e.args[0], bounds)
-        return None if inner is None else (sympy.floor(inner[0]), sympy.floor(inner[1]))
-    if isinstance(e, sympy.Min | sympy.Max):
-        parts = [_range(a, bounds) for a in e.args]
-        if any(p is None for p in parts):
-            return None
-        pick = min if isinstance(e, sympy.Min) else max
-        return pick(p[0] for p in parts), pick(p[1] for p in parts)  # type: ignore[index]
-    if isinstance(e, sympy.Mod) and e.args[1].is_Integer:
-        inner = _range(e.args[0], bounds)
-        if inner is not None and inner[0] >= 0 and inner[1] < e.args[1]:
-            return inner
-        return sympy.Integer(0), e.args[1] - 1
-    return None
-
-
-def _split(
-    num: sympy.Expr, d: int, bounds: dict[sympy.Symbol, int]
-) -> tuple[sympy.Expr, sympy.Expr, int]:
-    """``num = m*q + r`` with ``0 <= r < m`` and ``m | d`` (m = 1 when nothing better)."""
-    terms = sorted(sympy.Add.make_args(sympy.expand(num)), key=lambda t: abs(_coeff(t)))
-    for k in range(len(terms), 0, -1):
-        small, rest = sympy.Add(*terms[:k]), terms[k:]
-        m = int(sympy.gcd_list([_coeff(t) for t in rest] + [d])) if rest else d
-        r = _range(small, bounds)
-        if m > 1 and r is not None and r[0] >= 0 and r[1] < m:
-            return sympy.expand(sympy.Add(*rest) / m), small, m
-    return num, sympy.Integer(0), 1
-
-
-def _coeff(term: sympy.Expr) -> int:
-    c = term.as_coeff_Mul()[0]
-    return int(c) if c.is_Integer else 1
-
-
-def _integer_part(n: sympy.Expr) -> tuple[int, sympy.Expr]:
-    """``n = k * size``: its integer coefficient ``k`` and the rest, a product of symbolic
-    sizes (positive integers, so the identities of :func:`simplify_index` hold for it as for
-    a number); ``(1, n)`` when ``n`` is anything else.
-
-    >>> ks0 = sympy.Symbol("ks0", integer=True, positive=True)
-    >>> _integer_part(128 * ks0), _integer_part(sympy.Integer(32)), _integer_part(ks0 - 1)
-    ((128, ks0), (32, 1), (1, ks0 - 1))
-    """
-    k, size = n.as_coeff_Mul()
-    sizes = sympy.Mul.make_args(size)
-    if not k.is_Integer or k < 1 or not all(s.is_Number or _size_symbol(s) for s in sizes):
-        return 1, n
-    return int(k), size
-
-
-def _size_symbol(s: sympy.Expr) -> bool:
-    """A symbol that stands for a size: a positive integer (ember.inductor.symbolic)."""
-    return bool(s.is_Symbol and s.is_integer and s.is_positive)
-
-
-def _proved(relation: Any) -> bool:
-    """True only when sympy decides ``relation`` (with a symbolic size it may not)."""
-    return relation is sympy.true
-
-
-def simplify_index(e: sympy.Expr, bounds: dict[sympy.Symbol, Any]) -> sympy.Expr:
-    """Drop or shrink ``Mod``/``floor`` using the loop bounds: values that cannot wrap
-    (``Mod(i1, 8) -> i1`` when ``i1 < 8``) and low terms that cannot carry
-    (``floor((512*x0 + y0)/32768) -> floor(x0/64)`` when ``y0 < 512``). Variables with a
-    symbolic bound are left alone."""
-    bounds = {v: n for v, n in bounds.items() if isinstance(n, int)}
-
-    def mod(x: sympy.Expr, n: sympy.Expr) -> sympy.Expr:
-        r = _range(x, bounds)
-        if r is not None and r[0] >= 0 and _proved(sympy.Lt(r[1], n)):
-            return x
-        k, size = _integer_part(n)
-        if k > 1:
-            q, rest, m = _split(x, k, bounds)
-            if m > 1:  # m*q + r mod m*c == m*(q mod c) + r when 0 <= r < m
-                return m * sympy.Mod(q, (k // m) * size) + rest
-        return sympy.Mod(x, n)
-
-    def floor(x: sympy.Expr) -> sympy.Expr:
-        r = _range(x, bounds)
-        if r is not None and sympy.floor(r[0]) == sympy.floor(r[1]):
-            return sympy.floor(r[0])
-        num, den = sympy.fraction(sympy.together(x))
-        k, size = _integer_part(den)
-        if k > 1:
-            q, _, m = _split(num, k, bounds)
-            if m > 1:  # floor((m*q + r)/(m*c)) == floor(q/c) when 0 <= r < m
-                return sympy.floor(q / ((k // m) * size))
-        return sympy.floor(x)
-
-    for _ in range(6):
-        new = _recombine(sympy.expand(e.replace(sympy.floor, floor).replace(sympy.Mod, mod)))
-        if new == e:
-            break
-        e = new
-    return e
-
-
-def _recombine(e: sympy.Expr) -> sympy.Expr:
-    """``a*Mod(x, n) + a*n*floor(x/n) -> a*x`` (a split index put back together)."""
-    terms = {t.as_coeff_Mul()[1]: t.as_coeff_Mul()[0] for t in sympy.Add.make_args(e)}
-    for term, a in list(terms.items()):
-        if not isinstance(term, sympy.Mod) or term not in terms:
-            continue
-        x, n = term.args
-        whole = sympy.floor(x / n)
-        if terms.get(whole) == a * n:
-            del terms[term], terms[whole]
-            terms[x] = terms.get(x, 0) + a
-    return sympy.Add(*[c * t for t, c in terms.items()])
 
 
 def _index_leaf(bounds: dict[sympy.Symbol, int]) -> Callable[[Expr], Expr]:

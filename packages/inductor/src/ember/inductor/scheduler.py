@@ -41,6 +41,7 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 
+from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import (
     Expr,
     Extern,
@@ -58,7 +59,6 @@ from ember.inductor.ir import (
 )
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.reshape import reshape_index
-from ember.inductor.rewrite import simplify_index
 
 __all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
 
