@@ -165,7 +165,7 @@ def test_in_place_pooled_wrapper_is_thread_safe(in_threads: Any) -> None:
 
     w = torch.randn(16, 16)
     compiled, sched = _compile(f, torch.randn(8, 16), w)
-    assert sched.inplace and "_pool.pop()" in compiled.wrapper
+    assert sched.inplace and "_take(_pool)" in compiled.wrapper
 
     def work(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)

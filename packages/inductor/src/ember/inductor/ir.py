@@ -273,9 +273,13 @@ class IndexCheck:
     size: int
     error: str  # "IndexError" or "RuntimeError"
     message: str
+    # (lowest, highest) index when the index is computed from sizes (``arange(n)``), not
+    # read from input ``name``: the wrapper checks those two numbers
+    span: tuple[Any, Any] | None = None
 
     def __str__(self) -> str:
-        return f"check 0 <= {self.name} < {self.size} else {self.error}"
+        what = self.name if self.span is None else f"{self.span[0]}..{self.span[1]}"
+        return f"check 0 <= {what} < {self.size} else {self.error}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,11 @@ import torch
 import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
-from torch.utils import _pytree as pytree
 
-from ember.inductor.ir import Expr, I, IndexCheck, Layout, R, Scalar, const, scalar
+from ember.inductor.ir import Expr, I, R, Scalar, const, scalar
 from ember.inductor.knobs import KNOBS
 from ember.inductor.low_precision import LOW, rounded, to_common
+from ember.inductor.lower_checks import checked as _checked
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering, size_const
 from ember.inductor.ops import Op, Reduce
@@ -598,63 +598,14 @@ IND = sympy.Symbol("ind", integer=True)  # an indirect index inside a LOAD's fla
 def wrap_index(index: Expr, n: int) -> Expr:
     """``index`` as int64, negative values counted from the end, clamped into ``[0, n)``."""
     i = cast(index, torch.int64)
-    zero, size = const(0, torch.int64), const(n, torch.int64)
+    zero, size = const(0, torch.int64), _count(n)
     i = where_(Expr(Op.LT, torch.bool, (i, zero)), _ADD(i, size), i)
-    return _MIN(_MAX(i, zero), const(n - 1, torch.int64))
+    return _MIN(_MAX(i, zero), _count(n - 1))
 
 
-def _checked(ctx: Lowerer, idx: Value, size: int, error: str, message: str) -> None:
-    """Check index tensor ``idx`` against ``[0, size)`` as eager does (kernels clamp): a whole
-    input in the wrapper before the kernels, an index made of constants (``roll``'s
-    ``arange`` arithmetic) now; any other index runs as the aten call, which checks it."""
-    if idx.ref is not None and idx.ref.name in ctx.given and _covers(ctx, idx.ref):
-        ctx.index_checks.append(IndexCheck(idx.ref.name, size, error, message))
-        return
-    assert ctx.node is not None
-    node = next((a for a in ctx.node.all_input_nodes if ctx.values.get(a) is idx), None)
-    value = _constant(node, {}) if node is not None else None
-    if value is None or not bool(((value >= 0) & (value < size)).all()):
-        raise Fallback("an index computed in the graph: the aten call checks its range")
-
-
-def _covers(ctx: Lowerer, ref: Any) -> bool:
-    """Whether window ``ref`` reads every element of its buffer (a view or an ``expand``
-    of all of it): then checking the buffer checks exactly the indices the op reads."""
-    base = ctx.buffers[ref.name].layout
-    view = ref.layout
-    if view is None:
-        return True
-    dims = sorted((st, n) for n, st in zip(view.sizes, view.strides, strict=True) if st and n > 1)
-    step = 1
-    for stride, n in dims:  # dense: each dimension steps over all the ones inside it
-        if stride != step:
-            return False
-        step *= n
-    contiguous = base.strides == Layout.contiguous(base.sizes).strides and base.offset == 0
-    return contiguous and view.offset == 0 and step == math.prod(base.sizes)
-
-
-def _constant(node: torch.fx.Node, memo: dict[torch.fx.Node, Any]) -> Any:
-    """The value of ``node`` if it depends on no input (a small tensor of constants)."""
-    if node in memo:
-        return memo[node]
-    meta = node.meta.get("val")
-    small = not isinstance(meta, torch.Tensor) or meta.numel() <= 1 << 16
-    target = node.target
-    if node.op != "call_function" or not small or not isinstance(target, torch._ops.OpOverload):
-        return None
-    if torch.Tag.nondeterministic_seeded in target.tags:
-        return None
-    inputs = [_constant(a, memo) for a in node.all_input_nodes]
-    if any(v is None for v in inputs):
-        return None
-    values = dict(zip(node.all_input_nodes, inputs, strict=True))
-    args, kwargs = pytree.tree_map_only(torch.fx.Node, values.get, (node.args, node.kwargs))
-    try:
-        memo[node] = target(*args, **kwargs)
-    except Exception:  # eager would raise here too: the aten calls will
-        return None
-    return memo[node]
+def _count(n: Any) -> Expr:
+    """The int64 leaf of size ``n``: a constant, or computed from the size arguments."""
+    return const(n, torch.int64) if isinstance(n, int) else Expr(Op.INDEX, torch.int64, (), n)
 
 
 @lowering(aten.index_select.default, aten.embedding.default)

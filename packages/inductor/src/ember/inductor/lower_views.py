@@ -22,6 +22,7 @@ import torch
 
 from ember.inductor.ir import Layout
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
+from ember.inductor.reshape import flatten, reshape_index, unflatten
 
 __all__ = ["broadcast", "flatten", "unflatten"]
 
@@ -127,7 +128,7 @@ def select(ctx: Lowerer, v: Value, dim: int, i: int) -> Value:
     i = i + v.sizes[d] if i < 0 else i
 
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
-        return [*idx[:d], sympy.Integer(i), *idx[d:]]
+        return [*idx[:d], sympy.sympify(i), *idx[d:]]
 
     return _window(ctx, v, i * _stride(ctx, v, d)) or _lazy(v, ctx.shape(ctx.meta), index)
 
@@ -169,25 +170,7 @@ def view(ctx: Lowerer, v: Value, sizes: Sequence[int]) -> Value:
     if window is not None:
         return window
     out = ctx.shape(ctx.meta)
-    return _lazy(v, out, lambda idx: unflatten(flatten(idx, out), v.sizes))
-
-
-def flatten(idx: Sequence[sympy.Expr], sizes: Sequence[int]) -> sympy.Expr:
-    flat, step = sympy.Integer(0), 1
-    for i, n in zip(reversed(idx), reversed(sizes), strict=True):
-        flat += i * step
-        step *= n
-    return flat
-
-
-def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
-    if 0 in sizes:  # nothing is ever loaded from an empty tensor
-        return [sympy.Integer(0)] * len(sizes)
-    out, step = [], 1
-    for n in reversed(sizes):
-        out.append(sympy.Integer(0) if n == 1 else sympy.Mod(sympy.floor(flat / step), n))
-        step *= n
-    return list(reversed(out))
+    return _lazy(v, out, lambda idx: reshape_index(idx, out, v.sizes))
 
 
 @lowering(aten.as_strided.default, aten.diagonal.default, aten.unfold.default)

@@ -405,7 +405,7 @@ class Lowerer:
         if not isinstance(value, Value) or value.ref is not None:
             return
         body = list(walk(value.loader(I[: value.ndim])))
-        readers = sum(1 for u in node.users if u.target in LOWERINGS)
+        readers = sum(1 for u in node.users if u.target in LOWERINGS or u.target in SIZE_READS)
         heavy = len(body) > 8 or any(e.op in HEAVY for e in body)
         shared = len(node.users) > 1 and heavy  # recompute cheap values, store costly ones
         if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
@@ -449,13 +449,15 @@ class Lowerer:
         if not all(isinstance(m, torch.Tensor | type(None)) for m in leaves):
             raise Fallback(f"{node.target} returns {type(meta).__name__}")
         results: list[Value | None] = []
+        eager_strides = self.sv is None or _eager_inputs(self, node)
         for m in leaves:
             if m is None:
                 results.append(None)
                 continue
             layout = Layout(self.shape(m), self.strides(m))
-            if self.sv is not None:  # its inputs may not have eager's strides (realized
-                # compact), so neither may it: compact, and the wrapper copies it when not
+            if self.sv is not None and not (eager_strides and _plain_strides(layout)):
+                # an input realized compact where eager's is not: the result's strides may
+                # differ from its fake value's too; compact, and the wrapper copies it if not
                 layout = Layout.contiguous(layout.sizes)
             buf = self.new_buffer(m.dtype, layout)
             results.append(self.buffer_value(buf))
@@ -503,6 +505,29 @@ class Lowerer:
             reach = reach + (sizes[d] - 1) * stride
         compact = Layout.contiguous(sizes).strides
         return None if tuple(strides) == tuple(compact) else tuple(strides)
+
+
+def _eager_inputs(ctx: Lowerer, node: torch.fx.Node) -> bool:
+    """Every tensor ``node`` reads is realized with its fake value's sizes and strides, so
+    an extern computing it returns the strides its fake value shows (a symbolic graph's
+    ``split`` returns windows of its input, which kernels then read in place). The
+    wrapper still checks them at run time, so a wrong guess costs a copy, never a value."""
+    for arg in node.all_input_nodes:
+        meta, value = arg.meta.get("val"), ctx.values.get(arg)
+        if not isinstance(meta, torch.Tensor) or not isinstance(value, Value):
+            continue
+        ref = value.ref or ctx._realized.get(id(value), (None, None))[1]
+        if ref is None:
+            return False
+        have = ref.layout or ctx.buffers[ref.name].layout
+        if (have.sizes, have.strides) != (ctx.shape(meta), ctx.strides(meta)):
+            return False
+    return True
+
+
+def _plain_strides(layout: Layout) -> bool:
+    """No dimension of more than one element has stride 0 (an expanded result)."""
+    return all(n == 1 or st != 0 for n, st in zip(layout.sizes, layout.strides, strict=True))
 
 
 def size_const(n: Any, dtype: torch.dtype) -> Expr:
@@ -588,10 +613,11 @@ def _plain_meta(meta: Any, symbolic: bool = False) -> bool:
 SYMBOLIC_OPS = frozenset(
     """abs add sub rsub mul div neg exp log log1p expm1 sqrt rsqrt reciprocal sin cos tanh
     sigmoid erf pow maximum minimum relu where clamp clamp_min clamp_max eq ne lt le gt ge
-    logical_not logical_and logical_or bitwise_not sign _to_copy convert_element_type
+    logical_not logical_and logical_or bitwise_not bitwise_and bitwise_or bitwise_xor sign
+    _to_copy convert_element_type
     sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
     alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
-    slice cat constant_pad_nd
+    slice select cat constant_pad_nd arange embedding index_select
     var where_ threshold_backward isnan gelu silu""".split()
 )
 
@@ -609,6 +635,16 @@ def _symbolic_ok(node: torch.fx.Node, args: Any, kwargs: Any) -> bool:
     static_out = all(isinstance(n, int) for m in metas for n in m.shape)
     return not numbers and all(is_static(s) for s in sizes) and static_out
 
+
+# nodes reading a tensor's sizes only (symbolic graphs): the tensor need not be realized
+SIZE_READS = frozenset(
+    {
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+    }
+)
 
 DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.bool}

@@ -58,6 +58,7 @@ from ember.inductor.ir import (
     walk,
 )
 from ember.inductor.ops import Op, Reduce
+from ember.inductor.reshape import reshape_index
 
 __all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
 
@@ -263,11 +264,11 @@ def _store(prog: Program, node: Pointwise | Reduction, k: int, outer: tuple[int,
 
 
 def _reindex(outer: tuple[int, ...], sizes: tuple[int, ...]) -> list[sympy.Expr]:
-    """The point of ``sizes`` (row-major) that is point ``X`` of ``outer``."""
-    flat = sympy.Add(*[x * math.prod(outer[j + 1 :]) for j, x in enumerate(X[: len(outer)])])
-    return [
-        sympy.Mod(sympy.floor(flat / math.prod(sizes[j + 1 :])), n) for j, n in enumerate(sizes)
-    ]
+    """The point of ``sizes`` (row-major) that is point ``X`` of ``outer``: loops matched in
+    groups of equal size products (:func:`reshape_index`), so a node over ``[ks1*ks0]`` in a
+    kernel over ``[ks0, ks1]`` reads ``ks1*x0 + x1``, the index the kernel's other nodes use,
+    with no floor or Mod left to simplify under symbolic bounds."""
+    return reshape_index(X[: len(outer)], outer, sizes)
 
 
 def _subst(

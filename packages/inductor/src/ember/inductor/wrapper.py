@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
-from ember.inductor.symbolic import FloatSize, is_static, pyexpr, pytuple
+from ember.inductor.symbolic import FloatSize, hint, is_static, pyexpr, pytuple
 
 __all__ = ["bind", "wrapper_source"]
 
@@ -46,6 +46,22 @@ def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
     if t.numel() and not bool(((t >= 0) & (t < size)).all()):
         bad = int(t[(t < 0) | (t >= size)].flatten()[0])
         raise _ERRORS[error](message.format(index=bad, size=size))
+
+
+def _check_span(low: int, high: int, size: int, error: str, message: str) -> None:
+    """Raise eager's error if indices ``low`` to ``high`` (an ``arange``) leave ``[0, size)``."""
+    for bad in (low, high):
+        if not 0 <= bad < size:
+            raise _ERRORS[error](message.format(index=bad, size=size))
+
+
+def _take(pool: list[Any]) -> Any:
+    """A set of buffers from ``pool``, or None (one ``list.pop``: atomic, so threads calling
+    the same wrapper never take the same set, nor fail on a pool another emptied)."""
+    try:
+        return pool.pop()
+    except IndexError:
+        return None
 
 
 def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
@@ -156,11 +172,14 @@ def wrapper_source(
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     for c in prog.index_checks:
         size = pyexpr(c.size)
-        src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
+        if c.span is not None:
+            lo, hi = (pyexpr(e) for e in c.span)
+            src.lines.append(f"    _check_span({lo}, {hi}, {size}, {c.error!r}, {c.message!r})")
+        else:
+            src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
     pooled = _pooled(sched)
-    if pooled:
-        src.lines.append("    _bufs = _pool.pop() if _pool else _alloc()")
-        src.lines.append(f"    {', '.join(pooled)}, = _bufs")
+    key = _pool_key(sched, pooled)
+    src.lines += _take_lines(pooled, key)
     computed: set[str] = set(pooled)
     # extern results a kernel reads, or whose memory a kernel's output takes, in the layout
     # the kernels were generated for
@@ -175,12 +194,56 @@ def wrapper_source(
         if dead:
             src.lines.append(f"    del {', '.join(dead)}")
     outs = [_arg(src, sched, o, computed) for o in prog.outputs]
-    if pooled:
+    if key:
+        src.lines.append("    if _bufs[0] is not None: _pool.append(_bufs)")
+    elif pooled:
         src.lines.append("    _pool.append(_bufs)")
     src.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    if pooled:
+    if key:
+        src.lines += ["", *_alloc_sized(src, sched, pooled, key)]
+    elif pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _take_lines(pooled: list[str], key: str) -> list[str]:
+    """The wrapper's lines taking the pooled buffers: a set from the pool, or a fresh one
+    (a set of another size, ``key``, is dropped: the pool holds one per thread at most)."""
+    if key:
+        return [
+            f"    _key = {key}",
+            "    _bufs = _take(_pool)",
+            "    if _bufs is None or _bufs[0] != _key: _bufs = _alloc(*_key)",
+            f"    _, {', '.join(pooled)}, = _bufs",
+        ]
+    if pooled:
+        return ["    _bufs = _take(_pool) or _alloc()", f"    {', '.join(pooled)}, = _bufs"]
+    return []
+
+
+def _pool_key(sched: Schedule, pooled: list[str]) -> str:
+    """The size variables the pooled buffers' layouts use, as a Python tuple (a pool set
+    serves calls of these sizes only), or "" when the layouts are static."""
+    syms: set[Any] = set()
+    for name in pooled:
+        lay = sched.program.buffers[name].layout
+        syms |= set().union(*(sympy.sympify(n).free_symbols for n in (*lay.sizes, *lay.strides)))
+    names = sorted(str(s) for s in syms)
+    return f"({', '.join(names)},)" if names else ""
+
+
+def _alloc_sized(src: _Source, sched: Schedule, pooled: list[str], key: str) -> list[str]:
+    """``_alloc(*sizes)``: a set of the pooled buffers for these sizes, keyed by them, or by
+    None when the set is larger than POOL_MAX_BYTES (used for one call, never kept)."""
+    total = sum(
+        sched.program.buffers[n].layout.extent * sched.program.buffers[n].dtype.itemsize
+        for n in pooled
+    )
+    return [
+        f"def _alloc{key}:",
+        f"    _key = {key} if {pyexpr(sympy.expand(total))} <= {POOL_MAX_BYTES} else None",
+        f"    return (_key, {', '.join(_alloc(src, sched, pooled))},)",
+    ]
 
 
 def _bind_sizes(prog: Any) -> list[str]:
@@ -246,6 +309,7 @@ def _pooled(sched: Schedule) -> list[str]:
             name = sched.reuse[name]
         return name
 
+    hints = prog.size_vars.hints if prog.size_vars is not None else {}
     escaping = {o.name for o in prog.outputs if isinstance(o, Ref)}
     for step in sched.steps:
         if isinstance(step, Extern) and may_alias(step):
@@ -255,9 +319,9 @@ def _pooled(sched: Schedule) -> list[str]:
     for step in sched.steps:
         for name in _allocated(step, sched):
             buf = prog.buffers[name]
-            if not is_static((buf.layout.sizes, buf.layout.strides)):
-                continue  # its size changes from call to call
-            nbytes = buf.layout.extent * buf.dtype.itemsize
+            # a symbolic size: its bytes at the example sizes (the set's real size is checked
+            # per size, in ``_alloc``)
+            nbytes = hint(buf.layout.extent * buf.dtype.itemsize, hints)
             if name not in escaping and size + nbytes <= POOL_MAX_BYTES:
                 out.append(name)
                 size += nbytes
@@ -405,7 +469,9 @@ def bind(
         "_empty": torch.empty_strided,
         "_as_strided": torch.as_strided,
         "_restride": _restride,
+        "_take": _take,
         "_check_index": _check_index,
+        "_check_span": _check_span,
         "_leaves": _leaves,
         "_pool": [],  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
