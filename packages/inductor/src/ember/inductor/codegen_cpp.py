@@ -17,7 +17,7 @@ bfloat16 in float.
 >>> p.expr(e.args[0], memo, lines), p.expr(e, memo, lines)
 ('t0', 't1')
 >>> lines
-['float t0 = x[i0];', 'float t1 = std::exp(t0);']
+['float t0 = x[i0];', 'float t1 = ember_exp(t0);']
 """
 
 from __future__ import annotations
@@ -129,17 +129,17 @@ class CppPrinter(Printer):
     OPS = {
         Op.NEG: "(-{0})",
         Op.ABS: "std::abs({0})",
-        Op.EXP: "std::exp({0})",
-        Op.EXPM1: "std::expm1({0})",
+        Op.EXP: "ember_exp({0})",
+        Op.EXPM1: "ember_expm1({0})",
         Op.LOG: "std::log({0})",
         Op.LOG1P: "std::log1p({0})",
         Op.SQRT: "std::sqrt({0})",
         Op.RSQRT: "({T}(1) / std::sqrt({0}))",
         Op.RECIPROCAL: "({T}(1) / {0})",
-        Op.SIN: "std::sin({0})",
-        Op.COS: "std::cos({0})",
-        Op.TANH: "std::tanh({0})",
-        Op.SIGMOID: "({T}(1) / ({T}(1) + std::exp(-{0})))",
+        Op.SIN: "ember_sin({0})",
+        Op.COS: "ember_cos({0})",
+        Op.TANH: "ember_tanh({0})",
+        Op.SIGMOID: "ember_sigmoid({0})",
         Op.ERF: "std::erf({0})",
         Op.FLOOR: "std::floor({0})",
         Op.CEIL: "std::ceil({0})",

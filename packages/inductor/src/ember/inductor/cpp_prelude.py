@@ -29,6 +29,62 @@ EMBER_SIMD double expm1(double); EMBER_SIMD double log1p(double);
 #endif
 }
 #endif
+// ember's vector math (float and double): branch-free and inline, so gcc vectorises a loop that
+// calls them whole, with selects for the edge cases and no -ffast-math. exp(x) = 2^n * exp(r),
+// |r| <= ln2/2, expm1(r) = r + r*r*P(r) from Taylor's series (float: to r^7, double: to r^13).
+template <typename T> struct ember_fp;
+template <> struct ember_fp<float> {
+  using I = int32_t;
+  static constexpr int mant = 23, bias = 127;
+  static constexpr float magic = 12582912.0f, hi = 88.8f, lo = -104.0f, m1lo = -18.0f, sat = 9.0f;
+  static constexpr float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187e-06f;
+  static constexpr float c[] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f};
+};
+template <> struct ember_fp<double> {
+  using I = int64_t;
+  static constexpr int mant = 52, bias = 1023;
+  static constexpr double magic = 6755399441055744.0, hi = 710.0, lo = -746.0, m1lo = -40.0, sat = 19.5;
+  static constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+  static constexpr double c[] = {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800,
+    1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5};
+};
+template <typename T> static inline T ember_pow2(typename ember_fp<T>::I n) {  // 2^n, |n| < bias
+  using I = typename ember_fp<T>::I;
+  return __builtin_bit_cast(T, static_cast<I>(n + ember_fp<T>::bias) << ember_fp<T>::mant);
+}
+// expm1(r) where x = n*ln2 + r, after clamping x to [lo, hi] (NaN stays NaN)
+template <typename T> static inline T ember_expm1_r(T x, typename ember_fp<T>::I& n) {
+  using F = ember_fp<T>; using I = typename F::I;
+  x = x > F::hi ? F::hi : x; x = x < F::lo ? F::lo : x;
+  const T t = x * T(1.4426950408889634) + F::magic, k = t - F::magic;
+  n = __builtin_bit_cast(I, t) - __builtin_bit_cast(I, F::magic);
+  const T r = (x - k * F::ln2_hi) - k * F::ln2_lo;
+  T p = F::c[0];
+  for (unsigned i = 1; i < sizeof(F::c) / sizeof(T); ++i) p = p * r + F::c[i];
+  return r + r * (r * p);
+}
+template <typename T> static inline T ember_exp(T x) {
+  typename ember_fp<T>::I n; const T u = ember_expm1_r(x, n);
+  return (T(1) + u) * ember_pow2<T>(n >> 1) * ember_pow2<T>(n - (n >> 1));  // 2 steps: subnormals
+}
+template <typename T> static inline T ember_expm1(T x) {
+  typename ember_fp<T>::I n; const T u = ember_expm1_r(x < ember_fp<T>::m1lo ? ember_fp<T>::m1lo : x, n);
+  const T s1 = ember_pow2<T>(n >> 1), s2 = ember_pow2<T>(n - (n >> 1)), s = s1 * s2;
+  const T big = (T(1) + u) * s1 * s2, mid = s * u + (s - T(1));  // 2^n - 1 is exact up to mant + 1
+  return x == T(0) ? x : n == 0 ? u : n > ember_fp<T>::mant + 1 ? big : mid;  // x == 0: keeps -0
+}
+template <typename T> static inline T ember_tanh(T x) {  // expm1(2|x|) / (expm1(2|x|) + 2)
+  T a = std::fabs(x); a = a > ember_fp<T>::sat ? ember_fp<T>::sat : a;
+  const T e = ember_expm1(a + a);
+  return std::copysign(e / (e + T(2)), x);
+}
+template <typename T> static inline T ember_sigmoid(T x) { return T(1) / (T(1) + ember_exp(-x)); }
+// sin and cos call libmvec through these (see -fno-builtin-sinf in cache.DEFAULT_CFLAGS): as
+// builtins, gcc would merge sin(x) and cos(x) into one scalar sincosf, which does not vectorise
+static inline float ember_sin(float x) { return sinf(x); }
+static inline double ember_sin(double x) { return sin(x); }
+static inline float ember_cos(float x) { return cosf(x); }
+static inline double ember_cos(double x) { return cos(x); }
 template <typename T> static inline T ember_max(T a, T b) { return (a > b || a != a) ? a : b; }  // NaN if either is
 template <typename T> static inline T ember_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
