@@ -140,7 +140,7 @@ class CppPrinter(Printer):
         Op.COS: "ember_cos({0})",
         Op.TANH: "ember_tanh({0})",
         Op.SIGMOID: "ember_sigmoid({0})",
-        Op.ERF: "std::erf({0})",
+        Op.ERF: "ember_erf({0})",
         Op.FLOOR: "std::floor({0})",
         Op.CEIL: "std::ceil({0})",
         Op.TRUNC: "std::trunc({0})",
@@ -200,11 +200,11 @@ class CppPrinter(Printer):
         # max/min track NaN in a flag, so the loop stays a plain (vectorisable) max/min
         Reduce.MAX: (
             "ember_lowest<{T}>()",
-            "{acc} = {v} > {acc} ? {v} : {acc}; {acc}_nan = {acc}_nan || ({v} != {v});",
+            "{acc} = {v} > {acc} ? {v} : {acc}; {acc}_nan |= ({v} != {v});",
         ),
         Reduce.MIN: (
             "ember_highest<{T}>()",
-            "{acc} = {v} < {acc} ? {v} : {acc}; {acc}_nan = {acc}_nan || ({v} != {v});",
+            "{acc} = {v} < {acc} ? {v} : {acc}; {acc}_nan |= ({v} != {v});",
         ),
         Reduce.ANY: ("false", "{acc} = {acc} || {v};"),
         Reduce.ALL: ("true", "{acc} = {acc} && {v};"),
@@ -228,8 +228,8 @@ class CppPrinter(Printer):
         Reduce.PROD: "reduction(*:{acc})",
         Reduce.ANY: "reduction(||:{acc})",
         Reduce.ALL: "reduction(&&:{acc})",
-        Reduce.MAX: "reduction(max:{acc}) reduction(||:{acc}_nan)",
-        Reduce.MIN: "reduction(min:{acc}) reduction(||:{acc}_nan)",
+        Reduce.MAX: "reduction(max:{acc}) reduction(|:{acc}_nan)",
+        Reduce.MIN: "reduction(min:{acc}) reduction(|:{acc}_nan)",
     }
 
     def const(self, value: Any, dtype: torch.dtype) -> str:
@@ -620,7 +620,7 @@ class _KernelWriter(WelfordLoops):
             else:
                 inits.append(f"{acc_t} {acc} = {init.format(T=acc_t)};")
             if s.reduce in (Reduce.MAX, Reduce.MIN):
-                inits.append(f"bool {acc}_nan = false;")
+                inits.append(f"int {acc}_nan = 0;")  # an int: gcc 12 vectorises no bool ||
             value = self.p.expr(s.body, memo, lines)
             combines.append(combine.format(acc=acc, v=value, i=flat))
         for line in inits:
