@@ -168,6 +168,10 @@ class CppPrinter(Printer):
         Op.WHERE: "({0} ? {1} : {2})",
     }
     SCALAR = "s_{0}"  # apart from every C++ name (an fx node may be called ``exp``)
+    # a simd clause for loops calling vector math: the prelude makes it simdlen(16) where
+    # AVX-512 is, as gcc's cost model keeps 8 lanes (exp over 1M floats 0.47 -> 0.40 ms)
+    WIDE = " EMBER_WIDE"
+    WIDE_OPS = frozenset({Op.EXP, Op.EXPM1, Op.TANH, Op.SIGMOID, Op.ERF, Op.SIN, Op.COS})
     # bool lives in memory as uint8_t: gcc vectorises byte loads, not bool loads
     MEMORY_TYPES = {torch.bool: "uint8_t"}
     LOADS = {torch.bool: "({0} != 0)"}
@@ -547,7 +551,8 @@ class _KernelWriter(WelfordLoops):
             enclosed = len(ranges) > 1 or bool(self.kernel.outer)
             simd = k == len(ranges) - 1 and (enclosed or _contiguous(st, vars_[-1]))
             outer = parallel and k == 0
-            pragma = ("parallel for" if outer else "") + (" simd" if simd else "")
+            wide = self.p.WIDE if simd and _calls(st, self.p.WIDE_OPS) else ""
+            pragma = ("parallel for" if outer else "") + (" simd" + wide if simd else "")
             pragma += self.threads if outer else ""  # clauses after the directive names
             if pragma:
                 self.emit(f"#pragma omp {pragma.strip()}", depth)
@@ -771,6 +776,11 @@ def _column_kernel(kernel: Kernel) -> bool:
                         return False  # the inner loop already runs along memory
                     column |= e.arg[1].coeff(xk) == 1
     return column
+
+
+def _calls(st: Stage, ops: frozenset[Op]) -> bool:
+    """Whether a store of the stage computes one of ``ops``."""
+    return any(e.op in ops for s in st.stores for e in walk(s.body))
 
 
 def _contiguous(st: Stage, yk: sympy.Symbol | None = None) -> bool:

@@ -102,6 +102,11 @@ static inline float ember_sin(float x) { return sinf(x); }
 static inline double ember_sin(double x) { return sin(x); }
 static inline float ember_cos(float x) { return cosf(x); }
 static inline double ember_cos(double x) { return cos(x); }
+#ifdef __AVX512F__  // CppPrinter.WIDE: loops calling the vector math take 16 lanes
+#define EMBER_WIDE simdlen(16)
+#else
+#define EMBER_WIDE
+#endif
 template <typename T> static inline T ember_max(T a, T b) { return (a > b || a != a) ? a : b; }  // NaN if either is
 template <typename T> static inline T ember_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
