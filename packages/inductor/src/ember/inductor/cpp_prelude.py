@@ -48,16 +48,19 @@ template <> struct ember_fp<double> {
   static constexpr double c[] = {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800,
     1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5};
 };
+template <typename To, typename From> static inline To ember_bits(From v) {  // bit_cast, any gcc
+  To out; std::memcpy(&out, &v, sizeof(To)); return out;
+}
 template <typename T> static inline T ember_pow2(typename ember_fp<T>::I n) {  // 2^n, |n| < bias
   using I = typename ember_fp<T>::I;
-  return __builtin_bit_cast(T, static_cast<I>(n + ember_fp<T>::bias) << ember_fp<T>::mant);
+  return ember_bits<T>(static_cast<I>(n + ember_fp<T>::bias) << ember_fp<T>::mant);
 }
 // expm1(r) where x = n*ln2 + r, after clamping x to [lo, hi] (NaN stays NaN)
 template <typename T> static inline T ember_expm1_r(T x, typename ember_fp<T>::I& n) {
   using F = ember_fp<T>; using I = typename F::I;
   x = x > F::hi ? F::hi : x; x = x < F::lo ? F::lo : x;
   const T t = x * T(1.4426950408889634) + F::magic, k = t - F::magic;
-  n = __builtin_bit_cast(I, t) - __builtin_bit_cast(I, F::magic);
+  n = ember_bits<I>(t) - ember_bits<I>(F::magic);
   const T r = (x - k * F::ln2_hi) - k * F::ln2_lo;
   T p = F::c[0];
   for (unsigned i = 1; i < sizeof(F::c) / sizeof(T); ++i) p = p * r + F::c[i];
