@@ -1,6 +1,8 @@
 """The helpers every generated translation unit starts with (``codegen_cpp.PRELUDE``): headers,
-glibc's vector math declarations, NaN-propagating max/min, Welford's combine step, bfloat16
-conversions. Only ``<cmath>``, ``<cstdint>``, ``<cstring>`` and ``<limits>``: small, fast to
+glibc's vector math declarations, ember's own vector math (``ember_exp``, ``ember_expm1``,
+``ember_tanh``, ``ember_sigmoid``, ``ember_erf``: inline and branch-free, so loops calling them
+vectorise; accuracy in docs/correctness.md), NaN-propagating max/min, Welford's combine step,
+bfloat16 conversions. Only ``<cmath>``, ``<cstdint>``, ``<cstring>`` and ``<limits>``: small, fast to
 compile.
 
 >>> PRELUDE.splitlines()[0]
