@@ -23,9 +23,10 @@ process on this shared machine does not count; wall time with more threads).
 above 1 is faster). A *cliff* is a row whose ember speed is below 0.97x eager's.
 
 The peer is slow to compile (2-3 s a case against ember's 0.5 s), so by default
-(``--torch cliffs``) it is compiled only for ``--peer-max`` (60) cliffs, each op's worst
-first, which are then timed again, all three interleaved; ``--torch all`` times it on every row,
-``--no-torch`` never.
+(``--torch cliffs``) it is compiled only for ``--peer-max`` (60) cliffs (the worst row of
+each op and layout first), which are then timed again, all three interleaved;
+``--torch all`` times it on every row, ``--no-torch`` never. ``--load out.json`` prints
+a saved run's report.
 
 Each row also says which of the graph's ops ember ran as aten calls (``aten``
 column): the benchmark watches ember.inductor's lowering (instrumentation of a
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import statistics
 import sys
@@ -54,6 +56,7 @@ import ember.inductor.lower_ops
 import ember.inductor.lower_random
 import ember.inductor.lower_views  # registers the view lowerings
 from ember.inductor import lowering, settings
+from ember.inductor.compile import decompositions
 
 FLOATS = ("float32", "bfloat16")
 CLIFF = 0.97  # ember speed / eager speed below this is a cliff (the issue's noise margin)
@@ -254,6 +257,7 @@ QUICK = ("sin", "add", "sum_last", "sin+cos", "softmax")
 
 _VIEW = "a view: no work of its own; its index map is inlined into the reader (see t+y, pad, cat)"
 _RANDOM = "random: torch's kernels by default (fallback_random); not comparable with eager"
+DECOMPOSED = "the inductor backend's decomposition table rewrites it before lowering"
 LEFT_OUT: dict[str, str] = {
     **{str(op): _VIEW for op, fn in lowering.LOWERINGS.items()
        if fn.__module__ == "ember.inductor.lower_views"},
@@ -501,19 +505,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "rows": [asdict(r) for r in rows],
         "left_out": LEFT_OUT,
-        "not_reached": sorted(
-            str(op) for op in lowering.LOWERINGS if str(op) not in covered | set(LEFT_OUT)
-        ),
+        "not_reached": not_reached(covered),
     }  # fmt: skip
 
 
+def not_reached(covered: set[str]) -> dict[str, str]:
+    """The lowered ops no row's graph reached (and not left out), each with why."""
+    decomposed = {str(op) for op in decompositions()}
+    return {
+        str(op): DECOMPOSED if str(op) in decomposed else "no case's graph has it"
+        for op in lowering.LOWERINGS
+        if str(op) not in covered | set(LEFT_OUT)
+    }
+
+
 def _peer_rows(rows: list[Row], cliffs: dict[int, dict], most: int) -> list[int]:
-    """The cliffs to time the peer on: each op's worst row first (worst ops first), so
-    that every cause has its peer number, then the other rows, worst first."""
+    """The cliffs to time the peer on: the worst row of each (op, layout), worst first and
+    the layouts taking turns, so that every cause has its peer number; then the others."""
     worst = sorted(cliffs, key=lambda i: rows[i].ember_x or 0.0)
-    seen: set[str] = set()
-    first = [i for i in worst if not (rows[i].op in seen or seen.add(rows[i].op))]
-    return (first + [i for i in worst if i not in first])[:most]
+    seen: set[tuple[str, str]] = set()
+    first: dict[str, list[int]] = {}
+    for i in worst:
+        if (rows[i].op, rows[i].layout) not in seen:
+            seen.add((rows[i].op, rows[i].layout))
+            first.setdefault(rows[i].layout, []).append(i)
+    turns = [i for group in itertools.zip_longest(*first.values()) for i in group if i is not None]
+    return (turns + [i for i in worst if i not in turns])[:most]
 
 
 def _x(v: float | None) -> str:
@@ -549,11 +566,43 @@ def report(results: dict[str, Any]) -> str:
                     key=lambda r: r.ember_x or 0.0)  # fmt: skip
     lines += ["", f"## Below {CLIFF}x eager ({len(cliffs)} of {len(rows)} rows), worst first", ""]
     lines += [HEADER, *(format_row(r) for r in cliffs)]
+    lines += [
+        "",
+        "## By op: ember x eager (torch x eager), ops with a row below",
+        "",
+        by_op(results),
+    ]
     bad = [r for r in rows if r.status in ("WRONG", "ERROR")]
     if bad:
         lines += ["", f"## Wrong or failing ({len(bad)})", "", HEADER, *map(format_row, bad)]
-    if results["not_reached"]:
-        lines += ["", "Lowered ops no case reached: " + ", ".join(results["not_reached"])]
+    missing = results["not_reached"]
+    if isinstance(missing, list):  # saved before the reasons were recorded
+        missing = dict.fromkeys(missing, "?")
+    for why in sorted(set(missing.values())):
+        ops = ", ".join(op for op, reason in missing.items() if reason == why)
+        lines += ["", f"Lowered ops no case reached ({why}): {ops}"]
+    return "\n".join(lines)
+
+
+def by_op(results: dict[str, Any]) -> str:
+    """One line per op with a row below eager: ember's speed (torch's in brackets) in each
+    dtype and layout; ``WRONG``/``ERROR`` where ember's result was not eager's."""
+    rows = [Row(**r) for r in results["rows"]]
+    layouts = list(dict.fromkeys(r.layout for r in rows))
+    columns = [(d, lay) for lay in layouts for d in ("float32", "bfloat16")]
+    cells: dict[str, dict[tuple[str, str], str]] = {}
+    slow: set[str] = set()
+    for r in rows:
+        name = r.op if r.dtype in FLOATS else f"{r.op} ({r.dtype})"
+        dtype = r.dtype if r.dtype in FLOATS else "float32"
+        speed = _x(r.ember_x) + (f" ({_x(r.torch_x)})" if r.torch_x is not None else "")
+        cells.setdefault(name, {})[dtype, r.layout] = speed if r.status == "ok" else r.status
+        if r.status != "ok" or (r.ember_x or 1.0) < CLIFF:
+            slow.add(name)
+    head = " | ".join(f"{'f32' if d == 'float32' else 'bf16'} {lay}" for d, lay in columns)
+    lines = [f"| op | {head} |", "|---" * (len(columns) + 1) + "|"]
+    for name in (n for n in cells if n in slow):
+        lines.append(f"| {name} | " + " | ".join(cells[name].get(c, "") for c in columns) + " |")
     return "\n".join(lines)
 
 
@@ -574,6 +623,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=None, help="inputs are n x n (1024)")
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds (9)")
     parser.add_argument("--json", default="", help="save the results here")
+    parser.add_argument("--load", default="", help="print the report of a saved run; run nothing")
     parser.add_argument("-v", "--verbose", action="store_true", help="print rows as they come")
     args = parser.parse_args(argv)
     args.n = args.n or (64 if args.quick else 1024)
@@ -584,6 +634,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.load:
+        with open(args.load) as f:
+            results = json.load(f)
+        print(report(results))
+        return results
     results = run(args)
     print(report(results))
     if args.json:
