@@ -62,7 +62,10 @@ DEFAULT_CFLAGS: tuple[str, ...] = (
     "-w",
 )
 if ctypes.util.find_library("mvec"):  # glibc's vector math: see PRELUDE in codegen_cpp
-    DEFAULT_CFLAGS = (*DEFAULT_CFLAGS, "-DEMBER_MVEC", "-lmvec")
+    # sin and cos stop being builtins, so gcc no longer merges sin(x) and cos(x) into a scalar
+    # sincos call; the prelude's ember_sin/ember_cos call libmvec's vector versions instead
+    NO_SINCOS = ("-fno-builtin-sin", "-fno-builtin-cos", "-fno-builtin-sinf", "-fno-builtin-cosf")
+    DEFAULT_CFLAGS = (*DEFAULT_CFLAGS, "-DEMBER_MVEC", *NO_SINCOS, "-lmvec")
 
 
 class CompileError(RuntimeError):

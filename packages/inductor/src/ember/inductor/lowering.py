@@ -426,7 +426,7 @@ class Lowerer:
 
     def _compact_output(self, node: torch.fx.Node) -> None:
         """A symbolic graph realizes an output compact unless eager's strides are proved
-        dense, or a window with gaps, in some order (:meth:`_symbolic_strides`); any other
+        dense, or a window with gaps, in some order (:func:`_symbolic_strides`); any other
         layout eager gives (one not proved for every size) makes the graph run as aten
         calls, which keep eager's strides. The strides compare as expressions: no guard."""
         meta = node.meta.get("val")
@@ -481,30 +481,12 @@ class Lowerer:
         if node is None:
             return None
         if self.sv is not None:
-            return self._symbolic_strides(node.meta.get("val"), gaps=rule is _output_strides)
-        return rule(node.meta.get("val"))
-
-    def _symbolic_strides(self, meta: Any, gaps: bool) -> tuple[Any, ...] | None:
-        """``meta``'s symbolic strides if, in the order the example sizes give, each is the
-        product of the sizes inside it (equal as expressions: dense for every size) or, with
-        ``gaps``, at least the reach of those inside it (proved for every size: a window of
-        a wider tensor, as :func:`_output_strides`); else None (compact)."""
-        if not isinstance(meta, torch.Tensor) or self.sv is None:
-            return None
-        sizes, strides = self.shape(meta), self.strides(meta)
-        hints = self.sv.hints
-        order = sorted(range(len(sizes)), key=lambda d: (hint(strides[d], hints), -d))
-        dense, reach = True, sympy.Integer(0)  # reach: the farthest element the dims so far
-        for d in order:
-            if sizes[d] == 1:
-                continue
-            stride = sympy.sympify(strides[d])
-            dense = dense and sympy.expand(stride - reach - 1) == 0
-            if not (dense or (gaps and nonnegative(stride - reach - 1, least=2))):
+            meta = node.meta.get("val")
+            if not isinstance(meta, torch.Tensor):
                 return None
-            reach = reach + (sizes[d] - 1) * stride
-        compact = Layout.contiguous(sizes).strides
-        return None if tuple(strides) == tuple(compact) else tuple(strides)
+            sizes, strides = self.shape(meta), self.strides(meta)
+            return _symbolic_strides(sizes, strides, self.sv.hints, gaps=rule is _output_strides)
+        return rule(node.meta.get("val"))
 
 
 def _eager_inputs(ctx: Lowerer, node: torch.fx.Node) -> bool:
@@ -671,6 +653,35 @@ def _output_strides(meta: Any) -> tuple[int, ...] | None:
             return None  # may overlap (an expanded dimension): no such layout to keep
         span += (n - 1) * stride
     return tuple(meta.stride())
+
+
+def _symbolic_strides(
+    sizes: tuple[Any, ...], strides: tuple[Any, ...], hints: dict[Any, int], gaps: bool
+) -> tuple[Any, ...] | None:
+    """``strides`` (a fake value's, symbolic) if, in the order the example sizes give, each
+    is the product of the sizes inside it (equal as expressions: dense for every size) or,
+    with ``gaps``, at least the reach of those inside it (proved for every size >= 2, as
+    :func:`size_vars` binds them: a window of a wider tensor, as :func:`_output_strides`);
+    else None (compact).
+
+    >>> k = sympy.Symbol("ks0", integer=True, positive=True)
+    >>> _symbolic_strides((k, 4), (1, k), {k: 8}, gaps=False)  # a transpose: dense
+    (1, ks0)
+    >>> _symbolic_strides((k, 4), (8, 1), {k: 8}, gaps=False) is None  # a window
+    True
+    """
+    order = sorted(range(len(sizes)), key=lambda d: (hint(strides[d], hints), -d))
+    dense, reach = True, sympy.Integer(0)  # reach: the farthest element the dims so far
+    for d in order:
+        if sizes[d] == 1:
+            continue
+        stride = sympy.sympify(strides[d])
+        dense = dense and sympy.expand(stride - reach - 1) == 0
+        if not (dense or (gaps and nonnegative(stride - reach - 1, least=2))):
+            return None
+        reach = reach + (sizes[d] - 1) * stride
+    compact = Layout.contiguous(sizes).strides
+    return None if tuple(strides) == tuple(compact) else tuple(strides)
 
 
 def _dense_strides(meta: Any) -> tuple[int, ...] | None:

@@ -55,6 +55,14 @@ def _pow(e: Expr) -> Expr | None:
     x, p = e.args
     if _is(p, 2):
         return Expr(Op.MUL, e.dtype, (x, x))
+    if _is(p, 3):  # (x*x)*x, as aten's pow kernel computes it (same rounding)
+        return Expr(Op.MUL, e.dtype, (Expr(Op.MUL, e.dtype, (x, x)), x))
+    if not e.dtype.is_floating_point:
+        return None
+    if _is(p, -2):  # 1/(x*x), as aten
+        return Expr(Op.RECIPROCAL, e.dtype, (Expr(Op.MUL, e.dtype, (x, x)),))
+    if _is(p, -0.5):
+        return Expr(Op.RSQRT, e.dtype, (x,))
     if _is(p, 1):
         return x
     if _is(p, 0.5):
@@ -88,7 +96,7 @@ def _neg_neg(e: Expr) -> Expr | None:
 
 
 ALGEBRA: list[Rule] = [
-    (frozenset({Op.POW}), _pow),  # x**2 -> x*x, x**1 -> x, x**0.5 -> sqrt x, x**-1 -> 1/x
+    (frozenset({Op.POW}), _pow),  # x**2 -> x*x, x**3 -> x*x*x, x**-2 -> 1/(x*x), x**1 -> x, ...
     (frozenset({Op.MUL}), _mul),  # x*1 -> x, 1*x -> x
     (frozenset({Op.ADD}), _add),  # x+0 -> x (integers only)
     (frozenset({Op.WHERE}), _where),  # where(c, x, y) with constant c -> x or y; where(c,x,x) -> x
