@@ -266,3 +266,26 @@ def test_embeddings_are_gathered_in_the_kernel() -> None:
         fn(torch.randint(0, 50, (2, 17)), wte, wpe)  # position 16 of a 16-row table
     with pytest.raises(IndexError, match="index out of range in self"):
         fn(torch.full((2, 4), 50), wte, wpe)  # token id 50 of a 50-row table
+
+
+def _residual_norm(x: T, r: T, w: T) -> T:
+    b, s, d = x.shape
+    h = F.layer_norm(x + r, (d,))
+    return h.view(b * s, d) @ w  # the matmul reads the rows as [b*s, d]
+
+
+def test_layer_norm_is_one_kernel_under_symbolic_sizes() -> None:
+    """Statistics over [b, s] and the normalised rows over [b*s, d] share a kernel (the
+    rows cut as the statistics' kernel cuts them), as in the static graph."""
+    w = torch.randn(16, 8)
+    x, r = torch.randn(3, 5, 16), torch.randn(3, 5, 16)
+    fn = compiled(_residual_norm, x, r, w)
+    static = compile_graph(
+        make_fx(_residual_norm, decomposition_table=decompositions())(x, r, w),
+        [x, r, w],
+        {"graph_cache": 0},
+    )
+    assert len(_kernels(fn)) == len(_kernels(static)) == 1
+    for b, s in [(2, 3), (4, 7), (3, 32)]:
+        x, r = torch.randn(b, s, 16), torch.randn(b, s, 16)
+        torch.testing.assert_close(fn(x, r, w), _residual_norm(x, r, w), rtol=1e-4, atol=1e-4)
