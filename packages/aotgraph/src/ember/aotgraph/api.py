@@ -221,7 +221,8 @@ class AOTCompiled:
             )
         except SYMBOLIC_LIMITS as e:
             raise Unsupported(f"aot_compile: symbolic sizes: {type(e).__name__}: {e}") from e
-        self.cache_hit = traced.from_cache if key is not None else None
+        written = key is not None and traced.partition is None  # inference graphs only
+        self.cache_hit = traced.from_cache if written else None
         runtime = self._compile(traced, _with_symints(found, inputs), None)
         # after the compilers: a guard one adds (int() of a size it specialises) is checked too
         shapes = ShapeCheck.of(found.values, *shape_guards(found))
