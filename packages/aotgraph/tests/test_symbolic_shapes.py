@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +31,8 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from ember.aotgraph import aot_compile, store
+from ember.aotgraph import aot_compile, api
 from ember.aotgraph.eager_checks import Unsupported
-from ember.aotgraph.trace import Lifted
 
 SIZES = (2, 3, 5, 8, 13, 21)
 
@@ -471,24 +471,127 @@ def test_duck_sized_dims_must_stay_equal() -> None:
         compiled(torch.randn(5), torch.randn(6))
 
 
-# ---- the disk cache ----------------------------------------------------------------------------
+# ---- the disk cache (ember.aotgraph.symbolic_store) -------------------------------------------
+# A graph compiled again with a ShapeEnv of the same layout (as a new process makes it)
+# skips tracing, its guards come back into the ShapeEnv as the trace added them, and a
+# record whose guards do not hold for the new example sizes is traced again, never reused.
 
 
-def test_symbolic_graphs_bypass_the_disk_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache folder of the test's own."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("EMBER_AOT_CACHE", raising=False)
-    for size in (4, 6):  # the same graph, two example sizes: never one record for both
-        gm, example, _ = symbolic_graph(_scaled, [torch.randn(size, 3), rand(3, 5)], {0: [0]})
-        lifted = Lifted.of(gm, example)
-        assert lifted.symbols is not None
-        assert store.record_key(lifted, lifted.flat_inputs(example), True, "settings") is None
+    return tmp_path / "aotgraph"
+
+
+@pytest.fixture
+def traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the tracing passes that ran, in order."""
+    ran: list[str] = []
+    for name in ("analyze", "trace_joint", "trace_forward"):
+        original = getattr(api, name)
+
+        def counted(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
+            ran.append(_name)
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(api, name, counted)
+    return ran
+
+
+def _halves(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # the trace guards that 3 * x.size(0) splits in two (Eq(Mod(3*s0, 2), 0), ...)
+    return (x.reshape(2, -1) * 2).sum(0) + w.sum()
+
+
+def _first_pair(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # the number of pieces split makes is fixed by the trace: a guard per example size
+    return torch.split(x @ w, 2)[0] * 2
+
+
+def _compile(fn: Callable[..., Any], n: int) -> tuple[Any, list[str]]:
+    """``fn`` compiled for inference with size ``n`` symbolic, in a new ShapeEnv; the
+    compiled function and the ShapeEnv's guards after the compile."""
+    args = [torch.randn(n, 3), torch.randn(3, 3)]
+    gm, example, env = symbolic_graph(fn, args, {0: [0]})
+    with torch.no_grad():
+        compiled = Compilers([]).compile(gm, example)
+    return compiled, [str(g.expr) for g in env.guards]
+
+
+def _records(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*/*.json"))
+
+
+def test_a_symbolic_graph_compiled_again_skips_its_trace(cache: Path, traces: list[str]) -> None:
+    first, traced_guards = _compile(_halves, 4)
+    assert first.cache_hit is False and "trace_forward" in traces
+    assert len(_records(cache)) == 1
+    traces.clear()
+    again, replayed_guards = _compile(_halves, 6)  # another example of the same layout
+    assert again.cache_hit is True and traces == []
+    assert replayed_guards == traced_guards and any("Mod" in g for g in traced_guards)
+    with torch.no_grad():
+        for n in [4, 6, 8, 10]:
+            check_call(again, _halves, [torch.randn(n, 3), torch.randn(3, 3)])
+        # the replayed guards are checked on each call: an odd size runs eagerly, as eager fails
+        assert again.inference.shapes.explain([torch.randn(5, 3), torch.randn(3, 3)])
+        with pytest.raises(RuntimeError, match="invalid for input of size 15"):
+            again(torch.randn(5, 3), torch.randn(3, 3))
+
+
+def test_a_record_whose_guards_fail_for_the_example_is_traced_again(
+    cache: Path, traces: list[str]
+) -> None:
+    _compile(_first_pair, 4)
+    traces.clear()
+    same, _ = _compile(_first_pair, 4)
+    assert same.cache_hit is True and traces == []
+    other, guards = _compile(_first_pair, 6)  # the record says Eq((s0 + 1)//2, 2): false here
+    assert other.cache_hit is False and "trace_forward" in traces
+    assert any("3)" in g for g in guards)  # guarded as its own trace found, not as the record
+    with torch.no_grad():
+        for n in (5, 6):
+            check_call(other, _first_pair, [torch.randn(n, 3), torch.randn(3, 3)])
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda r: r.update(changes=["Eq(s0, 7)"]),  # the replay leaves another ShapeEnv
+        lambda r: r.update(shape_guards=[["Equality", "s999", 3]]),  # a symbol no input has
+        lambda r: r.update(shape_guards=[["os.system", "s0"]]),  # not an expression we write
+        lambda r: r["forward"]["nodes"][0].update(val={"tensor": [[{"sym": ["Bad"]}]]}),
+    ],
+)
+def test_a_bad_record_is_traced_again_and_written_again(
+    cache: Path, traces: list[str], corrupt: Callable[[dict[str, Any]], None]
+) -> None:
+    _compile(_halves, 4)
+    (path,) = _records(cache)
+    record = json.loads(path.read_text())
+    corrupt(record)
+    path.write_text(json.dumps(record))
+    traces.clear()
+    compiled, _ = _compile(_halves, 6)
+    assert compiled.cache_hit is False and "trace_forward" in traces
+    with torch.no_grad():
+        for n in (4, 6):
+            check_call(compiled, _halves, [torch.randn(n, 3), torch.randn(3, 3)])
+    again, _ = _compile(_halves, 8)  # written again: the next compile hits
+    assert again.cache_hit is True
+
+
+def test_symbolic_training_graphs_are_not_written(cache: Path) -> None:
+    for size in (4, 6):
+        x, w = torch.randn(size, 3), rand(3, 5)
+        gm, example, _ = symbolic_graph(_first_pair, [x, w], {0: [0]})
         compiled = Compilers([]).compile(gm, example)
         assert compiled.cache_hit is None
-        for n in SIZES:
-            check_call(compiled, _scaled, [torch.randn(n, 3), rand(3, 5)])
-    assert not list((tmp_path / "aotgraph").glob("*/*.json"))
+        for n in SIZES[1:3]:
+            check_call(compiled, _first_pair, [torch.randn(n, 3), rand(3, 5)])
+    assert _records(cache) == []
 
 
 # ---- what is not compiled symbolically yet says why -------------------------------------------

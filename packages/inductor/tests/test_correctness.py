@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ember.inductor import compile as compile_module
 from ember.inductor import compile_graph, decompositions, subclass_input
 from ember.inductor.codegen_cpp import CppPrinter
 from ember.inductor.ir import Extern
@@ -246,6 +247,35 @@ def test_a_view_the_strides_forbid_becomes_a_copy() -> None:
     gm = make_fx(lambda x: fn(x.t(), [-1]), tracing_mode="fake")(torch.zeros(2, 3))
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert aten.clone.default in targets and aten._unsafe_view.default in targets, targets
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_a_repeated_view_is_decided_once(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a view of one shape recurs in every layer: whether the strides allow it is asked once
+    asked: list[Any] = []
+    real = compile_module._compute_stride
+
+    def counted(*args: Any) -> Any:
+        asked.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(compile_module, "_compute_stride", counted)
+    monkeypatch.setattr(compile_module, "_STATIC_VIEWS", {})
+
+    def f(x: T) -> T:
+        for _ in range(4):  # 12 views, of two kinds: (n, n) -> (-1,) and (n * n,) -> (n, n)
+            x = (x.view(-1).sin() + x.t().contiguous().view(-1).cos()).view(x.shape)
+        return x
+
+    x = torch.randn(4, 4)
+    gm = make_fx(f, decomposition_table=decompositions(), tracing_mode=mode)(x)
+    assert len(asked) == 2, asked
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(aten.view.default) == 12 and aten._unsafe_view.default not in targets
+    torch.testing.assert_close(gm(x), f(x))
+    forbidden = make_fx(lambda x: compile_module._view_as_reshape(x.t(), [-1]))(x)
+    assert aten.clone.default in [n.target for n in forbidden.graph.nodes]  # asked, not memoised
+    assert len(asked) == 3
 
 
 # -- tensor subclasses --------------------------------------------------------------------------

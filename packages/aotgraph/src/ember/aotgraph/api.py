@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph import check, log, store
+from ember.aotgraph import check, log, store, symbolic_store
 from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
@@ -213,12 +213,16 @@ class AOTCompiled:
     ) -> Runtime:
         """:meth:`_build` for a graph with symbolic sizes: traced with the graph's fake mode
         (fake inputs with its symbols), checked per call against the guards the trace added
-        to its ShapeEnv; never cached on disk (a record would need the symbols too)."""
+        to its ShapeEnv; cached on disk by :mod:`ember.aotgraph.symbolic_store`."""
+        key = symbolic_store.record_key(self.lifted, found, inputs, grad, self.settings.cache_key)
         try:
-            traced = self._trace(fresh_fakes(found, inputs), grad=grad)
+            traced = symbolic_store.cached(
+                key, found, lambda: self._trace(fresh_fakes(found, inputs), grad=grad)
+            )
         except SYMBOLIC_LIMITS as e:
             raise Unsupported(f"aot_compile: symbolic sizes: {type(e).__name__}: {e}") from e
-        self.cache_hit = None
+        written = key is not None and traced.partition is None  # inference graphs only
+        self.cache_hit = traced.from_cache if written else None
         runtime = self._compile(traced, _with_symints(found, inputs), None)
         # after the compilers: a guard one adds (int() of a size it specialises) is checked too
         shapes = ShapeCheck.of(found.values, *shape_guards(found))

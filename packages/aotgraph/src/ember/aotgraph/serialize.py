@@ -49,8 +49,10 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx
+import torch.utils._sympy.functions as tfn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ember.aotgraph import numbers
@@ -59,9 +61,12 @@ from ember.aotgraph.trace import QuietShapeEnv, symbolic_float
 __all__ = [
     "Fakes",
     "Unencodable",
+    "decode_expr",
     "decode_tensor",
     "decode_value",
     "dump",
+    "encode_expr",
+    "encode_int",
     "encode_meta",
     "encode_tensor",
     "encode_value",
@@ -213,6 +218,81 @@ def decode_value(data: JSON, nodes: dict[str, torch.fx.Node] | None = None) -> A
     raise ValueError(f"not an encoded value: {data!r}")
 
 
+# ---- size expressions -------------------------------------------------------------------------
+
+# The sympy classes a size or shape guard of a graph with symbolic sizes may hold, by the
+# name a record writes; torch's own integer functions are prefixed (torch has a Mod too).
+EXPRESSIONS: dict[str, type] = {
+    **{c.__name__: c for c in (sympy.Add, sympy.Mul, sympy.Pow, sympy.And, sympy.Or, sympy.Not)},
+    **{
+        c.__name__: c
+        for c in (
+            sympy.Eq, sympy.Ne, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge, sympy.Max, sympy.Min,
+            sympy.Mod,
+        )
+    },
+    **{
+        f"torch.{c.__name__}": c
+        for c in (
+            tfn.FloorDiv, tfn.CeilDiv, tfn.CleanDiv, tfn.ModularIndexing, tfn.PythonMod, tfn.Mod,
+            tfn.Max, tfn.Min, tfn.PowByNatural, tfn.Where, tfn.Identity, tfn.LShift, tfn.RShift,
+            tfn.IsNonOverlappingAndDenseIndicator,
+        )
+    },
+}  # fmt: skip
+_EXPRESSION_NAMES = {c: name for name, c in EXPRESSIONS.items()}
+
+
+def encode_expr(expr: Any) -> JSON:
+    """A sympy expression over size symbols as JSON: an int, a symbol's name, or a list
+    ``[class name, *arguments]`` (``["True"]``, ``["False"]`` for the booleans).
+
+    >>> s0 = sympy.Symbol("s0", integer=True, positive=True)
+    >>> encode_expr(sympy.Eq(tfn.FloorDiv(2 * s0 + 1, 3), 4))
+    ['Equality', ['torch.FloorDiv', ['Add', 1, ['Mul', 2, 's0']], 3], 4]
+    """
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        return expr.name
+    if expr is sympy.true or expr is sympy.false:
+        return [str(expr)]
+    name = _EXPRESSION_NAMES.get(type(expr))
+    if name is None:
+        raise Unencodable(f"a size expression of kind {type(expr).__name__}: {expr}")
+    return [name, *(encode_expr(a) for a in expr.args)]
+
+
+def decode_expr(data: JSON, symbols: dict[str, Any]) -> Any:
+    """The inverse of :func:`encode_expr`, symbols taken from ``symbols`` (by name): a name
+    not there or a class not in :data:`EXPRESSIONS` raises ``ValueError``.
+
+    >>> s0 = sympy.Symbol("s0", integer=True, positive=True)
+    >>> data = ["Equality", ["torch.FloorDiv", ["Add", 1, ["Mul", 2, "s0"]], 3], 4]
+    >>> decode_expr(data, {"s0": s0})
+    Eq(((2*s0 + 1)//3), 4)
+    """
+    if type(data) is int:
+        return sympy.Integer(data)
+    if type(data) is str:
+        if data not in symbols:
+            raise ValueError(f"a size expression over an unknown symbol {data!r}")
+        return symbols[data]
+    if type(data) is list and data in (["True"], ["False"]):
+        return sympy.true if data == ["True"] else sympy.false
+    if type(data) is not list or not data or data[0] not in EXPRESSIONS:
+        raise ValueError(f"not an encoded size expression: {data!r}")
+    return EXPRESSIONS[data[0]](*(decode_expr(a, symbols) for a in data[1:]))
+
+
+def encode_int(n: Any) -> JSON:
+    """A size, stride or offset: an int, or ``{"sym": expression}`` for a ``SymInt``."""
+    if isinstance(n, torch.SymInt):
+        expr = n.node.expr
+        return int(expr) if isinstance(expr, sympy.Integer) else {"sym": encode_expr(expr)}
+    return int(n)
+
+
 # ---- meta["val"] ------------------------------------------------------------------------------
 
 SYMBOLIC = {torch.SymFloat: "float"}  # symbolic number types kept; SymInt/SymBool are not
@@ -225,11 +305,13 @@ def encode_meta(value: Any) -> JSON:
     {'tuple': [{'tensor': [[3, 2], [1, 3], 0, 'float32', 'cpu', False]}, None, 4]}
     """
     if isinstance(value, torch.Tensor):
-        if value.layout != torch.strided or not all(type(s) is int for s in value.shape):
-            raise Unencodable("a tensor value that is not strided with static sizes")
-        size, stride, offset = list(value.shape), list(value.stride()), value.storage_offset()
-        dtype = str(value.dtype).removeprefix("torch.")
+        if value.layout != torch.strided:
+            raise Unencodable("a tensor value that is not strided")
+        size, stride = [encode_int(n) for n in value.shape], [encode_int(n) for n in value.stride()]
+        offset, dtype = encode_int(value.storage_offset()), str(value.dtype).removeprefix("torch.")
         return {"tensor": [size, stride, offset, dtype, str(value.device), value.requires_grad]}
+    if isinstance(value, torch.SymInt):  # a size the graph computes (sym_size, arithmetic)
+        return {"symint": encode_int(value)}
     if type(value) in SYMBOLIC:
         hint = value.node.hint
         if type(hint) is not float:
@@ -253,17 +335,24 @@ class Fakes:
     ('FakeTensor', torch.Size([2, 3]), (1, 2), True)
     """
 
-    def __init__(self) -> None:
-        self.env = QuietShapeEnv()
-        self.mode = FakeTensorMode(
-            allow_non_fake_inputs=True, shape_env=self.env, static_shapes=True
+    def __init__(self, mode: FakeTensorMode | None = None) -> None:
+        # a graph with symbolic sizes: its own mode, whose ShapeEnv holds the size symbols
+        self.mode = mode or FakeTensorMode(
+            allow_non_fake_inputs=True, shape_env=QuietShapeEnv(), static_shapes=True
         )
+        assert self.mode.shape_env is not None
+        self.env = self.mode.shape_env
+        self.symbols = {s.name: s for s in self.env.backed_var_to_val} if mode else {}
         self._symbols = 0
 
     def decode(self, data: JSON) -> Any:
         """The inverse of :func:`encode_meta`: fresh fake tensors and symbols."""
         if type(data) is dict and "tensor" in data:
-            return self.tensor(*data["tensor"])
+            size, stride, offset, *rest = data["tensor"]
+            sizes, strides = [*map(self.size, size)], [*map(self.size, stride)]
+            return self.tensor(sizes, strides, self.size(offset), *rest)
+        if type(data) is dict and "symint" in data:
+            return self.size(data["symint"])
         if type(data) is dict and "sym" in data:
             kind, hint = data["sym"]
             if kind != "float":
@@ -275,8 +364,19 @@ class Fakes:
             return tuple(self.decode(v) for v in data["tuple"])
         return decode_value(data)
 
+    def size(self, data: JSON) -> Any:
+        """An int, or a ``SymInt`` of this mode's ShapeEnv for ``{"sym": expression}`` (its
+        example value from the symbols' own: the ShapeEnv records no guard)."""
+        if type(data) is not dict:
+            return int(data)
+        expr = decode_expr(data["sym"], self.symbols)
+        hint = expr.xreplace(self.env.backed_var_to_val)
+        if not isinstance(hint, sympy.Integer):
+            raise ValueError(f"a size without an example value: {expr}")
+        return self.env.create_symintnode(expr, hint=int(hint))
+
     def tensor(
-        self, size: list[int], stride: list[int], offset: int, dtype: str, device: str, grad: bool
+        self, size: list[Any], stride: list[Any], offset: Any, dtype: str, device: str, grad: bool
     ) -> torch.Tensor:
         """A fake tensor of this mode with these sizes, strides, offset, dtype and device.
 
@@ -284,7 +384,7 @@ class Fakes:
         costs 130 us a tensor, this 20 us (a loaded graph of 1000 nodes: 0.13 s -> 0.02 s).
         """
         kind = _torch_constants()["dtype"][dtype]
-        if offset:
+        if isinstance(offset, torch.SymInt) or offset:  # (bool() of a SymInt would guard)
             extent = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
             base = torch.empty(extent, dtype=kind, device="meta")
             elem = base.as_strided(size, stride, offset)

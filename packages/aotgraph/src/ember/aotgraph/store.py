@@ -390,19 +390,20 @@ OUTPUT_KINDS = ("graph", "input", "alias", "view", "same", "constant")
 def _encode_meta(meta: TensorMeta | None) -> JSON:
     if meta is None:
         return None
-    dtype = encode_value(meta.dtype)
-    return [list(meta.size), list(meta.stride), meta.offset, dtype, str(meta.device)]
+    dtype, encode = encode_value(meta.dtype), serialize.encode_int
+    size, stride = [encode(n) for n in meta.size], [encode(n) for n in meta.stride]
+    return [size, stride, encode(meta.offset), dtype, str(meta.device)]
 
 
-def _decode_meta(data: JSON) -> TensorMeta | None:
+def _decode_meta(data: JSON, fakes: serialize.Fakes) -> TensorMeta | None:
     if data is None:
         return None
     size, stride, offset, dtype, device = data
     kind = serialize.decode_value(dtype)
     if not isinstance(kind, torch.dtype):
         raise ValueError(f"not a dtype: {dtype!r}")
-    dims, steps = tuple(map(int, size)), tuple(map(int, stride))
-    return TensorMeta(dims, steps, int(offset), kind, torch.device(device))
+    dims, steps = tuple(map(fakes.size, size)), tuple(map(fakes.size, stride))
+    return TensorMeta(dims, steps, fakes.size(offset), kind, torch.device(device))
 
 
 def _encode_signature(sig: Signature) -> JSON:
@@ -433,13 +434,14 @@ def _encode_signature(sig: Signature) -> JSON:
     }
 
 
-def _decode_signature(data: JSON) -> Signature:
+def _decode_signature(data: JSON, fakes: serialize.Fakes | None = None) -> Signature:
+    fakes = fakes or serialize.Fakes()  # SymInt sizes: the graph's own
     outputs = []
     for kind, index, grad, meta, value, creation in data["outputs"]:
         if kind not in OUTPUT_KINDS:
             raise ValueError(f"not an output kind: {kind!r}")
         value = serialize.decode_value(value)
-        meta = _decode_meta(meta)
+        meta = _decode_meta(meta, fakes)
         outputs.append(Output(kind, int(index), bool(grad), meta, value, str(creation)))
     spec = pytree.treespec_loads(data["out_spec"])
     graph, grad_outputs, grad_inputs, versions, shared, replaced, grad_set = map(
@@ -448,7 +450,7 @@ def _decode_signature(data: JSON) -> Signature:
     training = bool(data["training"])
     restrided = []
     for i, meta in data["restrided"]:
-        decoded = _decode_meta(meta)
+        decoded = _decode_meta(meta, fakes)
         if decoded is None:
             raise ValueError("an input's metadata after the call is missing")
         restrided.append((int(i), decoded))
@@ -493,14 +495,15 @@ def encode(traced: Traced) -> dict[str, Any]:
     return record
 
 
-def decode(record: dict[str, Any]) -> Traced:
-    """The :class:`Traced` a record holds; raises :class:`Specialized` for a record that says
-    tracing needed a float input's value, ``ValueError`` (or another error) for a record
-    that does not decode or whose graphs do not fit its signature."""
+def decode(record: dict[str, Any], fakes: serialize.Fakes | None = None) -> Traced:
+    """The :class:`Traced` a record holds, its fake values made by ``fakes`` (a graph with
+    symbolic sizes: ``Fakes`` of its mode); raises :class:`Specialized` for a record that
+    says tracing needed a float input's value, ``ValueError`` (or another error) for a
+    record that does not decode or whose graphs do not fit its signature."""
     if record.get("specialized") is True:
         raise Specialized("tracing needed the value of a float input (recorded)")
-    sig = _decode_signature(record["signature"])
-    fakes = serialize.Fakes()
+    fakes = fakes or serialize.Fakes()
+    sig = _decode_signature(record["signature"], fakes)
     forward = serialize.load(record["forward"], fakes)
     mutated = _ints(record["mutated"])
     if "partition" not in record:

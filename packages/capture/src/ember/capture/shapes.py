@@ -38,7 +38,7 @@ from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
-from torch._guards import GuardSource, Source
+from torch._guards import GuardSource, SLoc, Source
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
     ShapeEnv,
@@ -279,6 +279,25 @@ class _Named(Source):
         return GuardSource.LOCAL
 
 
+class QuietShapeEnv(ShapeEnv):
+    """A ``ShapeEnv`` that does not look for the user's source line of each symbol and guard.
+
+    torch's walks the stack past a list of framework files, and building that list the
+    first time imports much of torch's own compiler stack (``torch._inductor.sizevars``,
+    ``torch.export``): 0.25-0.3 s of the first symbolic compile in each process, warm
+    disk caches or not. ember records the user's line of each guard itself
+    (:meth:`Shapes.note_where`), so torch's location adds nothing.
+
+    >>> QuietShapeEnv()._get_stack_summary()[0].framework_loc
+    'ember.capture'
+    """
+
+    def _get_stack_summary(
+        self, is_debug: bool = False, framework_loc: str | None = None
+    ) -> tuple[SLoc, str]:
+        return SLoc(framework_loc or "ember.capture", None), ""
+
+
 @dataclass(eq=False)
 class Shapes:
     """The ShapeEnv of one translation, and where each of its symbols is read in the frame."""
@@ -310,7 +329,7 @@ class Shapes:
         as without one."""
         if self._env is None:
             now = settings.section.get()
-            self._env = ShapeEnv(
+            self._env = QuietShapeEnv(
                 allow_scalar_outputs=now.scalar_outputs,
                 allow_dynamic_output_shape_ops=now.dynamic_output_shape_ops,
             )
