@@ -31,11 +31,10 @@ def _fresh():
     ember.compiler.reset()
 
 
-# (backend, dynamic, most graphs): inductor's default compiles per size (its symbolic kernels
-# are still slower than static ones: automatic_dynamic = False), so only dynamic=True there
+# (backend, dynamic, most graphs)
 POLICIES = [
     ("eager", True, 1), ("eager", None, 2), ("aot_eager", True, 1), ("aot_eager", None, 2),
-    ("inductor", True, 1),
+    ("inductor", True, 1), ("inductor", None, 2),
 ]  # fmt: skip
 
 
@@ -97,8 +96,9 @@ def test_a_sweep_of_both_dimensions_needs_no_more_graphs_than_torch_compile(name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_generate_16_tokens_recompiles_at_most_twice(name):
+@pytest.mark.parametrize(("name", "backend"), [("gpt2", "eager"), ("llama", "eager"),
+                                               ("gpt2", "inductor")])  # fmt: skip
+def test_generate_16_tokens_recompiles_at_most_twice(name, backend):
     spec = models.HF_MODELS[name]
     model = _long_model(spec, 32)
     ids = spec.inputs(spec.sizes(True))["input_ids"][:, :6]
@@ -106,7 +106,7 @@ def test_generate_16_tokens_recompiles_at_most_twice(name):
     with torch.no_grad():
         want = model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16,
                               do_sample=False, pad_token_id=0)  # fmt: skip
-        model.forward = ember.compiler.compile(model.forward, backend="eager")
+        model.forward = ember.compiler.compile(model.forward, backend=backend)
         got = model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16,
                              do_sample=False, pad_token_id=0)  # fmt: skip
     assert torch.equal(got, want) and got.shape[1] == 22

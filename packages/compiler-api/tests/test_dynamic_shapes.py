@@ -49,7 +49,7 @@ def batch_ops(x: torch.Tensor) -> torch.Tensor:
 
 def default_graphs(backend: str, sizes: int) -> int:
     """Graphs the default policy makes over ``sizes`` sizes: two with automatic dynamic, else
-    one per size (inductor, whose symbolic kernels are still slower than its static ones)."""
+    one per size (a backend that says ``automatic_dynamic = False``)."""
     return 2 if ember.compiler.backends.automatic_dynamic(backend) else sizes
 
 

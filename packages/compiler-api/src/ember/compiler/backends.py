@@ -187,7 +187,10 @@ def automatic_dynamic(backend: Any) -> bool:
     static code says ``automatic_dynamic = False`` and compiles per size instead, while
     ``dynamic=True`` and ``mark_dynamic`` still give it symbolic graphs.
 
-    >>> automatic_dynamic("eager"), automatic_dynamic("inductor")
+    >>> def per_size(gm, inputs):
+    ...     return gm
+    >>> per_size.automatic_dynamic = False
+    >>> automatic_dynamic("inductor"), automatic_dynamic(per_size)
     (True, False)
     """
     found = lookup_backend(backend) if isinstance(backend, str) else backend
@@ -251,12 +254,11 @@ def inductor(
 
 
 # inductor generates kernels whose sizes are arguments (issue 18): one build serves every
-# size of a frame compiled with symbolic sizes. Those kernels are still slower than static
-# ones on real models (benchmarks/run.py, ember:inductor+dynamic: gpt-infer 2.9x eager
-# against 0.85x static), so a size that changes compiles again rather than going symbolic;
-# dynamic=True and mark_dynamic still get symbolic kernels.
+# size of a frame compiled with symbolic sizes, within about 10% of its static kernels' speed
+# on most real models (benchmarks/run.py, ember:inductor+dynamic; docs/performance.md), so a
+# size that changes between compiles goes symbolic, as on the other backends.
 inductor.supports_dynamic = True  # type: ignore[attr-defined]
-inductor.automatic_dynamic = False  # type: ignore[attr-defined]
+inductor.automatic_dynamic = True  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
