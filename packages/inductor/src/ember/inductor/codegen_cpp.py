@@ -615,8 +615,11 @@ class _KernelWriter(WelfordLoops):
             self.emit(line, depth)
         lines: list[str] = []
         flat = self.p.index(sympy.expand(Layout.contiguous(st.inner).index(Y[: len(st.inner)])))
+        whole = not self.kernel.outer  # one result from all the kernel's elements
         for s in st.stores:
             acc_t = self.p.type(s.body.dtype)
+            if whole and s.reduce is Reduce.SUM and acc_t == "float":
+                acc_t = "double"  # a long float sum: no drift (eager sums in cascade)
             init, combine = self.p.REDUCE[s.reduce]  # type: ignore[index]
             acc = f"{s.name}_acc"
             if s.reduce in (Reduce.ARGMAX, Reduce.ARGMIN):
@@ -635,13 +638,16 @@ class _KernelWriter(WelfordLoops):
             o.format(acc=f"{s.name}_acc") for o, s in zip(omp, st.stores, strict=True) if o
         )
         vectorise = bool(st.inner) and all(omp)
-        if vectorise and not self.kernel.outer and self.parallel:
-            collapse = f" collapse({len(st.inner)})" if len(st.inner) > 1 else ""
-            self.emit(f"#pragma omp parallel for{collapse}{self.threads} {clause}", depth)
-            vectorise = False
+        parallel = vectorise and whole and self.parallel
+        n = len(st.inner)
         inner_depth = depth
-        for k, line in enumerate(_loops(Y[: len(st.inner)], st.inner)):
-            if vectorise and k == len(st.inner) - 1:  # the innermost, contiguous loop
+        for k, line in enumerate(_loops(Y[:n], st.inner)):
+            # threads share the outer loops, lanes the innermost (contiguous) one
+            if parallel and k == 0:
+                collapse = f" collapse({n - 1})" if n > 2 else ""
+                simd = " simd" if n == 1 else ""
+                self.emit(f"#pragma omp parallel for{simd}{collapse}{self.threads} {clause}", depth)
+            if vectorise and k == n - 1 and not (parallel and n == 1):
                 self.emit(f"#pragma omp simd {clause}", inner_depth)
             self.emit(line, inner_depth)
             inner_depth += 1
