@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ember.aotgraph import api
+
 
 def captured(model: torch.nn.Module, args: list[Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """``model`` as a graph of ``(*args, *parameters, *buffers)`` (parameters lifted to inputs,
@@ -29,3 +31,18 @@ def captured(model: torch.nn.Module, args: list[Any]) -> tuple[torch.fx.GraphMod
 def capture() -> Callable[[torch.nn.Module, list[Any]], tuple[torch.fx.GraphModule, list[Any]]]:
     """:func:`captured`, for tests."""
     return captured
+
+
+@pytest.fixture
+def traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the tracing passes that ran, in order."""
+    ran: list[str] = []
+    for name in ("analyze", "trace_joint", "trace_forward"):
+        original = getattr(api, name)
+
+        def counted(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
+            ran.append(_name)
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(api, name, counted)
+    return ran

@@ -34,21 +34,6 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "aotgraph"
 
 
-@pytest.fixture
-def traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the tracing passes that ran, in order."""
-    ran: list[str] = []
-    for name in ("analyze", "trace_joint", "trace_forward"):
-        original = getattr(api, name)
-
-        def counted(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
-            ran.append(_name)
-            return _fn(*args, **kwargs)
-
-        monkeypatch.setattr(api, name, counted)
-    return ran
-
-
 def as_is(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     return gm
 

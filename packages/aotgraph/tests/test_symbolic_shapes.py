@@ -31,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from ember.aotgraph import aot_compile, api
+from ember.aotgraph import aot_compile
 from ember.aotgraph.eager_checks import Unsupported
 
 SIZES = (2, 3, 5, 8, 13, 21)
@@ -483,21 +483,6 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("EMBER_AOT_CACHE", raising=False)
     return tmp_path / "aotgraph"
-
-
-@pytest.fixture
-def traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the tracing passes that ran, in order."""
-    ran: list[str] = []
-    for name in ("analyze", "trace_joint", "trace_forward"):
-        original = getattr(api, name)
-
-        def counted(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
-            ran.append(_name)
-            return _fn(*args, **kwargs)
-
-        monkeypatch.setattr(api, name, counted)
-    return ran
 
 
 def _halves(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
