@@ -283,9 +283,9 @@ class QuietShapeEnv(ShapeEnv):
     """A ``ShapeEnv`` that does not look for the user's source line of each symbol and guard.
 
     torch's walks the stack past a list of framework files, and building that list the
-    first time imports much of torch's own compiler stack (``torch._inductor.sizevars``,
-    ``torch.export``): 0.25-0.3 s of the first symbolic compile in each process, warm
-    disk caches or not. ember records the user's line of each guard itself
+    first time imports many of torch's modules (its own compilers' among them): 0.25-0.3 s
+    of the first symbolic compile in each process, warm disk caches or not; ember imports
+    none of them. ember records the user's line of each guard itself
     (:meth:`Shapes.note_where`), so torch's location adds nothing.
 
     >>> QuietShapeEnv()._get_stack_summary()[0].framework_loc
