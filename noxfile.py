@@ -30,7 +30,7 @@ PACKAGES = ["guards", "capture", "aotgraph", "inductor", "compiler-api"]
 TEST_TOOLS = ["pytest", "hypothesis", "expecttest", "setuptools"]
 # Real models for tests, benchmarks and the demo (tiny random-init configs, no weights):
 # test dependencies only, pinned in ci/constraints.txt; no ember package requires them.
-REAL_MODEL_DEPS = ["transformers", "einops"]
+REAL_MODEL_DEPS = ["transformers", "einops", "diffusers"]
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True

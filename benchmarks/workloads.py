@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from models import MLP, RNN, ConvNet
+from models.diffusion import DIFFUSION_MODELS, DiffusionModel
+from models.diffusion import missing as diffusers_missing
 from models.hf import HF_MODELS, HFModel, missing
 from models.suite import BreakingNet, Decoder, Encoder, pointwise_chain, softmax_layernorm
 from torch import nn
@@ -123,6 +125,14 @@ def _hf(model: HFModel) -> Family:
     )  # fmt: skip
 
 
+def _diffusion(model: DiffusionModel) -> Family:
+    """A tiny diffusers model (``models/diffusion.py``); its loss is MSE on the sample."""
+    return Family(
+        f"df-{model.name}", model.about(), model.make, model.targets, F.mse_loss, _adamw,
+        diffusers_missing,
+    )  # fmt: skip
+
+
 def _logits_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
     return _classes(out.logits, labels)
 
@@ -145,6 +155,7 @@ FAMILIES: dict[str, Family] = {
         Family("graph-breaks", "MLP with an item() branch and a tolist() trip, batch 64", _breaks,
                _values((64, 256), (8, 32)), F.mse_loss, _sgd),
         *(_hf(model) for model in HF_MODELS.values()),
+        *(_diffusion(model) for model in DIFFUSION_MODELS.values()),
     ]
 }  # fmt: skip
 

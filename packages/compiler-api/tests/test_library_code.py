@@ -269,3 +269,105 @@ def test_delattr_on_objects_made_in_the_trace_and_on_real_ones():
     assert_same(got, f(torch.ones(2), _Config(scale=1)))
     with pytest.raises(AttributeError):
         compiled(torch.ones(2), _Config())  # as eager raises
+
+
+# -- torch's predicates and the memo sets of Module's iterators (diffusers' UNet) -----------------
+
+
+def _timestep_embedding(x, t):
+    if not torch.is_tensor(t):  # diffusers' UNet2DModel.forward
+        t = torch.tensor([t], dtype=torch.long)
+    elif torch.is_tensor(t) and len(t.shape) == 0:
+        t = t[None]
+    scale = torch.numel(x) if torch.is_floating_point(x) else 1
+    return x.to(torch.get_default_dtype()) * t.float().mean() / scale
+
+
+@pytest.mark.parametrize("t", [3, torch.tensor(3), torch.tensor([1, 5])], ids=str)
+def test_torch_predicates_fold_and_give_eagers_branch(t):
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(_timestep_embedding, backend=counter, fullgraph=True)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(compiled(x, t), _timestep_embedding(x, t))
+    assert counter.frame_count == 1
+
+
+def test_torch_predicates_raise_as_eager_does_on_a_non_tensor():
+    def f(x):
+        return x + torch.numel([1, 2])
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    with pytest.raises(TypeError, match="must be Tensor, not list"):
+        compiled(torch.ones(2))
+    with pytest.raises(TypeError, match="must be Tensor, not list"):
+        f(torch.ones(2))
+
+
+def test_default_dtype_is_read_once_and_guarded():
+    def f(x):
+        return x.to(torch.get_default_dtype()) + 1
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter, fullgraph=True)
+    x = torch.ones(2, dtype=torch.float16)
+    assert compiled(x).dtype == torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert compiled(x).dtype == torch.float64  # a new default: the guard misses
+    finally:
+        torch.set_default_dtype(previous)
+    assert counter.frame_count == 2
+
+
+class _Tower(torch.nn.Module):
+    """Reads its dtype as diffusers' ModelMixin does (the first parameter's), and walks its
+    modules and parameters: each iterator keeps a memo set of what it has seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        self.shared = self.a  # visited twice: the memo set drops the second one
+
+    @property
+    def dtype(self):
+        return next(self.parameters()).dtype
+
+    def forward(self, x):
+        count = len(list(self.modules()))
+        total = sum(p.sum() for p in self.parameters())
+        names = [n for n, _ in self.named_parameters()]
+        return self.b(self.a(x)).to(dtype=self.dtype) * count + total + len(names)
+
+
+def test_module_and_parameter_iterators_with_memo_sets_are_one_graph():
+    model = _Tower()
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
+def test_sets_of_modules_and_tensors_follow_identity():
+    lin, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def f(x, y):
+        seen = {lin}
+        both = set([lin, other])
+        tensors = set()
+        tensors.add(x)
+        flags = (lin in seen, other in seen, other in both)
+        flags += (x in tensors, y in tensors, x.clone() in tensors)
+        members = [m(x) for m in seen]
+        return x * sum(flags) + members[0], tensors
+
+    counter = CompileCounter()
+    compiled = ember.compiler.compile(f, backend=counter)
+    x, y = torch.randn(2), torch.randn(2)
+    out, tensors = compiled(x, y)
+    expected, _ = f(x, y)
+    torch.testing.assert_close(out, expected)
+    assert tensors == {x} and next(iter(tensors)) is x  # the set made in the trace, rebuilt
+    assert counter.frame_count == 1

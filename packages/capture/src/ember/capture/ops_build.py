@@ -6,7 +6,7 @@ from typing import Any
 
 from ember.capture import generators, shapes
 from ember.capture.interpreter import handler
-from ember.capture.pyrules import constant_of, iter_of, iterate
+from ember.capture.pyrules import constant_of, iter_of, iterate, key_of
 from ember.capture.tracer import FrameState, Instr, Unsupported
 from ember.capture.values import Const, DictV, ListV, SetV, SliceV, SymV, TupleV, Value
 
@@ -52,7 +52,7 @@ def BUILD_SLICE(fs: FrameState, inst: Instr) -> None:
 @handler("BUILD_SET")
 def BUILD_SET(fs: FrameState, inst: Instr) -> None:
     assert inst.arg is not None
-    items = [constant_of(fs, v) for v in fs.popn(inst.arg)]
+    items = [key_of(fs, v) for v in fs.popn(inst.arg)]
     fs.push(SetV(fs.tracer.heap.new(_hashed(set(), items))))
 
 
@@ -63,7 +63,7 @@ def SET_ADD(fs: FrameState, inst: Instr) -> None:
     target = fs.peek(inst.arg)
     assert isinstance(target, SetV), target
     items = [value] if inst.opname == "SET_ADD" else iterate(fs, value)
-    _hashed(fs.tracer.heap.get(target.ref), [constant_of(fs, v) for v in items])
+    _hashed(fs.tracer.heap.get(target.ref), [key_of(fs, v) for v in items])
 
 
 def _hashed(target: set[Any], items: list[Any]) -> set[Any]:

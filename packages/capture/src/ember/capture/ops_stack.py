@@ -15,6 +15,7 @@ from ember.capture.pyitems import binary, delete_subscript, native_read, store_s
 from ember.capture.pyrules import (
     constant_of,
     is_numeric,
+    key_of,
     truth,
     view_items,
 )
@@ -29,6 +30,7 @@ from ember.capture.values import (
     ListV,
     ModuleV,
     ObjV,
+    SetV,
     TensorV,
     TupleV,
     Value,
@@ -179,6 +181,8 @@ def CONTAINS_OP(fs: FrameState, inst: Instr) -> None:
         found = constant_of(fs, item) in [constant_of(fs, x) for x in view_items(fs, container)]
     elif isinstance(container, ModuleV) and isinstance(container.module, torch.nn.ModuleDict):
         found = constant_of(fs, item) in container.module
+    elif isinstance(container, SetV):
+        found = key_of(fs, item) in fs.tracer.heap.get(container.ref)
     elif isinstance(container, TensorV) or isinstance(item, TensorV):
         raise Unsupported("'in' with tensors compares values", "data-dependent")
     else:

@@ -44,6 +44,7 @@ from ember.capture.pyrules import (
     constant_of,
     is_const_value,
     iterate,
+    key_of,
     make_iter,
     rule,
     truth,
@@ -493,10 +494,13 @@ def _index_of(fs: FrameState, items: list[Value], wanted: Value) -> int:
     raise Unsupported("list.remove(x): x not in list")
 
 
+_MEMBER_ARG = ("add", "discard", "remove", "__contains__")  # one element, not a collection
+
+
 def _set_method(fs: FrameState, s: SetV, name: str, args: Args, kwargs: Kwargs) -> Value:
     """A method of a set of constants: mutators change the heap's set, the rest fold."""
     target: set[Any] = fs.tracer.heap.get(s.ref)
-    values = [constant_of(fs, a) for a in args]
+    values = [key_of(fs, a) if name in _MEMBER_ARG else constant_of(fs, a) for a in args]
     if name in ("add", "discard", "remove", "update", "clear", "difference_update"):
         getattr(target, name)(*values)
         return Const(None)
@@ -657,6 +661,14 @@ def _call_signature_view_method(fs: FrameState, obj: Any, args: Args, kwargs: Kw
 
 
 OBJECT_KINDS.append((_signature_view_method, _call_signature_view_method))
+
+
+@rule(torch.get_default_dtype)
+def _get_default_dtype(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    """A constant: the default dtype is part of every frame's global-state guard."""
+    if args or kwargs:
+        raise Unsupported("get_default_dtype() with arguments", "call")
+    return Const(torch.get_default_dtype())
 
 
 @rule(torch.is_inference_mode_enabled)

@@ -89,13 +89,54 @@ def constant_of(fs: FrameState, v: Value) -> Any:
     if isinstance(v, DictV):
         return {k: constant_of(fs, x) for k, x in fs.tracer.heap.get(v.ref).items()}
     if isinstance(v, SetV):
-        return set(fs.tracer.heap.get(v.ref))
+        members = fs.tracer.heap.get(v.ref)
+        if any(isinstance(k, Member) for k in members):
+            raise Unsupported("a set of modules or tensors where a constant is needed", "constant")
+        return set(members)
     if isinstance(v, ObjV) and (is_constant(v.obj) or isinstance(v.obj, IDENTITY_CONSTANTS)):
         return v.obj  # (classes, modules and functions are guarded by identity when read)
     if isinstance(v, ExcV) and not isinstance(v.cls.__init__, types.FunctionType):
         return v.cls(*(constant_of(fs, a) for a in v.args))  # str(e), f"{e}", e.errno
     what = type(v.obj).__name__ if isinstance(v, ObjV) else type(v).__name__
     raise Unsupported(f"a {what} where a constant is needed", "constant")
+
+
+class Member:
+    """A module or tensor as a member of a set made while tracing, compared by identity as
+    Python's sets compare them (``Module`` and ``Tensor`` hash by ``id``); a tensor's
+    identity in the graph is its node. It keeps the value, source included, for iteration."""
+
+    __slots__ = ("identity", "value")
+
+    def __init__(self, value: ModuleV | TensorV) -> None:
+        self.value = value
+        self.identity = value.module if isinstance(value, ModuleV) else value.node
+
+    def __hash__(self) -> int:
+        return id(self.identity)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Member) and other.identity is self.identity
+
+
+def key_of(fs: FrameState, v: Value) -> Any:
+    """``v`` as a member of a set made while tracing: its constant, or a :class:`Member`
+    for a module compared by identity or a tensor. ``named_modules`` and
+    ``named_parameters`` keep a ``memo`` set of what they visited and ask only whether it
+    holds an object."""
+    if (isinstance(v, ModuleV) and _by_identity(type(v.module))) or isinstance(v, TensorV):
+        return Member(v)
+    return constant_of(fs, v)
+
+
+def member_value(fs: FrameState, key: Any) -> Value:
+    """The value of a set member again (the inverse of :func:`key_of`)."""
+    return key.value if isinstance(key, Member) else Const(key)
+
+
+def _by_identity(cls: type) -> bool:
+    plain: tuple[Any, Any] = (object.__hash__, object.__eq__)
+    return (cls.__hash__, cls.__eq__) == plain
 
 
 # Objects that stand for themselves: read from the frame, they are guarded by identity.
@@ -170,7 +211,9 @@ def iterate(fs: FrameState, v: Value) -> list[Value]:
         return list(v.items)
     if isinstance(v, ListV):
         return list(heap.get(v.ref))
-    if isinstance(v, DictV | SetV):
+    if isinstance(v, SetV):
+        return [member_value(fs, k) for k in heap.get(v.ref)]
+    if isinstance(v, DictV):
         return [Const(k) for k in heap.get(v.ref)]
     if isinstance(v, Const) and isinstance(v.value, frozenset):
         return [Const(x) for x in v.value]
@@ -450,9 +493,10 @@ def _dict(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 @rule(set, frozenset)
 def _set(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     _no_kwargs("set", kwargs)
-    items = [constant_of(fs, v) for v in iterate(fs, args[0])] if args else []
+    values = iterate(fs, args[0]) if args else []
     if fs.tracer.calling is frozenset:
-        return Const(frozenset(items))
+        return Const(frozenset(constant_of(fs, v) for v in values))
+    items = [key_of(fs, v) for v in values]
     return SetV(fs.tracer.heap.new(set(items)))
 
 

@@ -35,6 +35,7 @@ from ember.capture.codegen import (
 )
 from ember.capture.hook import Frame, argument_names
 from ember.capture.interpreter import run_frame
+from ember.capture.pyrules import member_value
 from ember.capture.shapes import Policy, Shapes
 from ember.capture.timing import TIMES
 from ember.capture.tracer import FrameState, Tracer, Unsupported, decode
@@ -367,8 +368,10 @@ def _output_part(fs: FrameState, v: Value, tensors: list[torch.fx.Node]) -> Part
         return ("new", (make_namedtuple, [("const", v.cls), *items]))
     if isinstance(v, TupleV):
         return ("tuple", [_output_part(fs, x, tensors) for x in v.items])
-    if isinstance(v, SetV):  # constants: a new set of them
-        return ("shared", (v.ref, ("new", (set, [("const", tuple(heap.get(v.ref)))]))))
+    if isinstance(v, SetV):  # a new set of its members
+        members = [member_value(fs, k) for k in heap.get(v.ref)]
+        parts: Part = ("tuple", [_output_part(fs, x, tensors) for x in members])
+        return ("shared", (v.ref, ("new", (set, [parts]))))
     if isinstance(v, ListV | DictV):
         if v.ref in heap.from_frame and v.source is not None:
             return ("source", v.source)  # the caller's own list or dict, not a copy

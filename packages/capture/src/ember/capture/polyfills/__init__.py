@@ -148,7 +148,7 @@ def lazy_builtin(obj: Any) -> Any:
 
 _MODULES = (
     "builtins", "collections", "collections_abc", "contextlib", "copy", "dataclasses",
-    "torch_compiler", "torch_nn", "torch_utils",
+    "torch_compiler", "torch_core", "torch_nn", "torch_utils",
 )  # fmt: skip
 _loaded = False
 
