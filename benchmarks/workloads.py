@@ -8,7 +8,7 @@ training workload (``<family>-train``: forward, loss, backward, optimizer
 step). The program itself is what gets compiled; loss and optimizer run eagerly.
 
 >>> sorted(WORKLOADS)[:3]
-['bert-infer', 'bert-train', 'gpt-infer']
+['bert-infer', 'bert-train', 'df-unet-infer']
 >>> run = WORKLOADS["mlp-train"].prepare(quick=True)
 >>> run.step().ndim  # a training step returns the loss
 0
