@@ -61,6 +61,8 @@ KEEP = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     aten.clone.default,
+    *(getattr(aten, f"upsample_nearest{k}d").vec for k in (1, 2, 3)),  # lower_resize.py
+    *(getattr(aten, f"upsample_nearest{k}d").default for k in (1, 2, 3)),
 }
 
 # Composites decomposed beyond torch's core table.

@@ -749,3 +749,6 @@ def prims_div(ctx: Lowerer, a: Any, b: Any) -> Value:
 @lowering(prims.where.default, scalars=True)
 def prims_where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
     return where(ctx, cond, a, b)
+
+
+from ember.inductor import lower_resize  # noqa: E402, F401  (registers; a module of its own)
