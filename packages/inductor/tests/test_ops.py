@@ -256,7 +256,7 @@ def test_pointwise_chain_fuses_into_one_kernel() -> None:
 
 
 def test_only_column_reductions_are_tiled() -> None:
-    from ember.inductor.codegen_cpp import _column_kernel
+    from ember.inductor.codegen_tiles import column_kernel
     from ember.inductor.scheduler import Kernel
 
     x = torch.randn(37, 5, 43)
@@ -268,7 +268,7 @@ def test_only_column_reductions_are_tiled() -> None:
         compiled = compile_graph(make_fx(f)(x), [x], {"graph_cache": False})
         torch.testing.assert_close(compiled(x), f(x), atol=1e-4, rtol=1e-4)
         kernels = [s for s in compiled.schedule.steps if isinstance(s, Kernel)]
-        assert [_column_kernel(k) for k in kernels][:1] == [column], compiled.schedule
+        assert [column_kernel(k) for k in kernels][:1] == [column], compiled.schedule
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

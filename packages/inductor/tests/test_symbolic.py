@@ -135,14 +135,16 @@ def test_vector_tails_of_every_length(builds: list[str]) -> None:
 
 
 def test_threads_are_chosen_per_call(builds: list[str]) -> None:
-    """Traced small, called large: each kernel has a serial and a parallel version, chosen
-    per call by its work, so the large calls run on threads, with the same values."""
+    """Traced small, called large: each kernel chooses per call by its work whether to run
+    on threads (a ranged kernel shares its outer points out, a whole reduction has a
+    parallel version), so the large calls run on threads, with the same values."""
 
     def fn(x: torch.Tensor) -> Any:
         return (x * 2).sum(0), torch.softmax(x, -1), F.layer_norm(x, x.shape[-1:]), x.sum()
 
     c = compiled(fn, torch.randn(5, 3))
     assert c.source is not None and re.search(r"if \(.* >= \d+\) kernel\d+_p\(", c.source)
+    assert re.search(r"if \(.* < \d+ \|\| n < 2\) \{ kernel\d+_r\(", c.source)
     for rows, cols in [(517, 300), (3, 70001), (1031, 129)]:
         x = torch.randn(rows, cols)
         # sums of 1e5 floats in another order (threads): float32 rounding, not 1e-5

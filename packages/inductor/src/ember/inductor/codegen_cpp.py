@@ -32,7 +32,9 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox
-from ember.inductor.codegen_welford import WelfordLoops, by_body
+from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
+from ember.inductor.codegen_tiles import TiledLoops, column_kernel
+from ember.inductor.codegen_welford import by_body
 from ember.inductor.cpp_prelude import PRELUDE
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
@@ -290,7 +292,7 @@ def _bound(n: Any) -> str:
     return str(n) if isinstance(n, int) else _cindex(sympy.sympify(n))
 
 
-class _KernelWriter(WelfordLoops):
+class _KernelWriter(TiledLoops):
     """The source of one kernel; ``args`` are its buffers in signature order."""
 
     def __init__(
@@ -306,18 +308,23 @@ class _KernelWriter(WelfordLoops):
         self.parallel, self.tile = work >= chosen.parallel_min_work, chosen.tile
         self.threads = chosen.num_threads  # the num_threads clause of parallel loops
         total = math.prod(kernel.outer) * sum(math.prod(st.inner) for st in kernel.stages)
-        # symbolic sizes: parallel or not is decided per call (``parallel``: this version's
-        # choice, see ``_kernel_source``; None: an OpenMP ``if`` clause)
+        # symbolic sizes: parallel or not is decided per call. With outer loops the body runs
+        # over a range of them (``ranged``, see ``codegen_ranges``); without, a serial and a
+        # parallel version (``parallel``: this version's choice, see ``_kernel_source``)
         self.work = None if isinstance(total, int) else sympy.expand(total)
-        if self.work is not None and parallel is not None:
+        self.ranged = self.work is not None and bool(kernel.outer)
+        if self.ranged:
+            self.parallel = False  # the dispatcher's region, not the body's loops
+        elif self.work is not None and parallel is not None:
             self.parallel = parallel
-        elif self.work is not None:
+        elif self.work is not None:  # (an OpenMP ``if`` clause)
             self.parallel = True
             self.threads += f" if({_cindex(self.work)} >= {chosen.parallel_min_work})"
+        self.advance, self.n = "", ""  # a ranged kernel's odometer step and outer points
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
-        self.tiled = _column_kernel(kernel)
+        self.tiled = column_kernel(kernel)
         sv = sched.program.size_vars
         self.size_symbols = sorted(sv.sources, key=str) if sv is not None else []
         self.sizes: list[str] = []  # the size symbols the kernel reads, as int64 arguments
@@ -334,7 +341,11 @@ class _KernelWriter(WelfordLoops):
     def write_loops(self) -> str:
         k = self.kernel
         depth = 1
-        if k.outer:
+        if self.ranged:
+            depth = self.range_head(
+                [(str(x), _bound(n), 1) for x, n in zip(X, k.outer, strict=False)]
+            )
+        elif k.outer:
             if self.parallel:
                 collapse = f" collapse({len(k.outer)})" if len(k.outer) > 1 else ""
                 self.emit(f"#pragma omp parallel for{collapse}{self.threads}", depth)
@@ -348,149 +359,48 @@ class _KernelWriter(WelfordLoops):
                     self.emit(f"{self.p.type(dtype)} {s.name}_s[{math.prod(st.inner)}];", depth)
         for st in k.stages:
             self.stage(st, depth)
+        if self.advance:
+            self.emit(self.advance, depth)
         for d in range(depth - 1, 0, -1):
             self.emit("}", d)
         return self.body()
 
+    def bound(self, n: Any) -> str:
+        return _bound(n)
+
+    def loop_lines(self, vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
+        return _loops(vars_, ranges)
+
+    def range_head(self, loops: list[Loop]) -> int:
+        """Open the collapsed loop over ``[lo, hi)`` of a ranged kernel's outer ``loops``;
+        the depth of its body (``self.advance`` ends each iteration)."""
+        self.emit("if (lo >= hi) return;  // (and no division by a size of 0)", 1)
+        head, loop, self.advance = range_nest(loops)
+        for line in [*head, loop]:
+            self.emit(line, 1)
+        self.n = " * ".join(count(loop) for loop in loops)
+        return 2
+
     def body(self) -> str:
         """The function: its signature (size arguments: the symbols its lines name) and body."""
         text = "\n".join(self.lines)
+        work = _cindex(self.work) if self.ranged else ""  # the dispatcher reads it
         names = [str(s) for s in self.size_symbols]
-        self.sizes = [n for n in names if re.search(rf"\b{n}\b", text)]
-        return self.signature() + text + "\n}\n"
-
-    def write_tiled(self) -> str:
-        """A column kernel: reductions over rows, vectorised across a tile of the last outer
-        index (which is the contiguous one), instead of one strided inner loop per output."""
-        k, depth = self.kernel, 1
-        n, xk = len(k.outer), f"x{len(k.outer) - 1}"
-        if self.parallel:
-            collapse = f" collapse({n})" if n > 1 else ""
-            self.emit(f"#pragma omp parallel for{collapse}{self.threads}", depth)
-        for line in _loops(X[: n - 1], k.outer[:-1]):
-            self.emit(line, depth)
-            depth += 1
-        end = _bound(k.outer[-1])
-        self.emit(f"for (int64_t xb = 0; xb < {end}; xb += {self.tile}) {{", depth)
-        self.emit(
-            f"const int64_t xe = xb + {self.tile} < {end} ? xb + {self.tile} : {end};",
-            depth + 1,
+        self.sizes = [n for n in names if re.search(rf"\b{n}\b", text + work)]
+        if not self.ranged:
+            return self.signature() + text + "\n}\n"
+        body = f"{self.kernel.name}_r"
+        ranged = self.signature(f"static void __attribute__((noinline)) {body}", "lo", "hi")
+        names = [*self.buffer_args, *map(self.p.SCALAR.format, self.scalars), *self.sizes]
+        limit = KNOBS.get().parallel_min_work
+        whole = dispatcher(
+            self.signature().rstrip("\n"), body, names, self.n, work, limit, self.threads
         )
-        for st in k.stages:
-            for s in st.stores:
-                self._note_reads(s.body)
-                if not s.local and s.name not in self.writes:
-                    self.writes.append(s.name)
-            self.tiled_stage(st, depth + 1, xk)
-        for d in range(depth, 0, -1):
-            self.emit("}", d)
-        return self.body()
+        return f"{ranged}{text}\n}}\n\n{whole}"
 
-    def tiled_stage(self, st: Stage, depth: int, xk: str) -> None:
-        """One stage of a column kernel: a reduction's accumulators over the tile, the loop
-        over rows that fills them, then each tile element's result stored."""
-        welford = by_body(s for s in st.stores if s.reduce in WELFORD)
-        acc = {s.name: f"{s.name}_acc[{xk} - xb]" for s in st.stores}
-        for group in welford:  # a tile of Welford lanes, sharing a count
-            w, j = f"{group[0].name}_w", f"[{xk} - xb]"
-            acc |= {s.name: f"({w}_k{j} + {w}_m{j})" if s.reduce is Reduce.WELFORD_MEAN
-                    else f"{w}_s{j}" for s in group}  # fmt: skip
-        if st.is_reduction:
-            self.tile_accumulators(st, welford, depth, xk)
-            self.tile_rows(st, welford, acc, depth, xk)
-        self.tile_results(st, acc, depth, xk)
-
-    def tile_accumulators(
-        self, st: Stage, welford: list[tuple[Store, ...]], depth: int, xk: str
-    ) -> None:
-        """Declare and initialise a tile of accumulators per reduction (and Welford lanes,
-        shifted by each lane's first value)."""
-        for s in st.stores:
-            if s.reduce in WELFORD:
-                continue
-            init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
-            self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{self.tile}];", depth)
-            self.emit(f"for (int64_t j = 0; j < {self.tile}; ++j) {s.name}_acc[j] = {init};", depth)
-        for group in welford:
-            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-            self.emit(f"{t} {w}_m[{self.tile}] = {{}}; {t} {w}_s[{self.tile}] = {{}};", depth)
-            self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{self.tile}] = {{}};", depth)
-            if 0 not in st.inner:
-                self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
-                self.welford_shift(group[0].body, len(st.inner), f"{w}_k[{xk} - xb]", depth + 1)
-                self.emit("}", depth)
-
-    def tile_rows(
-        self,
-        st: Stage,
-        welford: list[tuple[Store, ...]],
-        acc: dict[str, str],
-        depth: int,
-        xk: str,
-    ) -> None:
-        """The loops over the reduced rows; innermost, a simd loop across the tile."""
-        memo: dict[Expr, str] = {}
-        lines: list[str] = []
-        inner = depth
-        for line in _loops(Y[: len(st.inner)], st.inner):
-            self.emit(line, inner)
-            inner += 1
-        for group in welford:
-            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-            self.emit(f"{w}_c += 1;", inner)
-            self.emit(f"const {t} {w}_r = {t}(1) / static_cast<{t}>({w}_c);", inner)
-        for s in st.stores:
-            if s.reduce in WELFORD:
-                continue
-            value = self.p.expr(s.body, memo, lines)
-            combine = self.p.REDUCE[s.reduce][1]  # type: ignore[index]
-            lines.append(combine.format(acc=acc[s.name], v=value, i=""))
-        for group in welford:
-            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
-            v = self.p.expr(group[0].body, memo, lines)
-            m, sq, k = f"{w}_m[{xk} - xb]", f"{w}_s[{xk} - xb]", f"{w}_k[{xk} - xb]"
-            lines.append(self.p.WELFORD_STEP.format(v=v, m=m, s=sq, k=k, r=f"{w}_r", T=t))
-        tile = f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{"
-        if welford:  # a loop of constant length keeps the Welford lanes in registers
-            self.emit(f"if (xe - xb == {self.tile}) {{", inner)
-            self.emit("#pragma omp simd", inner + 1)
-            self.emit(f"for (int64_t j = 0; j < {self.tile}; ++j) {{", inner + 1)
-            self.emit(f"const int64_t {xk} = xb + j;", inner + 2)
-            for line in lines:
-                self.emit(line, inner + 2)
-            self.emit("}", inner + 1)
-            self.emit("} else {", inner)
-            inner += 1
-        self.emit("#pragma omp simd", inner)
-        self.emit(tile, inner)
-        for line in lines:
-            self.emit(line, inner + 1)
-        for d in range(inner, depth - 1, -1):
-            self.emit("}", d)
-
-    def tile_results(self, st: Stage, acc: dict[str, str], depth: int, xk: str) -> None:
-        """Each tile element's value (a reduction's accumulator, or the pointwise body) stored,
-        cast to its buffer's dtype."""
-        for s in st.stores:
-            if s.local:
-                buf_t = self.p.type(self.prog.buffers[s.name].dtype)
-                self.emit(f"{buf_t} {s.name}_l[{self.tile}];", depth)
-        self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
-        lines: list[str] = []
-        for s in st.stores:
-            buf = self.prog.buffers[s.name]
-            value = acc[s.name] if st.is_reduction else self.p.expr(s.body, {}, lines)
-            from_t = s.body.dtype
-            if buf.dtype != from_t:
-                fmt = self.p.CASTS.get((from_t, buf.dtype), self.p.OPS[Op.CAST])
-                value = fmt.format(value, T=self.p.type(buf.dtype))
-            where = f"{s.name}_l[{xk} - xb]" if s.local else f"{s.name}[{self.p.index(s.index)}]"
-            lines.append(f"{where} = {value};")
-        for line in lines:
-            self.emit(line, depth + 1)
-        self.emit("}", depth)
-
-    def signature(self) -> str:
+    def signature(self, head: str = "", *extra: str) -> str:
+        """The function's first line: ``extern "C" void`` and the kernel's name unless ``head``
+        names it otherwise; ``extra`` are more ``int64_t`` parameters."""
         params = []
         for name in self.buffer_args:
             buf = self.prog.buffers[name]
@@ -500,8 +410,9 @@ class _KernelWriter(WelfordLoops):
             params.append(f"{const}{element}* {restrict}{name}")
         for name, dtype in self.scalars.items():
             params.append(f"const {self.p.type(dtype)} {self.p.SCALAR.format(name)}")
-        params += [f"const int64_t {name}" for name in self.sizes]
-        return f'extern "C" void {self.kernel.name}({", ".join(params)}) {{\n'
+        params += [f"const int64_t {name}" for name in (*self.sizes, *extra)]
+        head = head or f'extern "C" void {self.kernel.name}'
+        return f"{head}({', '.join(params)}) {{\n"
 
     @property
     def buffer_args(self) -> list[str]:
@@ -687,20 +598,23 @@ def translation_unit(
             if first == step.name:
                 parts.append(src)
             else:  # the same loop over other buffers (an unrolled RNN step): one body
-                signature = src.split(" {\n", 1)[0]
+                signature = src[src.index('extern "C"') :].split(" {\n", 1)[0]
                 parts.append(f'{signature} __attribute__((alias("{first}")));\n')
     if any("ember_rand" in part for part in parts[1:]):
         parts.insert(1, philox.CPP)
+    if any("ember_share(" in part for part in parts[1:]):
+        parts.insert(1, SHARE_CPP)
     return "\n".join(parts), args
 
 
 def _kernel_source(sched: Schedule, kernel: Kernel, p: CppPrinter) -> tuple[str, list[str]]:
-    """A kernel's source and arguments. Over symbolic sizes: a serial and a parallel version,
-    and the ``extern "C"`` function choosing one per call by the work it has, as a static
-    kernel is chosen once (an OpenMP region that ``if(...)`` turns off still costs about
-    1 us a call, and its outlined loops ran up to 1.3x slower than plain ones)."""
+    """A kernel's source and arguments. Over symbolic sizes with outer loops: one body over
+    a range of them (``codegen_ranges``). Without: a serial and a parallel version, and the
+    ``extern "C"`` function choosing one per call by the work it has, as a static kernel is
+    chosen once (an OpenMP region that ``if(...)`` turns off still costs about 1 us a call,
+    and its outlined loops ran up to 1.3x slower than plain ones)."""
     w = _KernelWriter(sched, kernel, p)
-    if w.work is None:
+    if w.work is None or w.ranged:
         return _resolve_locals(w.write(), sched, kernel), w.args
     versions = [_KernelWriter(sched, kernel, p, parallel=choice) for choice in (False, True)]
     texts = [_resolve_locals(v.write(), sched, kernel) for v in versions]
@@ -736,12 +650,12 @@ def _canonical(src: str, name: str) -> str:
     def rename(m: re.Match[str]) -> str:
         return numbers.setdefault(m.group(0), f"{m.group(1)}#{len(numbers)}")
 
-    return re.sub(r"\b(buf|t)\d+\b", rename, src.replace(name, "KERNEL", 1))
+    return re.sub(r"\b(buf|t)\d+\b", rename, re.sub(rf"\b{name}(?=\b|_r\b)", "KERNEL", src))
 
 
 def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
     """Reads of a local buffer become reads of its variable."""
-    if _column_kernel(kernel):
+    if column_kernel(kernel):
         xk = f"x{len(kernel.outer) - 1}"
         for st in kernel.stages:
             for s in st.stores:
@@ -755,33 +669,6 @@ def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
             elif s.local:
                 src = re.sub(rf"\b{s.name}\[[^\]]*\]", f"{s.name}_l", src)
     return src
-
-
-TILE = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
-TILEABLE = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL}) | WELFORD
-
-
-def _column_kernel(kernel: Kernel) -> bool:
-    """Reductions that read along a strided inner index while the last outer index is the
-    contiguous one (sums over the batch in backward graphs)."""
-    if not kernel.outer or (isinstance(kernel.outer[-1], int) and kernel.outer[-1] < 8):
-        return False  # (a symbolic size: tiles handle any length, tails included)
-    xk, column = X[len(kernel.outer) - 1], False
-    for st in kernel.stages:
-        for s in st.stores:
-            if s.reduce is None:
-                if st.inner:
-                    return False
-                continue
-            if s.reduce not in TILEABLE or not st.inner:
-                return False
-            yk = Y[len(st.inner) - 1]
-            for e in walk(s.body):
-                if e.op is Op.LOAD and yk in e.arg[1].free_symbols:
-                    if e.args or e.arg[1].coeff(yk) == 1:
-                        return False  # the inner loop already runs along memory
-                    column |= e.arg[1].coeff(xk) == 1
-    return column
 
 
 def _calls(st: Stage, ops: frozenset[Op]) -> bool:

@@ -1,0 +1,224 @@
+"""Column kernels: reductions whose rows are strided while the last outer index is the
+contiguous one (sums over the batch in backward graphs), computed a tile of outputs at a time.
+
+Instead of one strided inner loop per output, a column kernel walks the rows once per tile
+of ``TILE`` neighbouring outputs and keeps a vector of accumulators across the tile, so its
+loads are contiguous and gcc vectorises across the tile. :class:`TiledLoops` is the part of
+the C++ kernel writer (``codegen_cpp._KernelWriter``) that writes them.
+
+>>> import sympy, torch
+>>> from ember.inductor.ops import Op, Reduce
+>>> from ember.inductor.scheduler import Kernel, Stage, Store, X, Y
+>>> load = Expr(Op.LOAD, torch.float32, (), ("x", Y[0] * 64 + X[0], ()))
+>>> st = Stage((32,), (Store("out", load, X[0], Reduce.SUM),))
+>>> column_kernel(Kernel("k", (64,), (st,)))  # sum over rows of a 32x64 matrix
+True
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import sympy  # type: ignore[import-untyped]
+
+from ember.inductor.codegen_welford import WelfordLoops, by_body
+from ember.inductor.ir import Expr, Program, walk
+from ember.inductor.ops import WELFORD, Op, Reduce
+from ember.inductor.scheduler import Kernel, Stage, Store, X, Y
+
+__all__ = ["TILE", "TILEABLE", "TiledLoops", "column_kernel"]
+
+
+class TiledLoops(WelfordLoops):
+    """The column-kernel part of a kernel writer (``codegen_cpp._KernelWriter``)."""
+
+    prog: Program
+    tile: int  # outputs computed together (``Knobs.tile``)
+    ranged: bool  # the outer loops run over a range of their points (``codegen_ranges``)
+    advance: str  # a ranged kernel's statement ending each outer iteration
+    writes: list[str]
+
+    @abc.abstractmethod
+    def bound(self, n: Any) -> str:
+        """A loop bound (an int or a size expression) as C++."""
+
+    @abc.abstractmethod
+    def loop_lines(self, vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
+        """The first lines of nested loops of ``vars_`` over ``ranges``."""
+
+    @abc.abstractmethod
+    def range_head(self, loops: list[tuple[str, str, int]]) -> int:
+        """Open a ranged kernel's collapsed outer loop; the depth of its body."""
+
+    @abc.abstractmethod
+    def body(self) -> str:
+        """The function's source, from its lines."""
+
+    @abc.abstractmethod
+    def _note_reads(self, e: Expr) -> None:
+        """Record the buffers and numbers ``e`` reads."""
+
+    def write_tiled(self) -> str:
+        """A column kernel: reductions over rows, vectorised across a tile of the last outer
+        index (which is the contiguous one), instead of one strided inner loop per output."""
+        k, depth = self.kernel, 1
+        n, xk = len(k.outer), f"x{len(k.outer) - 1}"
+        end = self.bound(k.outer[-1])
+        if self.ranged:
+            rows = [(str(x), self.bound(m), 1) for x, m in zip(X, k.outer[:-1], strict=False)]
+            depth = self.range_head([*rows, ("xb", end, self.tile)]) - 1
+        else:
+            if self.parallel:
+                collapse = f" collapse({n})" if n > 1 else ""
+                self.emit(f"#pragma omp parallel for{collapse}{self.threads}", depth)
+            for line in self.loop_lines(X[: n - 1], k.outer[:-1]):
+                self.emit(line, depth)
+                depth += 1
+            self.emit(f"for (int64_t xb = 0; xb < {end}; xb += {self.tile}) {{", depth)
+        self.emit(
+            f"const int64_t xe = xb + {self.tile} < {end} ? xb + {self.tile} : {end};",
+            depth + 1,
+        )
+        for st in k.stages:
+            for s in st.stores:
+                self._note_reads(s.body)
+                if not s.local and s.name not in self.writes:
+                    self.writes.append(s.name)
+            self.tiled_stage(st, depth + 1, xk)
+        if self.advance:
+            self.emit(self.advance, depth + 1)
+        for d in range(depth, 0, -1):
+            self.emit("}", d)
+        return self.body()
+
+    def tiled_stage(self, st: Stage, depth: int, xk: str) -> None:
+        """One stage of a column kernel: a reduction's accumulators over the tile, the loop
+        over rows that fills them, then each tile element's result stored."""
+        welford = by_body(s for s in st.stores if s.reduce in WELFORD)
+        acc = {s.name: f"{s.name}_acc[{xk} - xb]" for s in st.stores}
+        for group in welford:  # a tile of Welford lanes, sharing a count
+            w, j = f"{group[0].name}_w", f"[{xk} - xb]"
+            acc |= {s.name: f"({w}_k{j} + {w}_m{j})" if s.reduce is Reduce.WELFORD_MEAN
+                    else f"{w}_s{j}" for s in group}  # fmt: skip
+        if st.is_reduction:
+            self.tile_accumulators(st, welford, depth, xk)
+            self.tile_rows(st, welford, acc, depth, xk)
+        self.tile_results(st, acc, depth, xk)
+
+    def tile_accumulators(
+        self, st: Stage, welford: list[tuple[Store, ...]], depth: int, xk: str
+    ) -> None:
+        """Declare and initialise a tile of accumulators per reduction (and Welford lanes,
+        shifted by each lane's first value)."""
+        for s in st.stores:
+            if s.reduce in WELFORD:
+                continue
+            init = self.p.REDUCE[s.reduce][0].format(T=self.p.type(s.body.dtype))  # type: ignore[index]
+            self.emit(f"{self.p.type(s.body.dtype)} {s.name}_acc[{self.tile}];", depth)
+            self.emit(f"for (int64_t j = 0; j < {self.tile}; ++j) {s.name}_acc[j] = {init};", depth)
+        for group in welford:
+            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+            self.emit(f"{t} {w}_m[{self.tile}] = {{}}; {t} {w}_s[{self.tile}] = {{}};", depth)
+            self.emit(f"int64_t {w}_c = 0; {t} {w}_k[{self.tile}] = {{}};", depth)
+            if 0 not in st.inner:
+                self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
+                self.welford_shift(group[0].body, len(st.inner), f"{w}_k[{xk} - xb]", depth + 1)
+                self.emit("}", depth)
+
+    def tile_rows(
+        self,
+        st: Stage,
+        welford: list[tuple[Store, ...]],
+        acc: dict[str, str],
+        depth: int,
+        xk: str,
+    ) -> None:
+        """The loops over the reduced rows; innermost, a simd loop across the tile."""
+        memo: dict[Expr, str] = {}
+        lines: list[str] = []
+        inner = depth
+        for line in self.loop_lines(Y[: len(st.inner)], st.inner):
+            self.emit(line, inner)
+            inner += 1
+        for group in welford:
+            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+            self.emit(f"{w}_c += 1;", inner)
+            self.emit(f"const {t} {w}_r = {t}(1) / static_cast<{t}>({w}_c);", inner)
+        for s in st.stores:
+            if s.reduce in WELFORD:
+                continue
+            value = self.p.expr(s.body, memo, lines)
+            combine = self.p.REDUCE[s.reduce][1]  # type: ignore[index]
+            lines.append(combine.format(acc=acc[s.name], v=value, i=""))
+        for group in welford:
+            t, w = self.p.type(group[0].body.dtype), f"{group[0].name}_w"
+            v = self.p.expr(group[0].body, memo, lines)
+            m, sq, k = f"{w}_m[{xk} - xb]", f"{w}_s[{xk} - xb]", f"{w}_k[{xk} - xb]"
+            lines.append(self.p.WELFORD_STEP.format(v=v, m=m, s=sq, k=k, r=f"{w}_r", T=t))
+        tile = f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{"
+        if welford:  # a loop of constant length keeps the Welford lanes in registers
+            self.emit(f"if (xe - xb == {self.tile}) {{", inner)
+            self.emit("#pragma omp simd", inner + 1)
+            self.emit(f"for (int64_t j = 0; j < {self.tile}; ++j) {{", inner + 1)
+            self.emit(f"const int64_t {xk} = xb + j;", inner + 2)
+            for line in lines:
+                self.emit(line, inner + 2)
+            self.emit("}", inner + 1)
+            self.emit("} else {", inner)
+            inner += 1
+        self.emit("#pragma omp simd", inner)
+        self.emit(tile, inner)
+        for line in lines:
+            self.emit(line, inner + 1)
+        for d in range(inner, depth - 1, -1):
+            self.emit("}", d)
+
+    def tile_results(self, st: Stage, acc: dict[str, str], depth: int, xk: str) -> None:
+        """Each tile element's value (a reduction's accumulator, or the pointwise body) stored,
+        cast to its buffer's dtype."""
+        for s in st.stores:
+            if s.local:
+                buf_t = self.p.type(self.prog.buffers[s.name].dtype)
+                self.emit(f"{buf_t} {s.name}_l[{self.tile}];", depth)
+        self.emit(f"for (int64_t {xk} = xb; {xk} < xe; ++{xk}) {{", depth)
+        lines: list[str] = []
+        for s in st.stores:
+            buf = self.prog.buffers[s.name]
+            value = acc[s.name] if st.is_reduction else self.p.expr(s.body, {}, lines)
+            from_t = s.body.dtype
+            if buf.dtype != from_t:
+                fmt = self.p.CASTS.get((from_t, buf.dtype), self.p.OPS[Op.CAST])
+                value = fmt.format(value, T=self.p.type(buf.dtype))
+            where = f"{s.name}_l[{xk} - xb]" if s.local else f"{s.name}[{self.p.index(s.index)}]"
+            lines.append(f"{where} = {value};")
+        for line in lines:
+            self.emit(line, depth + 1)
+        self.emit("}", depth)
+
+
+TILE = 16  # outputs a column kernel computes together (two AVX2 vectors of float)
+TILEABLE = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL}) | WELFORD
+
+
+def column_kernel(kernel: Kernel) -> bool:
+    """Reductions that read along a strided inner index while the last outer index is the
+    contiguous one (sums over the batch in backward graphs)."""
+    if not kernel.outer or (isinstance(kernel.outer[-1], int) and kernel.outer[-1] < 8):
+        return False  # (a symbolic size: tiles handle any length, tails included)
+    xk, column = X[len(kernel.outer) - 1], False
+    for st in kernel.stages:
+        for s in st.stores:
+            if s.reduce is None:
+                if st.inner:
+                    return False
+                continue
+            if s.reduce not in TILEABLE or not st.inner:
+                return False
+            yk = Y[len(st.inner) - 1]
+            for e in walk(s.body):
+                if e.op is Op.LOAD and yk in e.arg[1].free_symbols:
+                    if e.args or e.arg[1].coeff(yk) == 1:
+                        return False  # the inner loop already runs along memory
+                    column |= e.arg[1].coeff(xk) == 1
+    return column
