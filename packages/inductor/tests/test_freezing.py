@@ -248,3 +248,19 @@ def test_compile_graph_reads_the_option() -> None:
     assert isinstance(compiled, freezing.FrozenGraph)
     torch.testing.assert_close(compiled(*inputs), gm(*inputs))
     assert settings.section.get().freezing is False  # off unless asked for
+
+
+def test_symbolic_sizes_keep_the_folds(plans: list[freezing.FrozenGraph]) -> None:
+    """Under dynamic=True the batch is symbolic; the weights stay constants of one size."""
+    import ember.compiler
+
+    torch.manual_seed(0)
+    m = ConvBN().eval()
+    compiled = ember.compiler.compile(
+        m, backend="inductor", dynamic=True, options={"freezing": True}
+    )
+    with torch.no_grad():
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), m(x))
+    assert len(plans) == 1 and plans[0].plan.conv_affine == 1 and plans[0].refreezes == 0

@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import log
+from ember.inductor import check, log
 
 __all__ = ["FreezePlan", "FrozenGraph", "freeze", "frozen_inputs", "split"]
 
@@ -73,13 +74,17 @@ def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tu
     ...                      torch.zeros(3)])
     (1, 2)
     """
-    del gm  # the graph carries no sources: the inputs' types and ranks decide
+    # The graph carries no sources: the inputs' types and ranks decide. An input of symbolic
+    # size (dynamic=True) is data: a constant has one size.
+    vals = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")] if gm else []
+    symbolic = {i for i, v in enumerate(vals) if _meta(v) is None and isinstance(v, torch.Tensor)}
     return tuple(
         i
         for i, t in enumerate(example_inputs)
         if isinstance(t, torch.Tensor)
         and not isinstance(t, torch._subclasses.FakeTensor)
         and (isinstance(t, torch.nn.Parameter) or t.dim() <= 1)
+        and i not in symbolic
     )
 
 
@@ -189,27 +194,99 @@ def _per_channel(c: Any, out: torch.Tensor, consts: set[torch.fx.Node]) -> bool:
     return all(d == 1 for i, d in enumerate(shape) if i != 1) and shape[1] in (1, out.shape[1])
 
 
-def _chain(conv: torch.fx.Node, consts: set[torch.fx.Node]) -> list[tuple[torch.fx.Node, Any]]:
-    """The per-channel steps that follow ``conv``, each (node, its constant operand)."""
+def _channel_vector(c: Any, out: torch.Tensor, consts: set[torch.fx.Node]) -> bool:
+    """Whether ``c`` is a constant vector of one value per channel of ``out`` (batch norm's
+    statistics and affine parameters), of ``out``'s dtype."""
+    val = c.meta.get("val") if isinstance(c, torch.fx.Node) and c in consts else None
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dtype == out.dtype
+        and tuple(val.shape) == (out.shape[1],)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One per-channel step after a conv: the nodes it replaces (the last one gives its
+    value) and ``update(builder, s, t) -> (s, t)`` for ``y = conv * s + t``."""
+
+    nodes: tuple[torch.fx.Node, ...]
+    update: Callable[[_Arith, Any, Any], tuple[Any, Any]]
+
+
+def _vector(b: _Arith, c: Any) -> Any:
+    return c if isinstance(c, float) else b.call(aten.reshape.default, c, [-1])
+
+
+def _binary_step(user: torch.fx.Node, cur: torch.fx.Node, out: Any, consts: set[Any]) -> Any:
+    """``user = op(cur, c)`` with ``c`` per channel (AFFINE), or None."""
+    rule = AFFINE.get(user.target)
+    if rule is None or user.kwargs or len(user.args) != 2:
+        return None
+    either, fn = rule
+    if user.args[0] is cur and user.args[1] is not cur:
+        c = user.args[1]
+    elif either and user.args[1] is cur and user.args[0] is not cur:
+        c = user.args[0]
+    else:
+        return None
+    if not _per_channel(c, out, consts):
+        return None
+    c = float(c) if isinstance(c, int | float) else c
+    return _Step((user,), lambda b, s, t: fn(b, s, t, _vector(b, c)))
+
+
+def _batch_norm_step(user: torch.fx.Node, cur: torch.fx.Node, out: Any, consts: set[Any]) -> Any:
+    """``_native_batch_norm_legit_no_training(cur, w, b, mean, var, _, eps)[0]`` (what eval
+    batch norm is under symbolic sizes, where it is not decomposed), or None:
+    ``y = (x - mean) * k + b`` with ``k = w * rsqrt(var + eps)``."""
+    if user.target is not aten._native_batch_norm_legit_no_training.default or user.kwargs:
+        return None
+    x, w, bias, mean, var, _, eps = user.args
+    getters = list(user.users)
+    if x is not cur or len(getters) != 1 or getters[0].args != (user, 0):
+        return None
+    if not all(a is None or _channel_vector(a, out, consts) for a in (w, bias)):
+        return None
+    if not all(_channel_vector(a, out, consts) for a in (mean, var)):
+        return None
+    if not isinstance(eps, float):
+        return None
+
+    def update(b: _Arith, s: Any, t: Any) -> tuple[Any, Any]:
+        k = b.call(aten.rsqrt.default, b.add(var, eps))
+        k = k if w is None else b.mul(k, w)
+        s, t = b.mul(s, k), b.mul(b.sub(t, mean), k)
+        return s, t if bias is None else b.add(t, bias)
+
+    return _Step((user, getters[0]), update)
+
+
+# Size reads of a conv's output: the folded conv has the same sizes, so they move to it.
+SIZE_READS = (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default)
+STEPS = (_binary_step, _batch_norm_step)
+
+
+def _chain(conv: torch.fx.Node, consts: set[torch.fx.Node]) -> list[_Step]:
+    """The per-channel steps that follow ``conv`` (each the only reader of the one before;
+    a conv's size reads aside, which must come after the chain's end)."""
     out = conv.meta.get("val")
-    steps: list[tuple[torch.fx.Node, Any]] = []
+    steps: list[_Step] = []
     cur = conv
-    while isinstance(out, torch.Tensor) and len(cur.users) == 1:
-        (user,) = cur.users
-        rule = AFFINE.get(user.target)
-        if rule is None or user.kwargs or len(user.args) != 2:
+    while isinstance(out, torch.Tensor):
+        users = [u for u in cur.users if cur is not conv or u.target not in SIZE_READS]
+        if len(users) != 1:
             break
-        either, _ = rule
-        if user.args[0] is cur and user.args[1] is not cur:
-            c = user.args[1]
-        elif either and user.args[1] is cur and user.args[0] is not cur:
-            c = user.args[0]
-        else:
+        step = next((s for rule in STEPS if (s := rule(users[0], cur, out, consts))), None)
+        if step is None:
             break
-        if not _per_channel(c, out, consts):
-            break
-        steps.append((user, float(c) if isinstance(c, int | float) else c))
-        cur = user
+        steps.append(step)
+        cur = step.nodes[-1]
+    if not steps:
+        return []
+    order = {n: i for i, n in enumerate(conv.graph.nodes)}
+    if any(order[u] < order[cur] for u in conv.users if u.target in SIZE_READS):
+        return []
     return steps
 
 
@@ -223,22 +300,18 @@ def fold_conv_affine(graph: torch.fx.Graph, frozen: set[torch.fx.Node]) -> int:
             continue
         consts = constants(graph, frozen, set())
         _, w, bias, *_, transposed, _, _ = conv.args
-        if (
-            transposed
-            or "val" not in w.meta
-            or w not in consts
-            or (bias is not None and bias not in consts)
-        ):
+        if transposed or "val" not in w.meta or w not in consts:
+            continue
+        if bias is not None and bias not in consts:
             continue
         steps = _chain(conv, consts)
         if not steps:
             continue
-        end = steps[-1][0]
+        end = steps[-1].nodes[-1]
         b = _Arith(graph, end)
         s, t = 1.0, 0.0
-        for node, c in steps:
-            c = c if isinstance(c, float) else b.call(aten.reshape.default, c, [-1])
-            s, t = AFFINE[node.target][1](b, s, t, c)
+        for step in steps:
+            s, t = step.update(b, s, t)
         w_val = w.meta["val"]
         s_w = s  # s along the weight's first dimension: [C, 1, 1, ...]
         if not isinstance(s, float):
@@ -250,8 +323,9 @@ def fold_conv_affine(graph: torch.fx.Graph, frozen: set[torch.fx.Node]) -> int:
         )
         new.meta["val"] = conv.meta["val"]  # the conv's layout, not the last step's
         end.replace_all_uses_with(new)
-        for node, _ in reversed(steps):
+        for node in reversed([n for step in steps for n in step.nodes]):
             graph.erase_node(node)
+        conv.replace_all_uses_with(new)  # its size reads, all after the chain's end
         graph.erase_node(conv)
         folded += 1
     return folded
@@ -362,25 +436,30 @@ def _materialisable(node: torch.fx.Node, consts: set[torch.fx.Node]) -> bool:
     return bool(sizes) and val.numel() <= max(sizes)
 
 
-def split(gm: torch.fx.GraphModule, frozen: Sequence[int]) -> FreezePlan:
-    """``gm`` split into the graph of its constants (``fold``) and the rest (``graph``)."""
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+def split(root: torch.nn.Module, graph: torch.fx.Graph, frozen: Sequence[int]) -> FreezePlan:
+    """``graph`` split into the graph of its constants (``fold``) and the rest (``graph``);
+    ``root`` holds the tensors its ``get_attr`` nodes read."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
     frozen_nodes = {placeholders[i] for i in frozen}
-    consts, boundary = _boundary(gm.graph, frozen_nodes)
+    consts, boundary = _boundary(graph, frozen_nodes)
     needed = _ancestors(boundary, consts)
     fold = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for i in frozen:
         env[placeholders[i]] = fold.placeholder(placeholders[i].name)
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         if node in needed and node.op != "placeholder":
             env[node] = fold.node_copy(node, env.__getitem__)
     fold.output(tuple(env[b] for b in boundary))
     live = tuple(i for i in range(len(placeholders)) if i not in set(frozen))
-    graph = _live_graph(gm, [placeholders[i] for i in live], consts, boundary)
+    rest = _live_graph(graph, [placeholders[i] for i in live], consts, boundary)
     folded = sum(n.op == "call_function" for n in needed)
     return FreezePlan(
-        tuple(frozen), live, torch.fx.GraphModule(gm, fold), torch.fx.GraphModule(gm, graph), folded
+        tuple(frozen),
+        live,
+        torch.fx.GraphModule(root, fold),
+        torch.fx.GraphModule(root, rest),
+        folded,
     )
 
 
@@ -396,7 +475,7 @@ def _ancestors(boundary: list[torch.fx.Node], consts: set[torch.fx.Node]) -> set
 
 
 def _live_graph(
-    gm: torch.fx.GraphModule,
+    original: torch.fx.Graph,
     inputs: list[torch.fx.Node],
     consts: set[torch.fx.Node],
     boundary: list[torch.fx.Node],
@@ -407,8 +486,10 @@ def _live_graph(
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {n: graph.node_copy(n) for n in inputs}
     for k, node in enumerate(boundary):
-        env[node] = graph.placeholder(f"frozen_{k}")  # its fake value: from the constant
-    for node in gm.graph.nodes:
+        env[node] = graph.placeholder(f"frozen_{k}")
+        if isinstance(node.meta.get("val"), torch._subclasses.FakeTensor):
+            env[node].meta["val"] = node.meta["val"]  # checked against the constant later
+    for node in original.nodes:
         if node.op == "placeholder" or node in consts:
             continue
         if node.op == "output":
@@ -544,40 +625,56 @@ def freeze(
     :class:`FrozenGraph`, or ``compile_inner``'s result for ``gm`` itself when freezing
     saves nothing (no frozen input, or nothing to fold)."""
     frozen = frozen_inputs(gm, example_inputs)
-    if not frozen:
+    try:
+        made = _plan(gm, example_inputs, frozen) if frozen else None
+    except Exception as e:  # a bug of ours must not stop the user's program (tests: it must)
+        if check.enabled():
+            raise
+        warnings.warn(f"ember.inductor: freezing failed, compiling without it: {e!r}", stacklevel=2)
+        made = None
+    if made is None:
         return compile_inner(gm, list(example_inputs))
-    work = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    nodes = list(work.graph.find_nodes(op="placeholder"))
-    frozen_nodes = {nodes[i] for i in frozen}
-    conv = fold_conv_affine(work.graph, frozen_nodes)  # eval batch norm -> conv weight, bias
-    packed = prepack_matmul(work.graph, frozen_nodes)  # w.t() -> contiguous, where it pays
-    work.graph.eliminate_dead_code()
-    plan = split(work, frozen)  # constants -> fold; the rest -> graph
-    plan = dataclasses.replace(plan, conv_affine=conv, prepacked=packed)
-    if not plan.worth_it:
-        return compile_inner(gm, list(example_inputs))
-    with torch.no_grad():
-        consts = tuple(plan.fold(*[example_inputs[i] for i in frozen]))
-    _fake_constants(plan.graph, gm, consts)
-    log.LOG.info(
-        "freezing: %d inputs frozen, %d nodes folded, %d conv+affine, %d weights prepacked",
-        len(frozen),
-        plan.folded,
-        conv,
-        packed,
-    )
+    plan, consts = made
     live = [example_inputs[i] for i in plan.live]
     compiled = compile_inner(plan.graph, [*live, *consts])
     return FrozenGraph(plan, compiled, gm, example_inputs, consts)
 
 
+def _plan(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: tuple[int, ...]
+) -> tuple[FreezePlan, tuple[Any, ...]] | None:
+    """The passes, and the constants of the example inputs (None: nothing saved)."""
+    work = copy.deepcopy(gm.graph)
+    nodes = list(work.find_nodes(op="placeholder"))
+    frozen_nodes = {nodes[i] for i in frozen}
+    conv = fold_conv_affine(work, frozen_nodes)  # eval batch norm -> conv weight, bias
+    packed = prepack_matmul(work, frozen_nodes)  # w.t() -> contiguous, where it pays
+    work.eliminate_dead_code()
+    plan = split(gm, work, frozen)  # constants -> fold; the rest -> graph
+    plan = dataclasses.replace(plan, conv_affine=conv, prepacked=packed)
+    if not plan.worth_it:
+        return None
+    with torch.no_grad():
+        consts = tuple(plan.fold(*[example_inputs[i] for i in frozen]))
+    _fake_constants(plan.graph, gm, consts)
+    log.LOG.info(
+        "freezing: %d inputs frozen, %d nodes folded, %d conv+affine, %d weights prepacked",
+        *(len(frozen), plan.folded, conv, packed),
+    )
+    return plan, consts
+
+
 def _fake_constants(
     graph: torch.fx.GraphModule, original: torch.fx.GraphModule, consts: Sequence[Any]
 ) -> None:
-    """Give the constants' placeholders fake values (static shapes) in the graph's fake mode."""
+    """Give the constants' placeholders fake values (static shapes) in the graph's fake mode:
+    the folded node's own where it has the constant's layout (most do: making a fake costs
+    about 2 ms), else one made from the constant."""
     mode = _fake_mode(original)
     if mode is None:
         return
     placeholders = list(graph.graph.find_nodes(op="placeholder"))
     for node, const in zip(placeholders[len(placeholders) - len(consts) :], consts, strict=True):
-        node.meta["val"] = mode.from_tensor(const, static_shapes=True)
+        val = node.meta.get("val")
+        if not isinstance(val, torch._subclasses.FakeTensor) or _layout(val) != _layout(const):
+            node.meta["val"] = mode.from_tensor(const, static_shapes=True)
