@@ -264,3 +264,13 @@ def test_symbolic_sizes_keep_the_folds(plans: list[freezing.FrozenGraph]) -> Non
             x = torch.randn(batch, 3, 8, 8)
             torch.testing.assert_close(compiled(x), m(x))
     assert len(plans) == 1 and plans[0].plan.conv_affine == 1 and plans[0].refreezes == 0
+
+
+def test_inference_tensors_are_not_frozen() -> None:
+    """Tensors made under inference_mode have no version counter: they stay inputs."""
+    with torch.inference_mode():
+        w = torch.randn(8, 16)
+        b = torch.randn(8)
+    gm, (x, _, _) = linear_graph(frozen_param(8, 16))
+    assert freezing.frozen_inputs(gm, [x, w, b]) == ()
+    assert freezing.freeze(gm, [x, w, b], eager) is gm

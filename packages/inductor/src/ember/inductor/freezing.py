@@ -83,6 +83,7 @@ def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tu
         for i, t in enumerate(example_inputs)
         if isinstance(t, torch.Tensor)
         and not isinstance(t, torch._subclasses.FakeTensor)
+        and not t.is_inference()  # no version counter: an update could not be seen
         and (isinstance(t, torch.nn.Parameter) or t.dim() <= 1)
         and i not in symbolic
     )
