@@ -201,12 +201,14 @@ def test_a_broadcast_constant_is_not_materialised() -> None:
 
 def test_a_constant_output_is_a_copy() -> None:
     p = frozen_param(4)
-    gm = make_fx(lambda x, p: (x + 1, p * 2))(torch.randn(4), p)
-    f = freezing.freeze(gm, [torch.randn(4, 3)[:, 0], p], eager)  # a 2-d slice: not frozen
-    x = torch.randn(4, 3)[:, 0]
+    gm = make_fx(lambda x, p: (x + 1, p * 2))(torch.randn(3, 4), p)
+    x = torch.randn(3, 4)
+    f = freezing.freeze(gm, [x, p], eager)
+    assert isinstance(f, freezing.FrozenGraph) and f.plan.live == (0,)
     out = f(x, p)[1]
     out.fill_(0)  # the caller owns its outputs
     torch.testing.assert_close(f(x, p)[1], p * 2)
+    assert f.refreezes == 0
 
 
 def test_nothing_to_fold_compiles_the_graph_as_it_is() -> None:

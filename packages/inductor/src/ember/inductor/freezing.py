@@ -5,11 +5,11 @@ With ``freezing`` on (``compile(m, backend="inductor", options={"freezing": True
 Its pipeline is a flat script of passes over the aten graph:
 
     frozen = frozen_inputs(gm, inputs)   # which inputs read as module state
-    fold_conv_affine(gm, frozen)         # a per-channel affine after a conv (eval batch norm)
+    fold_conv_affine(graph, frozen)      # a per-channel affine after a conv (eval batch norm)
                                          #   -> the conv's weight and bias
-    prepack_matmul(gm, frozen, inputs)   # a transposed constant weight made contiguous once,
+    prepack_matmul(graph, frozen)        # a transposed constant weight made contiguous once,
                                          #   where the timed matmul says it pays
-    plan = split(gm, frozen)             # frozen-only nodes -> a fold graph run once;
+    plan = split(gm, graph, frozen)      # frozen-only nodes -> a fold graph run once;
                                          #   the rest -> the graph that is compiled
 
 The compiled graph takes the live inputs and the folded constants. The returned
@@ -53,7 +53,7 @@ from torch.utils import _pytree as pytree
 
 from ember.inductor import check, log
 
-__all__ = ["FreezePlan", "FrozenGraph", "freeze", "frozen_inputs", "split"]
+__all__ = ["FreezePlan", "FrozenGraph", "freeze", "frozen_inputs"]
 
 aten = torch.ops.aten
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
@@ -392,6 +392,13 @@ class FreezePlan:
     ``fold`` takes the frozen inputs (``frozen``: their indices among the graph's inputs)
     and returns the constants; ``graph`` takes the live inputs (``live``) then the
     constants, and returns what the original graph returns.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> w = torch.nn.Parameter(torch.randn(3, 4), requires_grad=False)
+    >>> gm = make_fx(lambda x, w: x + (w * 2).sum(0))(torch.randn(2, 4), w)
+    >>> plan = freeze(gm, [torch.randn(2, 4), w], lambda g, ins: g).plan
+    >>> plan.frozen, plan.live, plan.folded  # w * 2 and its sum run once
+    ((1,), (0,), 2)
     """
 
     frozen: tuple[int, ...]
@@ -528,6 +535,15 @@ class FrozenGraph:
     layouts differ from the compiled ones, runs the original graph from then on
     (``fallback`` says why). Other attributes (``schedule``, ``wrapper``, ...) are those of
     the compiled graph.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> w = torch.nn.Parameter(torch.ones(3, 4), requires_grad=False)
+    >>> x = torch.ones(2, 3)
+    >>> f = freeze(make_fx(lambda x, w: x @ (w * 2))(x, w), [x, w], lambda g, ins: g)
+    >>> with torch.no_grad():
+    ...     _ = w.mul_(3)
+    >>> f(x, w)[0, 0].item(), f.refreezes, f.reasons
+    (18.0, 1, ['input 1: updated in place (version 0 -> 1)'])
     """
 
     def __init__(
