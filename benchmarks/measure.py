@@ -228,14 +228,18 @@ def _dynamo() -> Any:
 
 # kind -> (make(program, backend, mode) -> compiled, reset caches, look a backend name up)
 KINDS: dict[str, tuple[Callable[..., Any], Callable[[], None], Callable[[str], Any]]] = {
-    "eager": (lambda p, b, mode, dynamic=None: p, lambda: None, lambda name: None),
+    "eager": (lambda p, b, mode, dynamic=None, options=None: p, lambda: None, lambda name: None),
     "ember": (
-        lambda p, b, mode, dynamic=None: _ember().compile(p, backend=b, mode=mode, dynamic=dynamic),
+        lambda p, b, mode, dynamic=None, options=None: _ember().compile(
+            p, backend=b, mode=mode, dynamic=dynamic, options=options
+        ),
         lambda: _ember().reset(),
         lambda name: _ember().lookup_backend(name),
     ),
     "torch": (
-        lambda p, b, mode, dynamic=None: torch.compile(p, backend=b, mode=mode, dynamic=dynamic),
+        lambda p, b, mode, dynamic=None, options=None: torch.compile(
+            p, backend=b, mode=mode, dynamic=dynamic, options=options
+        ),
         lambda: _dynamo().reset(),
         lambda name: _dynamo().lookup_backend(name),
     ),
@@ -273,11 +277,24 @@ def config_mode(config: str) -> str | None:
     return config.partition("@")[2] or None
 
 
+def config_options(config: str) -> dict[str, Any] | None:
+    """The backend ``options`` of a configuration: ``+freezing`` asks for inference freezing
+    (``{"freezing": True}``, a setting both ember's and torch's inductor have).
+
+    >>> config_options("ember:inductor+freezing"), config_options("torch:inductor")
+    ({'freezing': True}, None)
+    """
+    return {"freezing": True} if "+freezing" in config.partition("@")[0] else None
+
+
 def compiler_for(config: str, backend: Any = None) -> Callable[[Program], Any]:
     """A function that compiles a program as ``config`` says (``backend`` overrides the name)."""
     kind, name = split_config(config)
     make, mode, dynamic = KINDS[kind][0], config_mode(config), config_dynamic(config)
-    return lambda program: make(program, backend if backend is not None else name, mode, dynamic)
+    options = config_options(config)
+    return lambda program: make(
+        program, backend if backend is not None else name, mode, dynamic, options
+    )
 
 
 # --- graphs, breaks and per-call overhead ---------------------------------------------

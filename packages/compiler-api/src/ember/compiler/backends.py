@@ -220,7 +220,9 @@ def inductor(
     compiler), ``cflags`` (a list replacing the default flags), ``graph_cache`` (False:
     generate code again for graphs seen before), ``fallback_random`` (False: random ops
     such as dropout are computed inside the fused kernels, repeatable under
-    ``torch.manual_seed`` but not eager's numbers); any other name is an error.
+    ``torch.manual_seed`` but not eager's numbers), ``freezing`` (True: inference graphs
+    read parameters and buffers as constants, see ``ember.inductor.freezing``); any other
+    name is an error.
 
     >>> gm = torch.fx.symbolic_trace(lambda x: (x.sin() * 2).sum())
     >>> x = torch.ones(3, requires_grad=True)
@@ -240,14 +242,16 @@ def inductor(
 
     # a partial, not a closure: a repro script (EMBER_REPRO_AFTER=aot) can import it
     kernels = functools.partial(compile_graph, options=options)
+    # freezing holds for inference graphs only: a training graph's weights change each step
+    training = functools.partial(compile_graph, options={**(options or {}), "freezing": False})
     # Trace with the inductor's table (a superset of aotgraph's default), so compile_graph
     # gets graphs it need not re-trace. Passed as the function: aotgraph builds the table
     # only when it traces (not on a disk-cache hit), and keys its cache on the function.
     return aot_compile(
         gm,
         example_inputs,
-        fw_compiler=noting("forward", kernels),  # noted: the compile report shows the code
-        bw_compiler=noting("backward", kernels),
+        fw_compiler=noting("forward", training),  # noted: the compile report shows the code
+        bw_compiler=noting("backward", training),
         inference_compiler=noting("inference", kernels),
         decompositions=decompositions,
     )
@@ -301,6 +305,7 @@ INDUCTOR_OPTIONS: dict[str, OptionRule] = {
     "cflags": OptionRule(_flags, "flags replacing the default ones"),
     "graph_cache": OptionRule(_is(bool), "False: generate code again for graphs seen before"),
     "fallback_random": OptionRule(_is(bool), "False: random ops inside the fused kernels"),
+    "freezing": OptionRule(_is(bool), "True: inference graphs fold parameters as constants"),
 }
 
 inductor.known_options = tuple(INDUCTOR_OPTIONS)  # type: ignore[attr-defined]

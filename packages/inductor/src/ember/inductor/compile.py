@@ -30,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from ember.inductor import autotune, cache, graph_cache, log, settings, timing
+from ember.inductor import autotune, cache, freezing, graph_cache, log, settings, timing
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.eager_kernels import unless_lacking
@@ -374,8 +374,9 @@ def compile_graph(
     Ops without a lowering run as aten calls; a graph that cannot be lowered
     at all runs as ``gm`` itself, so this never fails for want of an op.
     ``options`` override the settings of the same names (``cxx``, ``cflags``,
-    ``graph_cache``, ``fallback_random``, ``max_autotune``) for this graph; their
-    meanings are in :class:`~ember.inductor.settings.InductorSettings`.
+    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``) for this graph;
+    their meanings are in :class:`~ember.inductor.settings.InductorSettings`. Under
+    ``freezing`` the graph must be an inference graph (no gradient is taken through it).
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> def f(x):
@@ -385,6 +386,9 @@ def compile_graph(
     >>> torch.testing.assert_close(compiled(x), f(x))
     """
     opts = _options(options)  # the settings, under this graph's backend options
+    if opts["freezing"]:  # module state -> constants, then this function on the rest
+        inner = functools.partial(compile_graph, options={**opts, "freezing": False})
+        return freezing.freeze(gm, example_inputs, inner)
     compile_options = cache.CompileOptions.resolve(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
@@ -507,6 +511,7 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
         "graph_cache": now.graph_cache,
         "fallback_random": now.fallback_random,
         "max_autotune": now.max_autotune,
+        "freezing": now.freezing,
     } | (options or {})
 
 

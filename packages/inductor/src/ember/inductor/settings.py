@@ -50,6 +50,13 @@ class InductorSettings:
         "where the trace folders go (graph000, graph001, ...)",
         env="EMBER_INDUCTOR_TRACE_DIR",
     )
+    freezing: bool = setting(
+        False,
+        "inference graphs read parameters and buffers as constants: batch norm folded into"
+        " the conv before it, transposed weights packed, what depends on them alone folded"
+        " once; an in-place update of a frozen weight folds again (ember.inductor.freezing)",
+        env="EMBER_FREEZING",
+    )
     max_autotune: bool = setting(
         False,
         "time a few kernel variants per graph (tile size, parallel threshold, thread count,"
