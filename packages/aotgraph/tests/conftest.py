@@ -37,7 +37,7 @@ def capture() -> Callable[[torch.nn.Module, list[Any]], tuple[torch.fx.GraphModu
 def traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the tracing passes that ran, in order."""
     ran: list[str] = []
-    for name in ("analyze", "trace_joint", "trace_forward"):
+    for name in ("analyze", "trace_joint", "trace_forward", "trace_inference"):
         original = getattr(api, name)
 
         def counted(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:

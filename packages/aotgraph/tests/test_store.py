@@ -177,7 +177,7 @@ def test_a_trace_that_needed_a_float_value_is_remembered(traces):
     x = torch.randn(3)
     gm = torch.fx.symbolic_trace(_needs_the_value)
     aot_compile(gm, [x, 0.5], fw_compiler=as_is)
-    assert traces == ["analyze", "analyze", "trace_forward"]  # symbolic try, then constant
+    assert traces == ["trace_inference", "trace_inference"]  # symbolic try, then constant
     traces.clear()
     g = aot_compile(gm, [x, 0.5], fw_compiler=as_is)
     assert traces == []  # neither the failing symbolic trace nor the constant one again

@@ -511,7 +511,7 @@ def _records(folder: Path) -> list[Path]:
 
 def test_a_symbolic_graph_compiled_again_skips_its_trace(cache: Path, traces: list[str]) -> None:
     first, traced_guards = _compile(_halves, 4)
-    assert first.cache_hit is False and "trace_forward" in traces
+    assert first.cache_hit is False and "trace_inference" in traces
     assert len(_records(cache)) == 1
     traces.clear()
     again, replayed_guards = _compile(_halves, 6)  # another example of the same layout
@@ -534,7 +534,7 @@ def test_a_record_whose_guards_fail_for_the_example_is_traced_again(
     same, _ = _compile(_first_pair, 4)
     assert same.cache_hit is True and traces == []
     other, guards = _compile(_first_pair, 6)  # the record says Eq((s0 + 1)//2, 2): false here
-    assert other.cache_hit is False and "trace_forward" in traces
+    assert other.cache_hit is False and "trace_inference" in traces
     assert any("3)" in g for g in guards)  # guarded as its own trace found, not as the record
     with torch.no_grad():
         for n in (5, 6):
@@ -560,7 +560,7 @@ def test_a_bad_record_is_traced_again_and_written_again(
     path.write_text(json.dumps(record))
     traces.clear()
     compiled, _ = _compile(_halves, 6)
-    assert compiled.cache_hit is False and "trace_forward" in traces
+    assert compiled.cache_hit is False and "trace_inference" in traces
     with torch.no_grad():
         for n in (4, 6):
             check_call(compiled, _halves, [torch.randn(n, 3), torch.randn(3, 3)])

@@ -43,6 +43,7 @@ from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.eager_checks import Unsupported
 from ember.aotgraph.mincut import min_cut_partition
+from ember.aotgraph.onepass import trace_inference
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
 from ember.aotgraph.runtime import Runtime
 from ember.aotgraph.store import Traced
@@ -234,6 +235,13 @@ class AOTCompiled:
         return runtime
 
     def _trace(self, inputs: list[torch.Tensor], *, grad: bool) -> Traced:
+        if not grad:  # analyze and trace_forward in one make_fx run, where that serves
+            with TIMES.timed("aot trace"):
+                once = trace_inference(self.lifted, inputs, self.settings.table())
+            if once is not None:
+                if self._check:
+                    check.check_joint(once[1])
+                return Traced(once[0], once[1].mutated, once[1].gm)
         signature = analyze(self.lifted, inputs, grad=grad)
         fn: Callable[..., Any] = self.lifted
         written = _written_with_grad(signature, inputs, grad)

@@ -451,39 +451,61 @@ def analyze(fn: Lifted, inputs: Sequence[torch.Tensor], *, grad: bool) -> Signat
     """
     mode = _fake_mode(inputs)
     fakes = _fakes(mode, inputs)
-    before = [_version(f) for f in fakes]
-    keys = [_key(f) for f in fakes]
-    wanted = [_requires_grad(f) for f in fakes]
+    seen = Observed.start(fakes)
     with mode, torch.set_grad_enabled(grad):
-        leaves, spec = pytree.tree_flatten(fn(*fakes))
+        seen.after(fn(*fakes))
     _unspecialized(mode)
-    changed = [i for i, f in enumerate(fakes) if _requires_grad(f) != wanted[i]]
-    if any(wanted[i] for i in changed):  # requires_grad_(False): nothing to replay it with
-        raise Unsupported(
-            f"aot_compile: the function calls requires_grad_(False) on input {changed[0]}; "
-            "run this function eagerly"
-        )
-    versions = tuple(_version(f) - v for f, v in zip(fakes, before, strict=True))
-    restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _key(f) != keys[i])
-    outputs, positions = _outputs(leaves, fakes, grad)
-    grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
-    grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t) or i in changed)
-    grad_inputs = grad_inputs if grad else ()
-    training = bool(grad_outputs) and bool(grad_inputs)
-    shared = storage_groups([leaves[p] for p in positions])  # eager's outputs share these
-    graph = tuple(positions)
-    return Signature(
-        tuple(outputs),
-        spec,
-        graph,
-        grad_outputs,
-        grad_inputs,
-        training,
-        versions,
-        shared,
-        tuple((i, m) for i, m in restrided if m is not None),
-        grad_set=tuple(changed),
-    )
+    return seen.signature(inputs, grad=grad)
+
+
+@dataclass
+class Observed:
+    """One run of the function on fakes as :func:`analyze` watches it: the inputs' state
+    before, the outputs after; :meth:`signature` describes them."""
+
+    fakes: Sequence[Any]
+    before: list[int]  # version counters
+    keys: list[Any]  # layouts (restrided inputs)
+    wanted: list[bool]  # requires_grad
+    leaves: list[Any] | None = None
+    spec: pytree.TreeSpec | None = None
+
+    @staticmethod
+    def start(fakes: Sequence[Any]) -> Observed:
+        return Observed(
+            fakes, [_version(f) for f in fakes], [_key(f) for f in fakes],
+            [_requires_grad(f) for f in fakes],
+        )  # fmt: skip
+
+    def after(self, out: Any) -> list[Any]:
+        """Note the function's result ``out``; its flat leaves."""
+        self.leaves, self.spec = pytree.tree_flatten(out)
+        return self.leaves
+
+    def signature(self, inputs: Sequence[Any], *, grad: bool) -> Signature:
+        """The :class:`Signature` of the run (``inputs``: the real or fake inputs)."""
+        fakes, wanted, leaves = self.fakes, self.wanted, self.leaves
+        assert leaves is not None and self.spec is not None
+        changed = [i for i, f in enumerate(fakes) if _requires_grad(f) != wanted[i]]
+        if any(wanted[i] for i in changed):  # requires_grad_(False): nothing to replay it with
+            raise Unsupported(
+                f"aot_compile: the function calls requires_grad_(False) on input {changed[0]}; "
+                "run this function eagerly"
+            )
+        versions = tuple(_version(f) - v for f, v in zip(fakes, self.before, strict=True))
+        keys = self.keys
+        restrided = tuple((i, _meta(f)) for i, f in enumerate(fakes) if _key(f) != keys[i])
+        outputs, positions = _outputs(leaves, list(fakes), grad)
+        grad_outputs = tuple(o.index for o in outputs if o.kind == "graph" and o.requires_grad)
+        grad_inputs = tuple(i for i, t in enumerate(inputs) if _requires_grad(t) or i in changed)
+        grad_inputs = grad_inputs if grad else ()
+        training = bool(grad_outputs) and bool(grad_inputs)
+        shared = storage_groups([leaves[p] for p in positions])  # eager's outputs share these
+        return Signature(
+            tuple(outputs), self.spec, tuple(positions), grad_outputs, grad_inputs, training,
+            versions, shared, tuple((i, m) for i, m in restrided if m is not None),
+            grad_set=tuple(changed),
+        )  # fmt: skip
 
 
 def _meta(value: Any) -> TensorMeta | None:

@@ -82,11 +82,11 @@ def graph_call(
     fake_kwargs = {k: as_fake_arg(fs, v) for k, v in kwargs.items()}
     node_args = tuple(as_node_arg(fs, a) for a in args)
     node_kwargs = {k: as_node_arg(fs, v) for k, v in kwargs.items()}
-    fn = getattr(fake_args[0], target) if kind == "call_method" else target
-    call_args = fake_args[1:] if kind == "call_method" else fake_args
     try:
-        with fs.tracer.fake_mode:
-            fake = fn(*call_args, **fake_kwargs)
+        with fs.tracer.fake_mode:  # a repeat of an earlier call may come from the memo
+            fake = fs.tracer.fake_memo.call(
+                fs.tracer.fake_mode, kind, target, fake_args, fake_kwargs
+            )
     except DATA_DEPENDENT as e:
         reason = f"{_name(target)} has a data-dependent output ({e})"
         raise Unsupported(reason, "data-dependent") from None

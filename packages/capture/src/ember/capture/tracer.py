@@ -27,6 +27,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from ember.capture import bytecode_311, guarding
 from ember.capture import shapes as shapes_
+from ember.capture.fakememo import FakeMemo
 from ember.capture.values import NULL, Const, Heap, SymV, TensorV, Value
 
 MAX_INLINE_DEPTH = 64
@@ -199,6 +200,8 @@ class Tracer:
     # symbolic sizes: the policy, and (from the first symbolic input on) the ShapeEnv
     shapes: shapes_.Shapes = field(default_factory=shapes_.Shapes)
     heap: Heap = field(default_factory=Heap)
+    # fake-tensor results of torch calls, reused for a repeat with symbolic sizes (fakememo)
+    fake_memo: FakeMemo = field(default_factory=FakeMemo)
     guards: guarding.GuardCollector = field(default_factory=guarding.GuardCollector)
     # graph inputs, in placeholder order: the source, the real value at compile time
     input_sources: list[Any] = field(default_factory=list)
