@@ -255,3 +255,28 @@ def test_mixed_layouts_are_tiled_and_match_eager(dtype: torch.dtype) -> None:
         assert got.stride() == want.stride()
     kernels = [s for s in compiled.schedule.steps if isinstance(s, Kernel)]
     assert all(k.stages[0].inner == (16,) and k.outer[-1] == 16 for k in kernels)
+
+
+def _row_ops(x: T) -> tuple[T, ...]:
+    """Reductions over the last dim (across memory for a transposed x), alone and with the
+    passes that follow them over the same rows."""
+    return (
+        x.amax(-1),
+        x.argmax(-1),
+        x.softmax(-1),
+        torch.nn.functional.layer_norm(x, x.shape[-1:]),
+        x.sum(-1),
+    )
+
+
+@pytest.mark.parametrize("perm", [(1, 0), (2, 1, 0), (0, 2, 1), (1, 2, 0)])
+def test_reductions_across_memory_read_a_copy_and_match_eager(perm: tuple[int, ...]) -> None:
+    torch.manual_seed(len(perm))
+    sizes = (80, 64, 24)[: len(perm)]
+    x = torch.randn([sizes[p] for p in perm]).permute([perm.index(d) for d in range(len(perm))])
+    compiled = _compile(_row_ops, [x], symbolic=False)
+    for got, want in zip(compiled(x), _row_ops(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    across = x.stride(-1) != 1
+    copies = [b for b in compiled.schedule.program.buffers if b.endswith("_r")]
+    assert len(copies) == int(across)

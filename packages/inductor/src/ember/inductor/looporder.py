@@ -23,7 +23,7 @@ than another only where that holds for every size the shape guards allow (each s
 >>> prog = Program({"x": x, "buf0": out}, ["x"], [Pointwise("buf0", (4, 8), body)], [])
 >>> order = pick_order(prog, prog.nodes[0])
 >>> order
-Order(outer=(1, 0), reduce=())
+Order(outer=(1, 0), reduce=(), tile=None)
 >>> node, layout = reordered(prog, prog.nodes[0], order)
 >>> print(node, layout.strides)
 buf0[8, 4] = EXP(x[4*i0 + i1]) (4, 1)
@@ -81,7 +81,7 @@ def pick_order(prog: Program, node: Pointwise | Reduction) -> Order:
     >>> body = load(x, (R[1], R[0]))  # x.t().sum()
     >>> node = Reduction("buf0", (), (4, 8), Reduce.SUM, body)
     >>> pick_order(Program({"x": x, "buf0": out}, ["x"], [node], []), node)
-    Order(outer=(), reduce=(1, 0))
+    Order(outer=(), reduce=(1, 0), tile=None)
     """
     out = prog.buffers[node.name]
     loads = [e for e in walk(node.body) if e.op is Op.LOAD]

@@ -41,6 +41,7 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 
+from ember.inductor import check
 from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import (
     Expr,
@@ -61,6 +62,7 @@ from ember.inductor.ir import (
 from ember.inductor.looporder import pick_order, reordered
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.reshape import reshape_index
+from ember.inductor.restage import restage
 
 __all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
 
@@ -569,6 +571,9 @@ def may_alias(step: Extern) -> bool:
 
 def schedule(prog: Program) -> Schedule:
     """Group ``prog`` into kernels and plan its memory."""
+    prog = restage(prog)  # reductions across memory read a copy along their reduce loop
+    if check.enabled():
+        check.check(prog)
     sched = Schedule(prog, group(prog))
     plan_memory(sched)
     sched.steps = [_mark_locals(s, sched.locals) for s in sched.steps]
