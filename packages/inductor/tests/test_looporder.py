@@ -246,8 +246,8 @@ def test_no_tile_where_sizes_do_not_divide() -> None:
 def test_mixed_layouts_are_tiled_and_match_eager(dtype: torch.dtype) -> None:
     x, y = torch.randn(64, 96, dtype=dtype).t(), torch.randn(96, 64, dtype=dtype)
 
-    def f(x: T, y: T) -> tuple[T, T]:
-        return x + y, x.contiguous() * 2
+    def f(x: T, y: T) -> tuple[T, T, T]:
+        return x + y, x.contiguous() * 2, torch.cat([x, y], 1)  # cat: clamped indices
 
     compiled = _compile(f, [x, y], symbolic=False)
     for got, want in zip(compiled(x, y), f(x, y), strict=True):
@@ -280,3 +280,16 @@ def test_reductions_across_memory_read_a_copy_and_match_eager(perm: tuple[int, .
     across = x.stride(-1) != 1
     copies = [b for b in compiled.schedule.program.buffers if b.endswith("_r")]
     assert len(copies) == int(across)
+
+
+def test_a_column_sum_beside_other_readers_keeps_the_column_kernel() -> None:
+    # a bias gradient (sum over the batch) beside the pointwise backward of the same gradient
+    g = torch.randn(256, 64)
+
+    def f(g: T) -> tuple[T, T]:
+        return g.sum(0), g * 2
+
+    compiled = _compile(f, [g], symbolic=False)
+    for got, want in zip(compiled(g), f(g), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not [b for b in compiled.schedule.program.buffers if b.endswith("_r")]

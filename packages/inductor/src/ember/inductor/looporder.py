@@ -188,12 +188,28 @@ def _stride(index: sympy.Expr, v: sympy.Symbol) -> Any:
     """How far ``index`` moves when ``v`` steps by one (None: not affine in ``v``)."""
     if v not in index.free_symbols:
         return 0
+    index = _unclamped(index, v)
     if any(v in a.free_symbols for a in index.atoms(sympy.floor, sympy.Mod)):
         return None
     step = sympy.diff(index, v)
     if step.free_symbols & (set(I) | set(R)):
         return None  # a product of loop variables: not a stride
     return int(step) if step.is_Integer else step
+
+
+def _unclamped(index: sympy.Expr, v: sympy.Symbol) -> sympy.Expr:
+    """``index`` with each clamp of ``v`` (``Min(1023, Max(0, v - 1))``: pad, cat) replaced
+    by its argument that moves with ``v``: inside the clamp's range that is its stride."""
+
+    def inner(*args: sympy.Expr) -> sympy.Expr:
+        moving = [a for a in args if v in a.free_symbols]
+        return moving[0] if len(moving) == 1 else sympy.Min(*args)
+
+    def inner_max(*args: sympy.Expr) -> sympy.Expr:
+        moving = [a for a in args if v in a.free_symbols]
+        return moving[0] if len(moving) == 1 else sympy.Max(*args)
+
+    return index.replace(sympy.Max, inner_max).replace(sympy.Min, inner)
 
 
 def _order(sizes: tuple[Any, ...], accesses: list[Access]) -> tuple[int, ...]:

@@ -99,11 +99,22 @@ def _across(prog: Program, node: Node) -> list[str]:
 
 
 def _shared(prog: Program, node: Reduction) -> bool:
-    """Another node reads what ``node`` reads (a softmax's or layer norm's later passes):
-    the kernel over its rows has more than one stage, which the column kernel does not run."""
+    """Another node over the same rows reads what ``node`` reads, across memory along its
+    innermost loop (a softmax's or layer norm's later passes): the kernel over those rows
+    has more than one stage, which the column kernel does not run. (The bias gradient's
+    column sum beside the pointwise backward over the whole gradient keeps the column
+    kernel: their rows differ.)"""
     mine = {e.arg[0] for e in _loads(node.body)}
-    others = (n for n in prog.nodes if isinstance(n, Pointwise | Reduction) and n is not node)
-    return any(mine & {e.arg[0] for e in _loads(n.body)} for n in others)
+    for other in prog.nodes:
+        if not isinstance(other, Pointwise | Reduction) or other is node:
+            continue
+        if other.ranges[: len(node.ranges)] != node.ranges or (inner := _innermost(other)) is None:
+            continue
+        for e in _loads(other.body):
+            step = _coeff(e.arg[1], inner)
+            if e.arg[0] in mine and (step is None or abs(step) > 1):
+                return True
+    return False
 
 
 def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
