@@ -293,3 +293,16 @@ def test_a_column_sum_beside_other_readers_keeps_the_column_kernel() -> None:
     for got, want in zip(compiled(g), f(g), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not [b for b in compiled.schedule.program.buffers if b.endswith("_r")]
+
+
+def test_a_row_sum_whose_consumer_runs_along_memory_keeps_the_column_kernel() -> None:
+    # RMS norm of a transposed input: its output keeps x's layout, so the scale runs in
+    # memory order and only the sum reads across memory, which the column kernel does
+    x = torch.randn(64, 96).t()
+
+    def f(x: T) -> T:
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)
+
+    compiled = _compile(f, [x], symbolic=False)
+    torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-4)
+    assert not [b for b in compiled.schedule.program.buffers if b.endswith("_r")]

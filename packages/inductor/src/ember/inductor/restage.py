@@ -41,12 +41,13 @@ from ember.inductor.ir import (
     load,
     walk,
 )
-from ember.inductor.ops import Op, Reduce
+from ember.inductor.looporder import pick_order
+from ember.inductor.ops import WELFORD, Op, Reduce
 
 __all__ = ["restage"]
 
 # reductions the column kernel runs along memory when they are alone in their kernel
-COLUMN = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL})
+COLUMN = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL}) | WELFORD
 MIN_ELEMENTS = 4096  # a smaller buffer stays in cache: no copy
 
 
@@ -82,7 +83,9 @@ def _across(prog: Program, node: Node) -> list[str]:
         return []
     if node.kind in COLUMN and not _shared(prog, node):
         return []  # the column kernel (codegen_cpp) runs it along memory already
-    r = R[len(node.reduce_ranges) - 1]
+    r = _innermost(prog, node)
+    if r is None:
+        return []
     out = []
     for e in _loads(node.body):
         buf = prog.buffers[e.arg[0]]
@@ -108,7 +111,8 @@ def _shared(prog: Program, node: Reduction) -> bool:
     for other in prog.nodes:
         if not isinstance(other, Pointwise | Reduction) or other is node:
             continue
-        if other.ranges[: len(node.ranges)] != node.ranges or (inner := _innermost(other)) is None:
+        inner = _innermost(prog, other)
+        if other.ranges[: len(node.ranges)] != node.ranges or inner is None:
             continue
         for e in _loads(other.body):
             step = _coeff(e.arg[1], inner)
@@ -122,7 +126,8 @@ def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
     ``node``'s reduce loop moves along; returns the copy's name."""
     buf = prog.buffers[name]
     lay = buf.layout
-    r = R[len(node.reduce_ranges) - 1]
+    r = _innermost(prog, node)
+    assert r is not None  # _across found a reduce loop
     step = next(_coeff(e.arg[1], r) for e in _loads(node.body) if e.arg[0] == name) or 0
     along = next(d for d, s in enumerate(lay.strides) if abs(s) == abs(step) and lay.sizes[d] > 1)
     order = sorted(range(len(lay.sizes)), key=lambda d: (d == along, -abs(lay.strides[d])))
@@ -142,7 +147,7 @@ def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
 def _redirect(prog: Program, node: Pointwise | Reduction, copies: dict[str, str]) -> Node:
     """``node`` reading each copied buffer from its copy where that moves its innermost loop
     along memory and the copy's index simplifies to an affine one."""
-    inner = _innermost(node)
+    inner = _innermost(prog, node)
     bounds = dict(zip(I, node.ranges, strict=False))
     if isinstance(node, Reduction):
         bounds |= dict(zip(R, node.reduce_ranges, strict=False))
@@ -184,10 +189,14 @@ def _index_in(
     return None if out.has(sympy.floor, sympy.Mod) else out
 
 
-def _innermost(node: Pointwise | Reduction) -> sympy.Symbol | None:
+def _innermost(prog: Program, node: Pointwise | Reduction) -> sympy.Symbol | None:
+    """The loop variable of ``node`` that the scheduler runs innermost (its loop order,
+    :func:`ember.inductor.looporder.pick_order`; with tiles, the one they run along: read
+    from the copy, the node runs untiled, and in one kernel with the reduction's rows)."""
+    order = pick_order(prog, node)
     if isinstance(node, Reduction):
-        return R[len(node.reduce_ranges) - 1] if node.reduce_ranges else None
-    return I[len(node.ranges) - 1] if node.ranges else None
+        return R[order.reduce[-1]] if node.reduce_ranges else None
+    return I[order.outer[-1]] if node.ranges else None
 
 
 def _replace(e: Expr, swap: dict[Expr, Expr]) -> Expr:
