@@ -102,14 +102,15 @@ def _across(prog: Program, node: Node) -> list[str]:
 
 
 def _shared(prog: Program, node: Reduction) -> bool:
-    """Another node over the same rows reads what ``node`` reads, across memory along its
-    innermost loop (a softmax's or layer norm's later passes): the kernel over those rows
-    has more than one stage, which the column kernel does not run. (The bias gradient's
-    column sum beside the pointwise backward over the whole gradient keeps the column
-    kernel: their rows differ.)"""
+    """A pointwise node over the same rows reads what ``node`` reads, across memory along
+    its innermost loop (a softmax's or layer norm's last pass): the kernel over those rows
+    has a pointwise stage, which the column kernel does not run. (Reductions beside it,
+    such as layer norm's weight and bias gradients, share one column kernel; the bias
+    gradient's column sum beside the pointwise backward over the whole gradient keeps it
+    too: their rows differ.)"""
     mine = {e.arg[0] for e in _loads(node.body)}
     for other in prog.nodes:
-        if not isinstance(other, Pointwise | Reduction) or other is node:
+        if not isinstance(other, Pointwise):
             continue
         inner = _innermost(prog, other)
         if other.ranges[: len(node.ranges)] != node.ranges or inner is None:
