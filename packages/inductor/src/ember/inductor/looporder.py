@@ -52,7 +52,11 @@ TILE = 16  # a tile's side: 16 floats fill a 64-byte cache line
 @dataclass(frozen=True, slots=True)
 class Order:
     """Loop orders of one node, outermost first: ``outer`` permutes its ``ranges``,
-    ``reduce`` its ``reduce_ranges`` (empty: kept as lowered)."""
+    ``reduce`` its ``reduce_ranges`` (empty: kept as lowered).
+
+    >>> Order((0, 1)).kept, Order((1, 0)).kept, Order((0, 1), (), (0, 16)).kept
+    (True, False, False)
+    """
 
     outer: tuple[int, ...]
     reduce: tuple[int, ...] = ()
@@ -102,7 +106,18 @@ def reordered(
 ) -> tuple[Pointwise | Reduction, Layout]:
     """``node`` with its loops permuted by ``order`` (loop ``j`` is the old loop
     ``order.outer[j]``), and its output's layout permuted alike: the same element stored at
-    each point, only visited in another order."""
+    each point, only visited in another order.
+
+    >>> import torch
+    >>> from ember.inductor.ir import Buffer, I, Layout, Pointwise, Program, load
+    >>> x = Buffer("x", torch.float32, Layout.contiguous((32, 32)))
+    >>> out = Buffer("buf0", torch.float32, Layout.contiguous((32, 32)))
+    >>> node = Pointwise("buf0", (32, 32), load(x, (I[1], I[0])))  # x.t().contiguous()
+    >>> prog = Program({"x": x, "buf0": out}, ["x"], [node], [])
+    >>> tiled, layout = reordered(prog, node, pick_order(prog, node))  # 16x16 tiles
+    >>> print(tiled, layout.strides)
+    buf0[2, 2, 16, 16] = x[16*i0 + 512*i1 + i2 + 32*i3] (512, 16, 32, 1)
+    """
     layout = prog.buffers[node.name].layout
     if order.kept:
         return node, layout
