@@ -41,11 +41,13 @@ from typing import Any
 import sympy  # type: ignore[import-untyped]
 import torch
 
+from ember.inductor import check
 from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import (
     Expr,
     Extern,
     I,
+    Layout,
     Node,
     Pointwise,
     Program,
@@ -57,8 +59,10 @@ from ember.inductor.ir import (
     scalars,
     walk,
 )
+from ember.inductor.looporder import pick_order, reordered
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.reshape import reshape_index
+from ember.inductor.restage import restage
 
 __all__ = ["Kernel", "Schedule", "Stage", "Store", "X", "Y", "eliminate_dead", "schedule"]
 
@@ -242,8 +246,9 @@ def _fresh_outer(node: Pointwise | Reduction) -> tuple[int, ...]:
     return node.ranges[:-1] if len(node.ranges) > 1 else ()
 
 
-def _store(prog: Program, node: Pointwise | Reduction, k: int, outer: tuple[int, ...]) -> Store:
-    """``node`` in kernel variables: its first ``k`` loops outer, the rest inner."""
+def _store(node: Pointwise | Reduction, out: Layout, k: int, outer: tuple[int, ...]) -> Store:
+    """``node`` (writing through ``out``) in kernel variables: its first ``k`` loops outer,
+    the rest inner."""
     inner = node.ranges[k:] if isinstance(node, Pointwise) else node.reduce_ranges
     same = node.ranges[:k] == outer
     rows = X[:k] if same else _reindex(outer, node.ranges[:k])
@@ -251,7 +256,6 @@ def _store(prog: Program, node: Pointwise | Reduction, k: int, outer: tuple[int,
     sub |= {I[k + j]: Y[j] for j in range(len(inner))} if isinstance(node, Pointwise) else {}
     sub |= {R[j]: Y[j] for j in range(len(inner))} if isinstance(node, Reduction) else {}
     body = _subst(node.body, sub)
-    out = prog.buffers[node.name].layout
     if isinstance(node, Pointwise):
         index = out.index([sub[i] for i in I[: len(node.ranges)]])
     else:
@@ -340,13 +344,16 @@ def group(prog: Program) -> list[Kernel | Extern]:
             steps.append(node)
             made |= {n: len(steps) - 1 for n in node.names}
             continue
+        # loops in memory order (looporder.py): a change of the node's loop variables
+        node, out = reordered(prog, node, pick_order(prog, node))
         reads_open = open_ is not None and bool(reads(node) & open_.written.keys())
         late = None if reads_open else _late_host(node, steps, made)
-        host = next((k for k in (late, open_) if k is not None and _join(prog, node, k)), None)
+        hosts = (k for k in (late, open_) if k is not None and _join(node, out, k))
+        host = next(hosts, None)
         if host is None:
             open_ = host = _Open(_fresh_outer(node), [], {}, len(steps))
             steps.append(open_)
-            joined = _join(prog, node, open_)
+            joined = _join(node, out, open_)
             assert joined
         made[node.name] = host.step
     kernels: list[Kernel | Extern] = []
@@ -359,12 +366,12 @@ def group(prog: Program) -> list[Kernel | Extern]:
     return kernels
 
 
-def _join(prog: Program, node: Pointwise | Reduction, kernel: _Open) -> bool:
-    """Add ``node`` to ``kernel`` if it can run there."""
+def _join(node: Pointwise | Reduction, out: Layout, kernel: _Open) -> bool:
+    """Add ``node`` (writing through ``out``) to ``kernel`` if it can run there."""
     k = _outer_dims(node, kernel.outer)
     if k is None:
         return False
-    store, inner = _store(prog, node, k, kernel.outer), _inner(node, k)
+    store, inner = _store(node, out, k, kernel.outer), _inner(node, k)
     if not _fits(kernel, store, inner):
         return False
     _add(kernel, store, inner)
@@ -564,6 +571,9 @@ def may_alias(step: Extern) -> bool:
 
 def schedule(prog: Program) -> Schedule:
     """Group ``prog`` into kernels and plan its memory."""
+    prog = restage(prog)  # reductions across memory read a copy along their reduce loop
+    if check.enabled():
+        check.check(prog)
     sched = Schedule(prog, group(prog))
     plan_memory(sched)
     sched.steps = [_mark_locals(s, sched.locals) for s in sched.steps]
