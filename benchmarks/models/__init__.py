@@ -79,6 +79,25 @@ class ConvNet(nn.Module):
         return self.head(x)
 
 
+class ConvBN(nn.Module):
+    """Conv, eval-mode BatchNorm with statistics far from the identity (so a batch norm
+    that freezing failed to fold shows in the values), ReLU, classifier."""
+
+    def __init__(self, bias: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, bias=bias)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 6 * 6, 4)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.weight.uniform_(0.5, 2)
+            self.bn.bias.uniform_(-1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float) -> None:
         super().__init__()

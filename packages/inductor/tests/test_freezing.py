@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from models import ConvBN  # benchmarks/models: on the path for every package's tests
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph, freezing, settings
@@ -25,119 +26,6 @@ def frozen_param(*shape: int) -> torch.nn.Parameter:
 
 def ops(gm: torch.fx.GraphModule) -> list[Any]:
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
-
-
-class ConvBN(torch.nn.Module):
-    def __init__(self, bias: bool = True) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, bias=bias)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8 * 6 * 6, 4)
-        with torch.no_grad():  # statistics far from the identity, so a missed fold shows
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-            self.bn.weight.uniform_(0.5, 2)
-            self.bn.bias.uniform_(-1, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
-
-
-@pytest.fixture
-def plans(monkeypatch: pytest.MonkeyPatch) -> list[freezing.FrozenGraph]:
-    """Every FrozenGraph that ember.inductor makes during the test."""
-    made: list[freezing.FrozenGraph] = []
-    real = freezing.freeze
-
-    def spy(*args: Any) -> Any:
-        out = real(*args)
-        if isinstance(out, freezing.FrozenGraph):
-            made.append(out)
-        return out
-
-    monkeypatch.setattr(freezing, "freeze", spy)
-    return made
-
-
-def test_batch_norm_folds_into_the_conv_end_to_end(plans: list[freezing.FrozenGraph]) -> None:
-    import ember.compiler
-
-    torch.manual_seed(0)
-    m = ConvBN().eval()
-    compiled = ember.compiler.compile(m, backend="inductor", options={"freezing": True})
-    x = torch.randn(2, 3, 8, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), m(x))
-        torch.testing.assert_close(compiled(x), m(x))
-    (frozen,) = plans
-    assert frozen.plan.conv_affine == 1
-    # the batch norm arithmetic is gone from the per-call graph: conv, relu, view, addmm
-    left = ops(frozen.plan.graph)
-    assert aten.sub.Tensor not in left and aten.mul.Tensor not in left, left
-    assert aten.permute.default not in left  # the linear weight's transpose was folded
-    assert frozen.refreezes == 0  # the same parameters every call: no work spent again
-
-
-def test_in_place_updates_refreeze(plans: list[freezing.FrozenGraph]) -> None:
-    import ember.compiler
-
-    torch.manual_seed(0)
-    m = ConvBN().eval()
-    compiled = ember.compiler.compile(m, backend="inductor", options={"freezing": True})
-    x = torch.randn(2, 3, 8, 8)
-    with torch.no_grad():
-        compiled(x)
-        m.conv.weight.mul_(2)
-        torch.testing.assert_close(compiled(x), m(x))
-        m.bn.running_var.mul_(3)
-        torch.testing.assert_close(compiled(x), m(x))
-        m.fc.weight.add_(1)
-        torch.testing.assert_close(compiled(x), m(x))
-        m.load_state_dict(ConvBN().eval().state_dict())  # copy_ into each tensor
-        torch.testing.assert_close(compiled(x), m(x))
-    (frozen,) = plans
-    assert frozen.refreezes == 4
-    assert "updated in place (version" in frozen.reasons[0], frozen.reasons
-    assert frozen.fallback is None
-
-
-def test_training_graphs_are_never_frozen(plans: list[freezing.FrozenGraph]) -> None:
-    import ember.compiler
-
-    torch.manual_seed(0)
-    m = ConvBN().eval()
-    reference = ConvBN().eval()
-    reference.load_state_dict(m.state_dict())
-    compiled = ember.compiler.compile(m, backend="inductor", options={"freezing": True})
-    x = torch.randn(2, 3, 8, 8)
-    for _ in range(2):  # a training step moves the weights: the next step must see them
-        compiled(x).sum().backward()
-        reference(x).sum().backward()
-        with torch.no_grad():
-            for p, q in zip(m.parameters(), reference.parameters(), strict=True):
-                torch.testing.assert_close(p.grad, q.grad)
-                p -= 0.1 * p.grad
-                q -= 0.1 * q.grad
-    assert plans == []
-
-
-def test_the_setting_turns_it_on(plans: list[freezing.FrozenGraph]) -> None:
-    import ember.compiler
-
-    m = torch.nn.Linear(16, 8)
-    x = torch.randn(4, 16)
-    with ember.compiler.config.patch({"inductor.freezing": True}):
-        compiled = ember.compiler.compile(m, backend="inductor")
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), m(x))
-    assert len(plans) == 1 and plans[0].plan.frozen
-
-
-def test_a_bad_option_fails_in_compile() -> None:
-    import ember.compiler
-
-    with pytest.raises((TypeError, ValueError), match=r"freezing.*must be a bool"):
-        ember.compiler.compile(torch.nn.Linear(2, 2), backend="inductor", options={"freezing": 1})
 
 
 def linear_graph(weight: torch.Tensor) -> tuple[torch.fx.GraphModule, list[Any]]:
@@ -250,22 +138,6 @@ def test_compile_graph_reads_the_option() -> None:
     assert isinstance(compiled, freezing.FrozenGraph)
     torch.testing.assert_close(compiled(*inputs), gm(*inputs))
     assert settings.section.get().freezing is False  # off unless asked for
-
-
-def test_symbolic_sizes_keep_the_folds(plans: list[freezing.FrozenGraph]) -> None:
-    """Under dynamic=True the batch is symbolic; the weights stay constants of one size."""
-    import ember.compiler
-
-    torch.manual_seed(0)
-    m = ConvBN().eval()
-    compiled = ember.compiler.compile(
-        m, backend="inductor", dynamic=True, options={"freezing": True}
-    )
-    with torch.no_grad():
-        for batch in (2, 3, 5):
-            x = torch.randn(batch, 3, 8, 8)
-            torch.testing.assert_close(compiled(x), m(x))
-    assert len(plans) == 1 and plans[0].plan.conv_affine == 1 and plans[0].refreezes == 0
 
 
 def test_inference_tensors_are_not_frozen() -> None:
