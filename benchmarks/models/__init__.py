@@ -11,6 +11,7 @@ eager and compiled runs can start from identical state.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 from collections.abc import Callable
@@ -21,7 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ZOO", "Case"]
+__all__ = ["ZOO", "Case", "not_installed"]
+
+
+def not_installed(module: str, install: str) -> str | None:
+    """Why models that need ``module`` (a test/benchmark dependency) cannot be built here,
+    or None when it is installed; ``install`` names what to pip install.
+
+    >>> not_installed("torch", "torch") is None
+    True
+    """
+    if importlib.util.find_spec(module) is None:
+        return (
+            f"{module} is not installed (a test/benchmark dependency: "
+            f"pip install -c ci/constraints.txt {install})"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -31,17 +31,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from models import not_installed
+
 __all__ = ["DIFFUSION_MODELS", "DiffusionModel", "missing"]
 
 
 def missing() -> str | None:
     """Why the models cannot be built (diffusers not installed), or None if they can."""
-    if importlib.util.find_spec("diffusers") is None:
-        return (
-            "diffusers is not installed (a test/benchmark dependency: "
-            "pip install -c ci/constraints.txt diffusers)"
-        )
-    return None
+    return not_installed("diffusers", "diffusers")
 
 
 @dataclass(frozen=True)

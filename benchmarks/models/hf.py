@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models import not_installed
+
 __all__ = ["ATTENTION", "HF_MODELS", "HFModel", "missing"]
 
 # The attention transformers runs: torch's SDPA kernel, its default since torch 2.1.
@@ -43,12 +45,7 @@ Inputs = dict[str, torch.Tensor]
 
 def missing() -> str | None:
     """Why the models cannot be built (transformers not installed), or None if they can."""
-    if importlib.util.find_spec("transformers") is None:
-        return (
-            "transformers is not installed (a test/benchmark dependency: "
-            "pip install -c ci/constraints.txt transformers einops)"
-        )
-    return None
+    return not_installed("transformers", "transformers einops")
 
 
 @dataclass(frozen=True)
