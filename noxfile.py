@@ -2,6 +2,7 @@
 
     python3 -m nox -s tests          # every package editable in one environment, full pytest run
     python3 -m nox -s isolation      # each package installed alone (with its declared deps only)
+                                     # (compiler-api: its import check and a few files)
     python3 -m nox -s typecheck      # mypy --strict over every package
     python3 -m nox -s lint           # ruff check + ruff format --check, C warnings as errors
     python3 -m nox -s demo           # compile the model zoo, print what was captured and speed
@@ -27,7 +28,15 @@ import nox
 ROOT = Path(__file__).parent
 CONSTRAINTS = ROOT / "ci" / "constraints.txt"
 PACKAGES = ["guards", "capture", "aotgraph", "inductor", "compiler-api"]
-TEST_TOOLS = ["pytest", "hypothesis", "expecttest", "setuptools"]
+TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "expecttest", "setuptools"]
+# Tests run on two worker processes, a test file to each (CI has 2 cores; a file's tests
+# stay together, in order, in one process).
+WORKERS = ["-n", "2", "--dist", "loadfile"]
+# compiler-api depends on every other package, so its environment alone proves little
+# that the `tests` session has not: installed alone, it runs its import check and these
+# files (its doctests, the public API, the report page that reads package data); the
+# `tests` session runs all of them.
+COMPILER_API_ALONE = ["test_docs.py", "test_compile_api.py", "test_report.py"]
 # Real models for tests, benchmarks and the demo (tiny random-init configs, no weights):
 # test dependencies only, pinned in ci/constraints.txt; no ember package requires them.
 REAL_MODEL_DEPS = ["transformers", "einops", "diffusers"]
@@ -80,22 +89,28 @@ def _install_stamp(args: list[str]) -> str:
     return h.hexdigest()
 
 
-def _install(session: nox.Session, *args: str) -> None:
-    """``pip install -c constraints *args``, skipped when the environment already has it."""
+def _install(session: nox.Session, *args: str, torch: bool = True) -> None:
+    """``pip install -c constraints *args``, skipped when the environment already has it.
+
+    ``torch=False`` (lint) leaves torch out: installing it is most of a session's set-up.
+    """
     stamp_file = Path(str(session.virtualenv.location)) / ".ember-install-stamp"
     stamp = _install_stamp(list(args))
     if "--reinstall" not in session.posargs and stamp_file.exists():
         if stamp_file.read_text() == stamp:
             session.log("install step unchanged since last run: skipped")
             return
-    session.install("-c", str(CONSTRAINTS), "setuptools", "torch", "numpy")
-    session.install("-c", str(CONSTRAINTS), "--no-build-isolation", *args)
+    if torch:
+        session.install("-c", str(CONSTRAINTS), "setuptools", "torch", "numpy")
+        session.install("-c", str(CONSTRAINTS), "--no-build-isolation", *args)
+    else:
+        session.install("-c", str(CONSTRAINTS), *args)
     stamp_file.write_text(stamp)
 
 
 def _pytest_args(session: nox.Session, paths: list[str]) -> list[str]:
     extra = [a for a in session.posargs if a != "--reinstall"]
-    return ["-m", "pytest", *paths, *extra]
+    return ["-m", "pytest", *WORKERS, *paths, *extra]
 
 
 def _browser(session: nox.Session) -> None:
@@ -125,13 +140,15 @@ def tests(session: nox.Session) -> None:
 def isolation(session: nox.Session, package: str) -> None:
     """One package installed alone, with only its declared dependencies; its own tests."""
     needed = [f"packages/{f}" for f in _ember_requirements(package)]
-    extra = REAL_MODEL_DEPS if package == "compiler-api" else []  # its real-model tests
-    _install(session, *TEST_TOOLS, *extra, *needed)
+    _install(session, *TEST_TOOLS, *needed)
     if package == "compiler-api":
         _browser(session)
     allowed = [_module(f) for f in _ember_requirements(package)]
     session.run("python", "ci/imports_alone.py", *allowed)
-    session.run("python", *_pytest_args(session, [f"packages/{package}"]))
+    paths = [f"packages/{package}"]
+    if package == "compiler-api":
+        paths = [f"packages/compiler-api/tests/{name}" for name in COMPILER_API_ALONE]
+    session.run("python", *_pytest_args(session, paths))
 
 
 @nox.session(python="3.11")
@@ -145,7 +162,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) over Python; the C sources compiled with warnings as errors."""
-    _install(session, "ruff")
+    _install(session, "ruff", torch=False)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("python", "ci/check_readme.py")

@@ -27,7 +27,7 @@ def bench(*args: str, out: Path) -> tuple[subprocess.CompletedProcess[str], dict
         [sys.executable, str(RUN), "--out", str(out), *args],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,  # two test workers share the 2 cores of CI
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
