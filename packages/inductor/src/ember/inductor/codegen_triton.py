@@ -184,6 +184,26 @@ class TritonPrinter:
         memo[e] = name
         return name
 
+    def rounded(self, value: str, dtype: torch.dtype) -> str:
+        """``value`` rounded to half precision ``dtype``, as float32. The interpreter converts
+        float32 to bfloat16 by truncation: there, a helper rounds to nearest even."""
+        if dtype == torch.bfloat16 and self.interpret:
+            return f"_ember_bf16({value})"
+        return f"{value}.to({TYPES[dtype]}).to(tl.float32)"
+
+    def stored(self, value: str, dtype: torch.dtype) -> str:
+        """``value`` converted to ``dtype`` for a store."""
+        if dtype == torch.bfloat16 and self.interpret:
+            value = f"_ember_bf16({value})"  # exact in bfloat16 now: no truncation left
+        return f"{value}.to({TYPES[dtype]})"
+
+    def pointer(self, name: str, index: sympy.Expr) -> str:
+        """``name`` at ``index``: a block of pointers even where the index is one number
+        (Triton loads and stores a block of values only through a block of pointers)."""
+        if index.free_symbols:
+            return f"{name} + ({tindex(index)})"
+        return f"{name} + {tindex(index)} + tl.zeros({self.shape}, tl.int32)"
+
     def code(self, e: Expr, args: list[str]) -> str:
         if e.op is Op.CONST:
             return self.const(e.arg, e.dtype)
@@ -195,16 +215,15 @@ class TritonPrinter:
                 {s: sympy.Symbol(a) for s, a in zip(indirect, args, strict=True)}
             )
             up = ".to(tl.float32)" if e.dtype in LOW else ""
-            return f"tl.load({src} + ({tindex(index)}), {self.mask}, other=0){up}"
+            return f"tl.load({self.pointer(src, index)}, {self.mask}, other=0){up}"
         if e.op is Op.INDEX:
             if not e.arg.free_symbols:
                 return self.const(int(e.arg), torch.int64)
             return f"({tindex(e.arg)}).to(tl.int64)"
         if e.op is Op.CAST:
-            fmt = self.ops[Op.CAST]
             if e.dtype in LOW:  # round to half precision, compute on in float32
-                return f"{args[0]}.to({TYPES[e.dtype]}).to(tl.float32)"
-            return fmt.format(args[0], T=TYPES[e.dtype])
+                return self.rounded(args[0], e.dtype)
+            return self.ops[Op.CAST].format(args[0], T=TYPES[e.dtype])
         fmt = self.ops.get(e.op)
         if fmt is None:
             where = "under Triton's interpreter" if self.interpret else "in Triton"
@@ -291,6 +310,12 @@ def _ember_welford(ma, sa, na, mb, sb, nb):  # Chan et al.'s parallel Welford st
     return ma + d * w, sa + sb + d * d * na * w, n
 """
 INTERPRETER_MATH = """
+
+@triton.jit
+def _ember_bf16(x):  # float32 rounded to bfloat16 (nearest even), as float32
+    u = x.to(tl.uint32, bitcast=True)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
 
 @triton.jit
 def _ember_tanh(x):  # float64 inside: the interpreter has no libdevice
@@ -487,6 +512,8 @@ class _KernelWriter:
         n = math.prod(st.inner)
         looped = n > rb
         depth = 1
+        if not st.is_reduction and all(self._kept(s) for s in st.stores):
+            return  # every value is recomputed where a later stage reads it
         if st.is_reduction:
             self.accumulators(st, xb, rb)
         if looped:
@@ -507,7 +534,7 @@ class _KernelWriter:
     def pointwise(self, st: Stage, memo: dict[Expr, str], depth: int) -> None:
         lines: list[str] = []
         for s in st.stores:
-            if s.local or s.name in self.sched.scratch:
+            if self._kept(s):
                 continue  # recomputed where it is read
             value = self.p.expr(self.inline(s.body), memo, lines)
             buf = self.prog.buffers[s.name]
@@ -515,8 +542,21 @@ class _KernelWriter:
         for line in lines:
             self.emit(line, depth)
 
+    def _rounding(self, value: str, body: torch.dtype, buffer: torch.dtype) -> str:
+        """A reduction's result as its buffer's dtype, which later stages read (as the C++
+        kernel's local variable of that type): half precision rounds and stays float32."""
+        if buffer == body:
+            return value
+        if buffer in LOW:
+            return self.p.rounded(value, buffer)
+        return f"{value}.to({TYPES[buffer]})"
+
+    def _kept(self, s: Store) -> bool:
+        """A pointwise value that never reaches memory."""
+        return s.local or s.name in self.sched.scratch
+
     def _store(self, s: Store, value: str, dtype: torch.dtype, mask: str) -> str:
-        return f"tl.store({s.name} + ({tindex(s.index)}), {value}.to({TYPES[dtype]}), {mask})"
+        return f"tl.store({self.p.pointer(s.name, s.index)}, {self.p.stored(value, dtype)}, {mask})"
 
     # ---- reductions ---------------------------------------------------------------------
 
@@ -581,20 +621,11 @@ class _KernelWriter:
                 if s.reduce in (Reduce.MAX, Reduce.MIN) and s.body.dtype.is_floating_point:
                     value = f'tl.where(tl.max({s.name}_nan, 1) > 0, float("nan"), {value})'
             buf = self.prog.buffers[s.name]
-            self.emit(f"{s.name}_l = ({value})[:, None]{_rounding(s.body.dtype, buf.dtype)}")
+            value = self._rounding(f"({value})[:, None]", s.body.dtype, buf.dtype)
+            self.emit(f"{s.name}_l = {value}")
             self.p.values[s.name] = f"{s.name}_l"
             if not s.local:
                 self.emit(self._store(s, f"{s.name}_l", buf.dtype, "xmask"))
-
-
-def _rounding(body: torch.dtype, buffer: torch.dtype) -> str:
-    """The cast a reduction's result takes to its buffer's dtype, which later stages read
-    (as the C++ kernel's local variable of that type): half precision rounds and stays float32."""
-    if buffer == body:
-        return ""
-    if buffer in LOW:
-        return f".to({TYPES[buffer]}).to(tl.float32)"
-    return f".to({TYPES[buffer]})"
 
 
 def _at(e: Expr, point: dict[sympy.Symbol, sympy.Expr]) -> Expr:
