@@ -148,6 +148,8 @@ def check_one(
     row: dict[str, Any] = {"graph": name}
     gm = make_fx(fn)(*inputs)
     ember, row["ember cold s"] = cold(lambda: _ember(compile_graph, gm, inputs))
+    # evidence that the cold compile filled the fresh Triton cache (kernels were built)
+    row["triton cache files"] = sum(len(f) for _, _, f in os.walk(os.environ["TRITON_CACHE_DIR"]))
     compiled = ember.func  # type: ignore[attr-defined]
     target = getattr(compiled, "target", None)
     row["printer"] = target.printer if target is not None else "eager (fell back)"

@@ -22,17 +22,16 @@ the graph goes to the C++ printer (CPU) or runs as aten calls (CUDA): never a gu
 >>> src, args = module_source(sched, interpret=True)
 >>> args
 {'kernel0': ['x_1', 'buf0']}
->>> print(src[src.index("@triton.jit\ndef kernel0"):])
-@triton.jit
+>>> print(src[src.index("def kernel0"):])
 def kernel0(x_1, buf0):
     index = tl.program_id(0) * 32 + tl.arange(0, 32)
     mask = index < 32
     y0 = index % 8
     x0 = (index // 8)
-    t0 = tl.load(x_1 + ((8 * x0 + y0)), mask, other=0)
+    t0 = tl.load(x_1 + (index), mask, other=0)
     t1 = tl.exp(t0)
     t2 = (t1 + tl.full([1], 1.0, tl.float32))
-    tl.store(buf0 + ((8 * x0 + y0)), t2.to(tl.float32), mask)
+    tl.store(buf0 + (index), t2.to(tl.float32), mask)
 <BLANKLINE>
 <BLANKLINE>
 def launch_kernel0(x_1, buf0):
@@ -51,7 +50,7 @@ import torch
 
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
-from ember.inductor.ir import Expr, map_indices, walk
+from ember.inductor.ir import Expr, Layout, map_indices, walk
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 
@@ -145,6 +144,7 @@ class TritonPrinter:
     def __init__(self, interpret: bool, shape: str = "[1, 1]") -> None:
         self.interpret, self.shape, self.count = interpret, shape, 0
         self.mask = "mask"  # the mask of the stage being printed
+        self.flat: sympy.Expr | None = None  # a flat kernel's point as its loop variables
         self.values: dict[str, str] = {}  # buffer -> the variable holding it (per-row results)
         self.ops = dict(self.OPS)
         names = INTERPRETED if interpret else {k: f"libdevice.{v}" for k, v in LIBDEVICE.items()}
@@ -184,6 +184,15 @@ class TritonPrinter:
         memo[e] = name
         return name
 
+    def index(self, e: sympy.Expr) -> str:
+        """An index; in a flat kernel, one that moves with the flat point is printed over
+        ``index`` itself (Triton then sees contiguous loads, not a division and a modulo)."""
+        if self.flat is not None:
+            shift = sympy.expand(e - self.flat)
+            if not shift.free_symbols:
+                return "index" if shift == 0 else f"(index + {tindex(shift)})"
+        return tindex(e)
+
     def rounded(self, value: str, dtype: torch.dtype) -> str:
         """``value`` rounded to half precision ``dtype``, as float32. The interpreter converts
         float32 to bfloat16 by truncation: there, a helper rounds to nearest even."""
@@ -201,7 +210,7 @@ class TritonPrinter:
         """``name`` at ``index``: a block of pointers even where the index is one number
         (Triton loads and stores a block of values only through a block of pointers)."""
         if index.free_symbols:
-            return f"{name} + ({tindex(index)})"
+            return f"{name} + ({self.index(index)})"
         return f"{name} + {tindex(index)} + tl.zeros({self.shape}, tl.int32)"
 
     def code(self, e: Expr, args: list[str]) -> str:
@@ -219,7 +228,7 @@ class TritonPrinter:
         if e.op is Op.INDEX:
             if not e.arg.free_symbols:
                 return self.const(int(e.arg), torch.int64)
-            return f"({tindex(e.arg)}).to(tl.int64)"
+            return f"({self.index(e.arg)}).to(tl.int64)"
         if e.op is Op.CAST:
             if e.dtype in LOW:  # round to half precision, compute on in float32
                 return self.rounded(args[0], e.dtype)
@@ -476,6 +485,8 @@ class _KernelWriter:
         vars_ = [*X[: len(k.outer)], *Y[: len(inner)]]
         for line in _decompose(vars_, (*k.outer, *inner), "index"):
             self.emit(line)
+        strides = Layout.contiguous((*k.outer, *inner)).strides
+        self.p.flat = sympy.expand(sum(v * s for v, s in zip(vars_, strides, strict=True)))
         memo: dict[Expr, str] = {}
         for st in k.stages:
             self.pointwise(st, memo, 1)
@@ -526,8 +537,8 @@ class _KernelWriter:
         for line in _decompose(Y[: len(st.inner)], st.inner, "rindex"):
             self.emit(line, depth)
         if st.is_reduction:
-            self.combine(st, depth)
-            self.finish(st)
+            self.combine(st, depth, None if looped else n)
+            self.finish(st, looped)
         else:
             self.pointwise(st, {}, depth)
 
@@ -563,6 +574,8 @@ class _KernelWriter:
     def accumulators(self, st: Stage, xb: int, rb: int) -> None:
         shape = f"[{xb}, {rb}]"
         for group in by_body(s for s in st.stores if s.reduce in WELFORD):
+            if math.prod(st.inner) <= rb:
+                continue  # one block: two passes in registers (_two_pass)
             w = f"{group[0].name}_w"
             for part in ("mean", "m2", "n"):
                 self.emit(f"{w}_{part} = tl.zeros({shape}, tl.float32)")
@@ -579,8 +592,10 @@ class _KernelWriter:
             if s.reduce in (Reduce.ARGMAX, Reduce.ARGMIN):
                 self.emit(f"{s.name}_idx = tl.zeros({shape}, tl.int64)")
 
-    def combine(self, st: Stage, depth: int) -> None:
-        """Fold the block's values into the accumulators (masked points leave them as are)."""
+    def combine(self, st: Stage, depth: int, whole: int | None) -> None:
+        """Fold the block's values into the accumulators (masked points leave them as are).
+        ``whole``: the row's length when one block holds it (Welford is then two passes over
+        the values in registers: the mean, then the squared deviations from it)."""
         memo: dict[Expr, str] = {}
         lines: list[str] = []
         done: set[Expr] = set()
@@ -590,7 +605,8 @@ class _KernelWriter:
             if s.reduce in WELFORD:
                 if s.body not in done:
                     done.add(s.body)
-                    lines += _welford_step(f"{s.name}_w", v)
+                    w = f"{s.name}_w"
+                    lines += _welford_step(w, v) if whole is None else _two_pass(w, v, whole)
                 continue
             init = _identity(s.reduce, s.body.dtype)  # type: ignore[arg-type]
             lines += [
@@ -602,7 +618,7 @@ class _KernelWriter:
         for line in lines:
             self.emit(line, depth)
 
-    def finish(self, st: Stage) -> None:
+    def finish(self, st: Stage, looped: bool) -> None:
         """Reduce each accumulator across its block to a ``[XBLOCK, 1]`` result."""
         groups = {
             g[0].body: g[0].name for g in by_body(s for s in st.stores if s.reduce in WELFORD)
@@ -610,7 +626,7 @@ class _KernelWriter:
         for s in st.stores:
             if s.reduce in WELFORD:
                 w = f"{groups[s.body]}_w"
-                if s is next(x for x in st.stores if x.body == s.body):
+                if looped and s is next(x for x in st.stores if x.body == s.body):
                     self.emit(
                         f"{w}_mr, {w}_sr, {w}_nr = tl.reduce(({w}_mean, {w}_m2, {w}_n), 1, "
                         "_ember_welford)"
@@ -686,6 +702,15 @@ FINISH: dict[Reduce, str] = {
     Reduce.ARGMAX: "tl.reduce(({n}_acc, {n}_idx), 1, _ember_argmax)[1]",
     Reduce.ARGMIN: "tl.reduce(({n}_acc, {n}_idx), 1, _ember_argmin)[1]",
 }
+
+
+def _two_pass(w: str, v: str, n: int) -> list[str]:
+    """Mean and m2 of a row held in one block (no values: 0 and 0, as Welford gives)."""
+    return [
+        f"{w}_mr = tl.sum(tl.where(mask, {v}, 0.0), 1) / {max(n, 1)}",
+        f"{w}_dv = tl.where(mask, {v} - {w}_mr[:, None], 0.0)",
+        f"{w}_sr = tl.sum({w}_dv * {w}_dv, 1)",
+    ]
 
 
 def _welford_step(w: str, v: str) -> list[str]:
