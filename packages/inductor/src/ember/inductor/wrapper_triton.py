@@ -17,6 +17,7 @@ ValueError: cpu_backend='fortran': choose one of ('cpp', 'triton')
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import sys
@@ -70,11 +71,10 @@ def choose(example_inputs: Sequence[Any], cpu_backend: str) -> Target:
 
 
 def _triton() -> ModuleType | None:
-    try:
-        import triton  # optional: the 'triton' extra
+    try:  # optional (the 'triton' extra), and imported only when a graph needs it
+        return importlib.import_module("triton")
     except ImportError:
         return None
-    return triton
 
 
 def _require_interpreter() -> None:
