@@ -48,14 +48,17 @@ OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
 
 
-def _compiled(fn: Callable[..., Any], *inputs: T) -> Any:
-    """``fn`` traced and compiled by the Triton printer; its outputs checked against eager."""
+def _compiled(fn: Callable[..., Any], *inputs: T, atol: float | None = None) -> Any:
+    """``fn`` traced and compiled by the Triton printer; its outputs checked against eager
+    (``atol``: for long float sums, which add in another order than eager's)."""
     compiled = compile_graph(make_fx(fn)(*inputs), list(inputs), OPTIONS)
     assert compiled.target is not None and compiled.target.printer == "triton"
     got, want = compiled(*inputs), fn(*inputs)
-    torch.testing.assert_close(got, want, equal_nan=True)
+    tol = {} if atol is None else {"atol": atol, "rtol": 1e-5}
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
     return compiled
 
 
@@ -82,7 +85,7 @@ def test_softmax_persistent_and_looped() -> None:
     short = _compiled(lambda x: torch.softmax(x, -1), torch.randn(37, 129))
     assert "for roffset" not in short.source  # a row of 129 in one block
     long = _compiled(lambda x: torch.softmax(x, -1), torch.randn(3, 3000))
-    assert "for roffset in range(0, 3000, 256)" in long.source
+    assert "for roffset in range(0, 3000, 1024)" in long.source
     _compiled(lambda x: torch.log_softmax(x, 0), torch.randn(50, 7))  # over the non-last dim
 
 
@@ -100,6 +103,11 @@ def test_looped_welford_and_argmax() -> None:
     assert "_ember_welford)" in compiled.source  # lanes joined by Chan's formula
     long = torch.randn(3, 5000)
     _compiled(lambda t: (t.argmax(1), t.amax(1), t.sum(1)), long)  # lanes joined
+
+
+def test_long_columns_run_in_square_blocks() -> None:
+    compiled = _compiled(lambda x: (x.sum(0), x.amax(0)), torch.randn(1100, 70), atol=1e-4)
+    assert "for roffset in range(0, 1100, 64)" in compiled.source
 
 
 def test_reductions_over_last_and_other_dims() -> None:

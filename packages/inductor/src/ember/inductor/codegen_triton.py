@@ -57,7 +57,8 @@ from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 __all__ = ["PERSISTENT_MAX", "TritonPrinter", "Unsupported", "module_source"]
 
 PERSISTENT_MAX = 1024  # rows up to this many points run in one block (no loop)
-LOOP_BLOCK = 256  # the block of a looped row
+LOOP_BLOCK = 1024  # the block of a looped row
+COLUMN_BLOCK = 64  # the block of a looped column (and the rows beside it)
 FLAT_BLOCK = 1024  # points per program of a flat kernel
 ROW_ELEMENTS = 4096  # XBLOCK * RBLOCK of a row kernel, at most
 
@@ -493,15 +494,23 @@ class _KernelWriter:
         return self.lines
 
     def blocks(self) -> _Block:
-        """``XBLOCK`` and each stage's ``RBLOCK``: a short row in one block, a long one in
-        blocks of ``LOOP_BLOCK``; outer points fill the block up to ``ROW_ELEMENTS``."""
+        """``XBLOCK`` and each stage's ``RBLOCK``: a short row in one block; a long one in
+        blocks of ``LOOP_BLOCK``, one row a program (many programs), unless its loads run
+        along the outer index (a column sum): then ``COLUMN_BLOCK`` of each, so that a
+        block reads whole lines of memory. Outer points fill the rest of the block, up to
+        ``ROW_ELEMENTS``."""
         r = {}
+        rows = math.prod(self.kernel.outer)
+        looped = any(math.prod(st.inner) > PERSISTENT_MAX for st in self.kernel.stages)
+        column = looped and _along_outer(self.kernel)
         for k, st in enumerate(self.kernel.stages):
             n = math.prod(st.inner)
-            r[k] = _next_pow2(max(n, 1)) if n <= PERSISTENT_MAX else LOOP_BLOCK
+            long = COLUMN_BLOCK if column else LOOP_BLOCK
+            r[k] = _next_pow2(max(n, 1)) if n <= PERSISTENT_MAX else long
         widest = max(r.values(), default=1)
-        x = min(_next_pow2(max(math.prod(self.kernel.outer), 1)), max(1, ROW_ELEMENTS // widest))
-        self.warps = 8 if widest >= 512 else 4
+        x = 1 if looped and not column else max(1, ROW_ELEMENTS // widest)
+        x = min(_next_pow2(max(rows, 1)), x)
+        self.warps = 8 if widest * x >= 2048 else 4
         return _Block(x, r)
 
     def write_rows(self) -> list[str]:
@@ -647,6 +656,25 @@ class _KernelWriter:
 def _at(e: Expr, point: dict[sympy.Symbol, sympy.Expr]) -> Expr:
     """``e`` with its indices' loop variables set to ``point``."""
     return map_indices(e, lambda i: i.xreplace(point))
+
+
+def _along_outer(kernel: Kernel) -> bool:
+    """A reduction of the kernel loads along memory with its innermost outer loop and
+    across memory with its innermost reduce loop (``x.sum(0)``)."""
+    if not kernel.outer:
+        return False
+    xk = X[len(kernel.outer) - 1]
+    for st in kernel.stages:
+        if not st.is_reduction or not st.inner:
+            continue
+        yk = Y[len(st.inner) - 1]
+        for s in st.stores:
+            for e in walk(s.body):
+                if e.op is Op.LOAD and not e.args:
+                    index = e.arg[1]
+                    if index.coeff(xk) == 1 and index.coeff(yk) != 1:
+                        return True
+    return False
 
 
 def _compute(dtype: torch.dtype) -> torch.dtype:
