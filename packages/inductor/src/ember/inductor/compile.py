@@ -382,14 +382,16 @@ class CompiledGraph:
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
-    """Compile an aten-level graph into fused C++/OpenMP kernels; return a callable.
+    """Compile an aten-level graph into fused C++/OpenMP or Triton kernels; return a callable.
 
     The callable takes the graph's inputs and returns what ``gm`` returns.
     Ops without a lowering run as aten calls; a graph that cannot be lowered
     at all runs as ``gm`` itself, so this never fails for want of an op.
+    CUDA inputs get Triton kernels, CPU inputs C++ (or Triton's interpreter under
+    ``cpu_backend="triton"``; see docs/inductor.md, "Triton").
     ``options`` override the settings of the same names (``cxx``, ``cflags``,
-    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``) for this graph;
-    their meanings are in :class:`~ember.inductor.settings.InductorSettings`. Under
+    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``, ``cpu_backend``)
+    for this graph; their meanings are in :class:`~ember.inductor.settings.InductorSettings`. Under
     ``freezing`` the graph must be an inference graph (no gradient is taken through it).
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
