@@ -200,3 +200,26 @@ def test_asking_for_triton_without_it_is_an_error(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(RuntimeError, match="needs triton"):
         compile_graph(make_fx(lambda x: x + 1)(x), [x], OPTIONS)
     assert wrapper_triton.choose([x], "cpp").printer == "cpp"  # C++ needs no triton
+
+
+def test_a_kernel_triton_cannot_build_runs_the_graph_eagerly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ember.inductor.compile as compile_module
+
+    class CompilationError(Exception):  # as Triton raises it
+        __module__ = "triton.compiler.errors"
+
+    def broken(*args: Any) -> None:
+        raise CompilationError("at 3:4: unsupported")
+
+    x = torch.randn(6, 5)
+    fn = lambda x: (x.exp() + 1, x.sum(1))  # noqa: E731
+    compiled = compile_graph(make_fx(fn)(x), [x], OPTIONS)
+    compiled._kernels = dict.fromkeys(compiled._kernels, broken)
+    monkeypatch.setattr(compile_module, "enabled", lambda: False)  # as outside the tests
+    with pytest.warns(UserWarning, match="failed to build, running eagerly"):
+        got = compiled(x)
+    for g, w in zip(got, fn(x), strict=True):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(compiled(x)[1], fn(x)[1])  # and from then on

@@ -310,8 +310,29 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> Any:
         if self._call is None:
             self._call = self._finish()
+            if self._kernels is not None:  # Triton builds each kernel on its first launch
+                out = self._first_triton_call(args)
+                return out if self._rebuild is None else self._rebuild(out)
         out = self._call(*args)
         return out if self._rebuild is None else self._rebuild(out)
+
+    def _first_triton_call(self, args: tuple[Any, ...]) -> Any:
+        """The first call of Triton kernels; a kernel Triton fails to build (its errors come
+        from the ``triton`` package) runs the graph as aten calls from then on (tests: it
+        raises)."""
+        assert self._call is not None
+        try:
+            return self._call(*args)
+        except Exception as e:
+            if not type(e).__module__.startswith("triton") or enabled():
+                raise
+            warnings.warn(
+                f"ember.inductor: a Triton kernel failed to build, running eagerly: {e!r}",
+                stacklevel=3,
+            )
+            gm = self.gm
+            self._call = lambda *a: tuple(pytree.tree_leaves(gm(*a)))  # flat, as the wrapper's
+            return self._call(*args)
 
     def _finish(self) -> Callable[..., Any]:
         start = time.perf_counter()
@@ -329,8 +350,10 @@ class CompiledGraph:
             )
             lib, so_key = cache.load(path), path.parent.name
         assert self.schedule is not None
-        tensors = self._kernels is not None
-        self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args, tensors)
+        if self._kernels is None:  # C++ kernels take data pointers
+            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args)
+        else:  # Triton launchers take the tensors
+            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args, tensors=True)
         device = None if self.target is None else self.target.device
         call = bind(self.wrapper, consts, self.kernel_args, lib, self._kernels, device)
         self._run.times["build_and_load"] = time.perf_counter() - start
