@@ -30,9 +30,19 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from ember.inductor import autotune, cache, freezing, graph_cache, log, settings, timing
+from ember.inductor import (
+    autotune,
+    cache,
+    freezing,
+    graph_cache,
+    log,
+    settings,
+    timing,
+    wrapper_triton,
+)
 from ember.inductor.check import check, enabled
 from ember.inductor.codegen_cpp import translation_unit
+from ember.inductor.codegen_triton import Unsupported
 from ember.inductor.eager_kernels import unless_lacking
 from ember.inductor.knobs import Knobs, knobs
 from ember.inductor.lowering import Fallback, lower_graph
@@ -294,12 +304,35 @@ class CompiledGraph:
         self._build: Future[tuple[Path, str, bool]] | None = None
         self._call: Callable[..., Any] | None = None
         self._record: tuple[str, torch.fx.GraphModule] | None = None  # graph key, original gm
+        self.target: wrapper_triton.Target | None = None  # the printer and device chosen
+        self._kernels: dict[str, Callable[..., Any]] | None = None  # Triton launchers
 
     def __call__(self, *args: Any) -> Any:
         if self._call is None:
             self._call = self._finish()
+            if self._kernels is not None:  # Triton builds each kernel on its first launch
+                out = self._first_triton_call(args)
+                return out if self._rebuild is None else self._rebuild(out)
         out = self._call(*args)
         return out if self._rebuild is None else self._rebuild(out)
+
+    def _first_triton_call(self, args: tuple[Any, ...]) -> Any:
+        """The first call of Triton kernels; a kernel Triton fails to build (its errors come
+        from the ``triton`` package) runs the graph as aten calls from then on (tests: it
+        raises)."""
+        assert self._call is not None
+        try:
+            return self._call(*args)
+        except Exception as e:
+            if not type(e).__module__.startswith("triton") or enabled():
+                raise
+            warnings.warn(
+                f"ember.inductor: a Triton kernel failed to build, running eagerly: {e!r}",
+                stacklevel=3,
+            )
+            gm = self.gm
+            self._call = lambda *a: tuple(pytree.tree_leaves(gm(*a)))  # flat, as the wrapper's
+            return self._call(*args)
 
     def _finish(self) -> Callable[..., Any]:
         start = time.perf_counter()
@@ -317,8 +350,12 @@ class CompiledGraph:
             )
             lib, so_key = cache.load(path), path.parent.name
         assert self.schedule is not None
-        self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args)
-        call = bind(self.wrapper, consts, self.kernel_args, lib)
+        if self._kernels is None:  # C++ kernels take data pointers
+            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args)
+        else:  # Triton launchers take the tensors
+            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args, tensors=True)
+        device = None if self.target is None else self.target.device
+        call = bind(self.wrapper, consts, self.kernel_args, lib, self._kernels, device)
         self._run.times["build_and_load"] = time.perf_counter() - start
         self._run.write("06_wrapper.py", self.wrapper)
         self._run.write("times.json", json.dumps(self._run.times, indent=1))
@@ -368,14 +405,16 @@ class CompiledGraph:
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
-    """Compile an aten-level graph into fused C++/OpenMP kernels; return a callable.
+    """Compile an aten-level graph into fused C++/OpenMP or Triton kernels; return a callable.
 
     The callable takes the graph's inputs and returns what ``gm`` returns.
     Ops without a lowering run as aten calls; a graph that cannot be lowered
     at all runs as ``gm`` itself, so this never fails for want of an op.
+    CUDA inputs get Triton kernels, CPU inputs C++ (or Triton's interpreter under
+    ``cpu_backend="triton"``; see docs/inductor.md, "Triton").
     ``options`` override the settings of the same names (``cxx``, ``cflags``,
-    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``) for this graph;
-    their meanings are in :class:`~ember.inductor.settings.InductorSettings`. Under
+    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``, ``cpu_backend``)
+    for this graph; their meanings are in :class:`~ember.inductor.settings.InductorSettings`. Under
     ``freezing`` the graph must be an inference graph (no gradient is taken through it).
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -389,6 +428,9 @@ def compile_graph(
     if opts["freezing"]:  # module state -> constants, then this function on the rest
         inner = functools.partial(compile_graph, options={**opts, "freezing": False})
         return freezing.freeze(gm, example_inputs, inner)
+    target = wrapper_triton.choose(example_inputs, opts["cpu_backend"])  # printer, device
+    if target.printer != "cpp" and (done := _compile_triton(gm, example_inputs, opts, target)):
+        return done  # else the Triton printer declined a CPU graph: C++ takes it
     compile_options = cache.CompileOptions.resolve(opts)
     run = _Run()
     run.write("00_input_graph.txt", gm)
@@ -438,12 +480,54 @@ def _generate(
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
         sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
     with timing.TIMES.timed("codegen"):
-        source, args = run.phase("codegen", translation_unit, sched)  # C++ source
+        if (target := opts.get("target")) is not None:  # a Triton module
+            source, args = run.phase("codegen", wrapper_triton.codegen, sched, target)
+        else:
+            source, args = run.phase("codegen", translation_unit, sched)  # C++ source
     lowered = _Lowered(decomposed, sched, prog.out_spec)
-    tunable = prog.size_vars is None  # symbolic sizes: the choice would fit one example only
+    # symbolic sizes: the choice would fit one example only; Triton: C++ knobs mean nothing
+    tunable = prog.size_vars is None and target is None
     if opts["max_autotune"] and tunable and any(isinstance(s, Kernel) for s in sched.steps):
         return _autotuned(run, gm, example_inputs, fused_random, compile_options, lowered)
     return lowered, source, args
+
+
+def _compile_triton(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    opts: dict[str, Any],
+    target: wrapper_triton.Target,
+) -> Callable[..., Any] | None:
+    """The graph with Triton kernels (``target.printer == "triton"``) or as aten calls
+    (``"eager"``); None when the Triton printer declines a CPU graph, which C++ then takes.
+    A CUDA graph the printer declines runs as aten calls. No graph cache: the module is
+    cached by content, and Triton caches its builds."""
+    run = _Run()
+    run.write("00_input_graph.txt", gm)
+    run.write("target.txt", f"{target}\n")
+    log.LOG.info("printer %s on %s: %s", target.printer, target.device, target.reason)
+    reason = target.reason
+    if target.printer == "triton":
+        try:
+            options = cache.CompileOptions.resolve(opts)  # (read by C++ autotuning only)
+            with_target = {**opts, "target": target}
+            lowered, source, args = _generate(run, gm, example_inputs, with_target, options)
+            kernels = wrapper_triton.load(source, lowered.sched)
+        except (Fallback, Unsupported) as e:
+            reason = f"the Triton printer declined: {e}"
+        else:
+            run.write("05_kernels.py", source)
+            _log_generated(run, lowered.sched, source)
+            compiled = CompiledGraph(lowered.gm, run, lowered.spec)
+            compiled.schedule, compiled.source, compiled.kernel_args = lowered.sched, source, args
+            compiled.target, compiled._kernels = target, kernels
+            return compiled
+    run.write("target.txt", f"{target}\nfell back: {reason}\n")
+    if target.device == "cpu":
+        log.LOG.info("C++ printer instead: %s", reason)
+        return None
+    warnings.warn(f"ember.inductor: running the graph eagerly: {reason}", stacklevel=3)
+    return gm.forward
 
 
 def _data_dependent(gm: torch.fx.GraphModule) -> str | None:
@@ -512,6 +596,7 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
         "fallback_random": now.fallback_random,
         "max_autotune": now.max_autotune,
         "freezing": now.freezing,
+        "cpu_backend": now.cpu_backend,
     } | (options or {})
 
 

@@ -338,7 +338,7 @@ def masked_fill(ctx: Lowerer, a: Value, mask: Value, value: Any) -> Value:
 )
 def to_copy(ctx: Lowerer, a: Value, *args: Any, **kwargs: Any) -> Value:
     out = ctx.meta
-    if out.device.type != "cpu" or kwargs.get("layout") not in (None, torch.strided):
+    if out.device != ctx.device or kwargs.get("layout") not in (None, torch.strided):
         raise Fallback("a copy to another device or layout")
     if args and isinstance(args[0], Value):  # aten.copy(self, src): src broadcast to self
         a = args[0]

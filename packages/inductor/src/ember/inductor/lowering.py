@@ -126,8 +126,17 @@ class Value:
 class Lowerer:
     """The state of one lowering: buffers, nodes so far, and each fx node's value."""
 
-    def __init__(self, *, fused_random: bool = False, sv: SizeVars | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        fused_random: bool = False,
+        sv: SizeVars | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         self.fused_random = fused_random  # lower random ops (else: torch's kernels)
+        # where the graph's kernels run: a tensor elsewhere (a CPU constant in a CUDA graph)
+        # is left to its aten op
+        self.device = device or _CPU
         self.sv = sv  # the size symbols of a graph with symbolic sizes (None: all static)
         self.buffers: dict[str, Buffer] = {}
         self.nodes: list[Node] = []
@@ -370,7 +379,7 @@ class Lowerer:
             return self.scalar_op(node, args, kwargs)
         fn = LOWERINGS.get(node.target)
         takes = node.target in SCALAR_OPERANDS or not scalars((args, kwargs))
-        plain = takes and _plain_meta(node.meta.get("val"), self.sv is not None)
+        plain = takes and _plain_meta(node.meta.get("val"), self.sv is not None, self.device)
         if self.sv is not None and not _symbolic_ok(node, args, kwargs):
             fn = None  # a lowering not yet checked on symbolic sizes: the aten op runs it
         # an op eager has no kernel for at these dtypes: the aten call raises eager's error
@@ -576,13 +585,16 @@ def _number_dtype(value: Any) -> torch.dtype | None:
     return None
 
 
-def _plain_meta(meta: Any, symbolic: bool = False) -> bool:
-    """Lowerings handle dense-or-view CPU tensors of ordinary dtypes only, of static sizes
-    unless the graph is ``symbolic``."""
+_CPU = torch.device("cpu")
+
+
+def _plain_meta(meta: Any, symbolic: bool = False, device: torch.device = _CPU) -> bool:
+    """Lowerings handle dense-or-view tensors on the graph's ``device`` of ordinary dtypes
+    only, of static sizes unless the graph is ``symbolic``."""
     leaves = pytree.tree_leaves(meta)
     return all(
         isinstance(m, torch.Tensor)
-        and m.device.type == "cpu"
+        and m.device == device
         and m.dtype in DTYPES
         and not m.is_sparse
         and (symbolic or all(isinstance(s, int) for s in m.shape))
@@ -701,4 +713,6 @@ def lower_graph(
     from ember.inductor import lower_ops, lower_random, lower_views  # noqa: F401  (registers)
 
     sv = size_vars(gm, example_inputs)
-    return Lowerer(fused_random=fused_random, sv=sv).lower(gm, example_inputs)
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    device = devices.pop() if len(devices) == 1 else None  # (CUDA inputs: Triton kernels)
+    return Lowerer(fused_random=fused_random, sv=sv, device=device).lower(gm, example_inputs)

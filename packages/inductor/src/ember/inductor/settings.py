@@ -63,6 +63,13 @@ class InductorSettings:
         " matmul path) and keep the fastest, remembered on disk (mode='max-autotune')",
         env="EMBER_MAX_AUTOTUNE",
     )
+    cpu_backend: str = setting(
+        "cpp",
+        "the printer for graphs of CPU tensors: 'cpp', or 'triton' (Triton's interpreter,"
+        " TRITON_INTERPRET=1: for testing the Triton printer without a GPU). CUDA tensors"
+        " always get Triton",
+        env="EMBER_CPU_BACKEND",
+    )
 
 
 #: ember.inductor's settings (``ember.compiler.config.inductor``).

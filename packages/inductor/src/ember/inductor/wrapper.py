@@ -22,6 +22,7 @@ def call(x_1, y_1):
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 import os
 from collections.abc import Callable
@@ -146,9 +147,10 @@ def _size_or_const(src: _Source, leaf: Any) -> str:
 
 
 def wrapper_source(
-    sched: Schedule, kernel_args: dict[str, list[str]]
+    sched: Schedule, kernel_args: dict[str, list[str]], tensors: bool = False
 ) -> tuple[str, dict[str, Any]]:
-    """The source of ``call(*inputs)`` and the globals it needs (besides kernels)."""
+    """The source of ``call(*inputs)`` and the globals it needs (besides kernels).
+    ``tensors``: kernels take tensors (Triton launchers), not data pointers (C++)."""
     prog, src = sched.program, _Source()
     kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
     if prog.size_vars is not None:
@@ -187,7 +189,7 @@ def wrapper_source(
     drops = _drops(sched, set(pooled) | set(prog.inputs) | set(prog.constants))
     for k, step in enumerate(sched.steps):
         if isinstance(step, Kernel):
-            _kernel_call(src, sched, step, kernel_args[step.name], computed)
+            _kernel_call(src, sched, step, kernel_args[step.name], computed, tensors)
         else:
             _extern_call(src, sched, step, restride, computed)
         dead = drops.get(k, [])
@@ -346,7 +348,12 @@ def _alloc(src: _Source, sched: Schedule, names: list[str]) -> list[str]:
 
 
 def _kernel_call(
-    src: _Source, sched: Schedule, kernel: Kernel, args: list[str], computed: set[str]
+    src: _Source,
+    sched: Schedule,
+    kernel: Kernel,
+    args: list[str],
+    computed: set[str],
+    tensors: bool = False,
 ) -> None:
     for st in kernel.stages:
         for store in st.stores:
@@ -362,7 +369,8 @@ def _kernel_call(
                 f"    {store.name} = _empty({pytuple(buf.layout.sizes)}, "
                 f"{pytuple(buf.layout.strides)}, dtype={_dtype_name(buf.dtype, src)})"
             )
-    ptrs = ", ".join(a.split(":")[0] if ":" in a else f"{a}.data_ptr()" for a in args)
+    pointer = "{}" if tensors else "{}.data_ptr()"
+    ptrs = ", ".join(a.split(":")[0] if ":" in a else pointer.format(a) for a in args)
     src.lines.append(f"    {kernel.name}({ptrs})")
 
 
@@ -462,11 +470,21 @@ WRAPPER_FILENAME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<wr
 
 
 def bind(
-    source: str, consts: dict[str, Any], kernel_args: dict[str, list[str]], lib: ctypes.CDLL | None
+    source: str,
+    consts: dict[str, Any],
+    kernel_args: dict[str, list[str]],
+    lib: ctypes.CDLL | None,
+    kernels: dict[str, Callable[..., Any]] | None = None,
+    device: str | None = None,
 ) -> Callable[..., Any]:
-    """Compile wrapper ``source`` against loaded kernels and its constants; return ``call``."""
+    """Compile wrapper ``source`` against loaded kernels and its constants; return ``call``.
+    ``kernels``: the kernels as Python callables (Triton launchers) instead of ``lib``'s;
+    ``device``: where buffers are allocated (default: CPU)."""
+    empty = torch.empty_strided
+    if device is not None and device != "cpu":
+        empty = functools.partial(torch.empty_strided, device=device)
     env: dict[str, Any] = {
-        "_empty": torch.empty_strided,
+        "_empty": empty,
         "_as_strided": torch.as_strided,
         "_restride": _restride,
         "_take": _take,
@@ -476,7 +494,8 @@ def bind(
         "_pool": [],  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
     }
-    for name, args in kernel_args.items():
+    env.update(kernels or {})
+    for name, args in kernel_args.items() if kernels is None else ():
         assert lib is not None
         fn = getattr(lib, name)
         fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
