@@ -40,6 +40,9 @@ COMPILER_API_ALONE = ["test_docs.py", "test_compile_api.py", "test_report.py"]
 # Real models for tests, benchmarks and the demo (tiny random-init configs, no weights):
 # test dependencies only, pinned in ci/constraints.txt; no ember package requires them.
 REAL_MODEL_DEPS = ["transformers", "einops", "diffusers"]
+# The optional Triton printer's tests run under Triton's interpreter in the `tests`
+# session; ember.inductor installed alone (isolation) has no triton, and works without it.
+TRITON = ["triton"]
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
@@ -130,7 +133,7 @@ def _browser(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Every package installed editable in one environment; the full test suite."""
     editable = [arg for folder in PACKAGES for arg in ("-e", f"packages/{folder}")]
-    _install(session, *TEST_TOOLS, *REAL_MODEL_DEPS, *editable)
+    _install(session, *TEST_TOOLS, *REAL_MODEL_DEPS, *TRITON, *editable)
     _browser(session)
     session.run("python", *_pytest_args(session, ["packages"]), env={"EMBER_CHECK": "1"})
 
