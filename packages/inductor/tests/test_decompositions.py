@@ -24,7 +24,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("op", "args"), CASES, ids=lambda c: str(c)[:30])
+# ids name the op and the case's place: the random values must not be part of them, or
+# the test workers (pytest-xdist) would each collect different ids.
+IDS = [f"{op}-{i}" for i, (op, _) in enumerate(CASES)]
+
+
+@pytest.mark.parametrize(("op", "args"), CASES, ids=IDS)
 def test_prim_views_match_the_prims(op: torch._ops.OpOverload, args: tuple) -> None:
     want = op(*args)
     got = PRIM_VIEWS[op](*args)
