@@ -156,3 +156,30 @@ def test_strip_width_is_the_row_up_to_the_widest_strip() -> None:
     assert strip_width(1024, 16) == 1024 and strip_width(4096, 16) == 1024
     assert strip_width(129, 16) == 144 and strip_width(8, 16) == 16
     assert strip_width(100, 32) == 128
+
+
+def test_symbolic_sizes_run_column_kernels_with_nan() -> None:
+    # a ranged kernel (codegen_ranges): tiles of the knob's width with run-time tails
+    x = _special(70, 45, torch.float32, seed=9)
+    gm = make_fx(_reductions, tracing_mode="symbolic", decomposition_table=decompositions())(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = compile_graph(gm, [x], {"graph_cache": False})
+    assert "xe = xb +" in compiled.source
+    for rows, cols in ((70, 45), (33, 100), (5, 17)):
+        y = _special(rows, cols, torch.float32, seed=rows)
+        _check(compiled(y), _reductions(y))
+
+
+def test_two_folded_sums_in_one_column_kernel_match_eager() -> None:
+    # a mean, then the sum of squares about it: two stages of one kernel, each folding its
+    # float blocks into double totals (one counter per stage)
+    x = torch.randn(300, 200) * 3 + 5
+
+    def f(x: T) -> tuple[T, T]:
+        return ((x - x.sum(0) / 300) ** 2).sum(0), x.sum(0) * 2
+
+    compiled = _compile(f, x)
+    for got, want in zip(compiled(x), f(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert compiled.source.count("_fold = 0;") >= 4  # declared and reset, per stage
