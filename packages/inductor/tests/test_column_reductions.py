@@ -119,7 +119,8 @@ def _error(t: T, ref: T) -> float:
 
 
 @pytest.mark.parametrize(
-    "size, dim", [((1024, 1024), 0), ((100000, 3), 0), ((20000, 64), 0), ((64, 20000), 1)]
+    "size, dim",
+    [((1024, 1024), 0), ((256, 1024), 0), ((100000, 3), 0), ((20000, 64), 0), ((64, 20000), 1)],
 )
 def test_float32_sums_are_as_accurate_as_eager(size: tuple[int, int], dim: int) -> None:
     # the bench's rule: within assert_close, or at most 4x eager's error from float64

@@ -131,21 +131,24 @@ class TiledLoops(WelfordLoops):
         if st.is_reduction:
             self.tile_accumulators(st, welford, depth, xk)
             self.tile_rows(st, welford, acc, depth, xk)
-        for s in filter(self.folded, st.stores):  # the folded part and the block's
+        for s in (s for s in st.stores if self.folded(st, s)):  # the folded part and the block's
             acc[s.name] = f"({s.name}_tot[{xk} - xb] + {s.name}_acc[{xk} - xb])"
         self.tile_results(st, acc, depth, xk)
 
-    def folded(self, s: Store) -> bool:
+    def folded(self, st: Stage, s: Store) -> bool:
         """A float32 sum: accumulated in float over blocks of :data:`FOLD` rows, each block
         then added into a double total. One float accumulator per column drifted from
         eager's cascade sum (7x further from the exact sum over 1024 rows, 20x over 1e5);
         double accumulators all along ran 1.2-1.4x slower (1024x1024, one thread)."""
         body_t, stored = self.p.type(s.body.dtype), self.prog.buffers[s.name].dtype
+        rows = math.prod(st.inner)
+        if isinstance(rows, int) and rows <= FOLD_ROWS:
+            return False
         return s.reduce is Reduce.SUM and body_t == "float" and stored == torch.float32
 
     def fold(self, st: Stage, depth: int) -> None:
         """After each row: every :data:`FOLD` rows, the float sums added into their totals."""
-        sums = [s.name for s in st.stores if self.folded(s)]
+        sums = [s.name for s in st.stores if self.folded(st, s)]
         if not sums:
             return
         body = " ".join(f"{n}_tot[j] += {n}_acc[j]; {n}_acc[j] = 0;" for n in sums)
@@ -171,11 +174,11 @@ class TiledLoops(WelfordLoops):
             else:
                 self.emit(f"{t} {s.name}_acc[{tile}];", depth)
                 init = f"{s.name}_acc[j] = {self.p.REDUCE[s.reduce][0].format(T=t)};"  # type: ignore[index]
-            if self.folded(s):
+            if self.folded(st, s):
                 self.emit(f"double {s.name}_tot[{tile}];", depth)
                 init += f" {s.name}_tot[j] = 0;"
             self.emit(f"for (int64_t j = 0; j < {tile}; ++j) {{ {init} }}", depth)
-        sums = [s.name for s in st.stores if self.folded(s)]
+        sums = [s.name for s in st.stores if self.folded(st, s)]
         if sums:  # rows since the last fold, named per stage (stages share a scope)
             self.emit(f"int64_t {sums[0]}_fold = 0;", depth)
         for group in welford:
@@ -268,7 +271,13 @@ TILE = 16  # outputs a column kernel computes together (two AVX2 vectors of floa
 # the widest strip: each row of a 1024-column matrix read whole, in sequence (a strip of 16
 # read 64 bytes a row with a 4 KB jump to the next, and ran at 0.6-0.7x eager's column sum)
 STRIP = 1024
-FOLD = 16  # rows a float32 column sum accumulates in float before adding them to its total
+# rows a float32 column sum accumulates in float before adding them to its total: 1024
+# rows are 1.5e-5 from the exact sum (eager 1.4e-5, one float 9e-5); 16 rows gave 1.0e-5
+# and cost more on 512 rows (0.74x eager against 0.80)
+FOLD = 64
+# columns of at most this many rows sum in one float: its error stays below 0.82 of the
+# bench's bound (4x eager's), and folding costs 10-25% on short columns (64-512 rows)
+FOLD_ROWS = 256
 ARG = frozenset({Reduce.ARGMAX, Reduce.ARGMIN})
 TILEABLE = COLUMN  # sums, products, any/all, max/min, argmax/argmin and Welford
 # a tile element's combine where it differs from the row kernel's (``CppPrinter.REDUCE``):
