@@ -1,10 +1,14 @@
 """Column kernels: reductions whose rows are strided while the last outer index is the
-contiguous one (sums over the batch in backward graphs), computed a tile of outputs at a time.
+contiguous one (sums over the batch in backward graphs, ``x.amax(0)``), computed a strip of
+outputs at a time.
 
-Instead of one strided inner loop per output, a column kernel walks the rows once per tile
-of ``TILE`` neighbouring outputs and keeps a vector of accumulators across the tile, so its
-loads are contiguous and gcc vectorises across the tile. :class:`TiledLoops` is the part of
-the C++ kernel writer (``codegen_cpp._KernelWriter``) that writes them.
+Instead of one strided inner loop per output, a column kernel walks the rows once per strip
+of neighbouring outputs (up to :data:`STRIP`, a whole row of 1024) and keeps an array of
+accumulators across the strip, so it reads each row in sequence and gcc vectorises across
+the strip. Sums, products, any/all, max/min (NaN kept in the value), argmax/argmin and
+Welford run this way; float32 sums of long columns fold float blocks into double totals.
+:class:`TiledLoops` is the part of the C++ kernel writer (``codegen_cpp._KernelWriter``)
+that writes them.
 
 >>> import sympy, torch
 >>> from ember.inductor.ops import Op, Reduce
