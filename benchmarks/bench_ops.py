@@ -202,10 +202,12 @@ REDUCTIONS = _cases(
     ("prod_last", "near1.prod(-1)", ("near1",)),
     ("prod_all", "near1.prod()", ("near1",)),
     ("amax_last", "x.amax(-1)"),
+    ("amax_first", "x.amax(0)"),  # a column max: the reduced dim outer in memory
     ("amax_all", "x.amax()"),
     ("amin_last", "x.amin(-1)"),
     ("max_dim", "x.max(-1)"),
     ("argmax_last", "x.argmax(-1)"),
+    ("argmax_first", "x.argmax(0)"),
     ("argmax_all", "x.argmax()"),
     ("argmin_last", "x.argmin(-1)"),
     ("var_last", "x.var(-1)"),

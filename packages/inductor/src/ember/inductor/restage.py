@@ -2,8 +2,9 @@
 
 ``x.t().softmax(-1)`` reduces each row of a transposed tensor: a row lies down a column
 of memory, 4 KB between elements. Loop order cannot help (the max, the exp and the sum all
-run along the row), and the column kernel of the C++ writer takes single reductions of
-sums only. Such a reduction, and every node of its rows reading the same buffer, instead
+run along the row), and the column kernel of the C++ writer takes reductions only, not
+a pointwise pass over the same rows. Such a reduction, and every node of its rows reading
+the same buffer across memory, instead
 reads a copy of the buffer whose reduce dimension is the contiguous one; the copy is a
 pointwise node that :mod:`ember.inductor.looporder` tiles (a 16x16 transpose), so it costs
 about two passes over memory where the strided kernel missed the cache at every element.
@@ -13,10 +14,16 @@ Static sizes only (the copy's index is simplified with the loop bounds as number
 >>> from torch.fx.experimental.proxy_tensor import make_fx
 >>> from ember.inductor.lowering import lower_graph
 >>> x = torch.randn(128, 64).t()
->>> prog = restage(lower_graph(make_fx(lambda x: x.amax(-1))(x), [x]))
+>>> def f(x):  # a softmax's first two passes, its result laid out row-major
+...     return (x - x.amax(-1, keepdim=True)).contiguous()
+>>> prog = restage(lower_graph(make_fx(f)(x), [x]))
 >>> print("\\n".join(str(n) for n in prog.nodes))
 x_1_r[64, 128] = x_1[i0 + 64*i1]
 buf0[64] = MAX[128](x_1_r[128*i0 + r0])
+buf1[64, 128] = SUB(x_1_r[128*i0 + i1], buf0[i0])
+>>> prog = restage(lower_graph(make_fx(lambda x: x.amax(-1))(x), [x]))
+>>> print("\\n".join(str(n) for n in prog.nodes))  # alone: a column kernel, no copy
+buf0[64] = MAX[128](x_1[i0 + 64*r0])
 """
 
 from __future__ import annotations
@@ -47,7 +54,9 @@ from ember.inductor.ops import WELFORD, Op, Reduce
 __all__ = ["restage"]
 
 # reductions the column kernel runs along memory when they are alone in their kernel
-COLUMN = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL}) | WELFORD
+# (``codegen_tiles.TILEABLE``; defined here, which the scheduler imports before the writer)
+COLUMN = frozenset({Reduce.SUM, Reduce.PROD, Reduce.ANY, Reduce.ALL, Reduce.MAX, Reduce.MIN})
+COLUMN |= WELFORD | {Reduce.ARGMAX, Reduce.ARGMIN}
 MIN_ELEMENTS = 4096  # a smaller buffer stays in cache: no copy
 
 
