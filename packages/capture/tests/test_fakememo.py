@@ -116,3 +116,86 @@ def test_static_translations_do_not_use_it():
         memo.call(mode, "call_function", torch.sin, [x], {})
         memo.call(mode, "call_function", torch.sin, [x], {})
     assert memo.entries == {} and memo.misses == 0
+
+
+# -- TracerFakeMode: views bypass torch's fake-tensor cache under symbolic sizes ----------
+
+VIEWS = {
+    "view": lambda x: x.view(x.shape[0], -1),
+    "transpose": lambda x: x.transpose(0, 1),
+    "permute": lambda x: x.permute(2, 0, 1),
+    "split": lambda x: x.split(2, dim=-1),
+    "slice": lambda x: x[:, 1:],
+    "unsqueeze_expand": lambda x: x.unsqueeze(0).expand(3, -1, -1, -1),
+    "as_strided": lambda x: x.as_strided((2, 2), (1, 2), 1),
+    "reshape_of_transpose": lambda x: x.transpose(0, 1).reshape(-1, 4),  # a copy
+    "chain": lambda x: x.transpose(1, 2)[1:].unsqueeze(1).narrow(-1, 0, 2),
+}
+
+
+def _symbolic(mode_type: type) -> tuple[Any, Any]:
+    mode = mode_type(shape_env=ShapeEnv(), static_shapes=False)
+    dims = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]
+    )
+    return mode, mode.from_tensor(torch.randn(6, 5, 4), symbolic_context=dims)
+
+
+def _layout(t: Any) -> Any:
+    if isinstance(t, tuple | list):
+        return [_layout(i) for i in t]
+    sizes = (*t.shape, *t.stride(), t.storage_offset())
+    return (tuple(str(n) for n in sizes), t.dtype, t._is_view(), t.is_contiguous())
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_views_skip_the_cache_and_match_torchs_mode(name: str) -> None:
+    from ember.capture.fakememo import TracerFakeMode
+
+    fn = VIEWS[name]
+    results = []
+    for mode_type in (FakeTensorMode, TracerFakeMode):
+        mode, x = _symbolic(mode_type)
+        with mode:
+            out = fn(x)
+            again = fn(x)  # torch's mode: a cache hit for each view op
+        env = mode.shape_env
+        guards = [str(g.expr) for g in env.guards]
+        results.append((_layout(out), _layout(again), guards, env.replacements))
+        outs = out if isinstance(out, tuple) else (out,)
+        if name != "reshape_of_transpose":  # views of x: they share its storage
+            assert all(o.untyped_storage()._cdata == x.untyped_storage()._cdata for o in outs)
+        assert mode.cache_enabled
+    assert results[0] == results[1]
+    assert results[1][0] == results[1][1]
+
+
+def test_only_views_bypass_the_cache_and_only_with_symbolic_sizes() -> None:
+    from ember.capture.fakememo import TracerFakeMode
+
+    mode, x = _symbolic(TracerFakeMode)
+    cache = mode.shape_env.fake_tensor_cache
+    with mode:
+        x.transpose(0, 1).unsqueeze(0)
+        assert len(cache) == 0
+        x.sin()
+        hits = FakeTensorMode.cache_hits
+        x.sin()
+    assert FakeTensorMode.cache_hits > hits  # sin's ops: cached, then hit
+    assert cache and not any(getattr(k.key[0], "is_view", False) for k in cache)
+    static = TracerFakeMode()  # no ShapeEnv: torch's behaviour unchanged (global cache)
+    before = FakeTensorMode.cache_hits
+    with static:
+        y = torch.empty(3, 4)
+        y.t()
+        y.t()
+    assert FakeTensorMode.cache_hits == before + 1
+
+
+def test_a_view_that_raises_leaves_the_cache_on() -> None:
+    from ember.capture.fakememo import TracerFakeMode
+
+    mode, x = _symbolic(TracerFakeMode)
+    with mode, pytest.raises(RuntimeError):
+        x.view(7, -1, 3)  # 4*s0*s1 elements never split into 7 x ? x 3 with a static 4
+    assert mode.cache_enabled

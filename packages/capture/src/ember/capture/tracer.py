@@ -27,7 +27,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from ember.capture import bytecode_311, guarding
 from ember.capture import shapes as shapes_
-from ember.capture.fakememo import FakeMemo
+from ember.capture.fakememo import FakeMemo, TracerFakeMode
 from ember.capture.values import NULL, Const, Heap, SymV, TensorV, Value
 
 MAX_INLINE_DEPTH = 64
@@ -195,7 +195,7 @@ class Tracer:
     backend_name: str
     graph: torch.fx.Graph = field(default_factory=torch.fx.Graph)
     fake_mode: FakeTensorMode = field(
-        default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=False)
+        default_factory=lambda: TracerFakeMode(allow_non_fake_inputs=False)
     )
     # symbolic sizes: the policy, and (from the first symbolic input on) the ShapeEnv
     shapes: shapes_.Shapes = field(default_factory=shapes_.Shapes)
