@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from ember.inductor import (
     autotune,
     cache,
+    decomp_norm,
     freezing,
     graph_cache,
     log,
@@ -129,6 +130,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     table.update(get_decompositions(list(EXTRA)))
     for op in KEEP:
         table.pop(op, None)
+    table[aten.native_layer_norm.default] = decomp_norm.native_layer_norm
     table = {op: unless_lacking(op, fn) for op, fn in table.items()}  # eager's errors stay
     table[aten.view.default] = _view_as_reshape
     table.update(PRIM_VIEWS)
