@@ -6,12 +6,14 @@ A kernel whose stages are all pointwise over one inner shape is *flat*: 1-D bloc
 *row* kernel: each program takes ``XBLOCK`` outer points and runs the stages one after the
 other over 2-D ``[XBLOCK, RBLOCK]`` blocks of their inner points, in one block when the row
 is short (persistent, ``PERSISTENT_MAX``) or in a loop of blocks with accumulators
-(looped). Ragged edges are masked. Values a kernel keeps to itself are not stored: a
-reduction's result is a ``[XBLOCK, 1]`` variable, and a pointwise value read by a later
-stage is recomputed there from its body (the scheduler only lets a stage read such a value
-at the point where it was computed). Half and bfloat16 values compute in float32 and round
-where the IR casts to them. What the printer cannot write raises :class:`Unsupported`, and
-the graph goes to the C++ printer (CPU) or runs as aten calls (CUDA): never a guess.
+(looped). Ragged edges are masked. Symbolic sizes are int arguments of the kernel and of
+its launcher, which computes the grid per call; a row of symbolic length always loops.
+Values a kernel keeps to itself are not stored: a reduction's result is a ``[XBLOCK, 1]``
+variable, and a pointwise value read by a later stage is recomputed there from its body
+(the scheduler only lets a stage read such a value at the point where it was computed).
+Half and bfloat16 values compute in float32 and round where the IR casts to them. What the
+printer cannot write raises :class:`Unsupported`, and the graph goes to the C++ printer (CPU)
+or runs as aten calls (CUDA): never a guess.
 
 >>> import torch
 >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -54,6 +56,7 @@ from ember.inductor.codegen_welford import by_body
 from ember.inductor.ir import Expr, Layout, map_indices, walk
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
+from ember.inductor.symbolic import Unsupported as SizeUnsupported
 from ember.inductor.symbolic import hint, is_static, pyexpr
 from ember.inductor.triton_prelude import HEADER, HELPERS, INTERPRETER_MATH, LIBDEVICE_IMPORT
 
@@ -70,8 +73,8 @@ class Unsupported(Exception):
     """A kernel the Triton printer cannot write: the graph falls back (C++ on CPU, aten on
     CUDA), with this message recorded.
 
-    >>> str(Unsupported("symbolic sizes"))
-    'symbolic sizes'
+    >>> str(Unsupported("POW is not printed under Triton's interpreter"))
+    "POW is not printed under Triton's interpreter"
     """
 
 
@@ -455,7 +458,11 @@ class _KernelWriter:
             n = int(self.points)
             return [head, "    " + (call.format(grid=f"({-(-n // self.block)},)") if n else "pass")]
         grid = f"((_n + {self.block - 1}) // {self.block},)"
-        return [head, f"    _n = {pyexpr(self.points)}", "    if _n > 0:",
+        try:
+            points = pyexpr(self.points)
+        except SizeUnsupported as e:
+            raise Unsupported(str(e)) from e
+        return [head, f"    _n = {points}", "    if _n > 0:",
                 "        " + call.format(grid=grid)]  # fmt: skip
 
     def pid(self) -> str:

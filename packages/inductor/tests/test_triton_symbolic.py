@@ -1,0 +1,174 @@
+"""The Triton printer over symbolic sizes, under Triton's interpreter (CPU tensors,
+``cpu_backend="triton"``): each graph is traced with symbolic sizes, compiled once, and run
+at several sizes (ragged ones, rows longer than a block) against eager. Sizes reach the
+kernels as int arguments, grids are computed per call, and a row of symbolic length loops.
+
+Triton must be imported with ``TRITON_INTERPRET=1`` set (see ``test_triton.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from ember.inductor import compile_graph, decompositions
+
+_before = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton
+except ImportError:
+    triton = None
+finally:
+    if _before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _before
+
+_INTERPRETED = triton is not None and type(triton.language.sum).__name__ == "InterpretedFunction"
+pytestmark = pytest.mark.skipif(
+    not _INTERPRETED,
+    reason="triton is not importable"
+    if triton is None
+    else "triton was imported before TRITON_INTERPRET=1 (its library is compiled for GPUs)",
+)
+
+T = torch.Tensor
+OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
+Shapes = Sequence[tuple[int, ...]]
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+
+
+def _trace(fn: Callable[..., Any], inputs: list[T], dynamic: dict[int, set[int]] | None) -> Any:
+    """``fn`` traced with symbolic sizes: all of them, or ``dynamic``'s dims of each input
+    (the others static)."""
+    table = decompositions()
+    if dynamic is None:
+        return make_fx(fn, tracing_mode="symbolic", decomposition_table=table)(*inputs)
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = []
+    for k, t in enumerate(inputs):
+        dims = [
+            DimDynamic.DYNAMIC if d in dynamic.get(k, ()) else DimDynamic.STATIC
+            for d in range(t.dim())
+        ]
+        context = StatelessSymbolicContext(dynamic_sizes=dims)  # type: ignore[arg-type]
+        fakes.append(mode.from_tensor(t, symbolic_context=context))
+    return make_fx(fn, tracing_mode="symbolic", decomposition_table=table)(*fakes)
+
+
+def _env(gm: Any) -> Any:
+    for node in gm.graph.find_nodes(op="placeholder"):
+        for n in getattr(node.meta.get("val"), "shape", ()):
+            if isinstance(n, torch.SymInt):
+                return n.node.shape_env
+    raise AssertionError("no symbolic size")
+
+
+def _run(
+    fn: Callable[..., Any],
+    sizes: Sequence[Shapes],
+    dynamic: dict[int, set[int]] | None = None,
+    printer: str = "triton",
+    atol: float = 1e-5,
+) -> Any:
+    """``fn`` traced at the first of ``sizes`` and compiled once (no guard added: no size
+    specialised; no fallback warning), then called at each of ``sizes`` against eager."""
+    first = [torch.randn(s) for s in sizes[0]]
+    gm = _trace(fn, first, dynamic)
+    env = _env(gm)
+    guards = len(env.guards)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = compile_graph(gm, first, OPTIONS)
+    assert len(env.guards) == guards, env.guards[guards:]
+    got_printer = compiled.target.printer if compiled.target is not None else "cpp"
+    assert got_printer == printer
+    for shapes in sizes:
+        inputs = [torch.randn(s) for s in shapes]
+        got, want = compiled(*inputs), fn(*inputs)
+        torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, equal_nan=True)
+    return compiled
+
+
+def _signature(source: str, kernel: str = "kernel0") -> list[str]:
+    head = re.search(rf"def {kernel}\((.*)\):", source)
+    assert head is not None
+    return head.group(1).split(", ")
+
+
+def test_pointwise_chain_takes_sizes_as_arguments() -> None:
+    fn = lambda x, b: ((x * 2 + b).relu().exp() - b.abs()).sigmoid()  # noqa: E731
+    sizes = [((5, 7), (7,)), ((13, 3), (3,)), ((2, 1100), (1100,)), ((31, 37), (37,))]
+    compiled = _run(fn, sizes)
+    assert compiled.source.count("@triton.jit\ndef kernel") == 1  # one flat kernel
+    assert [a for a in _signature(compiled.source) if a.startswith("ks")]  # sizes as ints
+    assert "_n = " in compiled.source and "if _n > 0:" in compiled.source  # grid per call
+    assert "tl.program_id(0).to(tl.int64)" in compiled.source  # no 32-bit overflow
+
+
+def test_softmax_over_a_symbolic_row_loops() -> None:
+    compiled = _run(lambda x: torch.softmax(x, -1), [((5, 7),), ((13, 3),), ((3, 1500),)])
+    assert re.search(r"for roffset in range\(0, ks\d+, 8\)", compiled.source)  # example: 7
+
+
+def test_softmax_and_layer_norm_over_a_symbolic_batch_stay_persistent() -> None:
+    def fn(x: T, w: T, b: T) -> tuple[T, T]:
+        return torch.softmax(x, -1), F.layer_norm(x, (64,), w, b)
+
+    sizes = [((5, 64), (64,), (64,)), ((37, 64), (64,), (64,)), ((2, 64), (64,), (64,))]
+    compiled = _run(fn, sizes, dynamic={0: {0}})
+    assert "for roffset" not in compiled.source  # the static row of 64 in one block
+    assert "_ember_welford)" not in compiled.source  # two passes in registers
+
+
+def test_layer_norm_over_symbolic_rows_and_batch() -> None:
+    fn = lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b)  # noqa: E731
+    sizes = [((5, 7), (7,), (7,)), ((13, 3), (3,), (3,)), ((3, 1500), (1500,), (1500,))]
+    compiled = _run(fn, sizes, atol=1e-4)
+    assert "_ember_welford)" in compiled.source  # looped Welford, lanes joined
+
+
+def test_reductions_over_a_non_last_symbolic_dim() -> None:
+    def fn(x: T) -> tuple[T, ...]:
+        return x.sum(0), x.amax(0), x.mean(0), x.argmin(0)
+
+    compiled = _run(fn, [((5, 7),), ((13, 3),), ((1300, 70),)], atol=1e-4)
+    assert re.search(r"x0 \+ y0 \* ks\d+", compiled.source)  # columns: rows loop over y0
+
+
+def test_sizes_as_values_views_and_concatenation() -> None:
+    def fn(x: T) -> tuple[T, ...]:
+        rows = torch.cat([x, x[1:]], 0)  # along the symbolic batch
+        return x * x.size(0) + x.size(1), x.t().contiguous(), rows.exp(), rows.sum(1)
+
+    _run(fn, [((5, 7),), ((13, 3),), ((2, 1030),)], atol=1e-4)
+
+
+def test_what_the_printer_declines_falls_back_to_cpp_for_every_size() -> None:
+    fn = lambda x: (x.abs() + 0.5) ** torch.tensor(2.5)  # noqa: E731  POW: no interpreter libdevice
+    compiled = _run(fn, [((5, 7),), ((13, 3),), ((2, 300),)], printer="cpp")
+    assert 'extern "C"' in compiled.source
+
+
+def test_a_slice_empty_at_some_sizes_launches_nothing_there() -> None:
+    def fn(x: T) -> tuple[T, T]:
+        return x[2:].exp(), x[2:].sum(0)  # no rows at a batch of 2: the sum is 0
+
+    compiled = _run(fn, [((5, 3),), ((2, 3),), ((9, 1030),)])
+    assert "if _n > 0:" in compiled.source
