@@ -86,10 +86,11 @@ def _run(
     dynamic: dict[int, set[int]] | None = None,
     printer: str = "triton",
     atol: float = 1e-5,
+    dtype: torch.dtype = torch.float32,
 ) -> Any:
     """``fn`` traced at the first of ``sizes`` and compiled once (no guard added: no size
     specialised; no fallback warning), then called at each of ``sizes`` against eager."""
-    first = [torch.randn(s) for s in sizes[0]]
+    first = [torch.randn(s, dtype=dtype) for s in sizes[0]]
     gm = _trace(fn, first, dynamic)
     env = _env(gm)
     guards = len(env.guards)
@@ -100,7 +101,7 @@ def _run(
     got_printer = compiled.target.printer if compiled.target is not None else "cpp"
     assert got_printer == printer
     for shapes in sizes:
-        inputs = [torch.randn(s) for s in shapes]
+        inputs = [torch.randn(s, dtype=dtype) for s in shapes]
         got, want = compiled(*inputs), fn(*inputs)
         torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, equal_nan=True)
     return compiled
@@ -172,3 +173,19 @@ def test_a_slice_empty_at_some_sizes_launches_nothing_there() -> None:
 
     compiled = _run(fn, [((5, 3),), ((2, 3),), ((9, 1030),)])
     assert "if _n > 0:" in compiled.source
+
+
+def test_max_and_variance_of_one_row_share_its_loop() -> None:
+    def fn(x: T) -> tuple[T, ...]:  # one body reduced by max and Welford (argmax: aten)
+        return x.argmax(1), x.amax(1), x.var(1)
+
+    compiled = _run(fn, [((5, 7),), ((13, 3),), ((3, 1500),)], atol=1e-4)
+    assert "_ember_welford)" in compiled.source and "tl.max(buf" in compiled.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_over_symbolic_sizes(dtype: torch.dtype) -> None:
+    fn = lambda x: ((torch.softmax(x, -1) * 3).tanh(), x.sum(0))  # noqa: E731
+    sizes = [((5, 7),), ((13, 3),), ((3, 1500),)]
+    compiled = _run(fn, sizes, atol=1e-2, dtype=dtype)
+    assert ".to(tl.float32)" in compiled.source  # loads computed in float32

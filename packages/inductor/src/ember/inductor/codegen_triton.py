@@ -636,7 +636,8 @@ class _KernelWriter:
         for s in st.stores:
             if s.reduce in WELFORD:
                 w = f"{groups[s.body]}_w"
-                if looped and s is next(x for x in st.stores if x.body == s.body):
+                first = next(x for x in st.stores if x.reduce in WELFORD and x.body == s.body)
+                if looped and s is first:  # (another kind may reduce the same body)
                     self.emit(
                         f"{w}_mr, {w}_sr, {w}_nr = tl.reduce(({w}_mean, {w}_m2, {w}_n), 1, "
                         "_ember_welford)"
