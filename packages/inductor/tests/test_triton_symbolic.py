@@ -189,3 +189,30 @@ def test_half_precision_over_symbolic_sizes(dtype: torch.dtype) -> None:
     sizes = [((5, 7),), ((13, 3),), ((3, 1500),)]
     compiled = _run(fn, sizes, atol=1e-2, dtype=dtype)
     assert ".to(tl.float32)" in compiled.source  # loads computed in float32
+
+
+def _scores(a: T, b: T) -> T:
+    return (a @ b) / 2.5  # stored in place over the mm's result
+
+
+def test_a_value_only_this_kernel_reads_is_recomputed_not_stored() -> None:
+    fn = lambda a, b: torch.softmax(_scores(a, b), -1)  # noqa: E731
+    compiled = _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14)), ((11, 5), (5, 2))])
+    assert compiled.source.count("tl.store(") == 1  # the softmax only: no exp, no scores
+
+
+def test_a_stage_storing_over_memory_a_later_one_reads_falls_back() -> None:
+    """The scores are an output and stored over the mm's result, which softmax's stages
+    would read to recompute them: the Triton printer declines (static sizes alike)."""
+    fn = lambda a, b: (_scores(a, b), torch.softmax(_scores(a, b), -1))  # noqa: E731
+    a, b = torch.randn(6, 5), torch.randn(5, 9)
+
+    def g(a: T, b: T) -> tuple[T, T]:
+        y = _scores(a, b)
+        return y, torch.softmax(y, -1)
+
+    _run(g, [((6, 5), (5, 9)), ((3, 5), (5, 14))], printer="cpp")
+    static = compile_graph(make_fx(g)(a, b), [a, b], OPTIONS)
+    assert static.target is None  # the C++ printer
+    torch.testing.assert_close(static(a, b), g(a, b))
+    _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14))])  # two mm calls: no overwrite, Triton

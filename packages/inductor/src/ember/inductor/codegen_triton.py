@@ -50,10 +50,11 @@ from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
+from torch.utils import _pytree as pytree
 
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
-from ember.inductor.ir import Expr, Layout, map_indices, walk
+from ember.inductor.ir import Expr, Layout, Ref, map_indices, walk
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 from ember.inductor.symbolic import Unsupported as SizeUnsupported
@@ -369,6 +370,7 @@ class _KernelWriter:
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}
         self.defs = self._inline_defs()
+        self.unread: set[str] = set()  # pointwise values not stored (``_unread``)
         self.points: Any = 0  # programs x block: the points (flat) or outer points (rows)
         self.block = 1
         self.warps = 4
@@ -437,6 +439,8 @@ class _KernelWriter:
         self.lines.append("    " * depth + line)
 
     def write(self) -> str:
+        self.unread = self._unread()
+        self.check_overwrites()
         for st in self.kernel.stages:
             self.note(st)
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
@@ -574,7 +578,38 @@ class _KernelWriter:
 
     def _kept(self, s: Store) -> bool:
         """A pointwise value that never reaches memory."""
-        return s.local or s.name in self.sched.scratch
+        return s.local or s.name in self.sched.scratch or s.name in self.unread
+
+    def _root(self, name: str) -> str:
+        while name in self.sched.reuse:  # stored in the memory of another buffer
+            name = self.sched.reuse[name]
+        return name
+
+    def _unread(self) -> set[str]:
+        """Pointwise values of this kernel nothing reads from memory: no other step, no
+        output, and this kernel only through their bodies (``inline``). Not stored (over
+        symbolic sizes the scheduler gives softmax's ``exp`` no scratch row but memory)."""
+        outs = [r.name for r in pytree.tree_leaves(self.prog.outputs) if isinstance(r, Ref)]
+        needed = set(outs)
+        for step in self.sched.steps:
+            if not isinstance(step, Kernel):
+                needed |= {r.name for r in step.refs()}
+                continue
+            bodies = [s.body for st in step.stages for s in st.stores]
+            bodies = [self.inline(b) for b in bodies] if step is self.kernel else bodies
+            needed |= {e.arg[0] for b in bodies for e in walk(b) if e.op is Op.LOAD}
+        return {n for n in self.defs if n not in needed and self._root(n) not in self.prog.inputs}
+
+    def check_overwrites(self) -> None:
+        """Values are recomputed from what they read (``inline``): refuse a kernel whose
+        stage stores over memory (in place, reused) that a later stage reads."""
+        written: set[str] = set()
+        values = self._reductions()
+        for st in self.kernel.stages:
+            loads = (e for s in st.stores for e in walk(self.inline(s.body)) if e.op is Op.LOAD)
+            if written & {self._root(e.arg[0]) for e in loads if e.arg[0] not in values}:
+                raise Unsupported(f"{self.kernel.name}: a stage stores over memory read later")
+            written |= {self._root(s.name) for s in st.stores if not self._kept(s)}
 
     def _store(self, s: Store, value: str, dtype: torch.dtype, mask: str) -> str:
         return f"tl.store({self.p.pointer(s.name, s.index)}, {self.p.stored(value, dtype)}, {mask})"
