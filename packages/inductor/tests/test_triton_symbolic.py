@@ -216,3 +216,33 @@ def test_a_stage_storing_over_memory_a_later_one_reads_falls_back() -> None:
     assert static.target is None  # the C++ printer
     torch.testing.assert_close(static(a, b), g(a, b))
     _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14))])  # two mm calls: no overwrite, Triton
+
+
+def _block(x: T, w: T) -> Any:  # a transformer block's shapes (as test_symbolic's)
+    h = F.layer_norm(x, x.shape[-1:])
+    att = torch.softmax(h @ h.transpose(-1, -2) / x.size(-1) ** 0.5, -1)
+    return (att @ h) @ w + x, h.mean(-1), (x * x.size(0)).amax(0)
+
+
+def _slices(x: T) -> Any:
+    q, k, v = x.chunk(3, -1)  # slices of a symbolic dimension (x: [n, 3m])
+    return F.pad(torch.cat([q, k * 2], -1), (1, 2)).exp(), (q @ v.t()).softmax(-1)
+
+
+def _grads(x: T, w: T) -> Any:
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    loss = (F.gelu(x @ w).softmax(-1) * x.size(0)).sum()
+    return torch.autograd.grad(loss, [x, w])
+
+
+CORPUS: dict[str, tuple[Callable[..., Any], Callable[[int], list[tuple[int, ...]]]]] = {
+    "block": (_block, lambda n: [(n, n + 3), (n + 3, n + 3)]),
+    "slices": (_slices, lambda n: [(n, 3 * n + 3)]),
+    "backward": (_grads, lambda n: [(n, 5), (5, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_symbolic_corpus_at_several_sizes(name: str) -> None:
+    fn, shapes = CORPUS[name]
+    _run(fn, [shapes(n) for n in (10, 2, 17)], atol=1e-4)
