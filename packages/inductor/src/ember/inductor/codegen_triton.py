@@ -371,6 +371,7 @@ class _KernelWriter:
         self.scalars: dict[str, torch.dtype] = {}
         self.defs = self._inline_defs()
         self.unread: set[str] = set()  # pointwise values not stored (``_unread``)
+        self.top_rb: int | None = None  # RBLOCK of the names rindex, mask, y* outside loops
         self.points: Any = 0  # programs x block: the points (flat) or outer points (rows)
         self.block = 1
         self.warps = 4
@@ -540,15 +541,24 @@ class _KernelWriter:
             return  # every value is recomputed where a later stage reads it
         if st.is_reduction:
             self.accumulators(st, xb, rb, looped)
+        wide = ".to(tl.int64)" if self.wide else ""
+        head = [
+            f"rindex = roffset + tl.arange(0, {rb})[None, :]{wide}",
+            f"mask = xmask & (rindex < {_t(n)})",
+            *_decompose(Y[: len(st.inner)], st.inner, "rindex"),
+        ]
+        if looped and self.top_rb not in (None, rb):
+            # a name live into a loop keeps its type there (Triton's rule): the names an
+            # earlier one-block stage set take this loop's block shape first
+            for line in head:
+                self.emit(line.replace("roffset + ", ""))
         if looped:
             self.emit(f"for roffset in range(0, {_t(n)}, {rb}):")
             depth = 2
         else:
             self.emit("roffset = 0")
-        wide = ".to(tl.int64)" if self.wide else ""
-        self.emit(f"rindex = roffset + tl.arange(0, {rb})[None, :]{wide}", depth)
-        self.emit(f"mask = xmask & (rindex < {_t(n)})", depth)
-        for line in _decompose(Y[: len(st.inner)], st.inner, "rindex"):
+        self.top_rb = rb if not looped or self.top_rb is not None else None
+        for line in head:
             self.emit(line, depth)
         if st.is_reduction:
             self.combine(st, depth, None if looped else n)
