@@ -6,12 +6,14 @@ A kernel whose stages are all pointwise over one inner shape is *flat*: 1-D bloc
 *row* kernel: each program takes ``XBLOCK`` outer points and runs the stages one after the
 other over 2-D ``[XBLOCK, RBLOCK]`` blocks of their inner points, in one block when the row
 is short (persistent, ``PERSISTENT_MAX``) or in a loop of blocks with accumulators
-(looped). Ragged edges are masked. Values a kernel keeps to itself are not stored: a
-reduction's result is a ``[XBLOCK, 1]`` variable, and a pointwise value read by a later
-stage is recomputed there from its body (the scheduler only lets a stage read such a value
-at the point where it was computed). Half and bfloat16 values compute in float32 and round
-where the IR casts to them. What the printer cannot write raises :class:`Unsupported`, and
-the graph goes to the C++ printer (CPU) or runs as aten calls (CUDA): never a guess.
+(looped). Ragged edges are masked. Symbolic sizes are int arguments of the kernel and of
+its launcher, which computes the grid per call; a row of symbolic length always loops.
+Values a kernel keeps to itself are not stored: a reduction's result is a ``[XBLOCK, 1]``
+variable, and a pointwise value read by a later stage is recomputed there from its body
+(the scheduler only lets a stage read such a value at the point where it was computed).
+Half and bfloat16 values compute in float32 and round where the IR casts to them. What the
+printer cannot write raises :class:`Unsupported`, and the graph goes to the C++ printer (CPU)
+or runs as aten calls (CUDA): never a guess.
 
 >>> import torch
 >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -42,17 +44,22 @@ def launch_kernel0(x_1, buf0):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
+from torch.utils import _pytree as pytree
 
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
-from ember.inductor.ir import Expr, Layout, map_indices, walk
+from ember.inductor.ir import Expr, Layout, Ref, map_indices, walk
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
+from ember.inductor.symbolic import Unsupported as SizeUnsupported
+from ember.inductor.symbolic import hint, is_static, pyexpr
+from ember.inductor.triton_prelude import HEADER, HELPERS, INTERPRETER_MATH, LIBDEVICE_IMPORT
 
 __all__ = ["PERSISTENT_MAX", "TritonPrinter", "Unsupported", "module_source"]
 
@@ -67,8 +74,8 @@ class Unsupported(Exception):
     """A kernel the Triton printer cannot write: the graph falls back (C++ on CPU, aten on
     CUDA), with this message recorded.
 
-    >>> str(Unsupported("symbolic sizes"))
-    'symbolic sizes'
+    >>> str(Unsupported("POW is not printed under Triton's interpreter"))
+    "POW is not printed under Triton's interpreter"
     """
 
 
@@ -147,6 +154,7 @@ class TritonPrinter:
         self.mask = "mask"  # the mask of the stage being printed
         self.flat: sympy.Expr | None = None  # a flat kernel's point as its loop variables
         self.values: dict[str, str] = {}  # buffer -> the variable holding it (per-row results)
+        self.sizes: frozenset[sympy.Symbol] = frozenset()  # size symbols: the same in a block
         self.ops = dict(self.OPS)
         names = INTERPRETED if interpret else {k: f"libdevice.{v}" for k, v in LIBDEVICE.items()}
         self.ops |= {op: f"{fn}({', '.join(f'{{{k}}}' for k in range(_arity(op)))})"
@@ -190,9 +198,14 @@ class TritonPrinter:
         ``index`` itself (Triton then sees contiguous loads, not a division and a modulo)."""
         if self.flat is not None:
             shift = sympy.expand(e - self.flat)
-            if not shift.free_symbols:
+            if not self.varies(shift):
                 return "index" if shift == 0 else f"(index + {tindex(shift)})"
         return tindex(e)
+
+    def varies(self, e: sympy.Expr) -> bool:
+        """``e`` moves within a block: it names a loop variable or a loaded index, not only
+        size arguments (one number a launch)."""
+        return bool(e.free_symbols - self.sizes)
 
     def rounded(self, value: str, dtype: torch.dtype) -> str:
         """``value`` rounded to half precision ``dtype``, as float32. The interpreter converts
@@ -210,7 +223,7 @@ class TritonPrinter:
     def pointer(self, name: str, index: sympy.Expr) -> str:
         """``name`` at ``index``: a block of pointers even where the index is one number
         (Triton loads and stores a block of values only through a block of pointers)."""
-        if index.free_symbols:
+        if self.varies(index):
             return f"{name} + ({self.index(index)})"
         return f"{name} + {tindex(index)} + tl.zeros({self.shape}, tl.int32)"
 
@@ -229,6 +242,8 @@ class TritonPrinter:
         if e.op is Op.INDEX:
             if not e.arg.free_symbols:
                 return self.const(int(e.arg), torch.int64)
+            if not self.varies(e.arg):  # a size: one number, made a block
+                return f"({tindex(e.arg)} + tl.zeros({self.shape}, tl.int64))"
             return f"({self.index(e.arg)}).to(tl.int64)"
         if e.op is Op.CAST:
             if e.dtype in LOW:  # round to half precision, compute on in float32
@@ -284,68 +299,7 @@ def _ordered(e: sympy.Expr) -> list[sympy.Expr]:
     return sorted(args, key=lambda a: a.is_Number)
 
 
-# ---- the module ---------------------------------------------------------------------------
-
-HEADER = '''"""Generated by ember.inductor (Triton printer)."""
-import triton
-import triton.language as tl
-'''
-LIBDEVICE_IMPORT = "from triton.language.extra import libdevice\n"
-
-# helpers every module carries: combine steps of tl.reduce, and (interpreter) float64 math
-HELPERS = """
-
-@triton.jit
-def _ember_mul(a, b):
-    return a * b
-
-
-@triton.jit
-def _ember_argmax(av, ai, bv, bi):  # the first largest value; NaN is largest
-    take = (bv > av) | ((bv == av) & (bi < ai)) | ((bv != bv) & ((av == av) | (bi < ai)))
-    return tl.where(take, bv, av), tl.where(take, bi, ai)
-
-
-@triton.jit
-def _ember_argmin(av, ai, bv, bi):  # the first smallest value; NaN is smallest
-    take = (bv < av) | ((bv == av) & (bi < ai)) | ((bv != bv) & ((av == av) | (bi < ai)))
-    return tl.where(take, bv, av), tl.where(take, bi, ai)
-
-
-@triton.jit
-def _ember_welford(ma, sa, na, mb, sb, nb):  # Chan et al.'s parallel Welford step
-    n = na + nb
-    w = tl.where(n == 0, 0.0, nb / tl.where(n == 0, 1.0, n))
-    d = mb - ma
-    return ma + d * w, sa + sb + d * d * na * w, n
-"""
-INTERPRETER_MATH = """
-
-@triton.jit
-def _ember_bf16(x):  # float32 rounded to bfloat16 (nearest even), as float32
-    u = x.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
-
-@triton.jit
-def _ember_tanh(x):  # float64 inside: the interpreter has no libdevice
-    y = x.to(tl.float64)
-    e = tl.exp(-2.0 * tl.abs(y))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(y < 0, -t, t).to(x.dtype)
-
-
-@triton.jit
-def _ember_expm1(x):
-    y = x.to(tl.float64)
-    return tl.where(tl.abs(y) < 1e-5, y + 0.5 * y * y, tl.exp(y) - 1.0).to(x.dtype)
-
-
-@triton.jit
-def _ember_log1p(x):
-    y = x.to(tl.float64)
-    return tl.where(tl.abs(y) < 1e-5, y - 0.5 * y * y, tl.log(1.0 + y)).to(x.dtype)
-"""
+# ---- the module (its fixed text: triton_prelude) ----------------------------------------
 
 
 def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list[str]]]:
@@ -353,8 +307,6 @@ def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list
     them). Beside each ``@triton.jit`` kernel ``kernelN`` the module has ``launch_kernelN``,
     which the wrapper calls with the tensors: the kernel on its grid (nothing for a kernel
     over no points). ``interpret``: for Triton's interpreter (CPU tensors)."""
-    if sched.program.size_vars is not None:
-        raise Unsupported("symbolic sizes (the Triton printer is static-shape only)")
     parts = [HEADER + ("" if interpret else LIBDEVICE_IMPORT) + HELPERS]
     parts += [INTERPRETER_MATH] if interpret else []
     args: dict[str, list[str]] = {}
@@ -370,14 +322,30 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _decompose(vars_: list[sympy.Symbol], sizes: tuple[int, ...], flat: str) -> list[str]:
-    """Lines setting each of ``vars_`` (row-major over ``sizes``) from the index ``flat``."""
-    lines, step = [], 1
+def _decompose(vars_: list[sympy.Symbol], sizes: tuple[Any, ...], flat: str) -> list[str]:
+    """Lines setting each of ``vars_`` (row-major over ``sizes``, symbolic ones included)
+    from the index ``flat``.
+
+    >>> _decompose(X[:2], (sympy.Symbol("ks0"), sympy.Symbol("ks1")), "xindex")
+    ['x1 = xindex % ks1', 'x0 = (xindex // ks1)']
+    """
+    lines, step = [], sympy.Integer(1)
     for v, n in reversed(list(zip(vars_, sizes, strict=True))):
-        at = flat if step == 1 else f"({flat} // {step})"
-        lines.append(f"{v} = {at}" if v is vars_[0] else f"{v} = {at} % {n}")
+        at = flat if step == 1 else f"({flat} // {_operand(step)})"
+        lines.append(f"{v} = {at}" if v is vars_[0] else f"{v} = {at} % {_operand(n)}")
         step *= n
     return lines
+
+
+def _t(n: Any) -> str:
+    """A size (int or symbolic) as a kernel's integer expression."""
+    return tindex(sympy.sympify(n))
+
+
+def _operand(n: Any) -> str:
+    """``_t(n)`` parenthesised unless it is one name or number (an operand of ``//``, ``%``)."""
+    text = _t(n)
+    return text if sympy.sympify(n).is_Atom else f"({text})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,10 +370,21 @@ class _KernelWriter:
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}
         self.defs = self._inline_defs()
-        self.launch = ""
+        self.unread: set[str] = set()  # pointwise values not stored (``_unread``)
+        self.top_rb: int | None = None  # RBLOCK of the names rindex, mask, y* outside loops
+        self.points: Any = 0  # programs x block: the points (flat) or outer points (rows)
+        self.block = 1
         self.warps = 4
+        sv = self.prog.size_vars
+        self.hints = {} if sv is None else sv.hints  # example sizes: block choices only
+        self.p.sizes = frozenset(() if sv is None else sv.sources)
+        self.sizes: list[str] = []  # the size symbols the kernel reads: int arguments
+        # run-time sizes may pass 32 bits, which no launch checks: 64-bit indices then
+        self.wide = False
         for name, buf in self.prog.buffers.items():
-            if not isinstance(buf.layout.extent, int) or buf.layout.extent >= 2**31:
+            if not is_static(buf.layout.extent):
+                self.wide = True
+            elif buf.layout.extent >= 2**31:
                 raise Unsupported(f"{name}: sizes past 32-bit indices")
 
     def _inline_defs(self) -> dict[str, Expr]:
@@ -454,35 +433,56 @@ class _KernelWriter:
     @property
     def args(self) -> list[str]:
         buffers = self.reads + [w for w in self.writes if w not in self.reads]
-        return buffers + [scalar_arg(n, d) for n, d in self.scalars.items()]
+        sizes = [scalar_arg(n, torch.int64) for n in self.sizes]
+        return buffers + [scalar_arg(n, d) for n, d in self.scalars.items()] + sizes
 
     def emit(self, line: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + line)
 
     def write(self) -> str:
+        self.unread = self._unread()
+        self.check_overwrites()
         for st in self.kernel.stages:
             self.note(st)
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
-        params = names + [f"s_{n}" for n in self.scalars]
         body = self.write_flat() if self.flat else self.write_rows()
-        name = self.kernel.name
-        head = f"\n\n@triton.jit\ndef {name}({', '.join(params)}):"
-        call = f"{self.launch}({', '.join(params)}, num_warps={self.warps})"
-        launcher = [
-            f"\n\ndef launch_{name}({', '.join(params)}):",
-            f"    {call if self.launch else 'pass'}",
-        ]
-        return "\n".join([head, *body, *launcher]) + "\n"
+        text = "\n".join(body) + _t(self.points)
+        self.sizes = [str(s) for s in sorted(self.p.sizes, key=str)]
+        self.sizes = [n for n in self.sizes if re.search(rf"\b{n}\b", text)]
+        params = names + [f"s_{n}" for n in self.scalars] + self.sizes
+        head = f"\n\n@triton.jit\ndef {self.kernel.name}({', '.join(params)}):"
+        return "\n".join([head, *body, *self.launcher(params)]) + "\n"
+
+    def launcher(self, params: list[str]) -> list[str]:
+        """``launch_<kernel>``: the kernel on its grid, the grid computed from the sizes
+        (symbolic ones from the size arguments, per call); no launch over no points."""
+        name, args = self.kernel.name, ", ".join(params)
+        call = f"{name}[{{grid}}]({args}, num_warps={self.warps})"
+        head = f"\n\ndef launch_{name}({args}):"
+        if is_static(self.points):
+            n = int(self.points)
+            return [head, "    " + (call.format(grid=f"({-(-n // self.block)},)") if n else "pass")]
+        grid = f"((_n + {self.block - 1}) // {self.block},)"
+        try:
+            points = pyexpr(self.points)
+        except SizeUnsupported as e:
+            raise Unsupported(str(e)) from e
+        return [head, f"    _n = {points}", "    if _n > 0:",
+                "        " + call.format(grid=grid)]  # fmt: skip
+
+    def pid(self) -> str:
+        return "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
 
     def write_flat(self) -> list[str]:
         """All stages pointwise over one inner shape: 1-D blocks over every point."""
         k = self.kernel
         inner = k.stages[0].inner
         numel = math.prod(k.outer) * math.prod(inner)
-        block = min(FLAT_BLOCK, _next_pow2(max(numel, 1)))
-        self.launch = f"{k.name}[({-(-numel // block)},)]" if numel else ""
-        self.emit(f"index = tl.program_id(0) * {block} + tl.arange(0, {block})")
-        self.emit(f"mask = index < {numel}")
+        # a symbolic size: full blocks (masks take the rest), whatever the example's size
+        block = min(FLAT_BLOCK, _next_pow2(max(numel, 1))) if is_static(numel) else FLAT_BLOCK
+        self.points, self.block = numel, block
+        self.emit(f"index = {self.pid()} * {block} + tl.arange(0, {block})")
+        self.emit(f"mask = index < {_t(numel)}")
         vars_ = [*X[: len(k.outer)], *Y[: len(inner)]]
         for line in _decompose(vars_, (*k.outer, *inner), "index"):
             self.emit(line)
@@ -498,17 +498,22 @@ class _KernelWriter:
         blocks of ``LOOP_BLOCK``, one row a program (many programs), unless its loads run
         along the outer index (a column sum): then ``COLUMN_BLOCK`` of each, so that a
         block reads whole lines of memory. Outer points fill the rest of the block, up to
-        ``ROW_ELEMENTS``."""
+        ``ROW_ELEMENTS``. A row of symbolic length always loops (one block may not hold it
+        at another size), in blocks sized for the example's length, at most the long
+        ones; the example's sizes choose only block sizes, which masks make right for
+        every size."""
         r = {}
-        rows = math.prod(self.kernel.outer)
-        looped = any(math.prod(st.inner) > PERSISTENT_MAX for st in self.kernel.stages)
+        rows = hint(math.prod(self.kernel.outer), self.hints)
+        lengths = [math.prod(st.inner) for st in self.kernel.stages]
+        looped = any(not is_static(n) or n > PERSISTENT_MAX for n in lengths)
         column = looped and _along_outer(self.kernel)
-        for k, st in enumerate(self.kernel.stages):
-            n = math.prod(st.inner)
+        for k, n in enumerate(lengths):
             long = COLUMN_BLOCK if column else LOOP_BLOCK
-            r[k] = _next_pow2(max(n, 1)) if n <= PERSISTENT_MAX else long
+            fit = _next_pow2(max(hint(n, self.hints), 1))
+            r[k] = fit if is_static(n) and n <= PERSISTENT_MAX else min(fit, long)
         widest = max(r.values(), default=1)
-        x = 1 if looped and not column else max(1, ROW_ELEMENTS // widest)
+        one_row = any(hint(n, self.hints) > PERSISTENT_MAX for n in lengths)
+        x = 1 if one_row and not column else max(1, ROW_ELEMENTS // widest)
         x = min(_next_pow2(max(rows, 1)), x)
         self.warps = 8 if widest * x >= 2048 else 4
         return _Block(x, r)
@@ -518,9 +523,9 @@ class _KernelWriter:
         k = self.kernel
         b = self.blocks()
         xnumel = math.prod(k.outer)
-        self.launch = f"{k.name}[({-(-xnumel // b.x)},)]" if xnumel else ""
-        self.emit(f"xindex = tl.program_id(0) * {b.x} + tl.arange(0, {b.x})[:, None]")
-        self.emit(f"xmask = xindex < {xnumel}")
+        self.points, self.block = xnumel, b.x
+        self.emit(f"xindex = {self.pid()} * {b.x} + tl.arange(0, {b.x})[:, None]")
+        self.emit(f"xmask = xindex < {_t(xnumel)}")
         for line in _decompose(X[: len(k.outer)], k.outer, "xindex"):
             self.emit(line)
         for pos, st in enumerate(k.stages):
@@ -530,20 +535,30 @@ class _KernelWriter:
     def stage(self, st: Stage, xb: int, rb: int) -> None:
         """One stage: its loop over blocks of the row (none when one block holds the row)."""
         n = math.prod(st.inner)
-        looped = n > rb
+        looped = not is_static(n) or n > rb
         depth = 1
         if not st.is_reduction and all(self._kept(s) for s in st.stores):
             return  # every value is recomputed where a later stage reads it
         if st.is_reduction:
-            self.accumulators(st, xb, rb)
+            self.accumulators(st, xb, rb, looped)
+        wide = ".to(tl.int64)" if self.wide else ""
+        head = [
+            f"rindex = roffset + tl.arange(0, {rb})[None, :]{wide}",
+            f"mask = xmask & (rindex < {_t(n)})",
+            *_decompose(Y[: len(st.inner)], st.inner, "rindex"),
+        ]
+        if looped and self.top_rb not in (None, rb):
+            # a name live into a loop keeps its type there (Triton's rule): the names an
+            # earlier one-block stage set take this loop's block shape first
+            for line in head:
+                self.emit(line.replace("roffset + ", ""))
         if looped:
-            self.emit(f"for roffset in range(0, {n}, {rb}):")
+            self.emit(f"for roffset in range(0, {_t(n)}, {rb}):")
             depth = 2
         else:
             self.emit("roffset = 0")
-        self.emit(f"rindex = roffset + tl.arange(0, {rb})[None, :]", depth)
-        self.emit(f"mask = xmask & (rindex < {n})", depth)
-        for line in _decompose(Y[: len(st.inner)], st.inner, "rindex"):
+        self.top_rb = rb if not looped or self.top_rb is not None else None
+        for line in head:
             self.emit(line, depth)
         if st.is_reduction:
             self.combine(st, depth, None if looped else n)
@@ -573,17 +588,48 @@ class _KernelWriter:
 
     def _kept(self, s: Store) -> bool:
         """A pointwise value that never reaches memory."""
-        return s.local or s.name in self.sched.scratch
+        return s.local or s.name in self.sched.scratch or s.name in self.unread
+
+    def _root(self, name: str) -> str:
+        while name in self.sched.reuse:  # stored in the memory of another buffer
+            name = self.sched.reuse[name]
+        return name
+
+    def _unread(self) -> set[str]:
+        """Pointwise values of this kernel nothing reads from memory: no other step, no
+        output, and this kernel only through their bodies (``inline``). Not stored (over
+        symbolic sizes the scheduler gives softmax's ``exp`` no scratch row but memory)."""
+        outs = [r.name for r in pytree.tree_leaves(self.prog.outputs) if isinstance(r, Ref)]
+        needed = set(outs)
+        for step in self.sched.steps:
+            if not isinstance(step, Kernel):
+                needed |= {r.name for r in step.refs()}
+                continue
+            bodies = [s.body for st in step.stages for s in st.stores]
+            bodies = [self.inline(b) for b in bodies] if step is self.kernel else bodies
+            needed |= {e.arg[0] for b in bodies for e in walk(b) if e.op is Op.LOAD}
+        return {n for n in self.defs if n not in needed and self._root(n) not in self.prog.inputs}
+
+    def check_overwrites(self) -> None:
+        """Values are recomputed from what they read (``inline``): refuse a kernel whose
+        stage stores over memory (in place, reused) that a later stage reads."""
+        written: set[str] = set()
+        values = self._reductions()
+        for st in self.kernel.stages:
+            loads = (e for s in st.stores for e in walk(self.inline(s.body)) if e.op is Op.LOAD)
+            if written & {self._root(e.arg[0]) for e in loads if e.arg[0] not in values}:
+                raise Unsupported(f"{self.kernel.name}: a stage stores over memory read later")
+            written |= {self._root(s.name) for s in st.stores if not self._kept(s)}
 
     def _store(self, s: Store, value: str, dtype: torch.dtype, mask: str) -> str:
         return f"tl.store({self.p.pointer(s.name, s.index)}, {self.p.stored(value, dtype)}, {mask})"
 
     # ---- reductions ---------------------------------------------------------------------
 
-    def accumulators(self, st: Stage, xb: int, rb: int) -> None:
+    def accumulators(self, st: Stage, xb: int, rb: int, looped: bool) -> None:
         shape = f"[{xb}, {rb}]"
         for group in by_body(s for s in st.stores if s.reduce in WELFORD):
-            if math.prod(st.inner) <= rb:
+            if not looped:
                 continue  # one block: two passes in registers (_two_pass)
             w = f"{group[0].name}_w"
             for part in ("mean", "m2", "n"):
@@ -635,7 +681,8 @@ class _KernelWriter:
         for s in st.stores:
             if s.reduce in WELFORD:
                 w = f"{groups[s.body]}_w"
-                if looped and s is next(x for x in st.stores if x.body == s.body):
+                first = next(x for x in st.stores if x.reduce in WELFORD and x.body == s.body)
+                if looped and s is first:  # (another kind may reduce the same body)
                     self.emit(
                         f"{w}_mr, {w}_sr, {w}_nr = tl.reduce(({w}_mean, {w}_m2, {w}_n), 1, "
                         "_ember_welford)"

@@ -1,0 +1,319 @@
+"""The Triton printer over symbolic sizes, under Triton's interpreter (CPU tensors,
+``cpu_backend="triton"``): each graph is traced with symbolic sizes, compiled once, and run
+at several sizes (ragged ones, rows longer than a block) against eager. Sizes reach the
+kernels as int arguments, grids are computed per call, and a row of symbolic length loops.
+
+Triton must be imported with ``TRITON_INTERPRET=1`` set (see ``test_triton.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from ember.inductor import compile_graph, decompositions
+
+_before = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton
+except ImportError:
+    triton = None
+finally:
+    if _before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _before
+
+_INTERPRETED = triton is not None and type(triton.language.sum).__name__ == "InterpretedFunction"
+pytestmark = pytest.mark.skipif(
+    not _INTERPRETED,
+    reason="triton is not importable"
+    if triton is None
+    else "triton was imported before TRITON_INTERPRET=1 (its library is compiled for GPUs)",
+)
+
+T = torch.Tensor
+OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
+Shapes = Sequence[tuple[int, ...]]
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+
+
+def _trace(fn: Callable[..., Any], inputs: list[T], dynamic: dict[int, set[int]] | None) -> Any:
+    """``fn`` traced with symbolic sizes: all of them, or ``dynamic``'s dims of each input
+    (the others static)."""
+    table = decompositions()
+    if dynamic is None:
+        return make_fx(fn, tracing_mode="symbolic", decomposition_table=table)(*inputs)
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = []
+    for k, t in enumerate(inputs):
+        dims = [
+            DimDynamic.DYNAMIC if d in dynamic.get(k, ()) else DimDynamic.STATIC
+            for d in range(t.dim())
+        ]
+        context = StatelessSymbolicContext(dynamic_sizes=dims)  # type: ignore[arg-type]
+        fakes.append(mode.from_tensor(t, symbolic_context=context))
+    return make_fx(fn, tracing_mode="symbolic", decomposition_table=table)(*fakes)
+
+
+def _env(gm: Any) -> Any:
+    for node in gm.graph.find_nodes(op="placeholder"):
+        for n in getattr(node.meta.get("val"), "shape", ()):
+            if isinstance(n, torch.SymInt):
+                return n.node.shape_env
+    raise AssertionError("no symbolic size")
+
+
+def _run(
+    fn: Callable[..., Any],
+    sizes: Sequence[Shapes],
+    dynamic: dict[int, set[int]] | None = None,
+    printer: str = "triton",
+    atol: float = 1e-5,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """``fn`` traced at the first of ``sizes`` and compiled once (no guard added: no size
+    specialised; no fallback warning), then called at each of ``sizes`` against eager."""
+    first = [torch.randn(s, dtype=dtype) for s in sizes[0]]
+    gm = _trace(fn, first, dynamic)
+    env = _env(gm)
+    guards = len(env.guards)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = compile_graph(gm, first, OPTIONS)
+    assert len(env.guards) == guards, env.guards[guards:]
+    got_printer = compiled.target.printer if compiled.target is not None else "cpp"
+    assert got_printer == printer
+    for shapes in sizes:
+        inputs = [torch.randn(s, dtype=dtype) for s in shapes]
+        got, want = compiled(*inputs), fn(*inputs)
+        torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, equal_nan=True)
+    return compiled
+
+
+def _signature(source: str, kernel: str = "kernel0") -> list[str]:
+    head = re.search(rf"def {kernel}\((.*)\):", source)
+    assert head is not None
+    return head.group(1).split(", ")
+
+
+def test_pointwise_chain_takes_sizes_as_arguments() -> None:
+    fn = lambda x, b: ((x * 2 + b).relu().exp() - b.abs()).sigmoid()  # noqa: E731
+    sizes = [((5, 7), (7,)), ((13, 3), (3,)), ((2, 1100), (1100,)), ((31, 37), (37,))]
+    compiled = _run(fn, sizes)
+    assert compiled.source.count("@triton.jit\ndef kernel") == 1  # one flat kernel
+    assert [a for a in _signature(compiled.source) if a.startswith("ks")]  # sizes as ints
+    assert "_n = " in compiled.source and "if _n > 0:" in compiled.source  # grid per call
+    assert "tl.program_id(0).to(tl.int64)" in compiled.source  # no 32-bit overflow
+
+
+def test_softmax_over_a_symbolic_row_loops() -> None:
+    compiled = _run(lambda x: torch.softmax(x, -1), [((5, 7),), ((13, 3),), ((3, 1500),)])
+    assert re.search(r"for roffset in range\(0, ks\d+, 8\)", compiled.source)  # example: 7
+
+
+def test_softmax_and_layer_norm_over_a_symbolic_batch_stay_persistent() -> None:
+    def fn(x: T, w: T, b: T) -> tuple[T, T]:
+        return torch.softmax(x, -1), F.layer_norm(x, (64,), w, b)
+
+    sizes = [((5, 64), (64,), (64,)), ((37, 64), (64,), (64,)), ((2, 64), (64,), (64,))]
+    compiled = _run(fn, sizes, dynamic={0: {0}})
+    assert "for roffset" not in compiled.source  # the static row of 64 in one block
+    assert "_ember_welford)" not in compiled.source  # two passes in registers
+
+
+def test_layer_norm_over_symbolic_rows_and_batch() -> None:
+    fn = lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b)  # noqa: E731
+    sizes = [((5, 7), (7,), (7,)), ((13, 3), (3,), (3,)), ((3, 1500), (1500,), (1500,))]
+    compiled = _run(fn, sizes, atol=1e-4)
+    assert "_ember_welford)" in compiled.source  # looped Welford, lanes joined
+
+
+def test_reductions_over_a_non_last_symbolic_dim() -> None:
+    def fn(x: T) -> tuple[T, ...]:
+        return x.sum(0), x.amax(0), x.mean(0), x.argmin(0)
+
+    compiled = _run(fn, [((5, 7),), ((13, 3),), ((1300, 70),)], atol=1e-4)
+    assert re.search(r"x0 \+ y0 \* ks\d+", compiled.source)  # columns: rows loop over y0
+
+
+def test_sizes_as_values_views_and_concatenation() -> None:
+    def fn(x: T) -> tuple[T, ...]:
+        rows = torch.cat([x, x[1:]], 0)  # along the symbolic batch
+        return x * x.size(0) + x.size(1), x.t().contiguous(), rows.exp(), rows.sum(1)
+
+    _run(fn, [((5, 7),), ((13, 3),), ((2, 1030),)], atol=1e-4)
+
+
+def test_what_the_printer_declines_falls_back_to_cpp_for_every_size() -> None:
+    fn = lambda x: (x.abs() + 0.5) ** torch.tensor(2.5)  # noqa: E731  POW: no interpreter libdevice
+    compiled = _run(fn, [((5, 7),), ((13, 3),), ((2, 300),)], printer="cpp")
+    assert 'extern "C"' in compiled.source
+
+
+def test_a_slice_empty_at_some_sizes_launches_nothing_there() -> None:
+    def fn(x: T) -> tuple[T, T]:
+        return x[2:].exp(), x[2:].sum(0)  # no rows at a batch of 2: the sum is 0
+
+    compiled = _run(fn, [((5, 3),), ((2, 3),), ((9, 1030),)])
+    assert "if _n > 0:" in compiled.source
+
+
+def test_max_and_variance_of_one_row_share_its_loop() -> None:
+    def fn(x: T) -> tuple[T, ...]:  # one body reduced by max and Welford (argmax: aten)
+        return x.argmax(1), x.amax(1), x.var(1)
+
+    compiled = _run(fn, [((5, 7),), ((13, 3),), ((3, 1500),)], atol=1e-4)
+    assert "_ember_welford)" in compiled.source and "tl.max(buf" in compiled.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_over_symbolic_sizes(dtype: torch.dtype) -> None:
+    fn = lambda x: ((torch.softmax(x, -1) * 3).tanh(), x.sum(0))  # noqa: E731
+    sizes = [((5, 7),), ((13, 3),), ((3, 1500),)]
+    compiled = _run(fn, sizes, atol=1e-2, dtype=dtype)
+    assert ".to(tl.float32)" in compiled.source  # loads computed in float32
+
+
+def _scores(a: T, b: T) -> T:
+    return (a @ b) / 2.5  # stored in place over the mm's result
+
+
+def test_a_value_only_this_kernel_reads_is_recomputed_not_stored() -> None:
+    fn = lambda a, b: torch.softmax(_scores(a, b), -1)  # noqa: E731
+    compiled = _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14)), ((11, 5), (5, 2))])
+    assert compiled.source.count("tl.store(") == 1  # the softmax only: no exp, no scores
+
+
+def test_a_stage_storing_over_memory_a_later_one_reads_falls_back() -> None:
+    """The scores are an output and stored over the mm's result, which softmax's stages
+    would read to recompute them: the Triton printer declines (static sizes alike)."""
+    fn = lambda a, b: (_scores(a, b), torch.softmax(_scores(a, b), -1))  # noqa: E731
+    a, b = torch.randn(6, 5), torch.randn(5, 9)
+
+    def g(a: T, b: T) -> tuple[T, T]:
+        y = _scores(a, b)
+        return y, torch.softmax(y, -1)
+
+    _run(g, [((6, 5), (5, 9)), ((3, 5), (5, 14))], printer="cpp")
+    static = compile_graph(make_fx(g)(a, b), [a, b], OPTIONS)
+    assert static.target is None  # the C++ printer
+    torch.testing.assert_close(static(a, b), g(a, b))
+    _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14))])  # two mm calls: no overwrite, Triton
+
+
+def _block(x: T, w: T) -> Any:  # a transformer block's shapes (as test_symbolic's)
+    h = F.layer_norm(x, x.shape[-1:])
+    att = torch.softmax(h @ h.transpose(-1, -2) / x.size(-1) ** 0.5, -1)
+    return (att @ h) @ w + x, h.mean(-1), (x * x.size(0)).amax(0)
+
+
+def _slices(x: T) -> Any:
+    q, k, v = x.chunk(3, -1)  # slices of a symbolic dimension (x: [n, 3m])
+    return F.pad(torch.cat([q, k * 2], -1), (1, 2)).exp(), (q @ v.t()).softmax(-1)
+
+
+def _grads(x: T, w: T) -> Any:
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    loss = (F.gelu(x @ w).softmax(-1) * x.size(0)).sum()
+    return torch.autograd.grad(loss, [x, w])
+
+
+CORPUS: dict[str, tuple[Callable[..., Any], Callable[[int], list[tuple[int, ...]]]]] = {
+    "block": (_block, lambda n: [(n, n + 3), (n + 3, n + 3)]),
+    "slices": (_slices, lambda n: [(n, 3 * n + 3)]),
+    "backward": (_grads, lambda n: [(n, 5), (5, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_symbolic_corpus_at_several_sizes(name: str) -> None:
+    fn, shapes = CORPUS[name]
+    _run(fn, [shapes(n) for n in (10, 2, 17)], atol=1e-4)
+
+
+# Triton's GPU front end (Python AST -> TTIR) type-checks what the interpreter does not (a
+# name live into a loop must keep its block shape there); it needs no GPU, but a triton
+# imported without the interpreter: a fresh process
+FRONT_END = r"""
+import sys, importlib.util, torch, torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource, make_backend
+from triton._C.libtriton import ir
+from ember.inductor import decompositions
+from ember.inductor.codegen_triton import module_source
+from ember.inductor.lowering import lower_graph
+from ember.inductor.scheduler import schedule
+
+POINTERS = {torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
+NUMBERS = {"int64": "i64", "float64": "fp64"}
+CASES = {
+    "softmax": (lambda x: torch.softmax(x, -1), [(5, 7)]),
+    "layer_norm": (lambda x: F.layer_norm(x, x.shape[-1:]), [(5, 7)]),
+    "columns": (lambda x: (x.sum(0), x.amax(0), x.var(0)), [(5, 7)]),
+    "one_block_then_a_loop": (lambda x, y: x.sum(-1) * y.amax(-1), [(5, 64), (5, 3000)]),
+    "empty_slice": (lambda x: (x[2:].exp(), x[2:].argmax(0)), [(5, 3)]),
+}
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+options = backend.parse_options({"num_warps": 4})
+for mode in ("real", "symbolic"):
+    for name, (fn, shapes) in CASES.items():
+        args = [torch.randn(s) for s in shapes]
+        gm = make_fx(fn, tracing_mode=mode, decomposition_table=decompositions())(*args)
+        sched = schedule(lower_graph(gm, args))
+        source, kernel_args = module_source(sched, interpret=False)
+        path = f"{sys.argv[1]}/{mode}_{name}.py"
+        open(path, "w").write(source)
+        spec = importlib.util.spec_from_file_location(f"m_{mode}_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        for kernel, names in kernel_args.items():
+            sig = {}
+            for a in names:
+                n, _, d = a.partition(":")
+                if d:
+                    sig[n if n.startswith("ks") else f"s_{n}"] = NUMBERS[d]
+                else:
+                    sig[n] = POINTERS[sched.program.buffers[n].dtype]
+            context = ir.context()
+            ir.load_dialects(context)
+            backend.load_dialects(context)
+            codegen = backend.get_codegen_implementation(options)
+            src = ASTSource(getattr(module, kernel), sig)
+            src.make_ir(target, options, codegen, backend.get_module_map(), context)
+        print(mode, name, "ok")
+"""
+
+
+def test_generated_modules_pass_tritons_gpu_front_end(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", FRONT_END, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count(" ok") == 10
