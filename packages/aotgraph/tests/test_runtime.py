@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import operator
 import weakref
 from collections.abc import Callable
@@ -118,6 +119,25 @@ def test_graphs_are_functional_aten():
             op = node.target
             assert not (isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable), node
     assert f.joint is not None and f.joint.mutated  # running stats are written back
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_eval_batch_norm_leaves_running_stats_alone_as_eager(grad):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    twin = copy.deepcopy(model)
+    for mode in ("eval", "train"):  # the mode is traced into the graph: one graph each
+        getattr(model, mode)(), getattr(twin, mode)()
+        x = torch.randn(2, 3, 6, 6)
+        f = aot_compile(torch.fx.symbolic_trace(model), [x], fw_compiler=lambda gm, ex: gm)
+        stats = [model[1].running_mean, model[1].running_var]
+        before = [t._version for t in stats]
+        with torch.set_grad_enabled(grad):
+            got, want = f(x), twin(x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(model[1].running_mean, twin[1].running_mean)
+        torch.testing.assert_close(model[1].running_var, twin[1].running_var)
+        moved = [t._version != v for t, v in zip(stats, before, strict=True)]
+        assert moved == [mode == "train"] * 2  # eval: no write-back, as eager writes nothing
 
 
 def test_backward_graph_gets_fake_example_inputs():

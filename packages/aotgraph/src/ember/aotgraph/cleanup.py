@@ -2,7 +2,8 @@
 
 The last passes of :func:`~ember.aotgraph.trace.trace_joint` (see ``_finish`` there):
 :func:`lift_mutations` turns functionalization's trailing ``copy_`` into an input into
-an extra output the runtime writes back; :func:`strip_detach` drops ``detach`` (the
+an extra output the runtime writes back (or drops it, where it would write the input's
+own values back); :func:`strip_detach` drops ``detach`` (the
 identity once autograd is traced away); :func:`eliminate_common_subexpressions` merges
 repeated pure nodes.
 """
@@ -37,12 +38,49 @@ def lift_mutations(gm: torch.fx.GraphModule, n_outs: int) -> tuple[int, ...]:
                     f"aot_compile: {node.format_node()} survived functionalization; in-place "
                     "changes to an input's metadata (t_, transpose_, resize_) are not supported"
                 )
+            gm.graph.erase_node(node)
+            if _unchanged(dest, new):  # eval batch norm's running stats: eager never writes
+                continue
             mutated.append(placeholders.index(dest))
             news.append(new)
-            gm.graph.erase_node(node)
     outs = list(output.args[0])  # type: ignore[arg-type]
     output.args = ([*outs[:n_outs], *news, *outs[n_outs:]],)
     return tuple(mutated)
+
+
+def _same_dtype_copy(dest: torch.fx.Node, new: torch.fx.Node) -> bool:
+    val, dest_val = new.meta.get("val"), dest.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(dest_val, torch.Tensor):
+        return False
+    return new.args[0] is dest and val.dtype == dest_val.dtype and val.device == dest_val.device
+
+
+def _stats_of_eval_batch_norm(dest: torch.fx.Node, new: torch.fx.Node) -> bool:
+    norm, index = new.args[0], new.args[1]
+    if not isinstance(norm, torch.fx.Node) or norm.target not in _BATCH_NORMS:
+        return False  # outputs 3 and 4 are the running mean and var, returned as they came
+    return norm.args[5] is False and index in (3, 4) and norm.args[index] is dest
+
+
+_BATCH_NORMS = (aten._native_batch_norm_legit_functional.default,)
+
+# How a value that is its input unchanged shows up as a write-back's source; a write-back
+# of one is dropped (eager writes nothing there, so the version counter stays put).
+_UNCHANGED = {
+    aten._to_copy.default: _same_dtype_copy,
+    aten.clone.default: _same_dtype_copy,
+    operator.getitem: _stats_of_eval_batch_norm,
+}
+
+
+def _unchanged(dest: torch.fx.Node, new: Any) -> bool:
+    """Whether ``new`` holds exactly ``dest``'s values (so writing it back is a no-op)."""
+    if new is dest:
+        return True
+    if not isinstance(new, torch.fx.Node) or new.op != "call_function":
+        return False
+    rule = _UNCHANGED.get(new.target)  # type: ignore[call-overload]
+    return rule is not None and rule(dest, new)
 
 
 def _frozen(value: Any) -> Any:
