@@ -59,7 +59,9 @@ def _stats_of_eval_batch_norm(dest: torch.fx.Node, new: torch.fx.Node) -> bool:
     norm, index = new.args[0], new.args[1]
     if not isinstance(norm, torch.fx.Node) or norm.target not in _BATCH_NORMS:
         return False  # outputs 3 and 4 are the running mean and var, returned as they came
-    return norm.args[5] is False and index in (3, 4) and norm.args[index] is dest
+    if not isinstance(index, int) or index not in (3, 4):
+        return False
+    return norm.args[5] is False and norm.args[index] is dest
 
 
 _BATCH_NORMS = (aten._native_batch_norm_legit_functional.default,)
@@ -79,7 +81,7 @@ def _unchanged(dest: torch.fx.Node, new: Any) -> bool:
         return True
     if not isinstance(new, torch.fx.Node) or new.op != "call_function":
         return False
-    rule = _UNCHANGED.get(new.target)  # type: ignore[call-overload]
+    rule = _UNCHANGED.get(new.target)
     return rule is not None and rule(dest, new)
 
 

@@ -23,6 +23,7 @@ torch.Size([2, 3, 1])
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ def native_layer_norm(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | object:
+) -> Any:
     """``aten.native_layer_norm`` as ``prims.var``/``prims.sum`` and pointwise ops.
 
     Returns ``NotImplemented`` (``make_fx`` then records the op itself, whose kernel
@@ -66,7 +67,7 @@ def native_layer_norm(
     for d in dims:
         count = count * x.shape[d]
     var = prims.var.default(acc, dims, 0.0)
-    mean = prims.div.default(prims.sum.default(acc, dims), torch.sym_float(count))
+    mean = prims.div.default(prims.sum.default(acc, dims), torch.sym_float(count))  # type: ignore[no-untyped-call]
     for d in dims:  # keepdim: the statistics broadcast against the input as they are
         var = aten.unsqueeze.default(var, d)
         mean = aten.unsqueeze.default(mean, d)
