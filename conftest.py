@@ -17,8 +17,23 @@ from collections.abc import Callable
 
 import pytest
 
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 # IR checkers run after every pass in tests (see STYLE.md, rule 10).
 os.environ.setdefault("EMBER_CHECK", "1")
+
+# Triton decides once, when it is first imported, whether it runs kernels under its
+# interpreter. Without a GPU the Triton printer's tests need the interpreter, and any test
+# may import triton first (torch.compile, the peer some tests measure against, does), so
+# the whole run sets it before anything imports triton. With a GPU it stays unset, and the
+# CUDA tests compile for the GPU.
+if "TRITON_INTERPRET" not in os.environ and not _has_cuda():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 # Compiled kernels go to a cache of the test run's own, empty at its start, never the
 # user's (a package's conftest may give its tests a narrower one).
