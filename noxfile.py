@@ -1,8 +1,8 @@
 """Developer and CI sessions for ember.
 
     python3 -m nox -s tests          # every package editable in one environment, full pytest run
-    python3 -m nox -s isolation      # each package installed alone (with its declared deps only)
-                                     # (compiler-api: its import check and a few files)
+    python3 -m nox -s isolation      # each package installed alone (with its declared deps only),
+                                     # in turn in one environment (compiler-api: a few files)
     python3 -m nox -s typecheck      # mypy --strict over every package
     python3 -m nox -s lint           # ruff check + ruff format --check, C warnings as errors
     python3 -m nox -s demo           # compile the model zoo, print what was captured and speed
@@ -112,7 +112,7 @@ def _install(session: nox.Session, *args: str, torch: bool = True) -> None:
 
 
 def _pytest_args(session: nox.Session, paths: list[str]) -> list[str]:
-    extra = [a for a in session.posargs if a != "--reinstall"]
+    extra = [a for a in session.posargs if a != "--reinstall" and a not in PACKAGES]
     return ["-m", "pytest", *WORKERS, *paths, *extra]
 
 
@@ -139,19 +139,29 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
-@nox.parametrize("package", PACKAGES)
-def isolation(session: nox.Session, package: str) -> None:
-    """One package installed alone, with only its declared dependencies; its own tests."""
-    needed = [f"packages/{f}" for f in _ember_requirements(package)]
-    _install(session, *TEST_TOOLS, *needed)
-    if package == "compiler-api":
-        _browser(session)
-    allowed = [_module(f) for f in _ember_requirements(package)]
-    session.run("python", "ci/imports_alone.py", *allowed)
-    paths = [f"packages/{package}"]
-    if package == "compiler-api":
-        paths = [f"packages/compiler-api/tests/{name}" for name in COMPILER_API_ALONE]
-    session.run("python", *_pytest_args(session, paths))
+def isolation(session: nox.Session) -> None:
+    """Each package installed alone, with only its declared dependencies; its own tests.
+
+    The packages take turns in one environment: torch and the test tools are installed
+    once (most of a fresh environment's set-up), and before each package every ember
+    distribution is uninstalled, so only the package and the ember packages it declares
+    are there. ``nox -s isolation -- capture`` runs one package.
+    """
+    _install(session, *TEST_TOOLS)
+    chosen = [a for a in session.posargs if a in PACKAGES] or PACKAGES
+    everything = [_distribution(f) for f in PACKAGES]
+    for package in chosen:
+        session.run("python", "-m", "pip", "uninstall", "-q", "-y", *everything, silent=True)
+        needed = [f"packages/{f}" for f in _ember_requirements(package)]
+        session.install("-c", str(CONSTRAINTS), "--no-build-isolation", *needed)
+        if package == "compiler-api":
+            _browser(session)
+        allowed = [_module(f) for f in _ember_requirements(package)]
+        session.run("python", "ci/imports_alone.py", *allowed)
+        paths = [f"packages/{package}"]
+        if package == "compiler-api":
+            paths = [f"packages/compiler-api/tests/{name}" for name in COMPILER_API_ALONE]
+        session.run("python", *_pytest_args(session, paths))
 
 
 @nox.session(python="3.11")
