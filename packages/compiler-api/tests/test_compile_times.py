@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ember.compiler
+import ember.inductor.cache
 from ember.compiler.phases import PHASES
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -95,3 +96,12 @@ def test_reset_forgets_the_times_and_the_table_reads():
     assert ember.compiler.compile_times().phases == {}
     with pytest.raises(KeyError, match="no phase 'lowerin'"):
         ember.compiler.compile_times()["lowerin"]
+
+
+def test_builds_queued_at_reset_are_not_counted_after_it():
+    sources = [f'extern "C" int ember_queued_{i}() {{ return {i}; }}\n' for i in range(6)]
+    for source in sources:  # more than the pool's threads: some wait in its queue
+        ember.inductor.cache.build_async(source)
+    ember.compiler.reset()  # waits for all of them: their times belong before the reset
+    ember.inductor.cache.wait_for_builds()  # (were any still queued, it would land now)
+    assert ember.compiler.compile_times()["C++ build"][0] == 0

@@ -16,6 +16,7 @@ from ember.aotgraph import timing as aotgraph_timing
 from ember.capture import timing as capture_timing
 from ember.guards import timing as guards_timing
 from ember.guards.timing import Recorder
+from ember.inductor import cache as inductor_cache
 from ember.inductor import timing as inductor_timing
 
 #: This package's phase: ``backend``, the whole backend call (the phases below it run
@@ -117,7 +118,9 @@ def compile_times(*, all_phases: bool = False) -> CompileTimes:
 
 
 def clear() -> None:
-    """Forget every layer's times (``ember.compiler.reset()`` calls it)."""
+    """Forget every layer's times (``ember.compiler.reset()`` calls it), once the C++
+    builds already submitted have finished: a queued one records its time when it runs."""
+    inductor_cache.wait_for_builds()
     for _, recorder, _ in PHASES:
         recorder.clear()
 

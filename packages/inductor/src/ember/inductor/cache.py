@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,11 +184,37 @@ _LOADED: dict[Path, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
 
+_IN_FLIGHT: set[Future[tuple[Path, str, bool]]] = set()
+
+
 def build_async(
     source: str, options: CompileOptions | None = None
 ) -> Future[tuple[Path, str, bool]]:
     """:func:`build` on the compile pool."""
-    return _POOL.submit(build, source, options)
+    future = _POOL.submit(build, source, options)
+    with _LOCK:
+        _IN_FLIGHT.add(future)
+    future.add_done_callback(_landed)
+    return future
+
+
+def _landed(future: Future[tuple[Path, str, bool]]) -> None:
+    with _LOCK:
+        _IN_FLIGHT.discard(future)
+
+
+def wait_for_builds() -> None:
+    """Wait until every C++ build submitted so far has finished (or failed).
+
+    ``ember.compiler.reset()`` calls it before it forgets the compile times: a build still
+    queued on the pool (a backward graph nobody ran yet) would otherwise start, and be
+    counted, after the reset.
+
+    >>> wait_for_builds()
+    """
+    with _LOCK:
+        running = list(_IN_FLIGHT)
+    wait(running)
 
 
 def load(path: Path) -> ctypes.CDLL:
