@@ -1,4 +1,5 @@
-"""One kernel cache for the whole inductor test session, empty at its start."""
+"""One kernel cache for the whole inductor test session, empty at its start; the
+``interpreted_triton`` mark (tests of the Triton printer on CPU tensors)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,44 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+
+_REASON: str | None = None
+
+
+def _interpreter_missing() -> str | None:
+    """Why Triton's interpreter is unavailable here, or ``None``. Triton decides on its first
+    import whether it interprets; without a GPU the root conftest sets ``TRITON_INTERPRET=1``
+    before anything imports it."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+    except ImportError:
+        return "triton is not importable"
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+    if type(triton.language.sum).__name__ != "InterpretedFunction":
+        return "triton was imported before TRITON_INTERPRET=1 (its library is compiled for GPUs)"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "interpreted_triton: runs Triton kernels on CPU tensors under its interpreter"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _REASON
+    if item.get_closest_marker("interpreted_triton") is None:
+        return
+    if _REASON is None:
+        _REASON = _interpreter_missing() or ""
+    if _REASON:
+        pytest.skip(_REASON)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,6 @@ while each test runs. If triton was imported before without it, the tests are sk
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,25 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph, settings, wrapper_triton
 
-_before = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton
-except ImportError:
-    triton = None
-finally:
-    if _before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _before
-
-_INTERPRETED = triton is not None and type(triton.language.sum).__name__ == "InterpretedFunction"
-pytestmark = pytest.mark.skipif(
-    not _INTERPRETED,
-    reason="triton is not importable"
-    if triton is None
-    else "triton was imported before TRITON_INTERPRET=1 (its library is compiled for GPUs)",
-)
+pytestmark = pytest.mark.interpreted_triton  # skipped where no interpreter (conftest)
 
 T = torch.Tensor
 OPTIONS = {"cpu_backend": "triton", "graph_cache": False}

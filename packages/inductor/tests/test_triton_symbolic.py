@@ -25,25 +25,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from ember.inductor import compile_graph, decompositions
 
-_before = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton
-except ImportError:
-    triton = None
-finally:
-    if _before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _before
-
-_INTERPRETED = triton is not None and type(triton.language.sum).__name__ == "InterpretedFunction"
-pytestmark = pytest.mark.skipif(
-    not _INTERPRETED,
-    reason="triton is not importable"
-    if triton is None
-    else "triton was imported before TRITON_INTERPRET=1 (its library is compiled for GPUs)",
-)
+pytestmark = pytest.mark.interpreted_triton  # skipped where no interpreter (conftest)
 
 T = torch.Tensor
 OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
