@@ -36,6 +36,7 @@ from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, ra
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.cpp_prelude import PRELUDE
+from ember.inductor.index_print import IndexSyntax, print_index
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
 from ember.inductor.loops import split_inner, without_unit_loops
@@ -254,30 +255,21 @@ class CppPrinter(Printer):
         return _cindex(e)
 
 
+_CPP_INDEX = IndexSyntax(
+    integer=lambda n: f"{n}LL" if abs(n) > 2**31 - 1 else str(n),
+    terms=lambda e: e.args,
+    product="({})",
+    floor_div="(({}) / {})",
+    mod="(({}) % {})",
+    minimum="std::min<int64_t>({}, {})",
+    maximum="std::max<int64_t>({}, {})",
+    unsupported=ValueError,
+)
+
+
 def _cindex(e: sympy.Expr) -> str:
     """A non-negative sympy index as C++ int64 arithmetic."""
-    if e.is_Integer:
-        return f"{int(e)}LL" if abs(int(e)) > 2**31 - 1 else str(int(e))
-    if e.is_Symbol:
-        return str(e.name)
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(_cindex(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(_cindex(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Pow) and e.args[1].is_Integer and 0 < int(e.args[1]) <= 8:
-        return "(" + " * ".join([_cindex(e.args[0])] * int(e.args[1])) + ")"
-    if isinstance(e, sympy.floor):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"(({_cindex(num)}) / {_cindex(den)})"
-    if isinstance(e, sympy.Mod):
-        return f"(({_cindex(e.args[0])}) % {_cindex(e.args[1])})"
-    if isinstance(e, sympy.Min | sympy.Max):
-        fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
-        out = _cindex(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}<int64_t>({out}, {_cindex(a)})"
-        return out
-    raise ValueError(f"cannot print index {e}")
+    return print_index(e, _CPP_INDEX)
 
 
 def _loops(vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:

@@ -54,6 +54,7 @@ from torch.utils import _pytree as pytree
 
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
+from ember.inductor.index_print import IndexSyntax, print_index
 from ember.inductor.ir import Expr, Layout, Ref, map_indices, walk
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
@@ -260,6 +261,18 @@ def _arity(op: Op) -> int:
     return 2 if op is Op.POW else 1
 
 
+_TRITON_INDEX = IndexSyntax(
+    integer=str,
+    terms=lambda e: _ordered(e),
+    product="{}",
+    floor_div="({} // {})",
+    mod="({} % {})",
+    minimum="tl.minimum({}, {})",
+    maximum="tl.maximum({}, {})",
+    unsupported=Unsupported,
+)
+
+
 def tindex(e: sympy.Expr) -> str:
     """A non-negative sympy index as Triton integer arithmetic.
 
@@ -267,28 +280,7 @@ def tindex(e: sympy.Expr) -> str:
     >>> tindex(8 * i + sympy.Mod(j, 4) + sympy.floor(j / 4))
     '(8 * x0 + (y0 % 4) + (y0 // 4))'
     """
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return str(e.name)
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(tindex(a) for a in _ordered(e)) + ")"
-    if isinstance(e, sympy.Mul):
-        return " * ".join(tindex(a) for a in _ordered(e))
-    if isinstance(e, sympy.Pow) and e.args[1].is_Integer and 0 < int(e.args[1]) <= 8:
-        return "(" + " * ".join([tindex(e.args[0])] * int(e.args[1])) + ")"
-    if isinstance(e, sympy.floor):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"({tindex(num)} // {tindex(den)})"
-    if isinstance(e, sympy.Mod):
-        return f"({tindex(e.args[0])} % {tindex(e.args[1])})"
-    if isinstance(e, sympy.Min | sympy.Max):
-        fn = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
-        out = tindex(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}({out}, {tindex(a)})"
-        return out
-    raise Unsupported(f"cannot print index {e}")
+    return print_index(e, _TRITON_INDEX)
 
 
 def _ordered(e: sympy.Expr) -> list[sympy.Expr]:
