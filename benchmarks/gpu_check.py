@@ -11,6 +11,13 @@ Prints the versions, one line per graph while it runs, and a markdown table. Exi
 compiled graph gives a wrong answer, 2 if ember does not import here (with the reason).
 Each cold compile runs with fresh TRITON_CACHE_DIR, EMBER_CACHE_DIR and
 TORCHINDUCTOR_CACHE_DIR folders. ``--quick`` runs fewer timing iterations.
+
+A second table times ``reduce-overhead`` on small graphs, where kernel launches are the
+cost: wall time per call (a loop of calls, then one synchronisation) for eager, ember's
+kernels, ember's kernels replayed from a CUDA graph (``ember.aotgraph.cudagraphs``), and
+``torch.compile(mode="reduce-overhead")``. ember's column has no capture or guard layer
+here (capture needs Python 3.11), torch's has dynamo's guards: ember's number is its
+graph's per-call cost, not a whole compiled call's.
 """
 
 from __future__ import annotations
@@ -98,6 +105,111 @@ def cases() -> list[tuple[str, Callable[..., Any], list[T], float]]:
         ("sum+amax over dim 0 4096x1024", column_sums, [r(4096, 1024)], 1e-3),
         ("softmax fp16 4096x1024", softmax_half, [r(4096, 1024, dtype=torch.float16)], 2e-3),
     ]
+
+
+def block(x: T, ln_w: T, ln_b: T, qkv_w: T, proj_w: T, fc_w: T, out_w: T) -> T:
+    """A small pre-norm transformer block: 4 heads, attention through SDPA."""
+    b, n, d = x.shape
+    h = F.layer_norm(x, (d,), ln_w, ln_b)
+    q, k, v = F.linear(h, qkv_w).view(b, n, 3, 4, d // 4).permute(2, 0, 3, 1, 4)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    x = x + F.linear(a.transpose(1, 2).reshape(b, n, d), proj_w)
+    h = F.layer_norm(x, (d,), ln_w, ln_b)
+    return x + F.linear(F.gelu(F.linear(h, fc_w)), out_w)
+
+
+def small_cases() -> list[tuple[str, Callable[..., Any], list[T]]]:
+    """Graphs small enough that launching their kernels is most of their time."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def r(*shape: int) -> T:
+        return torch.randn(*shape, device="cuda", generator=g) * 0.05
+
+    d = 256
+    return [
+        ("pointwise 1024", pointwise, [r(1024), r(1024)]),
+        ("mlp 8x256x1024", mlp, [r(8, d), r(4 * d, d), r(4 * d), r(d, 4 * d), r(d)]),
+        ("softmax 32x512", softmax, [r(32, 512)]),
+        ("block 1x64x256", block,
+         [r(1, 64, d), r(d) + 1, r(d), r(3 * d, d), r(d, d), r(4 * d, d), r(d, 4 * d)]),
+    ]  # fmt: skip
+
+
+def per_call(fn: Callable[[], Any], calls: int = 20 * ITERS) -> float:
+    """Milliseconds of wall time per call of a loop of calls (launch overhead included)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e3)
+    return best
+
+
+def host_per_call(fn: Callable[[], Any], calls: int = 100) -> float:
+    """Milliseconds of host time per call, the device left to catch up afterwards: the
+    launch side's cost alone (a graph replay's Python layer, or the kernel launches)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e3
+    torch.cuda.synchronize()
+    return host
+
+
+def reduce_overhead(compile_graph: Any) -> tuple[list[dict[str, Any]], bool]:
+    """The reduce-overhead table's rows, and whether a replayed graph gave a wrong answer."""
+    import functools
+
+    from ember.aotgraph.cudagraphs import cudagraphify
+
+    rows, wrong = [], False
+    for name, fn, inputs in small_cases():
+        gm = make_fx(fn)(*inputs)
+        kernels = compile_graph(gm, inputs, {"graph_cache": False})
+        replayed = cudagraphify(kernels)
+        want = fn(*inputs)
+        for _ in range(3):  # warm-up, record, replay
+            got = replayed(*inputs)
+        ok = max_error(got, want) <= 1e-3 and replayed.replays == 2 and not replayed.fallback
+        wrong |= not ok
+        row = {"graph": name, "ok": ok, "fallback": replayed.fallback or "-"}
+        row["eager ms"] = per_call(functools.partial(fn, *inputs))
+        row["ember ms"] = per_call(functools.partial(kernels, *inputs))
+        row["ember graph ms"] = per_call(functools.partial(replayed, *inputs))
+        row["ember host ms"] = host_per_call(functools.partial(replayed, *inputs))
+        try:
+            torch._dynamo.reset()
+            tc = torch.compile(fn, mode="reduce-overhead")
+            row["torch graph ms"] = per_call(functools.partial(tc, *inputs))
+            row["torch host ms"] = host_per_call(functools.partial(tc, *inputs))
+        except Exception as e:
+            row["torch graph ms"] = float("nan")
+            print(f"  torch.compile failed on {name}: {e!r}")
+        rows.append(row)
+        print(f"{name}: {'PASS' if ok else 'FAIL'} {row}", flush=True)
+    return rows, wrong
+
+
+def ro_table(rows: list[dict[str, Any]]) -> str:
+    cols = ["graph", "ok", "fallback", "eager ms", "ember ms", "ember graph ms", "torch graph ms",
+            "ember host ms", "torch host ms"]  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = [
+            ("PASS" if v else "FAIL") if isinstance(v, bool) else
+            f"{v:.4f}" if isinstance(v, float) else str(v)
+            for v in (row.get(c, "") for c in cols)
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    ratio = _geomean([r["ember graph ms"] / r["torch graph ms"] for r in rows])
+    lines.append(f"\ngeomean per-call time ember graph / torch reduce-overhead: {ratio:.2f}x")
+    return "\n".join(lines)
 
 
 # ---- measuring ----------------------------------------------------------------------------
@@ -225,7 +337,10 @@ def main() -> int:
         print(f"{name}: {'PASS' if row['ok'] else 'FAIL'} {row}", flush=True)
     print()
     print(table(rows))
-    return 1 if wrong else 0
+    ro_rows, ro_wrong = reduce_overhead(compile_graph)
+    print()
+    print(ro_table(ro_rows))
+    return 1 if wrong or ro_wrong else 0
 
 
 if __name__ == "__main__":

@@ -105,3 +105,40 @@ def test_a_training_step_forward_and_backward() -> None:
 
     compiled = _compiled(step, [x, w], "real")
     torch.testing.assert_close(compiled(x, w), step(x, w), atol=1e-4, rtol=1e-3)
+
+
+def test_triton_graphs_replay_from_cuda_graphs() -> None:
+    """mode='reduce-overhead': inductor's forward and backward graphs (Triton kernels and
+    aten's matmuls) recorded into CUDA graphs of one pool, against eager over 4 steps."""
+    from ember.aotgraph import aot_compile
+    from ember.aotgraph.cudagraphs import Pool, cudagraph_compiler
+
+    def kernels(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        return compile_graph(gm, inputs, OPTIONS)
+
+    def loss(x: T, w: T, b: T) -> T:
+        return F.layer_norm(F.gelu(x @ w.t() + b), (256,)).square().mean()
+
+    w = torch.randn(256, 128, device="cuda", requires_grad=True)
+    b = torch.randn(256, device="cuda", requires_grad=True)
+    ref = [w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()]
+    pool = Pool()
+    fw, bw = (cudagraph_compiler(kernels, pool, role) for role in ("forward", "backward"))
+    x0 = torch.randn(64, 128, device="cuda")
+    compiled = aot_compile(
+        torch.fx.symbolic_trace(loss), [x0, w, b], fw_compiler=fw, bw_compiler=bw,
+        decompositions=decompositions,
+    )  # fmt: skip
+    for _ in range(4):
+        x = torch.randn(64, 128, device="cuda")
+        w.grad = b.grad = ref[0].grad = ref[1].grad = None
+        out = compiled(x, w, b)
+        out.backward()
+        want = loss(x, *ref)
+        want.backward()
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(
+            [w.grad, b.grad], [ref[0].grad, ref[1].grad], atol=1e-4, rtol=1e-3
+        )
+    graphs = [r() for r in pool.records]
+    assert len(graphs) == 2  # the forward and the backward, recorded once each

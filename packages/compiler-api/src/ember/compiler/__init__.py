@@ -12,7 +12,7 @@ True
 >>> fast.stats.graphs, fast.stats.failures
 (1, [])
 >>> ember.compiler.list_backends()
-['aot_eager', 'eager', 'inductor']
+['aot_eager', 'cudagraphs', 'eager', 'inductor']
 
 A backend is any callable with the ``torch.compile`` custom-backend contract,
 ``(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> callable``.

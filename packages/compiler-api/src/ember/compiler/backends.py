@@ -84,8 +84,8 @@ def unregister_backend(name: str) -> None:
 def list_backends() -> list[str]:
     """The names of every registered backend (entry points included), sorted.
 
-    >>> list_backends()[:3]
-    ['aot_eager', 'eager', 'inductor']
+    >>> list_backends()[:4]
+    ['aot_eager', 'cudagraphs', 'eager', 'inductor']
     """
     _load_entry_points()
     return sorted(_BACKENDS)
@@ -96,7 +96,7 @@ def lookup_backend(backend: str | Backend) -> Backend:
 
     >>> lookup_backend("nonsense")
     Traceback (most recent call last):
-    ValueError: unknown backend 'nonsense'; registered: aot_eager, eager, inductor
+    ValueError: unknown backend 'nonsense'; registered: aot_eager, cudagraphs, eager, inductor
     """
     if callable(backend):
         return backend
@@ -170,6 +170,41 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> C
     )
 
 
+@register_backend(name="cudagraphs")
+def cudagraphs(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[torch.Tensor],
+    options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """aot_eager's aten graphs replayed from CUDA graphs (``ember.aotgraph.cudagraphs``):
+    recorded once per shape after a warm-up call, the forward and backward graphs in one
+    memory pool. Graphs of CPU tensors, or with ops a CUDA graph cannot hold, run as
+    aot_eager's. ``options={"copy_outputs": True}`` returns copies of the outputs, which
+    the next replay would overwrite.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: (x * x).sum())
+    >>> cudagraphs(gm, [torch.ones(3)])(torch.ones(3))  # CPU: as aot_eager
+    tensor(3.)
+    """
+    from ember.aotgraph import aot_compile
+    from ember.aotgraph.cudagraphs import Pool, cudagraph_compiler
+
+    options = options or {}
+    pool, copy = Pool(), bool(options.get("copy_outputs", False))
+    fw, bw, inference = (
+        noting(role, cudagraph_compiler(as_is, pool, role, copy_outputs=copy))
+        for role in ("forward", "backward", "inference")
+    )
+    return aot_compile(
+        gm,
+        example_inputs,
+        fw_compiler=fw,
+        bw_compiler=bw,
+        inference_compiler=inference,
+        decompositions={},
+    )
+
+
 def supports_dynamic(backend: Any) -> bool:
     """Whether ``backend`` takes graphs with symbolic sizes (``torch.SymInt`` in its fake
     tensors); a user's backend does unless it says ``supports_dynamic = False``.
@@ -233,6 +268,7 @@ def inductor(
     from ember.aotgraph import aot_compile
     from ember.aotgraph.eager_checks import Unsupported
     from ember.inductor import compile_graph, decompositions, subclass_input
+    from ember.inductor import settings as inductor_settings
 
     if (kind := subclass_input(example_inputs)) is not None:  # the training graphs see fakes
         raise Unsupported(
@@ -241,17 +277,25 @@ def inductor(
         )
 
     # a partial, not a closure: a repro script (EMBER_REPRO_AFTER=aot) can import it
-    kernels = functools.partial(compile_graph, options=options)
+    kernels: Any = functools.partial(compile_graph, options=options)
     # freezing holds for inference graphs only: a training graph's weights change each step
-    training = functools.partial(compile_graph, options={**(options or {}), "freezing": False})
+    training: Any = functools.partial(compile_graph, options={**(options or {}), "freezing": False})
+    forward = backward = training
+    if (found := inductor_settings.section.get()).cudagraphs:  # mode="reduce-overhead"
+        from ember.aotgraph.cudagraphs import Pool, cudagraph_compiler
+
+        pool, copy = Pool(), found.cudagraph_copy_outputs  # one pool: forward and backward
+        kernels = cudagraph_compiler(kernels, pool, "inference", copy_outputs=copy)
+        forward = cudagraph_compiler(training, pool, "forward", copy_outputs=copy)
+        backward = cudagraph_compiler(training, pool, "backward", copy_outputs=copy)
     # Trace with the inductor's table (a superset of aotgraph's default), so compile_graph
     # gets graphs it need not re-trace. Passed as the function: aotgraph builds the table
     # only when it traces (not on a disk-cache hit), and keys its cache on the function.
     return aot_compile(
         gm,
         example_inputs,
-        fw_compiler=noting("forward", training),  # noted: the compile report shows the code
-        bw_compiler=noting("backward", training),
+        fw_compiler=noting("forward", forward),  # noted: the compile report shows the code
+        bw_compiler=noting("backward", backward),
         inference_compiler=noting("inference", kernels),
         decompositions=decompositions,
     )
@@ -310,3 +354,8 @@ INDUCTOR_OPTIONS: dict[str, OptionRule] = {
 
 inductor.known_options = tuple(INDUCTOR_OPTIONS)  # type: ignore[attr-defined]
 inductor.option_rules = INDUCTOR_OPTIONS  # type: ignore[attr-defined]
+CUDAGRAPHS_OPTIONS = {
+    "copy_outputs": OptionRule(_is(bool), "True: copies of the outputs, not the graph's memory")
+}
+cudagraphs.known_options = tuple(CUDAGRAPHS_OPTIONS)  # type: ignore[attr-defined]
+cudagraphs.option_rules = CUDAGRAPHS_OPTIONS  # type: ignore[attr-defined]

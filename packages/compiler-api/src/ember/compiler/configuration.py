@@ -62,8 +62,8 @@ class Section(Protocol[S_co]):
 #: What each ``compile(mode=...)`` sets (under the ``options`` given with it).
 MODE_OPTIONS: dict[str, dict[str, Any]] = {
     "default": {},
-    "reduce-overhead": {},
-    "max-autotune": {"inductor.max_autotune": True},
+    "reduce-overhead": {"inductor.cudagraphs": True},
+    "max-autotune": {"inductor.max_autotune": True, "inductor.cudagraphs": True},
     "max-autotune-no-cudagraphs": {"inductor.max_autotune": True},
 }
 
@@ -127,7 +127,7 @@ class Config:
     >>> sorted(config.list_options())[:2]
     ['aotgraph.cache', 'aotgraph.cache_dir']
     >>> config.list_mode_options("max-autotune")
-    {'inductor.max_autotune': True}
+    {'inductor.max_autotune': True, 'inductor.cudagraphs': True}
     """
 
     def __init__(self) -> None:

@@ -106,16 +106,16 @@ def _configured(
 
 
 # The backends a mode changes something for (by its settings), and why it does nothing for
-# the others. reduce-overhead means CUDA graphs (none without a GPU, and ember has none);
-# on CPU ember's per-call path (the C hook, one compiled guard check, the replacement
-# function) has no costlier default that a mode could switch off, so it changes nothing.
+# the others. reduce-overhead means CUDA graphs around inductor's graphs of CUDA tensors
+# (the cudagraphs backend makes them around aten graphs); on CPU ember's per-call path (the
+# C hook, one compiled guard check, the replacement function) has no costlier default that
+# a mode could switch off, so it changes nothing there.
 _MODE_REACH: dict[str, tuple[frozenset[str], str]] = {
     "default": (frozenset({"eager", "aot_eager", "inductor"}), ""),
     "reduce-overhead": (
-        frozenset(),
-        "it means CUDA graphs, which ember does not make (and which need a GPU); on CPU"
-        " ember's per-call path (the C hook, one compiled guard check, the replacement"
-        " function) has no costlier default for a mode to switch off",
+        frozenset({"inductor"}),
+        "it means CUDA graphs around inductor's graphs (backend='cudagraphs' makes them"
+        " around aten graphs)",
     ),
     "max-autotune": (frozenset({"inductor"}), "it tunes inductor's generated kernels"),
     "max-autotune-no-cudagraphs": (frozenset({"inductor"}), "it tunes inductor's kernels"),

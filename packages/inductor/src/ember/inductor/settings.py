@@ -63,6 +63,17 @@ class InductorSettings:
         " matmul path) and keep the fastest, remembered on disk (mode='max-autotune')",
         env="EMBER_MAX_AUTOTUNE",
     )
+    cudagraphs: bool = setting(
+        False,
+        "graphs of CUDA tensors replay from CUDA graphs, recorded once per shape"
+        " (ember.aotgraph.cudagraphs; mode='reduce-overhead')",
+        env="EMBER_CUDAGRAPHS",
+    )
+    cudagraph_copy_outputs: bool = setting(
+        False,
+        "with cudagraphs: return copies of a replay's outputs, which the next replay would"
+        " overwrite (default: the outputs themselves, an error to use once overwritten)",
+    )
     cpu_backend: str = setting(
         "cpp",
         "the printer for graphs of CPU tensors: 'cpp', or 'triton' (Triton's interpreter,"
