@@ -10,6 +10,7 @@ while each test runs. If triton was imported before without it, the tests are sk
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,51 @@ def test_a_kernel_triton_cannot_build_runs_the_graph_eagerly(
     for g, w in zip(got, fn(x), strict=True):
         torch.testing.assert_close(g, w)
     torch.testing.assert_close(compiled(x)[1], fn(x)[1])  # and from then on
+
+
+def test_max_autotune_keeps_the_fastest_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mode='max-autotune' on Triton: the graph's module under each block size and warp
+    count (autotune.triton_candidates), the fastest kept (here: a timer that prefers
+    256-point programs with 8 warps, which the combined trial of the two winners gives)."""
+    from ember.inductor import autotune
+
+    def prefers(call: Any) -> float:
+        source = call.func.source
+        return 1.0 - 0.2 * ("tl.arange(0, 256)" in source) - 0.1 * ("num_warps=8" in source)
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "seconds_per_call", prefers)
+    x = torch.randn(64, 100)
+    fn = lambda x: (x * 2).exp() + 1  # noqa: E731
+    compiled = compile_graph(make_fx(fn)(x), [x], {**OPTIONS, "max_autotune": True})
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert "tl.arange(0, 256)" in compiled.source and "num_warps=8" in compiled.source
+    (record,) = (tmp_path / "inductor" / "autotune").glob("*.json")
+    assert len(json.loads(record.read_text())["trials"]) == 9  # 8 candidates and the winners
+
+    def no_timing(call: Any) -> float:
+        raise AssertionError("timed again: the choice on disk was not used")
+
+    monkeypatch.setattr(autotune, "seconds_per_call", no_timing)
+    again = compile_graph(make_fx(fn)(x), [x], {**OPTIONS, "max_autotune": True})
+    assert again.source == compiled.source
+
+
+def test_max_autotune_times_triton_for_real(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every block size and warp count gives eager's numbers (a softmax: row kernels)."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x = torch.randn(6, 40)
+    fn = lambda x: torch.softmax(x, -1) * x.sum(0)  # noqa: E731
+    compiled = compile_graph(make_fx(fn)(x), [x], {**OPTIONS, "max_autotune": True})
+    torch.testing.assert_close(compiled(x), fn(x))
+    from ember.inductor.autotune import triton_candidates
+    from ember.inductor.knobs import knobs
+
+    for chosen in triton_candidates():
+        with knobs(chosen):
+            one = compile_graph(make_fx(fn)(x), [x], OPTIONS)
+        torch.testing.assert_close(one(x), fn(x))

@@ -1,4 +1,8 @@
-"""``max_autotune`` on CPU: time a few code-generation choices per graph, keep the fastest.
+"""``max_autotune``: time a few code-generation choices per graph, keep the fastest.
+
+On CPU the choices are the C++ printer's (below); with the Triton printer they are its
+block sizes and warps (:func:`triton_candidates`), timed the same way on the graph's
+device, each call waiting for the GPU, and remembered under the GPU's name.
 
 For a graph with kernels, :func:`choose` generates its C++ under each of
 :func:`candidates`, each a :class:`~ember.inductor.knobs.Knobs` that changes one knob
@@ -20,8 +24,9 @@ its record.
 [16, 8, 32]
 >>> [k.threads for k in candidates(threads=8)][-1], [k.threads for k in candidates(threads=2)][-1]
 (4, 0)
->>> combined([(Knobs(), 3.0), (Knobs(tile=8), 2.0), (Knobs(addmm="aten"), 1.0)])
-Knobs(tile=8, parallel_min_work=131072, threads=0, addmm='aten')
+>>> best = combined([(Knobs(), 3.0), (Knobs(tile=8), 2.0), (Knobs(addmm="aten"), 1.0)])
+>>> best.tile, best.addmm
+(8, 'aten')
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from ember.aotgraph.settings import cache_root
 from ember.inductor import cache
 from ember.inductor.knobs import Knobs
 
-__all__ = ["Choice", "candidates", "choose", "combined"]
+__all__ = ["Choice", "candidates", "choose", "combined", "triton_candidates"]
 
 
 def candidates(threads: int | None = None) -> tuple[Knobs, ...]:
@@ -58,6 +63,25 @@ def candidates(threads: int | None = None) -> tuple[Knobs, ...]:
         Knobs(parallel_min_work=1 << 62),  # never parallel
         Knobs(addmm="aten"),
         *fewer,
+    )
+
+
+def triton_candidates() -> tuple[Knobs, ...]:
+    """The Triton printer's choices, the default first: the points of a flat kernel's
+    program, the elements of a row kernel's block, the warps of a program.
+
+    >>> [(k.block, k.row_elements, k.warps) for k in triton_candidates()][:2]
+    [(1024, 4096, 0), (256, 4096, 0)]
+    """
+    return (
+        Knobs(),
+        Knobs(block=256),
+        Knobs(block=512),
+        Knobs(block=2048),
+        Knobs(row_elements=1024),
+        Knobs(row_elements=16384),
+        Knobs(warps=2),
+        Knobs(warps=8),
     )
 
 
@@ -90,11 +114,13 @@ def choose(
     sources: Callable[[Knobs], str],
     inputs: Sequence[Any],
     prepare: Callable[[str, list[Any]], Callable[[], Any]],
+    trials: Sequence[Knobs] | None = None,
 ) -> Choice:
-    """The fastest of :func:`candidates` and their :func:`combined` winners: ``sources(knobs)``
-    is the C++ under a choice, ``prepare(source, inputs)`` a function that runs it once on
-    ``inputs``. The distinct sources are timed in turns, best of :data:`ROUNDS`, so that a
-    machine busy with other work slows them alike."""
+    """The fastest of ``trials`` (default :func:`candidates`) and their :func:`combined`
+    winners: ``sources(knobs)`` is the code under a choice, ``prepare(source, inputs)`` a
+    function that runs it once on ``inputs``. The distinct sources are timed in turns, best
+    of :data:`ROUNDS`, so that a machine busy with other work slows them alike; on a GPU
+    each call waits for the device."""
     default = sources(Knobs())
     if any(isinstance(t, torch.Tensor) and not t.dtype.is_floating_point
            and t.dtype is not torch.bool for t in inputs):  # fmt: skip
@@ -103,7 +129,8 @@ def choose(
     if (stored := _load(path)) is not None:
         return stored
     try:
-        return _timed(path, default, sources, [_random_like(t) for t in inputs], prepare)
+        real = [_random_like(t) for t in inputs]
+        return _timed(path, default, sources, real, prepare, trials or candidates())
     except Exception as e:  # a trial that fails must not fail the graph: keep the defaults
         return Choice(Knobs(), (), why_not=f"timing failed: {type(e).__name__}: {e}")
 
@@ -114,8 +141,11 @@ def _timed(
     sources: Callable[[Knobs], str],
     real: list[Any],
     prepare: Callable[[str, list[Any]], Callable[[], Any]],
+    trials: Sequence[Knobs],
 ) -> Choice:
     tried: dict[Knobs, float] = {}
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in real):
+        prepare = _waiting(prepare)
     timed: dict[str, float] = {}  # choices that make the same code share its time
 
     def time_all(choices: Sequence[Knobs]) -> None:
@@ -128,7 +158,7 @@ def _timed(
                 timed[src] = min(timed[src], seconds_per_call(call))
         tried.update({k: timed[src] for k, src in source_of.items() if k not in tried})
 
-    time_all(candidates())
+    time_all(trials)
     time_all([combined(list(tried.items()))])  # the winners of each knob together
     best = min(tried.items(), key=lambda trial: trial[1])[0]
     choice = Choice(best, tuple(tried.items()))
@@ -136,12 +166,31 @@ def _timed(
     return choice
 
 
+def _waiting(
+    prepare: Callable[[str, list[Any]], Callable[[], Any]],
+) -> Callable[[str, list[Any]], Callable[[], Any]]:
+    """``prepare`` whose calls wait for the GPU: a kernel launch returns before it runs."""
+
+    def prepared(source: str, inputs: list[Any]) -> Callable[[], Any]:
+        call = prepare(source, inputs)
+
+        def waited() -> None:
+            call()
+            torch.cuda.synchronize()
+
+        return waited
+
+    return prepared
+
+
 def _key(source: str, inputs: Sequence[Any]) -> str:
     meta = [
         (tuple(t.shape), tuple(t.stride()), str(t.dtype)) if isinstance(t, torch.Tensor) else t
         for t in inputs
     ]
-    text = f"{source}\n{meta!r}\n{cache._cpu_id()}\n{torch.get_num_threads()}"
+    gpus = sorted({t.device for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda}, key=str)
+    machine = [torch.cuda.get_device_name(d) for d in gpus] or cache._cpu_id()
+    text = f"{source}\n{meta!r}\n{machine}\n{torch.get_num_threads()}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -151,7 +200,10 @@ def _random_like(t: Any) -> Any:
         return t
     size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
     size = size if all(n > 0 for n in t.shape) else 0
-    base = torch.zeros(size, dtype=t.dtype) if t.dtype is torch.bool else torch.randn(size)
+    if t.dtype is torch.bool:
+        base = torch.zeros(size, dtype=t.dtype, device=t.device)
+    else:
+        base = torch.randn(size, device=t.device)
     return base.to(t.dtype).as_strided(tuple(t.shape), tuple(t.stride()))
 
 

@@ -56,6 +56,7 @@ from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
 from ember.inductor.ir import Expr, Layout, Ref, map_indices, walk
+from ember.inductor.knobs import KNOBS
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 from ember.inductor.symbolic import Unsupported as SizeUnsupported
@@ -67,8 +68,8 @@ __all__ = ["PERSISTENT_MAX", "TritonPrinter", "Unsupported", "module_source"]
 PERSISTENT_MAX = 1024  # rows up to this many points run in one block (no loop)
 LOOP_BLOCK = 1024  # the block of a looped row
 COLUMN_BLOCK = 64  # the block of a looped column (and the rows beside it)
-FLAT_BLOCK = 1024  # points per program of a flat kernel
-ROW_ELEMENTS = 4096  # XBLOCK * RBLOCK of a row kernel, at most
+# points per program of a flat kernel, and XBLOCK * RBLOCK of a row kernel at most: the
+# defaults of Knobs.block and Knobs.row_elements, which max_autotune varies
 
 
 class Unsupported(Exception):
@@ -471,7 +472,9 @@ class _KernelWriter:
         inner = k.stages[0].inner
         numel = math.prod(k.outer) * math.prod(inner)
         # a symbolic size: full blocks (masks take the rest), whatever the example's size
-        block = min(FLAT_BLOCK, _next_pow2(max(numel, 1))) if is_static(numel) else FLAT_BLOCK
+        chosen = KNOBS.get()
+        most, self.warps = chosen.block, chosen.warps or 4
+        block = min(most, _next_pow2(max(numel, 1))) if is_static(numel) else most
         self.points, self.block = numel, block
         self.emit(f"index = {self.pid()} * {block} + tl.arange(0, {block})")
         self.emit(f"mask = index < {_t(numel)}")
@@ -490,7 +493,7 @@ class _KernelWriter:
         blocks of ``LOOP_BLOCK``, one row a program (many programs), unless its loads run
         along the outer index (a column sum): then ``COLUMN_BLOCK`` of each, so that a
         block reads whole lines of memory. Outer points fill the rest of the block, up to
-        ``ROW_ELEMENTS``. A row of symbolic length always loops (one block may not hold it
+        ``Knobs.row_elements``. A row of symbolic length always loops (one block may not hold it
         at another size), in blocks sized for the example's length, at most the long
         ones; the example's sizes choose only block sizes, which masks make right for
         every size."""
@@ -505,9 +508,10 @@ class _KernelWriter:
             r[k] = fit if is_static(n) and n <= PERSISTENT_MAX else min(fit, long)
         widest = max(r.values(), default=1)
         one_row = any(hint(n, self.hints) > PERSISTENT_MAX for n in lengths)
-        x = 1 if one_row and not column else max(1, ROW_ELEMENTS // widest)
+        chosen = KNOBS.get()
+        x = 1 if one_row and not column else max(1, chosen.row_elements // widest)
         x = min(_next_pow2(max(rows, 1)), x)
-        self.warps = 8 if widest * x >= 2048 else 4
+        self.warps = chosen.warps or (8 if widest * x >= 2048 else 4)
         return _Block(x, r)
 
     def write_rows(self) -> list[str]:

@@ -487,10 +487,10 @@ def _generate(
         else:
             source, args = run.phase("codegen", translation_unit, sched)  # C++ source
     lowered = _Lowered(decomposed, sched, prog.out_spec)
-    # symbolic sizes: the choice would fit one example only; Triton: C++ knobs mean nothing
-    tunable = prog.size_vars is None and target is None
+    tunable = prog.size_vars is None  # symbolic sizes: a choice would fit one example only
     if opts["max_autotune"] and tunable and any(isinstance(s, Kernel) for s in sched.steps):
-        return _autotuned(run, gm, example_inputs, fused_random, compile_options, lowered)
+        tuning = _Tuning(gm, example_inputs, fused_random, compile_options, target)
+        return _autotuned(run, tuning, lowered)
     return lowered, source, args
 
 
@@ -631,27 +631,42 @@ class _Lowered:
     spec: Any
 
 
+@dataclass(frozen=True)
+class _Tuning:
+    """What autotuning a graph needs: the graph to lower again (a lowering knob), its
+    example inputs, and the printer (``target``: Triton; None: C++)."""
+
+    original: torch.fx.GraphModule
+    example_inputs: Sequence[Any]
+    fused_random: bool
+    options: cache.CompileOptions
+    target: wrapper_triton.Target | None
+
+
 def _autotuned(
-    run: _Run,
-    original: torch.fx.GraphModule,
-    example_inputs: Sequence[Any],
-    fused_random: bool,
-    options: cache.CompileOptions,
-    default: _Lowered,
+    run: _Run, tuning: _Tuning, default: _Lowered
 ) -> tuple[_Lowered, str, dict[str, list[str]]]:
-    """The lowering, C++ source and kernel arguments of the fastest :mod:`autotune` choice.
-    A choice that changes lowering (``Knobs.lowering``) lowers ``original`` again, once per
-    distinct lowering, quietly (no trace files)."""
+    """The lowering, source and kernel arguments of the fastest :mod:`autotune` choice
+    (C++: :func:`~ember.inductor.autotune.candidates`; Triton: its block sizes and warps,
+    :func:`~ember.inductor.autotune.triton_candidates`). A choice that changes lowering
+    (``Knobs.lowering``) lowers the graph again, once per distinct lowering, quietly (no
+    trace files)."""
     lowerings = {Knobs().lowering: default}
     made: dict[str, tuple[Knobs, _Lowered, dict[str, list[str]]]] = {}  # source -> its parts
+    target = tuning.target
 
     def source(chosen: Knobs) -> str:
         with knobs(chosen):
             if chosen.lowering not in lowerings:
-                gm, prog = _lower(_Run(trace=False), original, example_inputs, fused_random)
+                gm, prog = _lower(
+                    _Run(trace=False), tuning.original, tuning.example_inputs, tuning.fused_random
+                )
                 lowerings[chosen.lowering] = _Lowered(gm, schedule(prog), prog.out_spec)
             lowered = lowerings[chosen.lowering]
-            text, args = translation_unit(lowered.sched)
+            if target is None:
+                text, args = translation_unit(lowered.sched)
+            else:
+                text, args = wrapper_triton.codegen(lowered.sched, target)
         made.setdefault(text, (chosen, lowered, args))  # the first (the default) wins ties
         return text
 
@@ -659,11 +674,15 @@ def _autotuned(
         _, lowered, args = made[text]
         trial = CompiledGraph(lowered.gm, _Run(trace=False), lowered.spec)
         trial.schedule, trial.source, trial.kernel_args = lowered.sched, text, args
-        trial._build = cache.build_async(text, options)  # the builds run side by side
+        if target is None:
+            trial._build = cache.build_async(text, tuning.options)  # builds run side by side
+        else:
+            trial.target, trial._kernels = target, wrapper_triton.load(text, lowered.sched)
         return functools.partial(trial, *inputs)
 
+    trials = None if target is None else autotune.triton_candidates()
     with timing.TIMES.timed("autotune"):
-        choice = autotune.choose(source, example_inputs, prepare)
+        choice = autotune.choose(source, tuning.example_inputs, prepare, trials)
     run.write("07_autotune.txt", choice)
     text = source(choice.knobs)
     _, lowered, args = made[text]

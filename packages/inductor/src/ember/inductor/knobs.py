@@ -1,7 +1,8 @@
 """The code-generation choices that ``max_autotune`` times per graph (ember.inductor.autotune).
 
 A :class:`Knobs` value is read where each choice is made: ``addmm`` by the lowering of
-``aten.addmm``, the others by the C++ code generator. :func:`knobs` sets one for a block,
+``aten.addmm``, ``block``, ``row_elements`` and ``warps`` by the Triton printer, the
+others by the C++ code generator. :func:`knobs` sets one for a block,
 so the passes keep their signatures and the defaults cost nothing.
 
 >>> with knobs(Knobs(tile=8)):
@@ -38,12 +39,20 @@ class Knobs:
     parallel_min_work: int = PARALLEL_MIN_WORK  # less work than this stays on one thread
     threads: int = 0  # OpenMP threads of a parallel loop; 0: OpenMP's default (all)
     addmm: str = "fused"  # one of ADDMM_PATHS
+    # Triton: points a program of a flat kernel takes; the most elements (XBLOCK * RBLOCK)
+    # of a row kernel's block; warps per program (0: by the block's size)
+    block: int = 1024
+    row_elements: int = 4096
+    warps: int = 0
 
     def __post_init__(self) -> None:
         if self.addmm not in ADDMM_PATHS:
             raise ValueError(f"addmm path {self.addmm!r}; the paths are {ADDMM_PATHS}")
-        if self.threads < 0 or self.tile < 1:
-            raise ValueError(f"bad knobs {self}: threads >= 0 and tile >= 1")
+        if self.threads < 0 or self.tile < 1 or self.warps < 0:
+            raise ValueError(f"bad knobs {self}: threads >= 0, tile >= 1, warps >= 0")
+        for n in (self.block, self.row_elements):
+            if n < 1 or n & (n - 1):
+                raise ValueError(f"bad knobs {self}: Triton blocks are powers of two")
 
     @property
     def lowering(self) -> tuple[str]:

@@ -59,8 +59,9 @@ class InductorSettings:
     )
     max_autotune: bool = setting(
         False,
-        "time a few kernel variants per graph (tile size, parallel threshold, thread count,"
-        " matmul path) and keep the fastest, remembered on disk (mode='max-autotune')",
+        "time a few kernel variants per graph (C++: tile size, parallel threshold, thread"
+        " count, matmul path; Triton: block sizes, warps) and keep the fastest, remembered"
+        " on disk (mode='max-autotune')",
         env="EMBER_MAX_AUTOTUNE",
     )
     cudagraphs: bool = setting(
