@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph, settings, wrapper_triton
@@ -227,7 +228,7 @@ def test_max_autotune_keeps_the_fastest_block(
     torch.testing.assert_close(compiled(x), fn(x))
     assert "tl.arange(0, 256)" in compiled.source and "num_warps=8" in compiled.source
     (record,) = (tmp_path / "inductor" / "autotune").glob("*.json")
-    assert len(json.loads(record.read_text())["trials"]) == 9  # 8 candidates and the winners
+    assert len(json.loads(record.read_text())["trials"]) == 10  # 9 candidates and the winners
 
     def no_timing(call: Any) -> float:
         raise AssertionError("timed again: the choice on disk was not used")
@@ -253,3 +254,55 @@ def test_max_autotune_times_triton_for_real(
         with knobs(chosen):
             one = compile_graph(make_fx(fn)(x), [x], OPTIONS)
         torch.testing.assert_close(one(x), fn(x))
+
+
+MATMULS: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], torch.dtype]] = {
+    "mm-relu": (lambda a, w: (a @ w).relu(), [(40, 24), (24, 33)], torch.float32),
+    "linear-gelu-residual": (
+        lambda x, w, b: F.gelu(F.linear(x, w, b)) + x[:, :20],  # a transposed weight
+        [(37, 48), (20, 48), (20,)],
+        torch.float32,
+    ),
+    "product-also-read-elsewhere": (
+        lambda a, w: ((a @ w) * 3, (a @ w).sum(-1)),
+        [(16, 16), (16, 16)],
+        torch.float32,
+    ),
+    "half": (lambda a, w: (a @ w) * 2, [(32, 64), (64, 32)], torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", MATMULS)
+def test_matmul_template_with_its_epilogue(name: str) -> None:
+    """Knobs(matmul="template"): ``mm`` (and ``addmm``) as a tiled ``tl.dot`` kernel with
+    its consumers' pointwise work after it, against eager."""
+    from ember.inductor.knobs import Knobs, knobs
+
+    fn, shapes, dtype = MATMULS[name]
+    inputs = [torch.randn(s).to(dtype) for s in shapes]
+    with knobs(Knobs(matmul="template")):
+        compiled = compile_graph(make_fx(fn)(*inputs), inputs, OPTIONS)
+    assert "tl.dot(" in compiled.source and "extern" not in str(compiled.schedule)
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.float16 else {}
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **tol)
+
+
+def test_max_autotune_keeps_the_template_or_the_extern(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template is timed against the extern call; whichever is faster is kept."""
+    from ember.inductor import autotune
+
+    fn, shapes, _ = MATMULS["linear-gelu-residual"]
+    inputs = [torch.randn(s) for s in shapes]
+    for template_wins in (True, False):
+        monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / str(template_wins)))
+        monkeypatch.setattr(
+            autotune,
+            "seconds_per_call",
+            lambda call, wins=template_wins: 1.0 - 0.5 * (("tl.dot(" in call.func.source) == wins),
+        )
+        options = {**OPTIONS, "max_autotune": True}
+        compiled = compile_graph(make_fx(fn)(*inputs), inputs, options)
+        assert ("tl.dot(" in compiled.source) == template_wins
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs))

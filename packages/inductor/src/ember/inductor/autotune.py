@@ -82,6 +82,7 @@ def triton_candidates() -> tuple[Knobs, ...]:
         Knobs(row_elements=16384),
         Knobs(warps=2),
         Knobs(warps=8),
+        Knobs(matmul="template"),  # a graph without a matmul makes the default's code
     )
 
 

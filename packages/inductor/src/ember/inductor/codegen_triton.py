@@ -52,6 +52,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
+from ember.inductor import triton_matmul
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
@@ -438,7 +439,11 @@ class _KernelWriter:
         for st in self.kernel.stages:
             self.note(st)
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
-        body = self.write_flat() if self.flat else self.write_rows()
+        template = None if self.flat else triton_matmul.match(self.kernel, self.inline)
+        if template is not None:
+            body = triton_matmul.write(self, template)
+        else:
+            body = self.write_flat() if self.flat else self.write_rows()
         text = "\n".join(body) + _t(self.points)
         self.sizes = [str(s) for s in sorted(self.p.sizes, key=str)]
         self.sizes = [n for n in self.sizes if re.search(rf"\b{n}\b", text)]

@@ -19,7 +19,7 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["ADDMM_PATHS", "KNOBS", "PARALLEL_MIN_WORK", "Knobs", "knobs"]
+__all__ = ["ADDMM_PATHS", "KNOBS", "MATMUL_PATHS", "PARALLEL_MIN_WORK", "Knobs", "knobs"]
 
 PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread (a parallel
 # region costs a wake-up, and on a busy machine a wait for a descheduled thread)
@@ -30,6 +30,12 @@ PARALLEL_MIN_WORK = 1 << 17  # elements below which a kernel stays on one thread
 #: a kernel of its own).
 ADDMM_PATHS = ("fused", "aten")
 
+#: How ``a @ b`` (``mm``, and ``addmm``'s product) runs: ``aten``, the extern call (cuBLAS,
+#: or the CPU's BLAS); ``template``, a sum over the shared dim in the loop IR, which the
+#: Triton printer writes as a tiled ``tl.dot`` kernel with its consumers' pointwise work
+#: fused after it (max_autotune times it against the extern on a GPU).
+MATMUL_PATHS = ("aten", "template")
+
 
 @dataclass(frozen=True, slots=True)
 class Knobs:
@@ -39,6 +45,7 @@ class Knobs:
     parallel_min_work: int = PARALLEL_MIN_WORK  # less work than this stays on one thread
     threads: int = 0  # OpenMP threads of a parallel loop; 0: OpenMP's default (all)
     addmm: str = "fused"  # one of ADDMM_PATHS
+    matmul: str = "aten"  # one of MATMUL_PATHS
     # Triton: points a program of a flat kernel takes; the most elements (XBLOCK * RBLOCK)
     # of a row kernel's block; warps per program (0: by the block's size)
     block: int = 1024
@@ -48,6 +55,8 @@ class Knobs:
     def __post_init__(self) -> None:
         if self.addmm not in ADDMM_PATHS:
             raise ValueError(f"addmm path {self.addmm!r}; the paths are {ADDMM_PATHS}")
+        if self.matmul not in MATMUL_PATHS:
+            raise ValueError(f"matmul path {self.matmul!r}; the paths are {MATMUL_PATHS}")
         if self.threads < 0 or self.tile < 1 or self.warps < 0:
             raise ValueError(f"bad knobs {self}: threads >= 0, tile >= 1, warps >= 0")
         for n in (self.block, self.row_elements):
@@ -55,10 +64,10 @@ class Knobs:
                 raise ValueError(f"bad knobs {self}: Triton blocks are powers of two")
 
     @property
-    def lowering(self) -> tuple[str]:
+    def lowering(self) -> tuple[str, str]:
         """The part of the choice that lowering reads: knobs that differ only elsewhere
         share one lowered program and schedule."""
-        return (self.addmm,)
+        return (self.addmm, self.matmul)
 
     @property
     def num_threads(self) -> str:

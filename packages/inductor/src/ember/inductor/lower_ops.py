@@ -28,7 +28,15 @@ from ember.inductor.knobs import KNOBS
 from ember.inductor.low_precision import LOW, rounded, to_common
 from ember.inductor.lower_checks import checked as _checked
 from ember.inductor.lower_views import broadcast
-from ember.inductor.lowering import LOWERINGS, Fallback, Lowerer, Value, lowering, size_const
+from ember.inductor.lowering import (
+    LOWERINGS,
+    READS_MEMORY,
+    Fallback,
+    Lowerer,
+    Value,
+    lowering,
+    size_const,
+)
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.symbolic import FloatSize
 
@@ -684,7 +692,36 @@ def addmm(ctx: Lowerer, bias: Value, a: Value, b: Value, *, beta: Any = 1, alpha
     whole = KNOBS.get().addmm == "aten"  # max_autotune's other matmul path
     if whole or beta != 1 or alpha != 1 or not computes or not isinstance(bias, Value):
         raise Fallback("addmm kept whole")
-    return pointwise(ctx, _ADD, ctx.extern(node, (a, b), {}, target=aten.mm.default), bias)
+    if (product := matmul_template(ctx, a, b)) is None:
+        product = ctx.extern(node, (a, b), {}, target=aten.mm.default)
+    return pointwise(ctx, _ADD, product, bias)
+
+
+READS_MEMORY.add(aten.mm.default)
+
+
+@lowering(aten.mm.default)
+def mm(ctx: Lowerer, a: Value, b: Value) -> Value:
+    """The extern call (cuBLAS, BLAS), unless max_autotune tries the Triton template."""
+    if (product := matmul_template(ctx, a, b)) is None:
+        raise Fallback("mm runs as the extern call")
+    return product
+
+
+def matmul_template(ctx: Lowerer, a: Value, b: Value) -> Value | None:
+    """``a @ b`` as a sum over the shared dim (``Knobs.matmul == "template"``: the Triton
+    printer writes it as a tiled ``tl.dot`` kernel); None for the extern call. Both
+    inputs are realized first, so that the kernel reads two buffers it can tile."""
+    dtype = ctx.meta.dtype
+    sizes = [*a.sizes, *b.sizes]
+    if KNOBS.get().matmul != "template" or a.ndim != 2 or b.ndim != 2 or dtype not in FLOATS:
+        return None
+    if not all(isinstance(n, int) for n in sizes) or a.dtype != b.dtype:
+        return None
+    a, b = ctx.realized(a), ctx.realized(b)
+    acc = torch.float32 if dtype in LOW else dtype
+    body = _MUL(cast(a.loader([I[0], R[0]]), acc), cast(b.loader([R[0], I[1]]), acc))
+    return ctx.reduction(Reduce.SUM, (a.sizes[0], b.sizes[1]), (a.sizes[1],), body, dtype)
 
 
 @lowering(prims.amax.default)

@@ -79,6 +79,11 @@ CHEAP = {Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAX, Op.MIN, Op.WHERE, Op.NO
 HEAVY = frozenset(SEMANTICS) - CHEAP - COMPARE - {Op.AND, Op.OR, Op.XOR}  # worth storing
 
 
+# ops whose lowering reads its inputs from memory (an extern call, or a template that
+# tiles two buffers): a user of this kind does not compute on an unrealized value
+READS_MEMORY: set[Any] = set()
+
+
 class Fallback(Exception):
     """Raised by a lowering that cannot handle these arguments: run the aten op instead."""
 
@@ -414,7 +419,11 @@ class Lowerer:
         if not isinstance(value, Value) or value.ref is not None:
             return
         body = list(walk(value.loader(I[: value.ndim])))
-        readers = sum(1 for u in node.users if u.target in LOWERINGS or u.target in SIZE_READS)
+        readers = sum(
+            1
+            for u in node.users
+            if (u.target in LOWERINGS and u.target not in READS_MEMORY) or u.target in SIZE_READS
+        )
         heavy = len(body) > 8 or any(e.op in HEAVY for e in body)
         shared = len(node.users) > 1 and heavy  # recompute cheap values, store costly ones
         if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
