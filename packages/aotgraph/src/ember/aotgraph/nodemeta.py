@@ -1,0 +1,140 @@
+"""Node metadata through the aten trace: each aten node keeps where its captured node came from.
+
+While :func:`~ember.aotgraph.trace.trace_joint` (or ``trace_forward``) runs ``make_fx``,
+the captured graph runs through ``torch.fx.Interpreter`` under torch.fx's
+``preserve_node_meta``: the interpreter makes each captured node the *current* node, and
+``make_fx`` copies that node's ``nn_module_stack``, ``source_fn_stack``, ``stack_trace``
+(and torch's other copied keys, ``custom`` among them) onto every aten node it records
+for it, with ``original_aten``, the overload the captured op dispatched to (before
+decomposition). Outside tracing the graph module runs its own generated code, as before.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.silu(x) * 2)
+>>> for node in gm.graph.nodes:
+...     node.meta["stack_trace"] = f'  File "model.py", line 3, in forward\\n    {node.name}\\n'
+>>> from ember.aotgraph.trace import Lifted, analyze, trace_forward
+>>> x = torch.ones(2)
+>>> lifted = Lifted.of(gm, [x])
+>>> fw = trace_forward(lifted, [x], analyze(lifted, [x], grad=False), {})
+>>> [(str(n.meta["original_aten"]), n.meta["stack_trace"].split()[-1])
+...  for n in fw.gm.graph.nodes if n.op == "call_function"]
+[('aten.silu.default', 'silu'), ('aten.mul.Tensor', 'mul')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.fx
+from torch.fx import traceback as fx_traceback
+from torch.fx.experimental import proxy_tensor
+
+__all__ = ["ORIGINAL_ATEN", "call_module", "canonical", "interpreted", "make_fx"]
+
+ORIGINAL_ATEN = "original_aten"  # the aten overload a node's op dispatched to first
+
+
+def make_fx(
+    f: Callable[..., Any], table: Any, mode: Literal["symbolic", "fake"]
+) -> Callable[..., torch.fx.GraphModule]:
+    """``make_fx(f, decomposition_table=table, tracing_mode=mode)``, with node metadata
+    preserved: aten nodes get ``original_aten``, and those a graph module run through
+    :func:`call_module` records get its current node's keys."""
+    traced = proxy_tensor.make_fx(f, decomposition_table=table, tracing_mode=mode)
+
+    def run(*args: Any) -> torch.fx.GraphModule:
+        with fx_traceback.preserve_node_meta():
+            gm = traced(*args)
+        for node in gm.graph.nodes:
+            node.meta[ORIGINAL_ATEN] = canonical(node.meta.get(ORIGINAL_ATEN))
+        return gm
+
+    return run
+
+
+def canonical(op: Any) -> Any:
+    """torch's overload object for ``op``, a copy of it (``make_fx`` copies each meta value, and
+    overloads compare by identity): ``meta["original_aten"] is aten.silu.default`` holds.
+
+    >>> import copy
+    >>> canonical(copy.copy(torch.ops.aten.silu.default)) is torch.ops.aten.silu.default
+    True
+    """
+    if isinstance(op, torch._ops.OpOverload):
+        return getattr(op.overloadpacket, op._overloadname)
+    return op
+
+
+def call_module(
+    module: Callable[..., Any],
+    args: Sequence[Any],
+    names: Sequence[str] = (),
+    tensors: Sequence[Any] = (),
+) -> Any:
+    """``module(*args)``, with the tensors ``tensors`` in place of its parameters and
+    buffers ``names`` (``torch.func.functional_call``); a graph module runs node by node
+    while metadata is preserved (see :func:`make_fx`).
+
+    >>> linear = torch.nn.Linear(1, 1, bias=False)
+    >>> call_module(linear, [torch.ones(1)], ["weight"], [torch.full((1, 1), 2.0)])
+    tensor([2.])
+    """
+    graph = module if isinstance(module, torch.fx.GraphModule) else None
+    if not fx_traceback.has_preserved_node_meta():
+        graph = None  # not tracing: the generated code, fast
+    if not names:
+        return interpreted(graph)(*args) if graph is not None else module(*args)
+    assert isinstance(module, torch.nn.Module)
+    state = dict(zip(names, tensors, strict=True))
+    if graph is not None:  # a child of a module that runs it node by node: names gain a prefix
+        module = StateRunner(graph)
+        state = {f"module.{name}": value for name, value in state.items()}
+    return torch.func.functional_call(module, state, tuple(args))
+
+
+def interpreted(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """A function running ``gm`` through ``torch.fx.Interpreter``: each node is the current
+    node while it runs, so what a trace records for it inherits its metadata.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> interpreted(gm)(torch.zeros(1))
+    tensor([1.])
+    """
+
+    def run(*args: Any) -> Any:
+        interpreter = torch.fx.Interpreter(gm)
+        interpreter.extra_traceback = False  # the op's own error, as the generated code raises
+        return _plain(interpreter.run(*args))
+
+    return run
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with fx's immutable lists and dicts (the output node's arguments) made the
+    plain ones the generated code returns, so that its pytree spec is the same.
+
+    >>> from torch.fx.immutable_collections import immutable_dict, immutable_list
+    >>> _plain((immutable_dict(a=immutable_list([1])), 2))
+    ({'a': [1]}, 2)
+    """
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+class StateRunner(torch.nn.Module):
+    """``module`` as a child, run node by node: ``torch.func.functional_call`` swaps its
+    parameters (named ``module.<name>``) in while the interpreter reads them."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any) -> Any:
+        return interpreted(self.module)(*args)
