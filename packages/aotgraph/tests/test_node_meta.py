@@ -44,9 +44,9 @@ def compile_graphs(gm: torch.fx.GraphModule, inputs: list[Any]) -> list[torch.fx
         graphs.append(g)
         return g
 
+    expected = gm(*[t.detach().clone() for t in inputs])  # eager, on copies (inputs written)
     compiled = aot_compile(gm, inputs, fw_compiler=keep, cache=False)
     out = compiled(*inputs)
-    expected = gm(*inputs)
     assert torch.allclose(out, expected)
     if out.requires_grad:
         out.sum().backward()
@@ -102,8 +102,35 @@ def test_training_graphs_keep_the_meta_of_forward_nodes() -> None:
     fw, bw = compile_graphs(gm, [x, w])
     captured = [n for n in aten_nodes(fw) if "custom" in n.meta]
     assert {origin(n) for n in captured} == {"matmul", "tanh", "sum_1"}
-    for node in aten_nodes(bw):  # autograd's formulas: their aten op, at least
+    for node in aten_nodes(bw):  # autograd's formulas: tagged as torch tags them
         assert isinstance(node.meta["original_aten"], torch._ops.OpOverload)
+        assert node.meta["partitioner_tag"] == "is_backward"
+    assert_backward_of_forward(bw)
+
+
+def assert_backward_of_forward(bw: torch.fx.GraphModule) -> None:
+    """Each backward node has the keys of the forward op whose gradient it computes."""
+    of = {}
+    for node in aten_nodes(bw):
+        (forward_name, _), *_ = node.meta["fwd_source_fn_stack"]
+        assert node.meta["fwd_nn_module_stack"] == {"1": ("L['self'].block", nn.Linear)}
+        line = f'  File "model.py", line 3, in forward\n    {forward_name}\n'
+        assert node.meta["stack_trace"] == line  # the forward's line, as torch shows it
+        of[node.meta["original_aten"]] = forward_name
+    assert of[aten.tanh_backward.default] == "tanh"
+    assert of[aten.mm.default] == "matmul"  # w's gradient: x.t() @ grad
+
+
+def test_backward_keys_survive_the_functionalizing_retrace() -> None:
+    def f(x, w, buf):
+        buf.add_(1)  # an input written: traced again over functionalize
+        return (x @ w).tanh().sum() * buf.sum()
+
+    gm = annotated(f)
+    x, w, buf = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True), torch.zeros(2)
+    fw, bw = compile_graphs(gm, [x, w, buf])
+    assert any(origin(n) == "add_" for n in aten_nodes(fw) if "custom" in n.meta)
+    assert_backward_of_forward(bw)
 
 
 def test_functionalized_retrace_keeps_the_meta() -> None:

@@ -23,6 +23,7 @@ decomposition). Outside tracing the graph module runs its own generated code, as
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -31,17 +32,39 @@ import torch.fx
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental import proxy_tensor
 
-__all__ = ["ORIGINAL_ATEN", "call_module", "canonical", "interpreted", "make_fx"]
+__all__ = [
+    "ORIGINAL_ATEN",
+    "backward_from_forward",
+    "call_module",
+    "canonical",
+    "inherit",
+    "interpreted",
+    "make_fx",
+    "mark_backward",
+]
 
 ORIGINAL_ATEN = "original_aten"  # the aten overload a node's op dispatched to first
+# torch's mark of a node autograd's formulas made (copied from node to node by make_fx)
+TAG, BACKWARD = "partitioner_tag", "is_backward"
+# what a backward node learns from the forward node of its autograd node, under torch's keys
+FORWARD_KEYS = {
+    "nn_module_stack": "fwd_nn_module_stack",
+    "source_fn_stack": "fwd_source_fn_stack",
+    "stack_trace": "stack_trace",  # the forward's line: which user code this gradient is of
+}
 
 
 def make_fx(
-    f: Callable[..., Any], table: Any, mode: Literal["symbolic", "fake"]
+    f: Callable[..., Any],
+    table: Any,
+    mode: Literal["symbolic", "fake"],
+    retraces: torch.fx.GraphModule | None = None,
 ) -> Callable[..., torch.fx.GraphModule]:
     """``make_fx(f, decomposition_table=table, tracing_mode=mode)``, with node metadata
-    preserved: aten nodes get ``original_aten``, and those a graph module run through
-    :func:`call_module` records get its current node's keys."""
+    preserved: aten nodes get ``original_aten``, those a graph module run through
+    :func:`call_module` records get its current node's keys, and backward nodes those of
+    their forward node (:func:`mark_backward`). ``retraces``: the graph ``f`` runs
+    (functionalized), whose nodes' keys the new ones keep (:func:`inherit`)."""
     traced = proxy_tensor.make_fx(f, decomposition_table=table, tracing_mode=mode)
 
     def run(*args: Any) -> torch.fx.GraphModule:
@@ -49,6 +72,10 @@ def make_fx(
             gm = traced(*args)
         for node in gm.graph.nodes:
             node.meta[ORIGINAL_ATEN] = canonical(node.meta.get(ORIGINAL_ATEN))
+        if retraces is None:
+            backward_from_forward(gm)
+        else:
+            inherit(gm, retraces)
         return gm
 
     return run
@@ -138,3 +165,66 @@ class StateRunner(torch.nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return interpreted(self.module)(*args)
+
+
+# -- backward nodes -----------------------------------------------------------------------------
+
+
+def mark_backward(outputs: Sequence[Any]) -> None:
+    """While metadata is preserved, before autograd runs backward from ``outputs``: each
+    autograd node's formulas record aten nodes tagged as backward, with the autograd node's
+    sequence number as ``seq_nr`` (the one its forward op's nodes carry)."""
+    if not fx_traceback.has_preserved_node_meta():
+        return
+    seen: set[Any] = set()
+    todo = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while todo:
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        fn.register_prehook(functools.partial(_enter_backward, fn._sequence_nr()))
+        fn.register_hook(_leave_backward)
+        todo.extend(f for f, _ in fn.next_functions if f is not None)
+
+
+def _enter_backward(seq_nr: int, grad_outputs: Any) -> None:
+    fx_traceback.set_grad_fn_seq_nr(seq_nr)
+    fx_traceback.current_meta[TAG] = BACKWARD
+
+
+def _leave_backward(grad_inputs: Any, grad_outputs: Any) -> None:
+    fx_traceback.reset_grad_fn_seq_nr()
+    if "in_grad_fn" not in fx_traceback.current_meta:  # the outermost formula is done
+        fx_traceback.current_meta.pop(TAG, None)
+
+
+def backward_from_forward(gm: torch.fx.GraphModule) -> None:
+    """Give each backward node the keys of the forward node of the same ``seq_nr`` (the first
+    one: the op that made the autograd node), under :data:`FORWARD_KEYS`, as torch does."""
+    forward: dict[int, dict[str, Any]] = {}
+    for node in gm.graph.nodes:
+        meta = node.meta
+        seq_nr = meta.get("seq_nr")
+        if seq_nr is None:
+            continue
+        if meta.get(TAG) != BACKWARD:
+            forward.setdefault(seq_nr, meta)
+            continue
+        found = forward.get(seq_nr)
+        for key, to in FORWARD_KEYS.items():
+            if found is not None and key in found:
+                meta[to] = found[key]
+
+
+def inherit(gm: torch.fx.GraphModule, source: torch.fx.GraphModule) -> None:
+    """Give the nodes of ``gm``, a retrace of ``source``, the keys of the node each comes
+    from (``from_node``) that make_fx does not copy (the backward ones) or sets anew
+    (``original_aten``: the retrace's own op, not the one before decomposition)."""
+    by_name = {node.name: node.meta for node in source.graph.nodes}
+    keys = (ORIGINAL_ATEN, "seq_nr", *FORWARD_KEYS.values())
+    for node in gm.graph.nodes:
+        origin = node.meta.get("from_node")
+        found = by_name.get(origin[-1].name) if origin else None
+        if found is not None:
+            node.meta.update((key, found[key]) for key in keys if key in found)

@@ -580,6 +580,7 @@ def _joint_function(
             primals = tuple(_own_leaf(p) if i in separate else p for i, p in enumerate(primals))
         outs = forward(*primals)
         diff = [outs[j] for j in sig.grad_outputs]
+        nodemeta.mark_backward(diff)  # nodes of the formulas: tagged, with their forward's meta
         wrt = [primals[i] for i in sig.grad_inputs]
         grads = torch.autograd.grad(diff, wrt, list(tangents), allow_unused=True)
         return [*outs, *grads]
@@ -617,7 +618,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)
     functional = torch.func.functionalize(nodemeta.interpreted(aten_gm), remove="mutations")
-    traced = nodemeta.make_fx(functional, table, mode)(*args)
+    traced = nodemeta.make_fx(functional, table, mode, retraces=aten_gm)(*args)
     return plain_numbers(traced)
 
 
