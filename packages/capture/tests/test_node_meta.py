@@ -211,3 +211,29 @@ def test_recapture_without_custom_meta_points_at_the_generated_code() -> None:
     (cos, _add) = ops(out)
     assert "quant" not in cos.meta
     assert cos.stack_trace.startswith('  File "<eval_with_key>')
+
+
+def test_recapture_gives_a_call_modules_meta_to_the_ops_of_its_forward() -> None:
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.scale = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return self.proj(x) * self.scale
+
+    gm = torch.fx.symbolic_trace(Small())  # proj: a call_module node, scale: a get_attr
+    for node in gm.graph.nodes:
+        node.meta["quant"] = node.name
+    x = torch.randn(2, 3)
+    out = capture(gm, x)
+    assert [p.name for p in out.graph.find_nodes(op="placeholder")][1:] == [
+        "self_proj_weight", "self_proj_bias", "self_scale"]  # fmt: skip
+    assert torch.allclose(out(x, gm.proj.weight, gm.proj.bias, gm.scale)[0], gm(x))
+    quant = {n.name: n.meta.get("quant") for n in out.graph.nodes}
+    assert quant["linear"] == "proj"  # made inside Linear.forward, called from proj's line
+    assert quant["mul"] == "mul"
+    assert quant["x"] == "x"
+    assert quant["self_scale"] == "scale"  # the get_attr, now an input
+    assert quant["self_proj_weight"] is None  # read inside Linear.forward: no node of gm's

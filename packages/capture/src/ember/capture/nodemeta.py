@@ -156,8 +156,9 @@ def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
     trace = stack_trace(fs)
     if trace:
         meta[STACK_TRACE] = trace
-    if fs.code.co_filename.startswith(_GENERATED_PREFIX):
-        original = _original_meta(fs, node, source)
+    generated = _generated_frame(fs)
+    if generated is not None:
+        original = _original_meta(generated, node, source, inner=generated is not fs)
         if original is not None:
             meta.update({k: copy.copy(v) for k, v in original.items() if k not in VALUE_KEYS})
 
@@ -220,7 +221,7 @@ class _Original:
     # (line, i) -> the meta of the node's ``getitem`` i: capture makes the items of a call's
     # tuple where it makes the call (indexing the tuple later adds no node)
     items: dict[tuple[int, int], dict[str, Any]]
-    inputs: dict[str, dict[str, Any]]  # placeholder name -> its meta
+    inputs: dict[str, dict[str, Any]]  # placeholder name, get_attr target -> its meta
 
 
 _originals: weakref.WeakKeyDictionary[types.CodeType, _Original | None] = (
@@ -228,25 +229,51 @@ _originals: weakref.WeakKeyDictionary[types.CodeType, _Original | None] = (
 )
 
 
-def _original_meta(fs: FrameState, node: torch.fx.Node, source: Any) -> dict[str, Any] | None:
+def _generated_frame(fs: FrameState) -> FrameState | None:
+    """The innermost frame running a generated ``forward``: ``fs``, or the frame that called
+    the code making the node (a ``call_module`` node's module, inlined)."""
+    frame: FrameState | None = fs
+    while frame is not None:
+        if frame.code.co_filename.startswith(_GENERATED_PREFIX):
+            return frame
+        frame = frame.parent
+    return None
+
+
+def _original_meta(
+    fs: FrameState, node: torch.fx.Node, source: Any, *, inner: bool
+) -> dict[str, Any] | None:
     """The meta of the node of the graph module, whose ``forward`` ``fs`` runs, that
-    ``node`` re-creates: by code line (as torch.fx records it), or by name for an input."""
+    ``node`` re-creates: by code line (as torch.fx records it; ``inner``: the node is made by
+    code that line calls), or by name for an input."""
     if fs.code in _originals:
         original = _originals[fs.code]
     else:
         original = _originals[fs.code] = _find_original(fs)
     if original is None:
         return None
-    if node.op == "placeholder":
-        return original.inputs.get(source.name) if isinstance(source, S.Local) else None
+    if node.op == "placeholder":  # an argument by name, a get_attr by its path from self
+        return original.inputs.get(_input_name(source, fs))
     if fs.current is None or fs.current.lineno is None:
         return None
     line = fs.current.lineno - fs.code.co_firstlineno
     if node.target is operator.getitem and isinstance(node.args[1], int):
         found = original.items.get((line, node.args[1]))
-        if found is not None:
+        if found is not None and not inner:
             return found
     return original.lines.get(line)
+
+
+def _input_name(source: Any, fs: FrameState) -> str:
+    """``x`` for the argument ``L['x']``, ``a.b`` for ``L['self'].a.b`` (a get_attr's
+    target), "" for others."""
+    names = []
+    while isinstance(source, S.Attr | S.ModuleChild):
+        names.append(source.name)
+        source = source.base
+    if not isinstance(source, S.Local) or (names and source.name != "self"):
+        return ""
+    return ".".join(reversed(names)) if names else source.name
 
 
 def _find_original(fs: FrameState) -> _Original | None:
@@ -267,5 +294,5 @@ def _find_original(fs: FrameState) -> _Original | None:
         if user.target is operator.getitem and isinstance(user.args[1], int)
     }
     lines = {line: n.meta for line, n in line_nodes.items()}
-    inputs = {str(n.target): n.meta for n in nodes if n.op == "placeholder"}
+    inputs = {str(n.target): n.meta for n in nodes if n.op in ("placeholder", "get_attr")}
     return _Original(lines, items, inputs)
