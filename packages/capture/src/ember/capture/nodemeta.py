@@ -91,6 +91,10 @@ class MetaState:
     frame: FrameState | None = None  # the frame whose instruction runs (the interpreter sets it)
     modules: dict[str, tuple[str, type]] = field(default_factory=dict)  # nn_module_stack now
     calls: dict[str, int] = field(default_factory=dict)  # module path -> calls entered so far
+    # the callers' part of the stack trace of ``caller_of``'s nodes, and the innermost caller
+    # running a generated forward: callers stay at their call while ``caller_of`` runs
+    caller_of: FrameState | None = None
+    callers: tuple[str, FrameState | None] = ("", None)
 
 
 # -- nn_module_stack ----------------------------------------------------------------------------
@@ -153,10 +157,13 @@ def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
     fs = state.frame
     if fs is None:
         return
-    trace = stack_trace(fs)
+    if fs is not state.caller_of:
+        state.caller_of, state.callers = fs, _walk(fs.parent)
+    trace, generated = _walk(fs, until=fs.parent)
+    trace = state.callers[0] + trace
+    generated = generated or state.callers[1]
     if trace:
         meta[STACK_TRACE] = trace
-    generated = _generated_frame(fs)
     if generated is not None:
         original = _original_meta(generated, node, source, inner=generated is not fs)
         if original is not None:
@@ -174,26 +181,48 @@ def _source_fn(state: MetaState, target: Any) -> Any:
 
 # -- stack_trace --------------------------------------------------------------------------------
 
-# (file, line, function) -> that frame's two formatted lines: formatted once per place.
+# (file, line, function) -> that frame's two formatted lines: formatted once per place
+# (emptied when full: each graph module compiled again brings a generated file of its own)
 _frame_lines: dict[tuple[str, int, str], str] = {}
-_hidden: weakref.WeakKeyDictionary[types.CodeType, bool] = weakref.WeakKeyDictionary()
+MAX_FRAME_LINES = 50_000
+# file name -> USER, HIDDEN or GENERATED (the generated forward of a graph module)
+_file_kinds: dict[str, int] = {}
+USER, HIDDEN, GENERATED = 0, 1, 2
 
 
-def stack_trace(fs: FrameState) -> str:
-    """The user's frames from the outermost to ``fs``, formatted as ``traceback`` does."""
+def _walk(fs: FrameState | None, until: FrameState | None = None) -> tuple[str, FrameState | None]:
+    """The user's frames from the outermost (or from below ``until``) to ``fs``, formatted as
+    ``traceback`` does; and the innermost frame running a graph module's generated
+    ``forward`` (re-capture)."""
     parts = []
-    frame: FrameState | None = fs
-    while frame is not None:
+    generated = None
+    frame = fs
+    while frame is not None and frame is not until:
         code = frame.code
-        hidden = _hidden.get(code)
-        if hidden is None:
-            hidden = _hidden[code] = code.co_filename.startswith(_HIDDEN_DIRS)
-        if not hidden:
+        kind = _file_kinds.get(code.co_filename)
+        if kind is None:
+            kind = _file_kinds[code.co_filename] = _file_kind(code.co_filename)
+        if kind != HIDDEN:
             line = frame.current.lineno if frame.current else code.co_firstlineno
             parts.append(_frame_text(code.co_filename, line or 0, code.co_name))
+            if kind == GENERATED and generated is None:
+                generated = frame
         frame = frame.parent
     parts.reverse()
-    return "".join(parts)
+    return "".join(parts), generated
+
+
+def _file_kind(filename: str) -> int:
+    """Whose code a file holds.
+
+    >>> _file_kind(torch.nn.Linear.forward.__code__.co_filename) == HIDDEN
+    True
+    """
+    if len(_file_kinds) >= MAX_FRAME_LINES:  # generated files: one per graph module
+        _file_kinds.clear()
+    if filename.startswith(_GENERATED_PREFIX):
+        return GENERATED
+    return HIDDEN if filename.startswith(_HIDDEN_DIRS) else USER
 
 
 def _frame_text(filename: str, line: int, function: str) -> str:
@@ -204,6 +233,8 @@ def _frame_text(filename: str, line: int, function: str) -> str:
         source = linecache.getline(filename, line).strip()
         if source:
             text += f"    {source}\n"
+        if len(_frame_lines) >= MAX_FRAME_LINES:
+            _frame_lines.clear()
         _frame_lines[key] = text
     return text
 
@@ -227,17 +258,6 @@ class _Original:
 _originals: weakref.WeakKeyDictionary[types.CodeType, _Original | None] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def _generated_frame(fs: FrameState) -> FrameState | None:
-    """The innermost frame running a generated ``forward``: ``fs``, or the frame that called
-    the code making the node (a ``call_module`` node's module, inlined)."""
-    frame: FrameState | None = fs
-    while frame is not None:
-        if frame.code.co_filename.startswith(_GENERATED_PREFIX):
-            return frame
-        frame = frame.parent
-    return None
 
 
 def _original_meta(
