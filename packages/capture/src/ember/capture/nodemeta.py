@@ -11,8 +11,8 @@ for torch graphs (quantization, export tools, profilers) read them unchanged:
 * ``source_fn_stack``: ``[(node name, torch function or method name)]``, or the module
   type when the innermost module is one of ``torch.nn``'s leaf modules.
 * ``stack_trace``: the user's frames, innermost last, as ``traceback`` formats them
-  (``torch.nn`` modules' and ember's own frames left out); ``print_readable`` and
-  ``graph.code`` print a ``# File: ...`` line from it.
+  (``torch.nn`` modules' and ember's own frames left out); ``print_readable()`` prints
+  a ``# File: ...`` line from it (``graph.code``, which caches key on, does not).
 
 A graph module's generated ``forward`` that capture interprets again (re-capture) hands
 each node it re-creates the original node's metadata, custom keys included; only the
