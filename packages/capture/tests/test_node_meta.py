@@ -237,3 +237,30 @@ def test_recapture_gives_a_call_modules_meta_to_the_ops_of_its_forward() -> None
     assert quant["x"] == "x"
     assert quant["self_scale"] == "scale"  # the get_attr, now an input
     assert quant["self_proj_weight"] is None  # read inside Linear.forward: no node of gm's
+
+
+class Explicit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def helper(self, x):
+        return x.cos()  # method line
+
+    def forward(self, x):
+        return self.helper(self.block.forward(x))  # explicit forward
+
+
+def test_explicit_forward_calls_push_the_module_and_methods_add_frames() -> None:
+    gm = capture(Explicit(), torch.randn(2, 4))
+    by_name = {n.name: n for n in gm.graph.nodes}
+    assert paths(by_name["relu"]) == [("L['self'].block", "Block")]  # m.forward(x) as m(x)
+    assert paths(by_name["linear"])[-1] == ("L['self'].block.lin", "Linear")
+    cos = by_name["cos"]
+    assert "nn_module_stack" not in cos.meta  # a method of the frame's own module
+    assert cos.stack_trace.splitlines() == [
+        f'  File "{HERE}", line {line_of("# explicit forward")}, in forward',
+        "    return self.helper(self.block.forward(x))  # explicit forward",
+        f'  File "{HERE}", line {line_of("# method line")}, in helper',
+        "    return x.cos()  # method line",
+    ]

@@ -64,7 +64,12 @@ def make_fx(
     preserved: aten nodes get ``original_aten``, those a graph module run through
     :func:`call_module` records get its current node's keys, and backward nodes those of
     their forward node (:func:`mark_backward`). ``retraces``: the graph ``f`` runs
-    (functionalized), whose nodes' keys the new ones keep (:func:`inherit`)."""
+    (functionalized), whose nodes' keys the new ones keep (:func:`inherit`).
+
+    >>> gm = make_fx(lambda x: torch.nn.functional.silu(x), {}, "fake")(torch.ones(2))
+    >>> [n.meta[ORIGINAL_ATEN] for n in gm.graph.nodes if n.op == "call_function"]
+    [<OpOverload(op='aten.silu', overload='default')>]
+    """
     traced = proxy_tensor.make_fx(f, decomposition_table=table, tracing_mode=mode)
 
     def run(*args: Any) -> torch.fx.GraphModule:
@@ -173,7 +178,16 @@ class StateRunner(torch.nn.Module):
 def mark_backward(outputs: Sequence[Any]) -> None:
     """While metadata is preserved, before autograd runs backward from ``outputs``: each
     autograd node's formulas record aten nodes tagged as backward, with the autograd node's
-    sequence number as ``seq_nr`` (the one its forward op's nodes carry)."""
+    sequence number as ``seq_nr`` (the one its forward op's nodes carry).
+
+    >>> def joint(x):
+    ...     y = x.exp().sum()
+    ...     mark_backward([y])
+    ...     return torch.autograd.grad(y, x)
+    >>> gm = make_fx(joint, {}, "fake")(torch.ones(2, requires_grad=True))
+    >>> [n.name for n in gm.graph.nodes if n.meta.get(TAG) == BACKWARD]
+    ['expand', 'detach_1', 'mul']
+    """
     if not fx_traceback.has_preserved_node_meta():
         return
     seen: set[Any] = set()
@@ -201,7 +215,16 @@ def _leave_backward(grad_inputs: Any, grad_outputs: Any) -> None:
 
 def backward_from_forward(gm: torch.fx.GraphModule) -> None:
     """Give each backward node the keys of the forward node of the same ``seq_nr`` (the first
-    one: the op that made the autograd node), under :data:`FORWARD_KEYS`, as torch does."""
+    one: the op that made the autograd node), under :data:`FORWARD_KEYS`, as torch does.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x.exp() * 2)
+    >>> exp, mul = [n for n in gm.graph.nodes if n.op.startswith("call")]
+    >>> exp.meta.update(seq_nr=7, stack_trace="at exp")
+    >>> mul.meta.update(seq_nr=7, partitioner_tag=BACKWARD)
+    >>> backward_from_forward(gm)
+    >>> mul.meta["stack_trace"]
+    'at exp'
+    """
     forward: dict[int, dict[str, Any]] = {}
     for node in gm.graph.nodes:
         meta = node.meta
@@ -220,7 +243,14 @@ def backward_from_forward(gm: torch.fx.GraphModule) -> None:
 def inherit(gm: torch.fx.GraphModule, source: torch.fx.GraphModule) -> None:
     """Give the nodes of ``gm``, a retrace of ``source``, the keys of the node each comes
     from (``from_node``) that make_fx does not copy (the backward ones) or sets anew
-    (``original_aten``: the retrace's own op, not the one before decomposition)."""
+    (``original_aten``: the retrace's own op, not the one before decomposition).
+
+    >>> first = make_fx(lambda x: x.add_(1), {}, "fake")(torch.ones(2))
+    >>> functional = torch.func.functionalize(interpreted(first), remove="mutations")
+    >>> again = make_fx(functional, {}, "fake", retraces=first)(torch.ones(2))
+    >>> [str(n.meta[ORIGINAL_ATEN]) for n in again.graph.nodes if n.op == "call_function"]
+    ['aten.add_.Tensor', 'aten.copy_.default']
+    """
     by_name = {node.name: node.meta for node in source.graph.nodes}
     keys = (ORIGINAL_ATEN, "seq_nr", *FORWARD_KEYS.values())
     for node in gm.graph.nodes:

@@ -86,7 +86,11 @@ _HIDDEN_DIRS = (
 
 @dataclass(eq=False, slots=True)
 class MetaState:
-    """What one translation knows about where its nodes come from."""
+    """What one translation knows about where its nodes come from.
+
+    >>> MetaState().modules  # no module entered yet
+    {}
+    """
 
     frame: FrameState | None = None  # the frame whose instruction runs (the interpreter sets it)
     modules: dict[str, tuple[str, type]] = field(default_factory=dict)  # nn_module_stack now
@@ -125,7 +129,18 @@ def module_path(source: Any) -> str:
 
 def enter_module(tracer: Tracer, module: torch.nn.Module, source: Any) -> str | None:
     """Push ``module`` (reached by ``source``) on the module stack; the key to pop it with.
-    A module no source reaches (made while tracing) is not recorded, as in Dynamo."""
+    A module no source reaches (made while tracing) is not recorded, as in Dynamo.
+
+    >>> from ember.capture.tracer import Tracer
+    >>> tracer, act = Tracer(backend_name="eager"), torch.nn.ReLU()
+    >>> src = guarding.sources.ModuleChild(guarding.sources.Local("self"), "act")
+    >>> first = enter_module(tracer, act, src)
+    >>> leave_module(tracer, first)
+    >>> enter_module(tracer, act, src) == f"{id(act)}@1"  # the same module called again
+    True
+    >>> enter_module(tracer, act, None) is None
+    True
+    """
     if source is None:
         return None
     state = tracer.node_meta
@@ -138,7 +153,14 @@ def enter_module(tracer: Tracer, module: torch.nn.Module, source: Any) -> str | 
 
 
 def leave_module(tracer: Tracer, key: str | None) -> None:
-    """Pop the module :func:`enter_module` pushed under ``key``."""
+    """Pop the module :func:`enter_module` pushed under ``key`` (None: it pushed none).
+
+    >>> from ember.capture.tracer import Tracer
+    >>> tracer = Tracer(backend_name="eager")
+    >>> leave_module(tracer, enter_module(tracer, torch.nn.ReLU(), None))
+    >>> tracer.node_meta.modules
+    {}
+    """
     if key is not None:
         del tracer.node_meta.modules[key]
 
@@ -147,7 +169,15 @@ def leave_module(tracer: Tracer, key: str | None) -> None:
 
 
 def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
-    """Record where ``node`` comes from in its meta (``source``: a placeholder's)."""
+    """Record where ``node`` comes from in its meta (``source``: a placeholder's).
+
+    >>> from ember.capture.tracer import Tracer
+    >>> tracer = Tracer(backend_name="eager")
+    >>> node = tracer.graph.call_method("sin", ())
+    >>> stamp(tracer, node)  # no frame running: no stack_trace
+    >>> node.meta
+    {'source_fn_stack': [('sin', 'sin')]}
+    """
     state = tracer.node_meta
     meta = node.meta
     if state.modules:
@@ -273,7 +303,7 @@ def _original_meta(
     if original is None:
         return None
     if node.op == "placeholder":  # an argument by name, a get_attr by its path from self
-        return original.inputs.get(_input_name(source, fs))
+        return original.inputs.get(_input_name(source))
     if fs.current is None or fs.current.lineno is None:
         return None
     line = fs.current.lineno - fs.code.co_firstlineno
@@ -284,7 +314,7 @@ def _original_meta(
     return original.lines.get(line)
 
 
-def _input_name(source: Any, fs: FrameState) -> str:
+def _input_name(source: Any) -> str:
     """``x`` for the argument ``L['x']``, ``a.b`` for ``L['self'].a.b`` (a get_attr's
     target), "" for others."""
     names = []
