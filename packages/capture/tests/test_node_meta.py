@@ -264,3 +264,22 @@ def test_explicit_forward_calls_push_the_module_and_methods_add_frames() -> None
         f'  File "{HERE}", line {line_of("# method line")}, in helper',
         "    return x.cos()  # method line",
     ]
+
+
+def squares(x):
+    for _ in range(2):
+        yield x * x  # generator line
+
+
+def test_a_generator_resumed_from_two_lines_names_each() -> None:
+    def f(x):
+        g = squares(x)
+        a = next(g)  # first resume
+        b = next(g)  # second resume
+        return a + b
+
+    gm = capture(f, torch.randn(3))
+    first, second = (n for n in ops(gm) if n.target is operator.mul)
+    assert f"line {line_of('# first resume')}," in first.stack_trace
+    assert f"line {line_of('# second resume')}," in second.stack_trace
+    assert second.stack_trace.endswith("    yield x * x  # generator line\n")

@@ -96,8 +96,10 @@ class MetaState:
     modules: dict[str, tuple[str, type]] = field(default_factory=dict)  # nn_module_stack now
     calls: dict[str, int] = field(default_factory=dict)  # module path -> calls entered so far
     # the callers' part of the stack trace of ``caller_of``'s nodes, and the innermost caller
-    # running a generated forward: callers stay at their call while ``caller_of`` runs
+    # running a generated forward: kept while the callers stay at the same instructions
+    # (``callers_at``; a generator is resumed from other places)
     caller_of: FrameState | None = None
+    callers_at: tuple[int, ...] = ()
     callers: tuple[str, FrameState | None] = ("", None)
 
 
@@ -187,8 +189,9 @@ def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
     fs = state.frame
     if fs is None:
         return
-    if fs is not state.caller_of:
-        state.caller_of, state.callers = fs, _walk(fs.parent)
+    where = _callers_at(fs)
+    if fs is not state.caller_of or where != state.callers_at:
+        state.caller_of, state.callers_at, state.callers = fs, where, _walk(fs.parent)
     trace, generated = _walk(fs, until=fs.parent)
     trace = state.callers[0] + trace
     generated = generated or state.callers[1]
@@ -198,6 +201,16 @@ def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
         original = _original_meta(generated, node, source, inner=generated is not fs)
         if original is not None:
             meta.update({k: copy.copy(v) for k, v in original.items() if k not in VALUE_KEYS})
+
+
+def _callers_at(fs: FrameState) -> tuple[int, ...]:
+    """Where ``fs``'s callers are: their instructions' identities."""
+    where = []
+    frame = fs.parent
+    while frame is not None:
+        where.append(id(frame.current))
+        frame = frame.parent
+    return tuple(where)
 
 
 def _source_fn(state: MetaState, target: Any) -> Any:
