@@ -44,9 +44,9 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch._guards import GuardSource, SLoc, Source
 from torch._subclasses import FakeTensor, FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
+from ember.aotgraph import nodemeta
 from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
 from ember.aotgraph.cleanup import eliminate_common_subexpressions, lift_mutations, strip_detach
 from ember.aotgraph.eager_checks import (
@@ -251,11 +251,7 @@ class Lifted:
         args = list(self.template)
         for pos, t in zip(self.input_positions, tensors[:n], strict=True):
             args[pos] = t
-        if not self.names:
-            return self.module(*args)
-        assert isinstance(self.module, torch.nn.Module)
-        state = dict(zip(self.names, tensors[n:], strict=True))
-        return torch.func.functional_call(self.module, state, tuple(args))
+        return nodemeta.call_module(self.module, args, self.names, tensors[n:])
 
 
 def _expr(value: Any) -> Any:
@@ -584,6 +580,7 @@ def _joint_function(
             primals = tuple(_own_leaf(p) if i in separate else p for i, p in enumerate(primals))
         outs = forward(*primals)
         diff = [outs[j] for j in sig.grad_outputs]
+        nodemeta.mark_backward(diff)  # nodes of the formulas: tagged, with their forward's meta
         wrt = [primals[i] for i in sig.grad_inputs]
         grads = torch.autograd.grad(diff, wrt, list(tangents), allow_unused=True)
         return [*outs, *grads]
@@ -613,15 +610,15 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     """
     # symbolic sizes: traced as sym_size nodes and SymInt arguments, not as numbers
     mode: Literal["symbolic", "fake"] = "symbolic" if any(map(is_symbolic, args)) else "fake"
-    aten_gm = make_fx(f, decomposition_table=table, tracing_mode=mode)(*args)
+    aten_gm = nodemeta.make_fx(f, table, mode)(*args)  # nodes keep their captured node's meta
     draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
     out_of_place(aten_gm)
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)
-    functional = torch.func.functionalize(aten_gm, remove="mutations")
-    traced = make_fx(functional, decomposition_table=table, tracing_mode=mode)(*args)
+    functional = torch.func.functionalize(nodemeta.interpreted(aten_gm), remove="mutations")
+    traced = nodemeta.make_fx(functional, table, mode, retraces=aten_gm)(*args)
     return plain_numbers(traced)
 
 
@@ -645,7 +642,7 @@ def out_of_place(gm: torch.fx.GraphModule) -> None:
     >>> def f(x):
     ...     a = x * 2
     ...     return a.add_(1).sin() + a
-    >>> gm = make_fx(f)(torch.ones(2))
+    >>> gm = torch.fx.experimental.proxy_tensor.make_fx(f)(torch.ones(2))
     >>> out_of_place(gm)
     >>> print(gm.code.strip())  # doctest: +NORMALIZE_WHITESPACE
     def forward(self, x_1):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import codegen, guarding, markers, polyfills, settings, trace_rules
+from ember.capture import codegen, guarding, markers, nodemeta, polyfills, settings, trace_rules
 from ember.capture.builder import wrap
 from ember.capture.graphops import graph_call
 from ember.capture.tracer import FrameState, Raised, Unsupported, decode
@@ -164,7 +164,10 @@ def inline(fs: FrameState, func: FuncV, args: Args, kwargs: Kwargs) -> Value:
         from ember.capture.generators import make_generator
 
         return make_generator(fs, child, (func, args, kwargs))
-    result = run_frame(child)
+    try:
+        result = run_frame(child)
+    finally:  # the caller's instruction goes on: its nodes come from the caller's frame
+        fs.tracer.node_meta.frame = fs
     assert result is not None
     return result
 
@@ -267,6 +270,15 @@ def _call_grad_decorated(fs: FrameState, f: FuncV, args: Args, kwargs: Kwargs) -
 
 def _call_module(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
     assert isinstance(m, ModuleV)
+    key = nodemeta.enter_module(fs.tracer, m.module, m.source)  # the ops inside: its stack
+    try:
+        return _call_forward(fs, m, args, kwargs)
+    finally:
+        nodemeta.leave_module(fs.tracer, key)
+
+
+def _call_forward(fs: FrameState, m: ModuleV, args: Args, kwargs: Kwargs) -> Value:
+    """``m(*args, **kwargs)``: its forward (and forward hooks) inlined."""
     module = m.module
     hooks = _hooks(module)
     if hooks and (m.source is None or hooks != "forward"):
@@ -324,7 +336,12 @@ def _call_method(fs: FrameState, m: Value, args: Args, kwargs: Kwargs) -> Value:
         obj = self_value.module if isinstance(self_value, ModuleV) else self_value.obj
         fn = getattr(type(obj), m.name, None)
         if isinstance(fn, types.FunctionType):  # polyfilled, traced, or a break by the rules
-            return call_value(fs, function_value(fs, fn, None), [self_value, *args], kwargs)
+            explicit = isinstance(self_value, ModuleV) and m.name == "forward"  # m.forward(x)
+            key = nodemeta.enter_module(fs.tracer, obj, self_value.source) if explicit else None
+            try:
+                return call_value(fs, function_value(fs, fn, None), [self_value, *args], kwargs)
+            finally:
+                nodemeta.leave_module(fs.tracer, key)
     return call_python_method(fs, self_value, m.name, args, kwargs)
 
 

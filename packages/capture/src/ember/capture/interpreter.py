@@ -99,6 +99,7 @@ def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
         if fs.tracer.shapes.recording:  # the line of the branch that set each shape guard
             fs.tracer.shapes.note_where(fs.tracer.guards.where)
         fs.tracer.guards.where = (fs.code.co_filename, inst.lineno)
+        fs.tracer.node_meta.frame = fs  # nodes made now come from this frame (nodemeta)
         fs.ip += 1
         fn = HANDLERS.get(inst.opname)
         try:

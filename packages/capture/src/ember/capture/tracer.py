@@ -25,7 +25,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from ember.capture import bytecode_311, guarding
+from ember.capture import bytecode_311, guarding, nodemeta
 from ember.capture import shapes as shapes_
 from ember.capture.fakememo import FakeMemo, TracerFakeMode
 from ember.capture.values import NULL, Const, Heap, SymV, TensorV, Value
@@ -239,6 +239,8 @@ class Tracer:
     # by POP_EXCEPT; a bare ``raise`` re-raises it
     exc_info: Value = field(default_factory=lambda: Const(None))
     generators: list[Any] = field(default_factory=list)  # every generators.GenState made
+    # where nodes come from: the running frame and the module stack (nodemeta.stamp)
+    node_meta: nodemeta.MetaState = field(default_factory=nodemeta.MetaState)
 
     def input_tensor(self, real: torch.Tensor, source: Any) -> TensorV:
         """The graph input for the tensor reached by ``source`` (one placeholder per tensor)."""
@@ -333,6 +335,7 @@ class Tracer:
             node = self.graph.placeholder(_identifier(name, len(self.input_sources)))
         self._last_placeholder = node
         node.meta["example_value"] = example
+        nodemeta.stamp(self, node, source)
         self.input_sources.append(source)
         self.example_inputs.append(real)
         return node
@@ -342,6 +345,7 @@ class Tracer:
         tracing (so fake tensors see it); :meth:`leave_modes` undoes what is left open."""
         token = self.graph.call_function(enter, args)
         token.meta["example_value"] = None
+        nodemeta.stamp(self, token)
         self.modes.append((token, exit_, enter(*args)))
         return token
 
@@ -349,6 +353,7 @@ class Tracer:
         """Leave the block entered as ``token``: a graph node, and for real."""
         node = self.graph.call_function(exit_, (token,))
         node.meta["example_value"] = None
+        nodemeta.stamp(self, node)
         for i in range(len(self.modes) - 1, -1, -1):
             if self.modes[i][0] is token:
                 _, real_exit, real = self.modes.pop(i)
@@ -374,6 +379,7 @@ class Tracer:
         if enabled != self.grad_enabled:
             node = self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             node.meta["example_value"] = None
+            nodemeta.stamp(self, node)
             torch._C._set_grad_enabled(enabled)
             self.grad_enabled = enabled
 
@@ -388,6 +394,7 @@ class Tracer:
         node = self.graph.create_node(kind, target, args, kwargs)
         node.meta["example_value"] = fake
         node.meta["ember_line"] = self.guards.where  # (file, line): the report marks it
+        nodemeta.stamp(self, node)
         self.ops += 1
         return node
 
