@@ -91,3 +91,46 @@ def test_checker_catches_wrong_output_count():
     with pytest.raises(CheckError, match="joint graph: 2 outputs, expected forward outputs"):
         check_joint(broken)
     assert len(fw_outs) == 1
+
+
+def _tagged_joint(region: tuple[str, ...], dropout: bool = False) -> JointGraph:
+    """``sin(gelu(x @ w1) @ w2).sum()`` (a dropout after gelu if asked) with the nodes
+    ``region`` tagged as a torch.utils.checkpoint region, as ember's capture tags them."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def f(x, w1, w2):
+        h = F.gelu(x @ w1)
+        h = F.dropout(h, 0.5) if dropout else h
+        return (h @ w2).sin().sum()
+
+    gm = torch.fx.symbolic_trace(f)
+    for node in gm.graph.nodes:
+        if node.name in region:
+            node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            node.meta["ac_graph_id"] = 1
+    ins = [torch.randn(4, 8), torch.randn(8, 16, requires_grad=True), torch.randn(16, 8)]
+    ins[2].requires_grad_()
+    lifted = Lifted.of(gm, ins)
+    return trace_joint(lifted, ins, analyze(lifted, ins, grad=True), {})
+
+
+def test_min_cut_recomputes_checkpoint_regions():
+    """A checkpointed region's values are recomputed in backward from its inputs (matmuls
+    included), as eager's checkpoint does; its result, read outside it, may be saved."""
+    plain = min_cut_partition(_tagged_joint(()))
+    joint = _tagged_joint(("matmul", "gelu", "matmul_1"))
+    region = min_cut_partition(joint)
+    assert "mm" in plain.saved and "mm" not in region.saved  # x @ w1 is recomputed
+    assert set(region.saved) == {"primals_1", "primals_2", "primals_3", "cos"}
+    assert region.activation_bytes < plain.activation_bytes
+    check_partition(joint, region)
+
+
+def test_random_ops_of_a_checkpoint_region_run_once():
+    """A dropout inside the region draws once, in forward: its mask is saved, so backward
+    uses the forward's numbers (eager's checkpoint replays the RNG to the same effect)."""
+    joint = _tagged_joint(("matmul", "gelu", "dropout", "matmul_1"), dropout=True)
+    part = min_cut_partition(joint)
+    backward_random = [n for n in part.backward.graph.nodes if node_class(n) is OpClass.RANDOM]
+    assert not backward_random and "mm" not in part.saved
+    check_partition(joint, part)

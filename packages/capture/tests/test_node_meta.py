@@ -283,3 +283,21 @@ def test_a_generator_resumed_from_two_lines_names_each() -> None:
     assert f"line {line_of('# first resume')}," in first.stack_trace
     assert f"line {line_of('# second resume')}," in second.stack_trace
     assert second.stack_trace.endswith("    yield x * x  # generator line\n")
+
+
+def test_checkpoint_regions_are_tagged_for_recompute() -> None:
+    """torch.utils.checkpoint's function: its nodes carry torch's recompute tags, one
+    region number per call; what runs outside carries none."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint
+
+    lin = nn.Linear(4, 4)
+
+    def f(x):
+        h = checkpoint(lambda t: lin(t).relu().sin(), x, use_reentrant=False)
+        g = checkpoint(lambda t: t.cos() * 2, h, use_reentrant=False)
+        return g.exp()
+
+    gm = capture(f, torch.randn(3, 4, requires_grad=True))
+    tags = [(n.meta.get("recompute"), n.meta.get("ac_graph_id")) for n in ops(gm)]
+    prefer = CheckpointPolicy.PREFER_RECOMPUTE
+    assert tags == [(prefer, 1)] * 3 + [(prefer, 2)] * 2 + [(None, None)]

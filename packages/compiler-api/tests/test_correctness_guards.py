@@ -734,3 +734,30 @@ def test_checkpoint_keyword_arguments(backend):
     want = outcome(bad, torch.randn(2, 4))
     assert want[0] == "raise"
     assert outcome(ember.compiler.compile(bad, backend=backend), torch.randn(2, 4)) == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoint_with_dropout_recomputes_with_the_forwards_mask(backend):
+    """Nodes of the region are recomputed in backward (ember.aotgraph.mincut); a dropout
+    inside draws once, in forward, so backward sees the forward's mask, as eager's RNG
+    replay gives."""
+    lin = torch.nn.Linear(4, 16)
+
+    def f(x):
+        def block(t):
+            return torch.nn.functional.dropout(lin(t).relu(), 0.5, training=True).sin()
+
+        return checkpoint_module.checkpoint(block, x, use_reentrant=False).square()
+
+    x = torch.randn(6, 4, requires_grad=True)
+    compiled = ember.compiler.compile(f, backend=backend)
+    results = []
+    for fn in (f, compiled):
+        torch.manual_seed(3)
+        x.grad, lin.weight.grad = None, None
+        out = fn(x)
+        out.sum().backward()
+        results.append((out.detach(), x.grad.clone(), lin.weight.grad.clone()))
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want)
+    assert compiled.stats.graphs == 1

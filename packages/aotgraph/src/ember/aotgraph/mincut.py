@@ -12,7 +12,13 @@ Four steps, one function each:
    convolutions, large reductions, anything not in
    :data:`~ember.aotgraph.ops.RECOMPUTABLE`) also hangs off the source, so the
    cut always passes at or after it: it runs once, in the forward graph.
-3. ``networkx.minimum_cut`` solves the network.
+   Nodes of a ``torch.utils.checkpoint`` region (torch's ``recompute`` tag, which ember's
+   capture writes) may not be saved, except the region's results read outside it, and
+   do not hang off the source unless they draw random numbers: the backward graph
+   recomputes them from the region's inputs, as eager's checkpoint does, matmuls
+   included (random ops run once, in the forward graph, and are saved).
+3. ``networkx.minimum_cut`` solves the network (without the regions' rule if it leaves
+   no finite cut).
 4. :func:`cut_nodes`: the cut edges ``in -> out`` are the saved values, and
    :func:`~ember.aotgraph.partition.partition_from_saved` builds the graphs.
 
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx
 
-from ember.aotgraph.ops import RECOMPUTABLE, node_class, tensor_bytes
+from ember.aotgraph.ops import RECOMPUTABLE, OpClass, node_class, tensor_bytes
 from ember.aotgraph.partition import (
     Partition,
     ancestors,
@@ -92,9 +98,42 @@ def policy(node: Node) -> bool:
     return node.op == "placeholder" or node_class(node) not in RECOMPUTABLE
 
 
-def flow_network(joint: JointGraph, every_input: bool = False) -> tuple[nx.DiGraph, list[Node]]:
+# torch.utils.checkpoint's tags for "recompute this in backward"
+RECOMPUTE_TAGS = frozenset(
+    {
+        torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE,
+        torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,
+    }
+)
+
+
+def checkpointed(nodes: list[Node], backward_only: set[Node]) -> set[Node]:
+    """The nodes of checkpoint regions to recompute in backward: tagged, not random, not
+    writing in place, and not a region's result read outside the region (eager keeps that
+    one: it is the checkpoint's output)."""
+    tags = RECOMPUTE_TAGS
+    region = {n: n.meta.get("ac_graph_id") for n in nodes if n.meta.get("recompute") in tags}
+
+    def inside(node: Node) -> bool:
+        if node_class(node) is OpClass.RANDOM:
+            return False
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return False
+        return all(
+            u in backward_only or (u.op != "output" and region.get(u, -1) == region[node])
+            for u in node.users
+        )
+
+    return {n for n in region if inside(n)}
+
+
+def flow_network(
+    joint: JointGraph, every_input: bool = False, checkpoints: bool = True
+) -> tuple[nx.DiGraph, list[Node]]:
     """The flow network over the tangent-independent nodes, and those nodes; with
-    ``every_input`` any graph input may be saved for free."""
+    ``every_input`` any graph input may be saved for free; with ``checkpoints`` the nodes
+    of checkpoint regions are recomputed (:func:`checkpointed`)."""
     import networkx as nx
 
     placeholders = joint.gm.graph.find_nodes(op="placeholder")
@@ -106,9 +145,15 @@ def flow_network(joint: JointGraph, every_input: bool = False) -> tuple[nx.DiGra
     net.add_node(SOURCE)
     net.add_node(SINK)
     grad_set = {g for g in grads if g is not None}
+    recompute = checkpointed(candidates, backward_only) if checkpoints else set()
+    # a region's inputs are saved for its recomputation, as eager's checkpoint keeps them
+    free |= {p for p in placeholders if any(u in recompute for u in p.users)}
     for node in candidates:
-        net.add_edge(_in(node), _out(node), capacity=capacity(node, free))
-        if policy(node):
+        if node in recompute:
+            net.add_edge(_in(node), _out(node), capacity=float("inf"))
+        else:
+            net.add_edge(_in(node), _out(node), capacity=capacity(node, free))
+        if policy(node) and node not in recompute:
             net.add_edge(SOURCE, _in(node))
         for user in node.users:
             if user in backward_only:
@@ -150,10 +195,13 @@ def min_cut_partition(joint: JointGraph) -> Partition:
     """
     import networkx as nx
 
-    try:
-        net, candidates = flow_network(joint)
-        saved = cut_nodes(net, candidates)
-    except nx.NetworkXUnbounded:  # no cut without an input eager does not save: save inputs
-        net, candidates = flow_network(joint, every_input=True)
-        saved = cut_nodes(net, candidates)
-    return partition_from_saved(joint, saved)
+    # without the checkpoint regions' rule, then with inputs eager does not save, if no
+    # cut is finite: a region reading such an input directly, say
+    for every_input, checkpoints in ((False, True), (False, False), (True, False)):
+        try:
+            net, candidates = flow_network(joint, every_input, checkpoints)
+            saved = cut_nodes(net, candidates)
+        except nx.NetworkXUnbounded:
+            continue
+        return partition_from_saved(joint, saved)
+    raise AssertionError("every input may be saved: a finite cut exists")

@@ -279,8 +279,11 @@ def _module_id(lifted: Lifted) -> JSON:
         raise Unencodable(f"a graph with {type(gm.graph._codegen).__name__}")
     targets: dict[str, JSON] = {}
     constants: dict[str, JSON] = {}
+    regions: dict[str, JSON] = {}  # checkpoint tags: the partition recomputes those nodes
     names = set(lifted.names)
     for node in gm.graph.nodes:
+        if "recompute" in node.meta:
+            regions[node.name] = [str(node.meta["recompute"]), node.meta.get("ac_graph_id")]
         if node.op == "call_function":
             targets[node.name] = callable_id(node.target)
         elif node.op == "get_attr" and node.target not in names:
@@ -288,7 +291,7 @@ def _module_id(lifted: Lifted) -> JSON:
             constants[str(node.target)] = _constant_tensor_id(value)
         elif node.op == "call_module":
             raise Unencodable(f"a call_module node ({node.target})")
-    return [gm.code, targets, constants, list(lifted.names)]
+    return [gm.code, targets, constants, list(lifted.names), regions]
 
 
 def _global_state() -> JSON:

@@ -32,6 +32,15 @@ def graph_break() -> None:
     """
 
 
+def checkpoint_region(enter: bool) -> None:
+    """Mark where a ``torch.utils.checkpoint`` region starts (``True``) and ends while ember
+    captures it (its polyfill calls this): the region's nodes are tagged for recompute in
+    backward. Does nothing when the code runs normally.
+
+    >>> checkpoint_region(True)
+    """
+
+
 def is_compiling() -> bool:
     """True while ember is capturing the calling code, False when it runs normally.
 

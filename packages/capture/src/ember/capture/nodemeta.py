@@ -14,6 +14,11 @@ for torch graphs (quantization, export tools, profilers) read them unchanged:
   (``torch.nn`` modules' and ember's own frames left out); ``print_readable()`` prints
   a ``# File: ...`` line from it (``graph.code``, which caches key on, does not).
 
+* ``recompute`` and ``ac_graph_id``: on the nodes of a ``torch.utils.checkpoint`` region,
+  torch's ``CheckpointPolicy.PREFER_RECOMPUTE`` and the region's number (as torch tags
+  them): ember.aotgraph's min-cut partitioner recomputes them in backward instead of
+  saving them, as eager's checkpoint does (:func:`enter_checkpoint`).
+
 A graph module's generated ``forward`` that capture interprets again (re-capture) hands
 each node it re-creates the original node's metadata, custom keys included; only the
 keys that describe the value (``example_value``, ``val``, ...) are capture's own.
@@ -56,7 +61,9 @@ __all__ = [
     "STACK_TRACE",
     "VALUE_KEYS",
     "MetaState",
+    "enter_checkpoint",
     "enter_module",
+    "leave_checkpoint",
     "leave_module",
     "module_path",
     "stamp",
@@ -65,6 +72,8 @@ __all__ = [
 NN_MODULE_STACK = "nn_module_stack"
 SOURCE_FN_STACK = "source_fn_stack"
 STACK_TRACE = "stack_trace"
+RECOMPUTE, AC_GRAPH_ID = "recompute", "ac_graph_id"
+PREFER_RECOMPUTE = torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 
 # Keys that describe a node's value, not its origin: a re-captured node keeps its own.
 VALUE_KEYS = frozenset(
@@ -101,6 +110,32 @@ class MetaState:
     caller_of: FrameState | None = None
     callers_at: tuple[int, ...] = ()
     callers: tuple[str, FrameState | None] = ("", None)
+    # activation checkpointing: the regions (ids) the traced code is inside, innermost last
+    checkpoints: list[int] = field(default_factory=list)
+    regions: int = 0  # checkpoint regions entered so far
+
+
+def enter_checkpoint(tracer: Tracer) -> None:
+    """The nodes made from now until :func:`leave_checkpoint` belong to a new checkpoint
+    region (nested regions: the innermost's number).
+
+    >>> from ember.capture.tracer import Tracer
+    >>> tracer = Tracer(backend_name="eager")
+    >>> enter_checkpoint(tracer)
+    >>> node = tracer.graph.call_function(torch.sin, ())
+    >>> stamp(tracer, node)
+    >>> leave_checkpoint(tracer)
+    >>> node.meta["recompute"], node.meta["ac_graph_id"]
+    (<CheckpointPolicy.PREFER_RECOMPUTE: 3>, 1)
+    """
+    state = tracer.node_meta
+    state.regions += 1
+    state.checkpoints.append(state.regions)
+
+
+def leave_checkpoint(tracer: Tracer) -> None:
+    """Close the innermost checkpoint region (see :func:`enter_checkpoint`)."""
+    tracer.node_meta.checkpoints.pop()
 
 
 # -- nn_module_stack ----------------------------------------------------------------------------
@@ -184,6 +219,9 @@ def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
     meta = node.meta
     if state.modules:
         meta[NN_MODULE_STACK] = state.modules.copy()
+    if state.checkpoints and node.op != "placeholder":  # torch's tags: recompute in backward
+        meta[RECOMPUTE] = PREFER_RECOMPUTE
+        meta[AC_GRAPH_ID] = state.checkpoints[-1]
     if node.op != "placeholder":
         meta[SOURCE_FN_STACK] = [(node.name, _source_fn(state, node.target))]
     fs = state.frame

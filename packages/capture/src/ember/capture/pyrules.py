@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ember.capture import generators, guarding, markers, polyfills
+from ember.capture import generators, guarding, markers, nodemeta, polyfills
 from ember.capture.builder import is_constant, wrap
 from ember.capture.codegen import make_namedtuple
 from ember.capture.graphops import graph_call, scalar_call
@@ -639,6 +639,13 @@ def _set_grad_enabled(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
 @rule(markers.graph_break)
 def _graph_break(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     raise Unsupported("graph_break() called", "graph-break")
+
+
+@rule(markers.checkpoint_region)
+def _checkpoint_region(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
+    enter = bool(constant_of(fs, [*args, *kwargs.values()][0]))
+    (nodemeta.enter_checkpoint if enter else nodemeta.leave_checkpoint)(fs.tracer)
+    return Const(None)
 
 
 @rule(markers.is_compiling)
