@@ -292,6 +292,29 @@ def test_a_wrapper_pre_hook_with_kwargs_sees_the_wrapper_and_rewrites_the_call()
     assert seen == [opt]
 
 
+def _backward_hooks(make):
+    torch.manual_seed(0)
+    model, log = torch.nn.Linear(3, 2), []
+    opt = make(model)
+
+    def doubled(module, grad_in, grad_out):
+        log.append(("wrapper", type(module).__name__))
+        return (grad_in[0] * 2,)
+
+    opt.register_full_backward_hook(doubled)
+    model.register_full_backward_pre_hook(lambda m, g: log.append(("original", type(m).__name__)))
+    x = X.clone().requires_grad_()
+    opt(x).sum().backward()
+    return log, x.grad, model.weight.grad
+
+
+def test_backward_hooks_on_the_wrapper_and_the_original_run_as_under_torch_compile():
+    ours = _backward_hooks(lambda m: ember.compiler.compile(m, backend="eager"))
+    theirs = _backward_hooks(lambda m: torch.compile(m, backend="eager"))
+    assert ours[0] == theirs[0] and ("original", "Linear") in ours[0]
+    torch.testing.assert_close(ours[1:], theirs[1:])
+
+
 # -- attributes ------------------------------------------------------------------------------
 
 
