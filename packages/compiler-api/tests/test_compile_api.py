@@ -178,14 +178,14 @@ def test_optimized_module_is_the_original_module_for_everything_but_forward():
     opt = ember.compiler.compile(model)
     assert isinstance(opt, torch.nn.Module) and isinstance(opt, ember.compiler.OptimizedModule)
     assert opt._orig_mod is model
-    assert list(opt.state_dict()) == list(model.state_dict())
+    assert list(opt.state_dict()) == [f"_orig_mod.{k}" for k in model.state_dict()]  # as torch
     assert [id(p) for p in opt.parameters()] == [id(p) for p in model.parameters()]
     assert opt.training is model.training and opt.get_submodule("0") is model[0]
     assert opt.to(torch.float64) is opt and model[0].weight.dtype == torch.float64
     assert opt.eval() is opt and not model.training
     opt.custom = 5
     assert model.custom == 5
-    opt.load_state_dict(model.state_dict())
+    opt.load_state_dict(opt.state_dict())
     assert "OptimizedModule" in repr(opt)
 
 

@@ -6,7 +6,6 @@ import functools
 import inspect
 import types
 import warnings
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
@@ -26,6 +25,8 @@ from ember.compiler.backends import (
     supports_dynamic,
 )
 from ember.compiler.configuration import MODE_OPTIONS, config
+from ember.compiler.optimized import CompileSettings
+from ember.compiler.optimized import OptimizedModule as OptimizedModule  # re-exported
 from ember.compiler.phases import timed_backend
 from ember.compiler.profiler import CompilationProfiler
 from ember.compiler.repro_script import compiler_ref
@@ -250,75 +251,6 @@ def _unused() -> None:  # pragma: no cover - only a placeholder fn for bound_cal
     raise AssertionError
 
 
-# Methods of nn.Module that OptimizedModule answers from the original module, so that
-# parameters(), state_dict() keys, .to(), .train() behave exactly as on the original.
-_DELEGATED = (
-    "parameters", "named_parameters", "buffers", "named_buffers", "children",
-    "named_children", "modules", "named_modules", "state_dict", "load_state_dict",
-    "to", "cpu", "cuda", "half", "float", "double", "bfloat16", "type", "train", "eval",
-    "requires_grad_", "zero_grad", "apply", "register_forward_hook",
-    "register_forward_pre_hook", "register_full_backward_hook", "register_buffer",
-    "register_parameter", "add_module", "get_submodule", "get_parameter", "extra_repr",
-)  # fmt: skip
-
-
-class OptimizedModule(torch.nn.Module):
-    """What ``compile(module)`` returns: an ``nn.Module`` whose ``forward`` is compiled.
-
-    Attributes, parameters, ``state_dict()`` keys, ``.to()``, ``.train()``/``.eval()``
-    go to the original module, kept at ``_orig_mod``.
-
-    >>> import torch, ember.compiler
-    >>> lin = torch.nn.Linear(2, 2)
-    >>> opt = ember.compiler.compile(lin)
-    >>> opt._orig_mod is lin, list(opt.state_dict()) == list(lin.state_dict())
-    (True, True)
-    """
-
-    def __init__(self, module: torch.nn.Module, compiler: FrameCompiler) -> None:
-        super().__init__()
-        object.__setattr__(self, "_orig_mod", module)
-        object.__setattr__(self, "_compiler", compiler)
-        call = functools.partial(_eval_frame.call_with_callback, *_entry_args(compiler)[1:], module)
-        object.__setattr__(self, "_call", call)
-        for name in _DELEGATED:
-            object.__setattr__(self, name, _returning_self(self, getattr(module, name)))
-
-    @property
-    def stats(self) -> Stats:
-        """Graphs compiled and frames that ran eagerly (with reasons), so far."""
-        return self._compiler.stats  # type: ignore[no-any-return]
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_orig_mod"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)
-
-    def __repr__(self) -> str:
-        return f"OptimizedModule({self._orig_mod!r})"
-
-
-def _returning_self(opt: OptimizedModule, method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` of the original, returning the OptimizedModule where it returned the original.
-
-    The wrapper holds ``opt`` weakly: a strong reference would make every
-    OptimizedModule a reference cycle, freed only by the cyclic collector.
-    """
-    opt_ref = weakref.ref(opt)
-    original = opt.__dict__["_orig_mod"]
-
-    @functools.wraps(method)
-    def delegate(*args: Any, **kwargs: Any) -> Any:
-        result = method(*args, **kwargs)
-        return opt_ref() if result is original else result
-
-    return delegate
-
-
 MODES = tuple(MODE_OPTIONS)
 
 
@@ -402,17 +334,26 @@ def compile(
         raise TypeError(f"dynamic must be a bool or None, not {type(dynamic).__name__}")
     new_compiler = _compiler_maker(backend, mode, options, fullgraph, dynamic)
     if isinstance(model, torch.nn.Module):
-        forward = type(model).forward
-        entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
-        label = type(model).__name__
-        compiler = reporting.watch(label, new_compiler.name, new_compiler(entry))
-        return OptimizedModule(model, compiler)
+        settings = CompileSettings(backend, fullgraph, dynamic, mode, dict(options or {}))
+        return _compile_module(model, new_compiler, settings)
     if not callable(model):
         raise TypeError(f"compile() needs a function or nn.Module, not {type(model).__name__}")
     target = getattr(model, "__func__", model)
     entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
     label = getattr(model, "__qualname__", type(model).__name__)
     return CompiledFunction(model, reporting.watch(label, new_compiler.name, new_compiler(entry)))
+
+
+def _compile_module(
+    model: torch.nn.Module, new_compiler: _Maker, settings: CompileSettings
+) -> OptimizedModule:
+    """``compile(model)`` for a module: its class's ``forward`` is the entry code, and the
+    wrapper calls the module itself (its hooks included) with the frame hook on."""
+    forward = type(model).forward
+    entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
+    compiler = reporting.watch(type(model).__name__, new_compiler.name, new_compiler(entry))
+    call = functools.partial(_eval_frame.call_with_callback, *_entry_args(compiler)[1:], model)
+    return OptimizedModule(model, compiler, call, settings)
 
 
 @dataclass(frozen=True)
