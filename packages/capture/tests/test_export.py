@@ -203,7 +203,7 @@ def test_save_load_round_trip(tmp_path):
     # node metadata survives, the module stack as strings
     doc = json.loads((tmp_path / "program.json").read_text())
     conv = next(n for n in doc["nodes"] if n["target"] == "torch.conv2d")
-    assert list(conv["meta"]["nn_module_stack"].values())[0][1] == "torch.nn.modules.conv.Conv2d"
+    assert next(iter(conv["meta"]["nn_module_stack"].values()))[1] == "torch.nn.modules.conv.Conv2d"
     assert "line" in conv["meta"]["stack_trace"]
     node = next(n for n in loaded.graph.nodes if n.name == conv["name"])
     assert node.meta["nn_module_stack"] == {

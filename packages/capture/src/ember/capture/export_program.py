@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-class InputKind(str, enum.Enum):
+class InputKind(enum.StrEnum):
     """What a placeholder of an exported graph is."""
 
     USER_INPUT = "user_input"
@@ -47,7 +47,7 @@ class InputKind(str, enum.Enum):
     CONSTANT_TENSOR = "constant_tensor"
 
 
-class OutputKind(str, enum.Enum):
+class OutputKind(enum.StrEnum):
     """What an output of an exported graph is."""
 
     USER_OUTPUT = "user_output"
@@ -59,8 +59,9 @@ class OutputKind(str, enum.Enum):
 class InputSpec:
     """One placeholder: its ``name`` in the graph, its kind, and what it is.
 
-    >>> InputSpec(InputKind.BUFFER, "b_bn_running_mean", target="bn.running_mean")
-    InputSpec(kind=<InputKind.BUFFER: 'buffer'>, name='b_bn_running_mean', target='bn.running_mean', leaf=None)
+    >>> spec = InputSpec(InputKind.BUFFER, "b_bn_running_mean", target="bn.running_mean")
+    >>> spec.kind.value, spec.target, spec.leaf
+    ('buffer', 'bn.running_mean', None)
     """
 
     kind: InputKind
@@ -205,9 +206,7 @@ class ExportedProgram:
         leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         want = pytree.treespec_loads(self.signature.in_spec)
         if spec != want:
-            raise CheckError(
-                f"the exported program takes inputs structured as {want}, got {spec}"
-            )
+            raise CheckError(f"the exported program takes inputs structured as {want}, got {spec}")
         bound: dict[str, tuple[int, str]] = {}  # Dim name -> (size, where it was read)
         for check in self.signature.checks:
             _check_leaf(check, leaves[check.leaf], bound)
@@ -276,7 +275,10 @@ def _check_relation(relation: Relation, leaves: list[Any], checks: tuple[LeafChe
     paths = {c.leaf: c.path for c in checks}
     rel = ShapeRelation.parse(
         relation.expr,
-        {s: TensorSize(Local(paths.get(leaf, f"input {leaf}")), d) for s, leaf, d in relation.symbols},
+        {
+            s: TensorSize(Local(paths.get(leaf, f"input {leaf}")), d)
+            for s, leaf, d in relation.symbols
+        },
     )
     values = {s: int(leaves[leaf].shape[d]) for s, leaf, d in relation.symbols}
     code = compile(rel.tree, "<shape relation>", "eval")
@@ -302,7 +304,7 @@ class ExportedModule(torch.nn.Module):
         object.__setattr__(self, "_program", program)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        program: ExportedProgram = self._program
+        program: ExportedProgram = self.__dict__["_program"]
         leaves = program.check_inputs(args, kwargs)
         sig = program.signature
         inputs = [self._input(spec, leaves, program) for spec in sig.inputs]

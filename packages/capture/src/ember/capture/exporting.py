@@ -18,7 +18,7 @@ import types
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -179,7 +179,9 @@ class _Arg:
     index: int | str
 
 
-def _roots(frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Source]:
+def _roots(
+    frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[Any, Source]:
     """(0, i) / (1, key) -> the source of that argument in the frame."""
     fn = frame.function
     lead = (root,) if root is not None else ()
@@ -192,7 +194,7 @@ def _roots(frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, An
             for j, item in enumerate(value):
                 out[(0, item.index)] = Item(Local(name), j)
         elif slot is inspect.Parameter.VAR_KEYWORD:
-            for key, item in value.items():
+            for key in value:
                 out[(1, key)] = Item(Local(name), key)
         elif isinstance(value, _Arg):
             out[(0 if isinstance(value.index, int) else 1, value.index)] = Local(name)
@@ -255,7 +257,9 @@ def _marks(spec: Any, frame: _Frame, root: Any, values: list[Any]) -> dict[int, 
     return out
 
 
-def _walk_marks(value: Any, entry: Any, where: str, index: dict[int, int], out: dict[int, dict[int, Dim]]) -> None:
+def _walk_marks(
+    value: Any, entry: Any, where: str, index: dict[int, int], out: dict[int, dict[int, Dim]]
+) -> None:
     if entry is None:
         return
     if isinstance(value, torch.Tensor):
@@ -264,18 +268,29 @@ def _walk_marks(value: Any, entry: Any, where: str, index: dict[int, int], out: 
             isinstance(d, int) and 0 <= d < value.dim() and (m is None or isinstance(m, Dim))
             for d, m in dims.items()
         ):
-            raise ExportError(f"dynamic_shapes[{where!r}]: {entry!r} is not a dim spec of a {value.dim()}-d tensor")
+            raise ExportError(
+                f"dynamic_shapes[{where!r}]: {entry!r} is not a dim spec of a"
+                f" {value.dim()}-d tensor"
+            )
         if id(value) not in index:
-            raise ExportError(f"dynamic_shapes[{where!r}]: the tensor is not an input the user passed")
+            raise ExportError(
+                f"dynamic_shapes[{where!r}]: the tensor is not an input the user passed"
+            )
         out[index[id(value)]] = {d: m for d, m in dims.items() if m is not None}
-    elif isinstance(value, tuple | list) and isinstance(entry, tuple | list) and len(value) == len(entry):
+    elif (
+        isinstance(value, tuple | list)
+        and isinstance(entry, tuple | list)
+        and len(value) == len(entry)
+    ):
         for i, (v, e) in enumerate(zip(value, entry, strict=True)):
             _walk_marks(v, e, f"{where}[{i}]", index, out)
     elif isinstance(value, dict) and isinstance(entry, dict) and set(entry) <= set(value):
         for k, e in entry.items():
             _walk_marks(value[k], e, f"{where}[{k!r}]", index, out)
     else:
-        raise ExportError(f"dynamic_shapes[{where!r}]: {entry!r} does not match the input's structure")
+        raise ExportError(
+            f"dynamic_shapes[{where!r}]: {entry!r} does not match the input's structure"
+        )
 
 
 @contextlib.contextmanager
@@ -295,7 +310,9 @@ def _marked(values: list[Any], marks: dict[int, dict[int, Dim]]) -> Iterator[Non
                 setattr(values[i], shapes._MARKS, before)
 
 
-def _translate(f: Any, frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Translation:
+def _translate(
+    f: Any, frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Translation:
     """The frame as one graph; an :class:`ExportError` listing every break if it is not."""
     name = f"ember.export#{next(_SERIAL)}"
     policy = shapes.Policy(None, automatic=False)  # symbolic where marked, nowhere else
@@ -317,19 +334,25 @@ def _translate(f: Any, frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: 
 
 def _as_failure(frame: _Frame, e: Unsupported) -> frame_compiler.Failure:
     where = str(e.location) if e.location else frame.code.co_filename
-    return frame_compiler.Failure(frame.code.co_qualname, e.reason, e.category, where, e.hint, e.location)
+    return frame_compiler.Failure(
+        frame.code.co_qualname, e.reason, e.category, where, e.hint, e.location
+    )
 
 
-def _breaks(f: Any, code: types.CodeType, args: tuple[Any, ...], kwargs: dict[str, Any], root: Any) -> list[frame_compiler.Failure]:
+def _breaks(
+    f: Any, code: types.CodeType, args: tuple[Any, ...], kwargs: dict[str, Any], root: Any
+) -> list[frame_compiler.Failure]:
     """Every graph break of one run of ``f`` (capture breaks and resumes as
     ``ember.compiler.explain`` does); the module's parameters and buffers are restored
     afterwards, so a failed export leaves them as they were."""
     name = f"ember.export.breaks#{next(_SERIAL)}"
-    compiler = frame_compiler.FrameCompiler(lambda gm, inputs: gm.forward, name, track=True, entry_codes=(code,))
+    compiler = frame_compiler.FrameCompiler(
+        lambda gm, inputs: gm.forward, name, track=True, entry_codes=(code,)
+    )
     saved = [(t, t.detach().clone()) for t in _state(root)]
     try:
         hook.bound_call(compiler, f, BACKEND_VAR, name)(*args, **kwargs)
-    except Exception:  # noqa: S110 - the breaks found so far are the report
+    except Exception:  # the run's own error: the breaks found so far are the report
         pass
     finally:
         for c, entry, cache_entry in compiler.made:
@@ -347,12 +370,21 @@ def _state(root: Any) -> list[torch.Tensor]:
     return [*root.parameters(), *root.buffers()]
 
 
-def _classify(t: Translation, by_source: dict[Source, int], values: list[Any], root: Any) -> list[InputSpec]:
+def _classify(
+    t: Translation, by_source: dict[Source, int], values: list[Any], root: Any
+) -> list[InputSpec]:
     """An InputSpec per placeholder, in graph order."""
     names = {}
     if root is not None:
-        names.update({id(p): (InputKind.PARAMETER, n) for n, p in root.named_parameters(remove_duplicate=False)})
-        names.update({id(b): (InputKind.BUFFER, n) for n, b in root.named_buffers(remove_duplicate=False)})
+        names.update(
+            {
+                id(p): (InputKind.PARAMETER, n)
+                for n, p in root.named_parameters(remove_duplicate=False)
+            }
+        )
+        names.update(
+            {id(b): (InputKind.BUFFER, n) for n, b in root.named_buffers(remove_duplicate=False)}
+        )
         names = {k: names[k] for k in reversed(list(names))}  # first name wins
     ids = {id(v): i for i, v in reversed(list(enumerate(values))) if isinstance(v, torch.Tensor)}
     specs = []
@@ -378,7 +410,9 @@ def _fqn(source: Source) -> str:
         source = source.base
     if isinstance(source, Local) and parts:
         return ".".join(reversed(parts))
-    return "".join(c if c.isalnum() else "_" for c in str(source)).strip("_") + "".join(f".{p}" for p in reversed(parts))
+    return "".join(c if c.isalnum() else "_" for c in str(source)).strip("_") + "".join(
+        f".{p}" for p in reversed(parts)
+    )
 
 
 def _stats_written(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -395,11 +429,11 @@ _HIDDEN_WRITES: dict[Any, Any] = {
 }
 
 
-class _Writes(TorchDispatchMode):
+class _Writes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the storage of every tensor an op writes (a mutable schema argument)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.storages: set[StorageWeakRef] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -411,8 +445,12 @@ class _Writes(TorchDispatchMode):
                 written += value if isinstance(value, list | tuple) else (value,)
         for x in written:
             if isinstance(x, torch.Tensor):
-                self.storages.add(StorageWeakRef(x.untyped_storage()))
+                self.storages.add(_storage(x))
         return func(*args, **kwargs)
+
+
+def _storage(x: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(x.untyped_storage())  # type: ignore[no-untyped-call]
 
 
 def _written(t: Translation) -> set[int]:
@@ -425,7 +463,7 @@ def _written(t: Translation) -> set[int]:
     return {
         i
         for i, x in enumerate(fakes)
-        if isinstance(x, torch.Tensor) and StorageWeakRef(x.untyped_storage()) in recorder.storages
+        if isinstance(x, torch.Tensor) and _storage(x) in recorder.storages
     }
 
 
@@ -447,14 +485,18 @@ class _Rebuilt:
     lifted: dict[str, Any]  # placeholder name -> the value it had while exporting
 
 
-def _rebuild(t: Translation, specs: list[InputSpec], writes: set[int], root: Any, strict: bool) -> _Rebuilt:
+def _rebuild(
+    t: Translation, specs: list[InputSpec], writes: set[int], root: Any, strict: bool
+) -> _Rebuilt:
     """The graph with placeholders in signature order, mutations and outputs as outputs."""
     old = t.graph_module.graph
     placeholders = [n for n in old.nodes if n.op == "placeholder"]
     g = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
     inputs, lifted, by_source = [], {}, {}
-    for i in sorted(range(len(specs)), key=lambda i: (_ORDER[specs[i].kind], specs[i].leaf or 0, i)):
+    for i in sorted(
+        range(len(specs)), key=lambda i: (_ORDER[specs[i].kind], specs[i].leaf or 0, i)
+    ):
         spec, node = specs[i], placeholders[i]
         if spec.kind is InputKind.CONSTANT_TENSOR and spec.target is None:
             env[node] = t.example_inputs[i]  # a number from outside the inputs: kept as is
@@ -468,7 +510,7 @@ def _rebuild(t: Translation, specs: list[InputSpec], writes: set[int], root: Any
     for node in old.nodes:
         if node.op not in ("placeholder", "output"):
             env[node] = g.node_copy(node, lambda n: env[n])
-    outs = [env[n] for n in old.output_node().args[0]]
+    outs = [env[n] for n in cast(tuple[torch.fx.Node, ...], old.output_node().args[0])]
     mutations = _mutations(specs, writes, placeholders, env)
     mutations += _effects(t, outs, root, strict)
     structure = _part(t.output, outs, by_source)
@@ -484,7 +526,12 @@ def _rebuild(t: Translation, specs: list[InputSpec], writes: set[int], root: Any
     return _Rebuilt(gm, inputs, outputs, out_spec, lifted)
 
 
-def _mutations(specs: list[InputSpec], writes: set[int], placeholders: list[torch.fx.Node], env: dict[torch.fx.Node, Any]) -> list[tuple[OutputSpec, torch.fx.Node]]:
+def _mutations(
+    specs: list[InputSpec],
+    writes: set[int],
+    placeholders: list[torch.fx.Node],
+    env: dict[torch.fx.Node, Any],
+) -> list[tuple[OutputSpec, torch.fx.Node]]:
     out = []
     for i in sorted(writes):
         spec, node = specs[i], env[placeholders[i]]
@@ -501,7 +548,9 @@ def _mutations(specs: list[InputSpec], writes: set[int], placeholders: list[torc
     return out
 
 
-def _effects(t: Translation, outs: list[Any], root: Any, strict: bool) -> list[tuple[OutputSpec, torch.fx.Node]]:
+def _effects(
+    t: Translation, outs: list[Any], root: Any, strict: bool
+) -> list[tuple[OutputSpec, torch.fx.Node]]:
     """Attribute stores to a module's buffers become buffer mutations; any other Python
     side effect is an error (``strict``) or dropped with a warning."""
     out, dropped = [], []
@@ -515,7 +564,8 @@ def _effects(t: Translation, outs: list[Any], root: Any, strict: bool) -> list[t
     if dropped and strict:
         raise ExportError(
             "the function has Python side effects an exported graph cannot hold: "
-            + "; ".join(dropped) + " (export(..., strict=False) drops them)"
+            + "; ".join(dropped)
+            + " (export(..., strict=False) drops them)"
         )
     if dropped:
         warnings.warn(f"export dropped side effects: {'; '.join(dropped)}", stacklevel=3)
@@ -584,7 +634,14 @@ def _specialised(t: Translation) -> set[Source]:
     return found
 
 
-def _leaf_checks(t: Translation, values: list[Any], paths: list[str], marks: dict[int, dict[int, Dim]], inputs: list[InputSpec], by_source: dict[Source, int]) -> tuple[LeafCheck, ...]:
+def _leaf_checks(
+    t: Translation,
+    values: list[Any],
+    paths: list[str],
+    marks: dict[int, dict[int, Dim]],
+    inputs: list[InputSpec],
+    by_source: dict[Source, int],
+) -> tuple[LeafCheck, ...]:
     """What each flattened input must be: a tensor's dtype and sizes, a graph input
     number's type, every other value as it was (the graph was specialised for it)."""
     graph_leaves = {s.leaf for s in inputs if s.kind is InputKind.USER_INPUT}
@@ -600,7 +657,10 @@ def _leaf_checks(t: Translation, values: list[Any], paths: list[str], marks: dic
         elif isinstance(v, _JSON_CONSTANTS):
             out.append(LeafCheck(i, paths[i], "constant", value=v))
         else:
-            raise ExportError(f"{paths[i]} is a {type(v).__name__}: export takes tensors, numbers, strings and containers of them")
+            raise ExportError(
+                f"{paths[i]} is a {type(v).__name__}: export takes tensors, numbers, strings"
+                " and containers of them"
+            )
     return tuple(out)
 
 
@@ -625,7 +685,9 @@ def _relations(t: Translation, by_source: dict[Source, int]) -> tuple[Relation, 
             if not isinstance(source, TensorSize):
                 break
             if source.base not in by_source:
-                raise ExportError(f"a shape relation reads {source}, which is not an input: {g.expected}")
+                raise ExportError(
+                    f"a shape relation reads {source}, which is not an input: {g.expected}"
+                )
             symbols.append((name, by_source[source.base], source.dim))
         else:
             out.append(Relation(g.expected.expr, tuple(symbols)))
