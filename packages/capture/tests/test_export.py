@@ -331,3 +331,37 @@ def test_export_needs_only_capture_and_guards():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['capture', 'guards']"
+
+
+class Scaler:
+    def __init__(self) -> None:
+        self.w = torch.tensor([2.0, 3.0])
+
+    def apply(self, x, *rest, shift=0.0):
+        return x * self.w + sum(rest) + shift
+
+
+def test_bound_method_varargs_and_tied_weights():
+    s = Scaler()
+    ep = ec.export(s.apply, (torch.ones(2), torch.ones(2)), {"shift": 1.0})
+    y = torch.randn(2)
+    assert torch.allclose(ep.module()(y, y, shift=1.0), s.apply(y, y, shift=1.0))
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(2, 2, bias=False)
+            self.b = self.a
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    t = Tied()
+    ep = ec.export(t.forward, (torch.ones(1, 2),))
+    assert [s.target for s in ep.signature.inputs if s.kind is InputKind.PARAMETER] == [
+        "a.weight"
+    ]
+    x = torch.randn(3, 2)
+    with pytest.raises(CheckError, match="size\\(0\\): expected 1, got 3"):
+        ep.module()(x)
+    assert torch.allclose(ep.module()(x[:1]), t(x[:1]))

@@ -84,6 +84,7 @@ class _Frame:
     globals: dict[str, Any]
     builtins: dict[str, Any]
     args: tuple[Any, ...]
+    lead: tuple[Any, ...] = ()  # the bound self the user did not pass
 
 
 def export(
@@ -111,8 +112,8 @@ def export(
     root, frame = _frame(f, args, kwargs)  # the call, bound to the function's argument slots
     leaves, in_spec = pytree.tree_flatten_with_path((args, kwargs))
     values = [v for _, v in leaves]
-    by_source = _leaf_sources(frame, root, leaves, args, kwargs)  # source -> leaf index
-    marks = _marks(dynamic_shapes, frame, root, values)  # leaf index -> {dim: Dim}
+    by_source = _leaf_sources(frame, leaves, args, kwargs)  # source -> leaf index
+    marks = _marks(dynamic_shapes, frame, values)  # leaf index -> {dim: Dim}
     with _marked(values, marks):
         t = _translate(f, frame, root, args, kwargs)
     t.seal()  # the shape relations join the guards
@@ -156,6 +157,8 @@ def _frame(
     lead: tuple[Any, ...] = ()
     if isinstance(fn, types.MethodType):
         fn, lead = fn.__func__, (fn.__self__,)
+        if isinstance(lead[0], torch.nn.Module):
+            root = lead[0]  # m.forward exports as m does
     if not isinstance(fn, types.FunctionType):
         raise ExportError(f"export takes a Python function or an nn.Module, not {f!r}")
     try:
@@ -168,7 +171,7 @@ def _frame(
     builtins = fn.__globals__.get("__builtins__", __builtins__)
     if isinstance(builtins, types.ModuleType):
         builtins = vars(builtins)
-    return root, _Frame(code, fn, fn.__globals__, builtins, slots)
+    return root, _Frame(code, fn, fn.__globals__, builtins, slots, lead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +183,12 @@ class _Arg:
 
 
 def _roots(
-    frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[Any, Source]:
     """(0, i) / (1, key) -> the source of that argument in the frame."""
     fn = frame.function
-    lead = (root,) if root is not None else ()
     marks = [_Arg(i) for i in range(len(args))]
-    bound = inspect.signature(fn).bind(*lead, *marks, **{k: _Arg(k) for k in kwargs})
+    bound = inspect.signature(fn).bind(*frame.lead, *marks, **{k: _Arg(k) for k in kwargs})
     out: dict[Any, Source] = {}
     for name, value in bound.arguments.items():
         slot = inspect.signature(fn).parameters[name].kind
@@ -202,10 +204,10 @@ def _roots(
 
 
 def _leaf_sources(
-    frame: _Frame, root: Any, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    frame: _Frame, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[Source, int]:
     """Every source through which the frame may read each flattened input."""
-    roots = _roots(frame, root, args, kwargs)
+    roots = _roots(frame, args, kwargs)
     out: dict[Source, int] = {}
     for index, (path, _) in enumerate(leaves):
         first, second, *rest = path
@@ -236,12 +238,13 @@ def _path(path: tuple[Any, ...]) -> str:
     return ("args" if first.idx == 0 else "kwargs") + pytree.keystr(tuple(rest))
 
 
-def _marks(spec: Any, frame: _Frame, root: Any, values: list[Any]) -> dict[int, dict[int, Dim]]:
+def _marks(spec: Any, frame: _Frame, values: list[Any]) -> dict[int, dict[int, Dim]]:
     """``dynamic_shapes`` as {leaf index: {dim: Dim}}."""
     if spec is None:
         return {}
-    names = [n for n in hook.argument_names(frame.code)][1 if root is not None else 0 :]
-    bound = dict(zip(names, frame.args[1 if root is not None else 0 :], strict=True))
+    skip = len(frame.lead)
+    names = list(hook.argument_names(frame.code))[skip:]
+    bound = dict(zip(names, frame.args[skip:], strict=True))
     if isinstance(spec, tuple | list):
         pairs = list(zip(names, spec, strict=False))
     elif isinstance(spec, dict):
@@ -323,6 +326,8 @@ def _translate(
         found = _breaks(f, frame.code, args, kwargs, root) or [_as_failure(frame, e)]
     except shapes.MarkedDynamicError as e:
         raise ExportError(f"a dim dynamic_shapes marks dynamic cannot be: {e}") from None
+    except Exception as bug:  # an error inside capture: named, never a raw traceback
+        raise ExportError(f"internal error in ember while exporting: {bug!r}") from bug
     lines = [f"cannot export {frame.code.co_qualname}: {len(found)} graph break(s)"]
     for i, fail in enumerate(found, 1):
         w = fail.where
@@ -374,18 +379,12 @@ def _classify(
     t: Translation, by_source: dict[Source, int], values: list[Any], root: Any
 ) -> list[InputSpec]:
     """An InputSpec per placeholder, in graph order."""
-    names = {}
-    if root is not None:
-        names.update(
-            {
-                id(p): (InputKind.PARAMETER, n)
-                for n, p in root.named_parameters(remove_duplicate=False)
-            }
-        )
-        names.update(
-            {id(b): (InputKind.BUFFER, n) for n, b in root.named_buffers(remove_duplicate=False)}
-        )
-        names = {k: names[k] for k in reversed(list(names))}  # first name wins
+    names: dict[int, tuple[InputKind, str]] = {}
+    if root is not None:  # a tied tensor takes its first name, as state_dict() does
+        for n, p in root.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), (InputKind.PARAMETER, n))
+        for n, b in root.named_buffers(remove_duplicate=False):
+            names.setdefault(id(b), (InputKind.BUFFER, n))
     ids = {id(v): i for i, v in reversed(list(enumerate(values))) if isinstance(v, torch.Tensor)}
     specs = []
     placeholders = [n for n in t.graph_module.graph.nodes if n.op == "placeholder"]
