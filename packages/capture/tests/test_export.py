@@ -365,3 +365,14 @@ def test_bound_method_varargs_and_tied_weights():
     with pytest.raises(CheckError, match="size\\(0\\): expected 1, got 3"):
         ep.module()(x)
     assert torch.allclose(ep.module()(x[:1]), t(x[:1]))
+
+
+def test_one_tensor_passed_twice_must_stay_one():
+    def f(a, b):
+        return a * 2 + b
+
+    x = torch.ones(2)
+    ep = ec.export(f, (x, x))
+    assert torch.equal(ep.module()(x, x), f(x, x))
+    with pytest.raises(CheckError, match="must be the same tensor"):
+        ep.module()(torch.ones(2), torch.zeros(2))

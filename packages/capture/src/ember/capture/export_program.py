@@ -127,6 +127,8 @@ class ExportSignature:
     checks: tuple[LeafCheck, ...] = ()
     dims: tuple[DimRange, ...] = ()
     relations: tuple[Relation, ...] = ()
+    # pairs of flattened inputs that were one tensor while exporting: the graph reads one
+    same: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (``from_json`` reads it back).
@@ -161,6 +163,7 @@ class ExportSignature:
                     Relation(r["expr"], tuple(tuple(s) for s in r["symbols"]))
                     for r in data["relations"]
                 ),
+                same=tuple((int(a), int(b)) for a, b in data.get("same", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an export signature: {type(e).__name__}: {e}") from None
@@ -215,6 +218,12 @@ class ExportedProgram:
             _check_range(ranges.get(name), size, where)
         for relation in self.signature.relations:
             _check_relation(relation, leaves, self.signature.checks)
+        paths = {c.leaf: c.path for c in self.signature.checks}
+        for a, b in self.signature.same:
+            if leaves[a] is not leaves[b]:
+                raise CheckError(
+                    f"{paths[a]} and {paths[b]} must be the same tensor, as when exported"
+                )
         return leaves
 
     def save(self, path: str) -> None:

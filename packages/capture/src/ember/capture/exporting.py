@@ -129,6 +129,7 @@ def export(
         checks=_leaf_checks(t, values, paths, marks, built.inputs, by_source),
         dims=_dim_ranges(marks),
         relations=_relations(t, by_source),
+        same=_same_tensors(values),
     )
     lifted = {s.target: built.lifted[s.name] for s in built.inputs if s.target}
     state = {s.target: lifted[s.target] for s in built.inputs if s.kind in _STATE and s.target}
@@ -660,6 +661,18 @@ def _leaf_checks(
                 f"{paths[i]} is a {type(v).__name__}: export takes tensors, numbers, strings"
                 " and containers of them"
             )
+    return tuple(out)
+
+
+def _same_tensors(values: list[Any]) -> tuple[tuple[int, int], ...]:
+    """Inputs that are one tensor (``f(x, x)``): the graph reads it once, for both."""
+    first: dict[int, int] = {}
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            j = first.setdefault(id(v), i)
+            if j != i:
+                out.append((j, i))
     return tuple(out)
 
 
