@@ -358,9 +358,7 @@ def test_bound_method_varargs_and_tied_weights():
 
     t = Tied()
     ep = ec.export(t.forward, (torch.ones(1, 2),))
-    assert [s.target for s in ep.signature.inputs if s.kind is InputKind.PARAMETER] == [
-        "a.weight"
-    ]
+    assert [s.target for s in ep.signature.inputs if s.kind is InputKind.PARAMETER] == ["a.weight"]
     x = torch.randn(3, 2)
     with pytest.raises(CheckError, match="size\\(0\\): expected 1, got 3"):
         ep.module()(x)

@@ -119,7 +119,7 @@ def export(
     t.seal()  # the shape relations join the guards
     specs = _classify(t, by_source, values, root)  # one InputSpec per placeholder
     writes = _written(t)  # the placeholders the graph mutates
-    built = _rebuild(t, specs, writes, root, strict)
+    built = _rebuild(t, specs, writes, strict)
     paths = [_path(p) for p, _ in leaves]
     signature = ExportSignature(
         inputs=tuple(built.inputs),
@@ -183,9 +183,7 @@ class _Arg:
     index: int | str
 
 
-def _roots(
-    frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> dict[Any, Source]:
+def _roots(frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Source]:
     """(0, i) / (1, key) -> the source of that argument in the frame."""
     fn = frame.function
     marks = [_Arg(i) for i in range(len(args))]
@@ -485,9 +483,7 @@ class _Rebuilt:
     lifted: dict[str, Any]  # placeholder name -> the value it had while exporting
 
 
-def _rebuild(
-    t: Translation, specs: list[InputSpec], writes: set[int], root: Any, strict: bool
-) -> _Rebuilt:
+def _rebuild(t: Translation, specs: list[InputSpec], writes: set[int], strict: bool) -> _Rebuilt:
     """The graph with placeholders in signature order, mutations and outputs as outputs."""
     old = t.graph_module.graph
     placeholders = [n for n in old.nodes if n.op == "placeholder"]
@@ -512,7 +508,7 @@ def _rebuild(
             env[node] = g.node_copy(node, lambda n: env[n])
     outs = [env[n] for n in cast(tuple[torch.fx.Node, ...], old.output_node().args[0])]
     mutations = _mutations(specs, writes, placeholders, env)
-    mutations += _effects(t, outs, root, strict)
+    _effects(t, strict)
     structure = _part(t.output, outs, by_source)
     leaves, out_spec = pytree.tree_flatten(structure)
     out_node = g.output(tuple([env_node for _, env_node in mutations] + leaves))
@@ -548,19 +544,10 @@ def _mutations(
     return out
 
 
-def _effects(
-    t: Translation, outs: list[Any], root: Any, strict: bool
-) -> list[tuple[OutputSpec, torch.fx.Node]]:
-    """Attribute stores to a module's buffers become buffer mutations; any other Python
-    side effect is an error (``strict``) or dropped with a warning."""
-    out, dropped = [], []
-    for effect in t.effects:
-        fqn = _buffer_store(effect, root)
-        if fqn is not None and effect[-1][0] == "out":
-            node = outs[effect[-1][1]]
-            out.append((OutputSpec(OutputKind.BUFFER_MUTATION, node.name, fqn), node))
-        else:
-            dropped.append(f"{effect[0]} {' '.join(str(x) for x in effect[1:-1])}")
+def _effects(t: Translation, strict: bool) -> None:
+    """A Python side effect (an attribute or global store, a list append) is an error
+    (``strict``), or is dropped with a warning: a graph holds tensor operations only."""
+    dropped = [f"{e[0]} {' '.join(str(x) for x in e[1:-1])}".strip() for e in t.effects]
     if dropped and strict:
         raise ExportError(
             "the function has Python side effects an exported graph cannot hold: "
@@ -568,28 +555,7 @@ def _effects(
             + " (export(..., strict=False) drops them)"
         )
     if dropped:
-        warnings.warn(f"export dropped side effects: {'; '.join(dropped)}", stacklevel=3)
-    return out
-
-
-def _buffer_store(effect: tuple[Any, ...], root: Any) -> str | None:
-    """The FQN of the buffer a ``setattr`` effect stores to, if it is one of ``root``'s."""
-    if root is None or effect[0] != "setattr":
-        return None
-    source, name = effect[1], effect[2]
-    parts: list[str] = []
-    while isinstance(source, Attr | ModuleChild):
-        parts.append(source.name)
-        source = source.base
-    if not isinstance(source, Local):
-        return None
-    try:
-        module = root.get_submodule(".".join(reversed(parts)))
-    except AttributeError:
-        return None
-    if name not in module._buffers:
-        return None
-    return ".".join([*reversed(parts), name])
+        warnings.warn(f"export dropped side effects: {'; '.join(dropped)}", stacklevel=4)
 
 
 _JSON_CONSTANTS = (type(None), bool, int, float, str)
