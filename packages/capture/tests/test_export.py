@@ -252,6 +252,19 @@ def test_unknown_target_refused_on_load(tmp_path, target, message):
         ec.load(str(tmp_path))
 
 
+def test_getattr_of_private_attribute_refused(tmp_path):
+    ep = ec.export(MLP(), (torch.randn(2, 4),))
+    ep.save(str(tmp_path))
+
+    def edit(doc):
+        node = next(n for n in doc["nodes"] if n["op"] == "call_function")
+        node["target"], node["args"] = "builtins.getattr", [{"node": "x"}, "__class__"]
+
+    _tamper(tmp_path, edit)
+    with pytest.raises(ec.ExportFormatError, match="only public attributes"):
+        ec.load(str(tmp_path))
+
+
 def test_tampered_file_refused(tmp_path):
     ep = ec.export(MLP(), (torch.randn(2, 4),))
     ep.save(str(tmp_path))
@@ -374,3 +387,16 @@ def test_one_tensor_passed_twice_must_stay_one():
     assert torch.equal(ep.module()(x, x), f(x, x))
     with pytest.raises(CheckError, match="must be the same tensor"):
         ep.module()(torch.ones(2), torch.zeros(2))
+
+
+def test_inputs_returned_as_they_are():
+    def f(x, rest, flag):
+        return x + 1, rest[1], flag, None
+
+    x, a, b = torch.ones(2), torch.zeros(1), torch.full((3,), 5.0)
+    ep = ec.export(f, (x, [a, b], "on"))
+    a2, b2 = torch.ones(1), torch.ones(3)
+    got = ep.module()(x, [a2, b2], "on")
+    assert got[1] is b2 and got[2:] == ("on", None) and torch.equal(got[0], x + 1)
+    with pytest.raises(CheckError, match="args\\[2\\]: the program was exported for 'on'"):
+        ep.module()(x, [a2, b2], "off")

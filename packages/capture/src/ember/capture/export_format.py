@@ -48,6 +48,7 @@ NAMESPACES: dict[str, Any] = {
 #: Names in those namespaces a graph never calls, refused even when a file names them.
 DENIED = frozenset(
     {"load", "save", "compile", "export", "hub", "jit", "from_file", "set_default_device"}
+    | {"register_hook", "register_post_accumulate_grad_hook"}  # would call a user function
 )
 #: The builtins a graph may call (number arithmetic and reading attributes).
 BUILTINS = frozenset(
@@ -121,6 +122,15 @@ def _op(name: str) -> Any:
         return getattr(found, parts[2]) if len(parts) == 3 else found
     except (AttributeError, RuntimeError):
         return None
+
+
+def _checked_call(fn: Any, args: list[Any]) -> Any:
+    """``getattr`` reads public attributes only (never ``__class__`` and the like)."""
+    if fn is getattr and not (
+        len(args) >= 2 and isinstance(args[1], str) and not args[1].startswith("_")
+    ):
+        raise ExportFormatError(f"getattr of {args[1:2]!r}: only public attributes are read")
+    return fn
 
 
 def _method(name: Any) -> str:
@@ -312,7 +322,7 @@ def graph_from_json(nodes: list[dict[str, Any]]) -> torch.fx.GraphModule:
         elif op == "output":
             node = g.output(args[0])
         elif op == "call_function":
-            node = g.call_function(resolve(target), tuple(args), kwargs)
+            node = g.call_function(_checked_call(resolve(target), args), tuple(args), kwargs)
         elif op == "call_method":
             node = g.call_method(_method(target), tuple(args), kwargs)
         else:

@@ -119,7 +119,7 @@ def export(
     t.seal()  # the shape relations join the guards
     specs = _classify(t, by_source, values, root)  # one InputSpec per placeholder
     writes = _written(t)  # the placeholders the graph mutates
-    built = _rebuild(t, specs, writes, strict)
+    built = _rebuild(t, specs, writes, strict, by_source)
     paths = [_path(p) for p, _ in leaves]
     signature = ExportSignature(
         inputs=tuple(built.inputs),
@@ -483,7 +483,13 @@ class _Rebuilt:
     lifted: dict[str, Any]  # placeholder name -> the value it had while exporting
 
 
-def _rebuild(t: Translation, specs: list[InputSpec], writes: set[int], strict: bool) -> _Rebuilt:
+def _rebuild(
+    t: Translation,
+    specs: list[InputSpec],
+    writes: set[int],
+    strict: bool,
+    leaf_of: dict[Source, int],
+) -> _Rebuilt:
     """The graph with placeholders in signature order, mutations and outputs as outputs."""
     old = t.graph_module.graph
     placeholders = [n for n in old.nodes if n.op == "placeholder"]
@@ -503,6 +509,10 @@ def _rebuild(t: Translation, specs: list[InputSpec], writes: set[int], strict: b
         by_source[t.input_sources[i]] = new
         inputs.append(InputSpec(spec.kind, new.name, spec.target, spec.leaf))
         lifted[new.name] = t.example_inputs[i]
+    for source in _returned_sources(t.output):  # an input returned as it is, never read
+        if source not in by_source and source in leaf_of:
+            new = by_source[source] = g.placeholder(str(source).replace("[", "_").strip("]'"))
+            inputs.append(InputSpec(InputKind.USER_INPUT, new.name, leaf=leaf_of[source]))
     for node in old.nodes:
         if node.op not in ("placeholder", "output"):
             env[node] = g.node_copy(node, lambda n: env[n])
@@ -556,6 +566,21 @@ def _effects(t: Translation, strict: bool) -> None:
         )
     if dropped:
         warnings.warn(f"export dropped side effects: {'; '.join(dropped)}", stacklevel=4)
+
+
+def _returned_sources(part: Any) -> Iterator[Source]:
+    """The sources a rebuild spec hands back as they are."""
+    kind, payload = part
+    if kind == "source":
+        yield payload
+    elif kind in ("tuple", "list"):
+        for p in payload:
+            yield from _returned_sources(p)
+    elif kind == "dict":
+        for _, p in payload:
+            yield from _returned_sources(p)
+    elif kind == "shared":
+        yield from _returned_sources(payload[1])
 
 
 _JSON_CONSTANTS = (type(None), bool, int, float, str)
