@@ -427,3 +427,23 @@ def test_zoo_exports_equal_to_eager_and_round_trips(name, tmp_path):
     got = ec.load(str(tmp_path)).module()(*args)
     torch.manual_seed(3)
     assert _same(got, eager(*args))
+
+
+def test_specialised_dynamic_dim_is_an_error():
+    def f(x):
+        return x.reshape(2, 8)
+
+    with pytest.raises(ec.ExportError, match="specialised it to 16"):
+        ec.export(f, (torch.ones(16),), dynamic_shapes=({0: ec.Dim("n")},))
+
+
+def test_float_the_code_branches_on_is_pinned():
+    def g(x, scale):
+        if scale > 1.0:
+            return x * scale
+        return x - scale
+
+    ep = ec.export(g, (torch.ones(2), 2.0))
+    assert torch.equal(ep.module()(torch.ones(2), 2.0), g(torch.ones(2), 2.0))
+    with pytest.raises(CheckError, match="args\\[1\\]: the program was exported for 2.0"):
+        ep.module()(torch.ones(2), 0.5)

@@ -116,7 +116,6 @@ def export(
     marks = _marks(dynamic_shapes, frame, values)  # leaf index -> {dim: Dim}
     with _marked(values, marks):
         t = _translate(f, frame, root, args, kwargs)
-    t.seal()  # the shape relations join the guards
     specs = _classify(t, by_source, values, root)  # one InputSpec per placeholder
     writes = _written(t)  # the placeholders the graph mutates
     built = _rebuild(t, specs, writes, strict, by_source)
@@ -320,11 +319,13 @@ def _translate(
     policy = shapes.Policy(None, automatic=False)  # symbolic where marked, nowhere else
     try:
         with frame_compiler._COMPILE_LOCK:
-            return translate(frame, name, dynamic=policy)
+            t = translate(frame, name, dynamic=policy)
+        t.seal()  # the shape relations join the guards
+        return t
     except Unsupported as e:
         found = _breaks(f, frame.code, args, kwargs, root) or [_as_failure(frame, e)]
     except shapes.MarkedDynamicError as e:
-        raise ExportError(f"a dim dynamic_shapes marks dynamic cannot be: {e}") from None
+        raise ExportError(f"a dim dynamic_shapes marks dynamic is not: {e}") from None
     except Exception as bug:  # an error inside capture: named, never a raw traceback
         raise ExportError(f"internal error in ember while exporting: {bug!r}") from bug
     lines = [f"cannot export {frame.code.co_qualname}: {len(found)} graph break(s)"]
