@@ -5,6 +5,7 @@ Only ember.capture (and ember.guards) are imported: export tools depend on nothi
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -447,3 +448,13 @@ def test_float_the_code_branches_on_is_pinned():
     assert torch.equal(ep.module()(torch.ones(2), 2.0), g(torch.ones(2), 2.0))
     with pytest.raises(CheckError, match=r"args\[1\]: the program was exported for 2\.0"):
         ep.module()(torch.ones(2), 0.5)
+
+
+def test_unrebuildable_output_is_an_error():
+    Pair = collections.namedtuple("Pair", "a b")
+
+    def f(x):
+        return Pair(x + 1, x - 1)
+
+    with pytest.raises(ec.ExportError, match="returns a value export cannot rebuild"):
+        ec.export(f, (torch.ones(2),))

@@ -307,6 +307,19 @@ def graph_json(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
     return [_node_json(n) for n in gm.graph.nodes]
 
 
+# How each node op is made again from its saved target and (decoded) arguments.
+_BUILD: dict[str, Callable[[torch.fx.Graph, Any, Any, Any], torch.fx.Node]] = {
+    "placeholder": lambda g, target, args, kwargs: g.placeholder(str(target)),
+    "output": lambda g, target, args, kwargs: g.output(args[0]),
+    "call_function": lambda g, target, args, kwargs: g.call_function(
+        _checked_call(resolve(target), args), tuple(args), kwargs
+    ),
+    "call_method": lambda g, target, args, kwargs: g.call_method(
+        _method(target), tuple(args), kwargs
+    ),
+}
+
+
 def graph_from_json(nodes: list[dict[str, Any]]) -> torch.fx.GraphModule:
     """The graph :func:`graph_json` wrote, each target resolved through the allowlist."""
     g = torch.fx.Graph()
@@ -317,16 +330,9 @@ def graph_from_json(nodes: list[dict[str, Any]]) -> torch.fx.GraphModule:
             args, kwargs = decode(data["args"], env), decode(data["kwargs"], env)
         except (KeyError, TypeError) as e:
             raise ExportFormatError(f"bad node {data!r}: {e}") from None
-        if op == "placeholder":
-            node = g.placeholder(str(target))
-        elif op == "output":
-            node = g.output(args[0])
-        elif op == "call_function":
-            node = g.call_function(_checked_call(resolve(target), args), tuple(args), kwargs)
-        elif op == "call_method":
-            node = g.call_method(_method(target), tuple(args), kwargs)
-        else:
+        if op not in _BUILD:
             raise ExportFormatError(f"unknown node op {op!r}")
+        node = _BUILD[op](g, target, args, kwargs)
         if node.name != name and op != "output":
             raise ExportFormatError(f"node {name!r} is not a unique name")
         node.meta = decode_meta(data.get("meta", {}))

@@ -12,7 +12,7 @@ convention.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -238,16 +238,25 @@ class ExportedProgram:
 
 def _check_leaf(check: LeafCheck, value: Any, bound: dict[str, tuple[int, str]]) -> None:
     """One flattened input against its check; ``bound`` collects each Dim's size."""
-    if check.kind == "constant":
-        if type(value) is not type(check.value) or value != check.value:
-            raise CheckError(
-                f"{check.path}: the program was exported for {check.value!r}, got {value!r}"
-            )
-        return
-    if check.kind == "number":
-        if type(value).__name__ != check.pytype:
-            raise CheckError(f"{check.path}: expected a {check.pytype}, got {value!r}")
-        return
+    rule = _LEAF_CHECKS.get(check.kind)
+    if rule is None:
+        raise CheckError(f"{check.path}: unknown check kind {check.kind!r}")
+    rule(check, value, bound)
+
+
+def _check_constant(check: LeafCheck, value: Any, bound: dict[str, tuple[int, str]]) -> None:
+    if type(value) is not type(check.value) or value != check.value:
+        raise CheckError(
+            f"{check.path}: the program was exported for {check.value!r}, got {value!r}"
+        )
+
+
+def _check_number(check: LeafCheck, value: Any, bound: dict[str, tuple[int, str]]) -> None:
+    if type(value).__name__ != check.pytype:
+        raise CheckError(f"{check.path}: expected a {check.pytype}, got {value!r}")
+
+
+def _check_tensor(check: LeafCheck, value: Any, bound: dict[str, tuple[int, str]]) -> None:
     if not isinstance(value, torch.Tensor):
         raise CheckError(f"{check.path}: expected a tensor, got {type(value).__name__}")
     if str(value.dtype) != check.dtype:
@@ -267,6 +276,14 @@ def _check_leaf(check: LeafCheck, value: Any, bound: dict[str, tuple[int, str]])
                 raise CheckError(
                     f"{where} is {got} but {first[1]} is {first[0]}: both are Dim {want!r}"
                 )
+
+
+# LeafCheck.kind -> its check: equal to the exported value, a number of its type, a tensor
+_LEAF_CHECKS: dict[str, Callable[[LeafCheck, Any, dict[str, tuple[int, str]]], None]] = {
+    "constant": _check_constant,
+    "number": _check_number,
+    "tensor": _check_tensor,
+}
 
 
 def _check_range(dim: DimRange | None, size: int, where: str) -> None:

@@ -16,7 +16,7 @@ import inspect
 import itertools
 import types
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -591,23 +591,36 @@ def _part(part: Any, outs: list[Any], by_source: dict[Source, torch.fx.Node]) ->
     """The return value's rebuild spec (translate's ``Part``) as a pytree of output nodes
     and constants."""
     kind, payload = part
-    if kind == "out":
-        return outs[payload]
-    if kind == "source" and payload in by_source:
-        return by_source[payload]  # an input handed back as it is
-    if kind == "const" and isinstance(payload, _JSON_CONSTANTS):
-        return payload
-    if kind == "tuple":
-        return tuple(_part(p, outs, by_source) for p in payload)
-    if kind == "list":
-        return [_part(p, outs, by_source) for p in payload]
-    if kind == "dict" and all(type(k) in (int, str) for k, _ in payload):
-        return {k: _part(p, outs, by_source) for k, p in payload}
-    if kind == "shared":
-        return _part(payload[1], outs, by_source)
-    if kind == "new" and payload[0].__name__ in ("inference_tensor", "normal_tensor"):
-        return _part(payload[1][0], outs, by_source)
-    raise ExportError(f"the function returns a value export cannot rebuild ({kind}: {payload!r})")
+    rule = _PARTS.get(kind)
+    found = rule(payload, outs, by_source) if rule is not None else _NO_PART
+    if found is _NO_PART:
+        raise ExportError(
+            f"the function returns a value export cannot rebuild ({kind}: {payload!r})"
+        )
+    return found
+
+
+_NO_PART = object()  # a part no rule takes
+_Rule = Callable[[Any, list[Any], dict[Source, torch.fx.Node]], Any]
+# translate's rebuild spec kind -> the pytree it stands for (or _NO_PART)
+_PARTS: dict[str, _Rule] = {
+    "out": lambda p, outs, src: outs[p],
+    "source": lambda p, outs, src: src.get(p, _NO_PART),  # an input handed back as it is
+    "const": lambda p, outs, src: p if isinstance(p, _JSON_CONSTANTS) else _NO_PART,
+    "tuple": lambda p, outs, src: tuple(_part(x, outs, src) for x in p),
+    "list": lambda p, outs, src: [_part(x, outs, src) for x in p],
+    "dict": lambda p, outs, src: (
+        {k: _part(x, outs, src) for k, x in p}
+        if all(type(k) in (int, str) for k, _ in p)
+        else _NO_PART
+    ),
+    "shared": lambda p, outs, src: _part(p[1], outs, src),  # one object, however named
+    "new": lambda p, outs, src: (  # inference-mode outputs: the tensor as the graph has it
+        _part(p[1][0], outs, src)
+        if p[0].__name__ in ("inference_tensor", "normal_tensor")
+        else _NO_PART
+    ),
+}
 
 
 def _specialised(t: Translation) -> set[Source]:
