@@ -318,6 +318,16 @@ def test_failed_export_leaves_module_state():
         ec.export(m, (torch.randn(4, 3),))
     assert int(m.bn.num_batches_tracked) == 0 and torch.equal(m.bn.running_mean, torch.zeros(3))
 
+    def bump(x):
+        x.add_(1)
+        print("break")
+        return x
+
+    x = torch.zeros(2)
+    with pytest.raises(ec.ExportError, match="1 graph break"):
+        ec.export(bump, (x,))
+    assert torch.equal(x, torch.zeros(2))
+
 
 def test_side_effect_refused_unless_not_strict():
     class Counter(torch.nn.Module):

@@ -348,13 +348,14 @@ def _breaks(
     f: Any, code: types.CodeType, args: tuple[Any, ...], kwargs: dict[str, Any], root: Any
 ) -> list[frame_compiler.Failure]:
     """Every graph break of one run of ``f`` (capture breaks and resumes as
-    ``ember.compiler.explain`` does); the module's parameters and buffers are restored
-    afterwards, so a failed export leaves them as they were."""
+    ``ember.compiler.explain`` does); the module's parameters and buffers and the input
+    tensors are restored afterwards, so a failed export leaves them as they were."""
     name = f"ember.export.breaks#{next(_SERIAL)}"
     compiler = frame_compiler.FrameCompiler(
         lambda gm, inputs: gm.forward, name, track=True, entry_codes=(code,)
     )
-    saved = [(t, t.detach().clone()) for t in _state(root)]
+    inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    saved = [(t, t.detach().clone()) for t in [*_state(root), *inputs]]
     try:
         hook.bound_call(compiler, f, BACKEND_VAR, name)(*args, **kwargs)
     except Exception:  # the run's own error: the breaks found so far are the report
