@@ -30,7 +30,40 @@ def forward(self, x, lr):
     return (mul,)
 """
 
+from typing import Any
+
 from ember.capture import hook
 
 __version__ = "0.1.0"
-__all__ = ["hook"]
+__all__ = [
+    "Dim",
+    "ExportError",
+    "ExportFormatError",
+    "ExportSignature",
+    "ExportedProgram",
+    "export",
+    "hook",
+    "load",
+]
+
+# Export's names, imported on first use: ``import ember.capture`` (the hook, a cached
+# call's path) does not pay for the translator.
+_LAZY = {
+    "Dim": "ember.capture.exporting",
+    "ExportError": "ember.capture.exporting",
+    "export": "ember.capture.exporting",
+    "ExportFormatError": "ember.capture.export_format",
+    "load": "ember.capture.export_format",
+    "ExportedProgram": "ember.capture.export_program",
+    "ExportSignature": "ember.capture.export_program",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ember.capture' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
