@@ -80,6 +80,8 @@ def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
         if method in ("real",):
             return graph_call(fs, "call_function", torch.real, [v], {})
         return graph_call(fs, "call_method", method, [v, *map(Const, extra)], {})
+    if name == "grad" and v.source is not None:
+        return _input_grad(fs, v)
     if name in TENSOR_UNSUPPORTED:
         raise Unsupported(TENSOR_UNSUPPORTED[name], "tensor-attribute")
     if callable(getattr(torch.Tensor, name, None)):
@@ -87,6 +89,15 @@ def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
     if not hasattr(torch.Tensor, name):
         raise no_attribute("Tensor", name)
     raise Unsupported(f"tensor attribute .{name}", "tensor-attribute")
+
+
+def _input_grad(fs: FrameState, v: TensorV) -> Value:
+    """``.grad`` of a tensor the frame hands the graph (an optimizer's parameter): an input of
+    its own, reached as ``<source>.grad`` (None guarded as None). No backward runs inside a
+    graph (it is a break), so the gradient read where the graph starts is the one it sees."""
+    tracer = fs.tracer
+    real = tracer.example_inputs[tracer.input_sources.index(v.source)]
+    return wrap(tracer, real.grad, guarding.attr(v.source, "grad"))
 
 
 def _class_attribute(

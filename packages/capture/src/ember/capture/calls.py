@@ -372,6 +372,9 @@ def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwa
         if name == "item":
             hint += " (or config.capture.scalar_outputs=True: .item() stays in the graph)"
         raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent", hint)
+    stand_in = polyfills.lookup_tensor_method(name)
+    if stand_in is not None:  # a method some of whose calls are rewritten (Tensor.addcdiv_)
+        return call_value(fs, wrap(fs.tracer, stand_in, None), [t, *args], kwargs)
     return graph_call(fs, "call_method", name, [t, *args], kwargs)
 
 
@@ -384,6 +387,10 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
         return _leave_split_block(fs, obj, f.source)
     if in_graph(obj):
         return graph_call(fs, "call_function", obj, args, kwargs)
+    if isinstance(obj, types.FunctionType) and trace_rules.traceable(obj):
+        # torch's Python that the trace rules inline (torch.optim's ``_single_tensor_adam``):
+        # kept as a trusted object when wrapped, traced like a user function when called
+        return _call_function(fs, function_value(fs, obj, f.source), args, kwargs)
     call = inspect.getattr_static(type(obj), "__call__", None)
     if (
         isinstance(f, ObjV)

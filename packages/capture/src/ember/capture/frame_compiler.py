@@ -55,7 +55,7 @@ from ember.capture import (
 )
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.shapes import MarkedDynamicError
-from ember.capture.tracer import Location, Unsupported
+from ember.capture.tracer import FIRST_CALL, Location, Unsupported
 from ember.capture.translate import Translation, translate
 from ember.guards import CodeCache, FrameSpec, GuardSet, WeakIdentity
 from ember.guards import Decision as CacheDecision
@@ -245,6 +245,8 @@ class FrameCompiler:
                 frame, self.backend_name, guard_key=self.guard_key, dynamic=self.dynamic
             )
         except Unsupported as e:
+            if e.category == FIRST_CALL:  # state this call creates: native once, then compile
+                return self._first_call(cache, e)
             if self.fullgraph or e.top_index is None:
                 return self._failed(frame, cache, e)
             try:
@@ -298,6 +300,18 @@ class FrameCompiler:
             return Decision.RUN
         self._skipped[frame.code] = _generation
         return Decision.SKIP_FOR_CALLBACK
+
+    def _first_call(self, cache: CodeCache[Any], e: Unsupported) -> Decision:
+        """The call fills in state the code reads (an optimizer's lazy state, on its first
+        step): it runs natively, nothing is cached, and the next call compiles again (under
+        fullgraph too: no part of the call was captured, and the next one is one graph)."""
+        where = str(e.location) if e.location is not None else cache.name
+        reason = f"{e.reason} (this call runs eagerly; the next call is compiled again)"
+        self.stats.failures.append(
+            Failure(cache.name, reason, e.category, where, e.hint, e.location)
+        )
+        log.LOG.info("%s runs eagerly once: %s", cache.name, e.reason)
+        return Decision.RUN
 
     def _cache_full(self, frame: Frame, cache: CodeCache[Any]) -> Decision:
         """The code's cache is full (every callable's entries count): this call runs
