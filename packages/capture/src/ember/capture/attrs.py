@@ -188,14 +188,18 @@ def generic_attr(
         raise Unsupported("reading __dict__ after storing attributes", "attribute")
     cls_attr = inspect.getattr_static(cls, name, _MISSING)
     is_data_descriptor = hasattr(type(cls_attr), "__set__") or hasattr(type(cls_attr), "__delete__")
+    instance_dict = getattr(obj, "__dict__", None)
+    on_instance = isinstance(instance_dict, dict) and name in instance_dict
     if cls_attr is not _MISSING and v.source is not None and hasattr(type(cls_attr), "__get__"):
         # a method, property or other descriptor: still the class's, not set on the instance
-        fs.tracer.guards.class_member(v.source, obj, name, cls_attr)
+        # (one set on the instance, as an LR scheduler sets its optimizer's step, is read
+        # from there through ``src``, and guarded so)
+        if is_data_descriptor or not on_instance:
+            fs.tracer.guards.class_member(v.source, obj, name, cls_attr)
     if cls_attr is not _MISSING and is_data_descriptor:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
-    instance_dict = getattr(obj, "__dict__", None)
-    if isinstance(instance_dict, dict) and name in instance_dict:
-        return wrap(fs.tracer, instance_dict[name], src)
+    if on_instance:
+        return wrap(fs.tracer, instance_dict[name], src)  # type: ignore[index]
     if cls_attr is not _MISSING:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import weakref
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,7 +171,10 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
 
 
 # Functions a Computed source may apply in generated code, as that code names them.
-_COMPUTED_NAMES = {dict.__getitem__: "dict.__getitem__"}
+_COMPUTED_NAMES = {
+    dict.__getitem__: "dict.__getitem__",
+    weakref.ref.__call__: "__import__('weakref').ref.__call__",
+}
 
 
 def _computed_expression(s: Any, sub: Callable[[Any], str], g: str) -> str:

@@ -162,30 +162,31 @@ def forwarded_call(fn: types.FunctionType) -> Any:
 
 # code of a function a library makes as a closure over the function it wraps (each
 # ``@contextmanager`` function's ``helper``, each ``torch.optim`` step's ``_use_grad``) ->
-# (the polyfill, called as ``polyfill(wrapped, *args, **kwargs)``, the free variable
-# that holds the wrapped function)
-CLOSURE_POLYFILLS: dict[types.CodeType, tuple[Any, str]] = {}
+# (the polyfill, called as ``polyfill(*cells, *args, **kwargs)``, the free variables whose
+# cells it is given, in order)
+CLOSURE_POLYFILLS: dict[types.CodeType, tuple[Any, tuple[str, ...]]] = {}
 
 
-def closure_polyfill(code: types.CodeType, freevar: str) -> Callable[[F], F]:
+def closure_polyfill(code: types.CodeType, *freevars: str) -> Callable[[F], F]:
     """Register the decorated function as the polyfill of every closure made of ``code``:
-    it is called with the function held in the closure's ``freevar`` and the call's arguments."""
+    it is called with the contents of the closure's ``freevars`` and the call's arguments."""
 
     def register(fn: F) -> F:
         if code in CLOSURE_POLYFILLS:
             raise ValueError(f"{code.co_qualname} already has a polyfill")
-        if freevar not in code.co_freevars:
-            raise ValueError(f"{code.co_qualname} has no free variable {freevar!r}")
-        CLOSURE_POLYFILLS[code] = (fn, freevar)
+        missing = [name for name in freevars if name not in code.co_freevars]
+        if missing or not freevars:
+            raise ValueError(f"{code.co_qualname} has no free variables {missing or freevars}")
+        CLOSURE_POLYFILLS[code] = (fn, freevars)
         return fn
 
     return register
 
 
-def contextmanager_parts(fn: Any) -> tuple[Any, int] | None:
+def contextmanager_parts(fn: Any) -> tuple[Any, tuple[int, ...]] | None:
     """For a closure one of :data:`CLOSURE_POLYFILLS` stands in for (a function made by
     ``@contextlib.contextmanager``, a ``torch.optim`` step): the polyfill that calls it and
-    the index of the wrapped function in its closure; else None."""
+    the indices in its closure of the cells it is given; else None."""
     code = getattr(fn, "__code__", None)
     if type(code) is not types.CodeType:
         return None
@@ -193,7 +194,7 @@ def contextmanager_parts(fn: Any) -> tuple[Any, int] | None:
     found = CLOSURE_POLYFILLS.get(code)
     if found is None or fn.__closure__ is None:
         return None
-    return found[0], code.co_freevars.index(found[1])
+    return found[0], tuple(code.co_freevars.index(name) for name in found[1])
 
 
 def lazy_builtin(obj: Any) -> Any:

@@ -1,4 +1,4 @@
-"""``torch.optim``'s step decorator, as compiled code sees it.
+"""``torch.optim``'s step wrappers, as compiled code sees them.
 
 Each optimizer's ``step`` is wrapped by ``_use_grad_for_differentiable``: it sets grad
 mode to the optimizer's ``differentiable`` default around the update and calls
@@ -7,6 +7,10 @@ its AOT stage sees an inference graph). ember traces the update itself (torch.op
 trace rule) with the same grad-mode switch inside the graph, and without the breaks: the
 breaks sit in a ``try`` block, where ember cannot split a frame, and the switch already
 tells aotgraph that the update is not differentiated. So one compiled step is one graph.
+
+An LR scheduler replaces its optimizer's ``step`` with a closure that marks the optimizer
+as stepped and calls the step bound to it through a weak reference; that closure is
+written here as what it does, so a scheduled step is one graph too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import _use_grad_for_differentiable
 
 from ember.capture.polyfills import closure_polyfill
@@ -38,3 +43,29 @@ def use_grad(func: Any, *args: Any, **kwargs: Any) -> Any:
     finally:
         torch.set_grad_enabled(previous)
     return result
+
+
+def _nested_code(code: Any, *names: str) -> Any:
+    """The code of the function ``names[-1]`` defined inside ... ``names[0]`` inside ``code``."""
+    for name in names:
+        code = next((c for c in code.co_consts if getattr(c, "co_name", None) == name), None)
+        if code is None:
+            return None
+    return code
+
+
+# the code of the closure an LR scheduler puts in place of its optimizer's step
+SCHEDULED_STEP_CODE = _nested_code(
+    LRScheduler.__init__.__code__, "patch_track_step_called", "wrap_step", "wrapper"
+)
+
+
+def scheduled_step(opt_ref: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """The scheduler's ``wrapper``: mark the optimizer stepped, then run its step."""
+    opt = opt_ref()
+    opt._opt_called = True
+    return func(opt, *args, **kwargs)
+
+
+if SCHEDULED_STEP_CODE is not None:  # (a torch that wraps it otherwise: a break at the call)
+    closure_polyfill(SCHEDULED_STEP_CODE, "opt_ref", "func")(scheduled_step)
