@@ -4,9 +4,8 @@ The passes, in order (:func:`trace_joint` and :func:`trace_forward` run them):
 
 1. :class:`Lifted`: parameters and buffers of the module become trailing inputs;
    float inputs stay inputs (traced as symbolic floats), other non-tensors are constants.
-2. :func:`analyze`: one run on fake tensors finds which outputs need gradients,
-   which alias inputs (handed back as views at run time, never computed by the
-   graph) and which are constants.
+2. :func:`analyze`: one run on fake tensors finds which outputs need gradients, which
+   alias inputs (handed back as views at run time, not computed) and which are constants.
 3. ``make_fx`` with the decomposition table traces the joint function
    ``(primals, tangents) -> (outputs, input gradients)``: autograd runs during
    tracing, so the backward formulas land in the graph as aten ops.
@@ -567,7 +566,8 @@ class JointGraph:
 
 def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list[torch.Tensor]]:
     def run(*primals: torch.Tensor) -> list[torch.Tensor]:
-        leaves = pytree.tree_leaves(fn(*primals))
+        with torch.set_grad_enabled(torch.is_grad_enabled()):  # an optimizer step switches it
+            leaves = pytree.tree_leaves(fn(*primals))  # (a leaf is written back under ours)
         return [leaves[pos] for pos in sig.graph_outputs]
 
     return run
@@ -613,7 +613,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     """
     # symbolic sizes: traced as sym_size nodes and SymInt arguments, not as numbers
     mode: Literal["symbolic", "fake"] = "symbolic" if any(map(is_symbolic, args)) else "fake"
-    aten_gm = make_fx(_keeping_grad_mode(f), decomposition_table=table, tracing_mode=mode)(*args)
+    aten_gm = make_fx(f, decomposition_table=table, tracing_mode=mode)(*args)
     draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
@@ -623,20 +623,6 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     functional = torch.func.functionalize(aten_gm, remove="mutations")
     traced = make_fx(functional, decomposition_table=table, tracing_mode=mode)(*args)
     return plain_numbers(traced)
-
-
-def _keeping_grad_mode(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``f``, with the grad mode put back when it returns. A captured graph that switches
-    grad mode (an optimizer step runs under no_grad) ends by setting the mode it had while
-    capturing; tracing it must not leave that mode behind (functionalization writes the
-    inputs back after it returns, and a leaf that requires grad is written under no_grad).
-    The aten graph records no grad-mode switch: capture replays one a frame makes for good."""
-
-    def run(*args: Any) -> Any:
-        with torch.set_grad_enabled(torch.is_grad_enabled()):
-            return f(*args)
-
-    return run
 
 
 def _mutates(node: torch.fx.Node) -> bool:

@@ -128,6 +128,13 @@ def _wrap_constant(tracer: Tracer, obj: Any, source: Any) -> Value:
     return Const(obj, source=source)
 
 
+def _changed(tracer: Tracer, obj: float, source: Any) -> bool:
+    """Whether a float reached through an attribute, a global or a closure changed since
+    the last compile of this code (an LR a scheduler sets between optimizer steps): then
+    it is a graph input from now on, so that each new value does not compile again."""
+    return tracer.shapes.float_changed(guarding.source_key(source), obj)
+
+
 def _argument_source(source: Any) -> bool:
     """Whether ``source`` is an argument of the frame or an item of one (``L['xs'][2]``).
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import operator
 import sys
-import weakref
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 

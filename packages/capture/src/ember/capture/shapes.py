@@ -402,7 +402,8 @@ class Shapes:
     def float_changed(self, key: str, real: float) -> bool:
         """Whether the float reached by ``key`` changed between compiles of this code (an
         LR a scheduler sets between steps): it is then a graph input, not a constant."""
-        return self.code is not None and bool(observe(self.code, f"float {key}", (real,)))
+        # (by hash: equal floats hash equal, and a collision only keeps one a constant)
+        return self.code is not None and bool(observe(self.code, f"float {key}", (hash(real),)))
 
     def guard(self, guards: Any, sources: Any) -> None:
         """Add the guards this translation's symbols need to ``guards`` (a
