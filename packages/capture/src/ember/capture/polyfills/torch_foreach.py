@@ -10,7 +10,8 @@ while compiling) is indexed per tensor.
 
 >>> import torch
 >>> xs = [torch.ones(2), torch.zeros(1)]
->>> FOREACH["_foreach_add_"](xs, [torch.ones(2), torch.ones(1)], alpha=2)
+>>> FOREACH["_foreach_add_"](xs, [torch.ones(2), torch.ones(1)], alpha=2) is xs
+True
 >>> [x.tolist() for x in xs]
 [[3.0, 3.0], [2.0]]
 """
@@ -42,7 +43,7 @@ def _each(op: Callable[..., Any], inplace: bool, scalars: int | None = None) -> 
                 row.append(a)
             named = {k: v[i] if isinstance(v, list | tuple) else v for k, v in kwargs.items()}
             out.append(op(t, *row, **named))
-        return None if inplace else out
+        return self if inplace else out  # torch's in-place forms return their list
 
     return foreach
 
