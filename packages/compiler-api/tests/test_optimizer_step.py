@@ -64,6 +64,12 @@ def _run_steps(name: str, kw: dict[str, Any], foreach: bool, backend: str) -> An
     return step
 
 
+def _step_graphs(stats: ember.compiler.Stats) -> int:
+    """Graphs of the step itself (torch.optim imports torch._dynamo at its first step, which
+    runs eagerly here: frames CPython runs for that import are compiled too)."""
+    return sum(c.code.startswith("Optimizer.profile_hook_step") for c in stats.compiled)
+
+
 def _lazy_state(name: str, kw: dict[str, Any]) -> bool:
     return not (name == "SGD" and not kw.get("momentum")) and name != "Adagrad"
 
@@ -75,11 +81,10 @@ def test_step_matches_eager_in_one_graph(
     backend: str, name: str, kw: dict[str, Any], foreach: bool
 ) -> None:
     step = _run_steps(name, kw, foreach, backend)
-    assert step.stats.graphs == 1, step.stats
-    first_calls = [f for f in step.stats.failures if f.category == "first-call"]
-    assert len(first_calls) == int(_lazy_state(name, kw))  # lazy state: step 1 ran eagerly
-    assert len(step.stats.failures) == len(first_calls), step.stats.failures
-    assert not step.stats.breaks, step.stats.breaks
+    assert _step_graphs(step.stats) == 1, step.stats
+    ours = [f for f in step.stats.failures if f.code.startswith("Optimizer.")]
+    assert [f.category for f in ours] == ["first-call"] * int(_lazy_state(name, kw)), ours
+    assert not [b for b in step.stats.breaks if b.code.startswith("Optimizer.")]
 
 
 @pytest.mark.slow
@@ -89,7 +94,7 @@ def test_step_matches_eager_in_one_graph(
 )
 def test_step_on_inductor(name: str, kw: dict[str, Any], foreach: bool) -> None:
     step = _run_steps(name, kw, foreach, "inductor")
-    assert step.stats.graphs == 1, step.stats
+    assert _step_graphs(step.stats) == 1, step.stats
 
 
 def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> Any:
@@ -128,17 +133,18 @@ def test_training_step_with_a_scheduler_compiles_the_step_once(backend: str) -> 
     assert "_disable_dynamo" in reasons[1]  # zero_grad runs eagerly, as torch marks it
 
 
-def test_explain_shows_the_first_step_and_one_graph() -> None:
+def test_the_first_step_runs_eagerly_and_says_why() -> None:
     params = _params()
     opt = torch.optim.Adam(params, lr=0.1, foreach=True)
     step = ember.compiler.compile(opt.step, backend="eager")
     _set_grads(params, 0)
     step()
-    (first,) = step.stats.failures
+    # (torch.optim imports torch._dynamo at its first step: frames of that import may fail)
+    (first,) = [f for f in step.stats.failures if f.category == "first-call"]
     assert first.reason.startswith("a new key in a defaultdict (this call runs eagerly")
     assert first.where is not None and first.where.filename.endswith("adam.py")
     step()
-    assert step.stats.graphs == 1
+    assert _step_graphs(step.stats) == 1
 
 
 def test_step_state_mutation_is_seen_by_eager_code() -> None:
@@ -154,3 +160,12 @@ def test_step_state_mutation_is_seen_by_eager_code() -> None:
     step()  # the compiled graph writes the very tensors the state dict holds
     assert all(opt.state[p]["momentum_buffer"] is b for p, b in zip(params, buffers, strict=True))
     assert all(not torch.equal(b, old) for b, old in zip(buffers, before, strict=True))
+
+
+def test_explain_an_optimizer_step() -> None:
+    params = _params()
+    opt = torch.optim.SGD(params, lr=0.1, foreach=True)
+    _set_grads(params, 0)
+    out = ember.compiler.explain(opt.step)()  # torch.optim's frame, named by the user
+    assert (out.graph_count, out.graph_break_count) == (1, 0), out
+    assert out.ops_per_graph[0].count("add_") == 2  # one update per parameter
