@@ -169,3 +169,17 @@ def test_explain_an_optimizer_step() -> None:
     out = ember.compiler.explain(opt.step)()  # torch.optim's frame, named by the user
     assert (out.graph_count, out.graph_break_count) == (1, 0), out
     assert out.ops_per_graph[0].count("add_") == 2  # one update per parameter
+
+
+def test_an_optimizer_that_picks_its_implementation_is_captured() -> None:
+    # foreach=None: torch.optim asks which devices have foreach/fused kernels on every step
+    ref, mine = _params(), _params()
+    ref_opt, my_opt = torch.optim.AdamW(ref, lr=0.1), torch.optim.AdamW(mine, lr=0.1)
+    step = ember.compiler.compile(my_opt.step, backend="eager")
+    for k in range(STEPS):
+        _set_grads(ref, k)
+        _set_grads(mine, k)
+        ref_opt.step()
+        step()
+    _assert_same(ref, mine, ref_opt, my_opt)
+    assert _step_graphs(step.stats) == 1

@@ -11,6 +11,11 @@ tells aotgraph that the update is not differentiated. So one compiled step is on
 An LR scheduler replaces its optimizer's ``step`` with a closure that marks the optimizer
 as stepped and calls the step bound to it through a weak reference; that closure is
 written here as what it does, so a scheduled step is one graph too.
+
+An optimizer made with ``foreach=None`` picks its implementation on each step from the
+device types torch has fused and foreach kernels for (``torch.utils._foreach_utils``): the
+lists are read once, when this module loads (a backend registering a private device type
+later is not seen).
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._foreach_utils as _foreach_utils
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import _use_grad_for_differentiable
 
-from ember.capture.polyfills import closure_polyfill
+from ember.capture.polyfills import closure_polyfill, polyfill
 
 
 def _sample(self: Any) -> None:
@@ -69,3 +75,17 @@ def scheduled_step(opt_ref: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
 
 if SCHEDULED_STEP_CODE is not None:  # (a torch that wraps it otherwise: a break at the call)
     closure_polyfill(SCHEDULED_STEP_CODE, "opt_ref", "func")(scheduled_step)
+
+
+_FUSED_DEVICES = tuple(_foreach_utils._get_fused_kernels_supported_devices())
+_FOREACH_DEVICES = tuple(_foreach_utils._get_foreach_kernels_supported_devices())
+
+
+@polyfill(_foreach_utils._get_fused_kernels_supported_devices)
+def fused_devices() -> list[str]:
+    return list(_FUSED_DEVICES)
+
+
+@polyfill(_foreach_utils._get_foreach_kernels_supported_devices)
+def foreach_devices() -> list[str]:
+    return list(_FOREACH_DEVICES)
