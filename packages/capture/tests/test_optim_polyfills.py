@@ -106,3 +106,15 @@ def test_an_optimizer_step_is_one_graph_of_foreach_updates() -> None:
     targets = [n.target for n in compiled.graph.graph.nodes if n.op != "placeholder"]
     assert targets.count(torch.Tensor.add_) == 2, compiled.graph.code  # one per parameter
     assert not compiler.stats.breaks and not compiler.stats.failures
+
+
+def test_an_init_group_wrapped_by_torchs_compiler_is_traced_itself() -> None:
+    # once torch.compile ran, every Optimizer._init_group is wrapped in its disable(): the
+    # wrapper carries the original, which ember traces (other wrapped functions stay)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("not called")
+
+    wrapper._torchdynamo_orig_callable = torch.optim.SGD._init_group  # type: ignore[attr-defined]
+    assert polyfills.lookup(wrapper) is torch.optim.SGD._init_group
+    wrapper._torchdynamo_orig_callable = _sgd_step  # type: ignore[attr-defined]
+    assert polyfills.lookup(wrapper) is None

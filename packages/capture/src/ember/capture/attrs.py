@@ -80,7 +80,7 @@ def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
         if method in ("real",):
             return graph_call(fs, "call_function", torch.real, [v], {})
         return graph_call(fs, "call_method", method, [v, *map(Const, extra)], {})
-    if name == "grad" and v.source is not None:
+    if name == "grad" and v.source is not None and v.node.op == "placeholder":
         return _input_grad(fs, v)
     if name in TENSOR_UNSUPPORTED:
         raise Unsupported(TENSOR_UNSUPPORTED[name], "tensor-attribute")

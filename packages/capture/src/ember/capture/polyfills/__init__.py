@@ -122,7 +122,20 @@ def lookup(fn: Any) -> Any:
         forwarded = forwarded_call(fn)  # ``return torch.compiler.is_compiling()``
         if forwarded is not None and forwarded is not fn:
             found = lookup(forwarded)
+    if found is None and isinstance(fn, types.FunctionType):
+        found = _undisabled(fn)
     return found
+
+
+def _undisabled(fn: types.FunctionType) -> Any:
+    """The optimizer method torch's compiler wrapped in its ``disable`` once it ran in this
+    process (it puts one around every ``Optimizer._init_group``, which it handles apart):
+    ember traces the method itself. Other functions so wrapped stay as they are."""
+    original = fn.__dict__.get("_torchdynamo_orig_callable")
+    if not isinstance(original, types.FunctionType) or original is fn:
+        return None
+    module = original.__module__ or ""
+    return original if module.startswith("torch.optim.") else None
 
 
 # What a function that only returns another's result, called with no arguments, is made of.
