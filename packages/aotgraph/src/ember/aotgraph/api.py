@@ -369,15 +369,16 @@ def _bumped_graph_inputs(sig: Signature, n: int) -> list[int]:
 
 
 def _written_with_grad(sig: Signature, inputs: Sequence[Any], grad: bool) -> tuple[int, ...]:
-    """Inputs that require grad and that the call writes in place (not leaves: eager raises
-    for those, and capture ends the graph there)."""
+    """Inputs that require grad and that the call writes in place. Not leaves: eager raises
+    for a leaf written under grad mode, so a graph writes one only under no_grad (an
+    optimizer's step), and its new value is copied back as any other write, under no_grad."""
     if not grad:
         return ()
     restrided = {i for i, _ in sig.restrided}
     return tuple(
         i
         for i, v in enumerate(sig.versions)
-        if v and inputs[i].requires_grad and i not in restrided
+        if v and inputs[i].requires_grad and not inputs[i].is_leaf and i not in restrided
     )
 
 

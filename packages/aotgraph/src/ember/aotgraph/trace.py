@@ -4,9 +4,8 @@ The passes, in order (:func:`trace_joint` and :func:`trace_forward` run them):
 
 1. :class:`Lifted`: parameters and buffers of the module become trailing inputs;
    float inputs stay inputs (traced as symbolic floats), other non-tensors are constants.
-2. :func:`analyze`: one run on fake tensors finds which outputs need gradients,
-   which alias inputs (handed back as views at run time, never computed by the
-   graph) and which are constants.
+2. :func:`analyze`: one run on fake tensors finds which outputs need gradients, which
+   alias inputs (handed back as views at run time, not computed) and which are constants.
 3. ``make_fx`` with the decomposition table traces the joint function
    ``(primals, tangents) -> (outputs, input gradients)``: autograd runs during
    tracing, so the backward formulas land in the graph as aten ops.
@@ -563,7 +562,8 @@ class JointGraph:
 
 def _graph_outputs(fn: Callable[..., Any], sig: Signature) -> Callable[..., list[torch.Tensor]]:
     def run(*primals: torch.Tensor) -> list[torch.Tensor]:
-        leaves = pytree.tree_leaves(fn(*primals))
+        with torch.set_grad_enabled(torch.is_grad_enabled()):  # an optimizer step switches it
+            leaves = pytree.tree_leaves(fn(*primals))  # (a leaf is written back under ours)
         return [leaves[pos] for pos in sig.graph_outputs]
 
     return run

@@ -80,6 +80,8 @@ def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
         if method in ("real",):
             return graph_call(fs, "call_function", torch.real, [v], {})
         return graph_call(fs, "call_method", method, [v, *map(Const, extra)], {})
+    if name == "grad" and v.source is not None and v.node.op == "placeholder":
+        return _input_grad(fs, v)
     if name in TENSOR_UNSUPPORTED:
         raise Unsupported(TENSOR_UNSUPPORTED[name], "tensor-attribute")
     if callable(getattr(torch.Tensor, name, None)):
@@ -87,6 +89,15 @@ def _tensor_attr(fs: FrameState, v: Value, name: str) -> Value:
     if not hasattr(torch.Tensor, name):
         raise no_attribute("Tensor", name)
     raise Unsupported(f"tensor attribute .{name}", "tensor-attribute")
+
+
+def _input_grad(fs: FrameState, v: TensorV) -> Value:
+    """``.grad`` of a tensor the frame hands the graph (an optimizer's parameter): an input of
+    its own, reached as ``<source>.grad`` (None guarded as None). No backward runs inside a
+    graph (it is a break), so the gradient read where the graph starts is the one it sees."""
+    tracer = fs.tracer
+    real = tracer.example_inputs[tracer.input_sources.index(v.source)]
+    return wrap(tracer, real.grad, guarding.attr(v.source, "grad"))
 
 
 def _class_attribute(
@@ -177,14 +188,18 @@ def generic_attr(
         raise Unsupported("reading __dict__ after storing attributes", "attribute")
     cls_attr = inspect.getattr_static(cls, name, _MISSING)
     is_data_descriptor = hasattr(type(cls_attr), "__set__") or hasattr(type(cls_attr), "__delete__")
+    instance_dict = getattr(obj, "__dict__", None)
+    on_instance = isinstance(instance_dict, dict) and name in instance_dict
     if cls_attr is not _MISSING and v.source is not None and hasattr(type(cls_attr), "__get__"):
         # a method, property or other descriptor: still the class's, not set on the instance
-        fs.tracer.guards.class_member(v.source, obj, name, cls_attr)
+        # (one set on the instance, as an LR scheduler sets its optimizer's step, is read
+        # from there through ``src``, and guarded so)
+        if is_data_descriptor or not on_instance:
+            fs.tracer.guards.class_member(v.source, obj, name, cls_attr)
     if cls_attr is not _MISSING and is_data_descriptor:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
-    instance_dict = getattr(obj, "__dict__", None)
-    if isinstance(instance_dict, dict) and name in instance_dict:
-        return wrap(fs.tracer, instance_dict[name], src)
+    if on_instance:
+        return wrap(fs.tracer, instance_dict[name], src)  # type: ignore[index]
     if cls_attr is not _MISSING:
         return _class_attribute(fs, v, obj, name, cls_attr, src)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple field

@@ -113,6 +113,12 @@ def own_torch_function(cls: type) -> bool:
 def _wrap_constant(tracer: Tracer, obj: Any, source: Any) -> Value:
     if type(obj) is float and _argument_source(source):
         return tracer.input_scalar(obj, source)  # a graph input, not a constant
+    if (
+        type(obj) is float
+        and source is not None
+        and tracer.shapes.float_changed(guarding.source_key(source), obj)
+    ):
+        return tracer.input_scalar(obj, source)  # it changed since the last compile
     if type(obj) is int and _argument_source(source):
         symbolic = tracer.input_symint(obj, source)  # a size-like int the policy makes a
         if symbolic is not None:  # symbol (it changed between compiles, or dynamic=True)
@@ -120,6 +126,13 @@ def _wrap_constant(tracer: Tracer, obj: Any, source: Any) -> Value:
     if source is not None:
         tracer.guards.equals(source, obj)
     return Const(obj, source=source)
+
+
+def _changed(tracer: Tracer, obj: float, source: Any) -> bool:
+    """Whether a float reached through an attribute, a global or a closure changed since
+    the last compile of this code (an LR a scheduler sets between optimizer steps): then
+    it is a graph input from now on, so that each new value does not compile again."""
+    return tracer.shapes.float_changed(guarding.source_key(source), obj)
 
 
 def _argument_source(source: Any) -> bool:

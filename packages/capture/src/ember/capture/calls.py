@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -219,17 +220,23 @@ def _call_function(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Valu
 
 
 def _call_contextmanager(fs: FrameState, f: FuncV, args: Args, kwargs: Kwargs) -> Value:
-    """A ``@contextlib.contextmanager`` function: the polyfill's context manager over the
-    decorated generator function (in the helper's closure, so the helper is guarded by
-    identity)."""
+    """A closure a polyfill stands in for (a ``@contextlib.contextmanager`` function: the
+    polyfill's context manager over the decorated generator function), given the cells of
+    the closure it reads (so the closure is guarded by identity)."""
     parts = polyfills.contextmanager_parts(f.fn)
     assert parts is not None
-    call, index = parts
+    call, indices = parts
     if f.source is not None:
         fs.tracer.guards.identity(f.source, f.fn)
-    source = guarding.closure_cell(f.source, index) if f.source is not None else None
-    func = wrap(fs.tracer, f.fn.__closure__[index].cell_contents, source)
-    return inline(fs, function_value(fs, call, None), [func, *args], kwargs)
+    cells = [
+        wrap(
+            fs.tracer,
+            f.fn.__closure__[index].cell_contents,
+            guarding.closure_cell(f.source, index) if f.source is not None else None,
+        )
+        for index in indices
+    ]
+    return inline(fs, function_value(fs, call, None), [*cells, *args], kwargs)
 
 
 def _grad_decorated(fn: Any) -> bool | None:
@@ -389,6 +396,9 @@ def tensor_method(fs: FrameState, t: TensorV, name: str, args: Args, kwargs: Kwa
         if name == "item":
             hint += " (or config.capture.scalar_outputs=True: .item() stays in the graph)"
         raise Unsupported(TENSOR_DATA_METHODS[name], "data-dependent", hint)
+    stand_in = polyfills.lookup_tensor_method(name)
+    if stand_in is not None:  # a method some of whose calls are rewritten (Tensor.addcdiv_)
+        return call_value(fs, wrap(fs.tracer, stand_in, None), [t, *args], kwargs)
     return graph_call(fs, "call_method", name, [t, *args], kwargs)
 
 
@@ -401,6 +411,13 @@ def _call_object(fs: FrameState, f: Value, args: Args, kwargs: Kwargs) -> Value:
         return _leave_split_block(fs, obj, f.source)
     if in_graph(obj):
         return graph_call(fs, "call_function", obj, args, kwargs)
+    if type(obj) is weakref.ref and f.source is not None and not args and not kwargs:
+        # a weak reference (an LR scheduler's to its optimizer): its referent, reached through it
+        return wrap(fs.tracer, obj(), guarding.computed(weakref.ref.__call__, (f.source,)))
+    if isinstance(obj, types.FunctionType) and trace_rules.traceable(obj):
+        # torch's Python that the trace rules inline (torch.optim's ``_single_tensor_adam``):
+        # kept as a trusted object when wrapped, traced like a user function when called
+        return _call_function(fs, function_value(fs, obj, f.source), args, kwargs)
     call = inspect.getattr_static(type(obj), "__call__", None)
     if (
         isinstance(f, ObjV)

@@ -55,7 +55,7 @@ from ember.capture import (
 )
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.shapes import MarkedDynamicError
-from ember.capture.tracer import Location, Unsupported
+from ember.capture.tracer import FIRST_CALL, Location, Unsupported
 from ember.capture.translate import Translation, translate
 from ember.guards import CodeCache, FrameSpec, GuardSet, WeakIdentity
 from ember.guards import Decision as CacheDecision
@@ -188,6 +188,10 @@ class FrameCompiler:
         # elsewhere it skips the code for this callable
         self._has_entries: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
         self._told_full: weakref.WeakSet[types.CodeType] = weakref.WeakSet()  # in stats once
+        # code -> calls run eagerly because they filled in state (FIRST_CALL), up to a limit
+        self._first_calls: weakref.WeakKeyDictionary[types.CodeType, int] = (
+            weakref.WeakKeyDictionary()
+        )
         # code -> the reset() generation in which this callable skipped it: written under
         # the compile lock, so a thread that waited for it sees the skip the hook records
         # only once the failing thread's callback has returned
@@ -245,6 +249,9 @@ class FrameCompiler:
                 frame, self.backend_name, guard_key=self.guard_key, dynamic=self.dynamic
             )
         except Unsupported as e:
+            if e.category == FIRST_CALL and self._first_calls.get(frame.code, 0) < FIRST_CALLS:
+                self._first_calls[frame.code] = self._first_calls.get(frame.code, 0) + 1
+                return self._first_call(cache, e)  # state this call fills in: native, then again
             if self.fullgraph or e.top_index is None:
                 return self._failed(frame, cache, e)
             try:
@@ -298,6 +305,20 @@ class FrameCompiler:
             return Decision.RUN
         self._skipped[frame.code] = _generation
         return Decision.SKIP_FOR_CALLBACK
+
+    def _first_call(self, cache: CodeCache[Any], e: Unsupported) -> Decision:
+        """The call fills in state the code reads (an optimizer's lazy state, on its first
+        step): it runs natively, nothing is cached, and the next call compiles again (under
+        fullgraph too: no part of the call was captured, and the next one is one graph).
+        A code that keeps doing so (a new key on every call) fails as any other, after
+        :data:`FIRST_CALLS` such calls."""
+        where = str(e.location) if e.location is not None else cache.name
+        reason = f"{e.reason} (this call runs eagerly; the next call is compiled again)"
+        self.stats.failures.append(
+            Failure(cache.name, reason, e.category, where, e.hint, e.location)
+        )
+        log.LOG.info("%s runs eagerly once: %s", cache.name, e.reason)
+        return Decision.RUN
 
     def _cache_full(self, frame: Frame, cache: CodeCache[Any]) -> Decision:
         """The code's cache is full (every callable's entries count): this call runs
@@ -438,6 +459,7 @@ def _release(codes: tuple[types.CodeType, ...]) -> None:
 # that miss on the same frame must compile it once, not once each up to the cache limit.
 # Reentrant: a backend may call a compiled function on the thread that compiles.
 _COMPILE_LOCK = threading.RLock()
+FIRST_CALLS = 2  # calls of one code run eagerly to fill in state, before it fails for good
 
 
 def _served_now(frame: Frame) -> bool:

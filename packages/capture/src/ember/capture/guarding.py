@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import sys
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -161,11 +162,27 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
     ),
     TensorAttr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
     TypeOf: lambda s, sub, g: f"type({sub(s.base)})",
+    sources.Computed: lambda s, sub, g: _computed_expression(s, sub, g),
     # generated code names builtins like its globals, with a B for the G (codegen's helpers)
     sources.ModuleGlobal: lambda s, sub, g: (
         f"{g[:-1]}B.__import__('ember.guards').guards.read_module_global({s.module!r}, {s.name!r})"
     ),
 }
+
+
+# Functions a Computed source may apply in generated code, as that code names them.
+_COMPUTED_NAMES = {
+    dict.__getitem__: "dict.__getitem__",
+    weakref.ref.__call__: "__import__('weakref').ref.__call__",
+}
+
+
+def _computed_expression(s: Any, sub: Callable[[Any], str], g: str) -> str:
+    name = _COMPUTED_NAMES.get(s.fn)
+    if name is None:
+        raise TypeError(f"no expression for source {s!r}")
+    args = [sub(a) if isinstance(a, Source) else repr(a) for a in s.args]
+    return f"{g[:-1]}B.{name}({', '.join(args)})"  # builtins, as the G's B
 
 
 def source_expression(

@@ -27,7 +27,7 @@ from ember.capture.pyrules import (
     constant_of,
     is_numeric,
 )
-from ember.capture.tracer import FrameState, Raised, Unsupported
+from ember.capture.tracer import FIRST_CALL, FrameState, Raised, Unsupported
 from ember.capture.userobjects import dict_getitem
 from ember.capture.values import (
     Const,
@@ -96,6 +96,12 @@ def _sequence_binary(fs: FrameState, op: Any, a: Value, b: Value) -> Value | Non
 def subscript(fs: FrameState, container: Value, index: Value) -> Value:
     """``container[index]``."""
     heap = fs.tracer.heap
+    if (
+        isinstance(container, ObjV)
+        and isinstance(container.obj, dict)
+        and isinstance(index, TensorV)
+    ):
+        return tensor_keyed_item(fs, container, index)
     if isinstance(container, InstanceV | ObjV):
         found = _special(fs, container, "__getitem__", [index])
         if found is not None:
@@ -141,6 +147,24 @@ def subscript(fs: FrameState, container: Value, index: Value) -> Value:
     if isinstance(container, ObjV) and not isinstance(container.obj, type):
         return native_read(fs, container, operator.getitem, constant_of(fs, index))
     return _fold(fs, operator.getitem, [container, index], {})
+
+
+def tensor_keyed_item(fs: FrameState, container: ObjV, key: TensorV) -> Value:
+    """``d[t]`` for a dict the frame reaches, keyed by a tensor it hands the graph (an
+    optimizer's ``state``, keyed by its parameters): the item, reached as
+    ``dict.__getitem__(d, t)`` by the guards and the graph's inputs. A key not there yet
+    in a ``defaultdict`` (lazy state, filled in by an optimizer's first step) runs that
+    call natively, and the next call is compiled again."""
+    tracer = fs.tracer
+    if container.source is None or key.source is None or key.node.op != "placeholder":
+        raise Unsupported("indexing a dict by a tensor made inside compiled code", "constant")
+    real = tracer.example_inputs[tracer.input_sources.index(key.source)]
+    if real not in container.obj:
+        if hasattr(container.obj, "__missing__"):
+            raise Unsupported(f"a new key in a {type(container.obj).__name__}", FIRST_CALL)
+        raise Raised(ExcV(KeyError, (Const("a tensor"),)), "KeyError: a tensor")
+    source = guarding.computed(dict.__getitem__, (container.source, key.source))
+    return wrap(tracer, dict.__getitem__(container.obj, real), source)
 
 
 def native_read(fs: FrameState, v: ObjV, fn: Callable[..., Any], *args: Any) -> Const:

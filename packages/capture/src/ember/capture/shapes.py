@@ -399,6 +399,12 @@ class Shapes:
         self.ints.append((source, sym))
         return self.env.create_symintnode(sym, hint=real, source=named)
 
+    def float_changed(self, key: str, real: float) -> bool:
+        """Whether the float reached by ``key`` changed between compiles of this code (an
+        LR a scheduler sets between steps): it is then a graph input, not a constant."""
+        # (by hash: equal floats hash equal, and a collision only keeps one a constant)
+        return self.code is not None and bool(observe(self.code, f"float {key}", (hash(real),)))
+
     def guard(self, guards: Any, sources: Any) -> None:
         """Add the guards this translation's symbols need to ``guards`` (a
         ``GuardCollector``): each symbol read from the first size, stride or offset holding

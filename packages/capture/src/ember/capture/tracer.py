@@ -50,7 +50,12 @@ class Location:
 # One-line advice per category, for explain(), the profiler and errors: every category a
 # raise site uses has its own entry (tests/test_hints.py checks it; a raise site may still
 # give a more precise hint of its own).
+# The category of a call that fills in state the code reads (an optimizer's lazy state):
+# that call runs natively and the next one is compiled again (no break is cached).
+FIRST_CALL = "first-call"
+
 HINTS: dict[str, str] = {
+    FIRST_CALL: "only the first call runs eagerly; later calls are compiled",
     "data-dependent": "keep the value a tensor (e.g. torch.where instead of if/else on it)",
     "side-effect": "move the side effect (printing, mutating inputs) out of the compiled code",
     "call": "use torch operations, or ember.compiler.allow_in_graph for an opaque function",

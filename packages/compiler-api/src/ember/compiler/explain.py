@@ -9,6 +9,7 @@ compiled as the run reaches them.
 from __future__ import annotations
 
 import itertools
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -122,7 +123,9 @@ def explain(fn: Callable[..., Any]) -> Callable[..., ExplainOutput]:
         # this run (every frame is translated again), and this run's entries are
         # removed afterwards, so explaining leaves the caches as they were.
         name = f"ember.explain#{next(_SERIAL)}"
-        compiler = FrameCompiler(backend, name, track=True)
+        target = getattr(fn, "__func__", fn)  # as compile() does: fn's own frame is compiled
+        entry = (target.__code__,) if isinstance(target, types.FunctionType) else ()
+        compiler = FrameCompiler(backend, name, track=True, entry_codes=entry)
         runner = hook.bound_call(compiler, fn, BACKEND_VAR, name)
         try:
             runner(*args, **kwargs)

@@ -12,8 +12,9 @@ callable, or by its code object where a library makes many functions of one code
 (each namedtuple class's ``_replace``). A function whose whole body returns another
 function's result has that function's polyfill (:func:`forwarded_call`): the older
 spellings of ``is_compiling`` that torch keeps are found so, never named. :func:`lookup` also
-finds callables that are one of many made by a library function (each ``@contextlib.contextmanager``
-function is its own ``helper`` closure: :func:`contextmanager_parts`). Polyfill code
+finds callables that are one of many made by a library function around another (each
+``@contextlib.contextmanager`` function is its own ``helper`` closure, each ``torch.optim`` step
+its own ``_use_grad``): :func:`closure_polyfill` registers the code they share. Polyfill code
 is traced although it lives in ember's package (its trace rule says so).
 
 >>> import contextlib, dataclasses
@@ -33,15 +34,22 @@ import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
+
 __all__ = [
+    "CLOSURE_POLYFILLS",
     "FOLDER",
     "POLYFILLS",
+    "TENSOR_METHODS",
+    "closure_polyfill",
     "contextmanager_parts",
     "forwarded_call",
     "lazy_builtin",
     "lookup",
+    "lookup_tensor_method",
     "polyfill",
     "qualified_name",
+    "tensor_method",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,6 +71,30 @@ def polyfill(*reals: Any) -> Callable[[F], F]:
         return fn
 
     return register
+
+
+# Tensor method name -> the polyfill traced in place of ``t.name(...)`` (called with ``t``
+# first). Keyed by name, not by the method: the polyfill calls ``torch.Tensor.name`` itself
+# (a graph node) for the cases it does not rewrite.
+TENSOR_METHODS: dict[str, Any] = {}
+
+
+def tensor_method(name: str) -> Callable[[F], F]:
+    """Register the decorated function as the polyfill of the tensor method ``name``."""
+
+    def register(fn: F) -> F:
+        if name in TENSOR_METHODS or not hasattr(torch.Tensor, name):
+            raise ValueError(f"Tensor.{name} has a polyfill already, or is no tensor method")
+        TENSOR_METHODS[name] = fn
+        return fn
+
+    return register
+
+
+def lookup_tensor_method(name: str) -> Any:
+    """The polyfill of the tensor method ``name``, or None."""
+    _load()
+    return TENSOR_METHODS.get(name)
 
 
 def qualified_name(fn: Any) -> str:
@@ -90,7 +122,20 @@ def lookup(fn: Any) -> Any:
         forwarded = forwarded_call(fn)  # ``return torch.compiler.is_compiling()``
         if forwarded is not None and forwarded is not fn:
             found = lookup(forwarded)
+    if found is None and isinstance(fn, types.FunctionType):
+        found = _undisabled(fn)
     return found
+
+
+def _undisabled(fn: types.FunctionType) -> Any:
+    """The optimizer method torch's compiler wrapped in its ``disable`` once it ran in this
+    process (it puts one around every ``Optimizer._init_group``, which it handles apart):
+    ember traces the method itself. Other functions so wrapped stay as they are."""
+    original = fn.__dict__.get("_torchdynamo_orig_callable")
+    if not isinstance(original, types.FunctionType) or original is fn:
+        return None
+    module = original.__module__ or ""
+    return original if module.startswith("torch.optim.") else None
 
 
 # What a function that only returns another's result, called with no arguments, is made of.
@@ -128,15 +173,41 @@ def forwarded_call(fn: types.FunctionType) -> Any:
     return target
 
 
-def contextmanager_parts(fn: Any) -> tuple[Any, int] | None:
-    """For a function made by ``@contextlib.contextmanager``: the polyfill that calls
-    it and the index of the decorated generator function in its closure; else None."""
-    from ember.capture.polyfills import contextlib as polyfill
+# code of a function a library makes as a closure over the function it wraps (each
+# ``@contextmanager`` function's ``helper``, each ``torch.optim`` step's ``_use_grad``) ->
+# (the polyfill, called as ``polyfill(*cells, *args, **kwargs)``, the free variables whose
+# cells it is given, in order)
+CLOSURE_POLYFILLS: dict[types.CodeType, tuple[Any, tuple[str, ...]]] = {}
 
+
+def closure_polyfill(code: types.CodeType, *freevars: str) -> Callable[[F], F]:
+    """Register the decorated function as the polyfill of every closure made of ``code``:
+    it is called with the contents of the closure's ``freevars`` and the call's arguments."""
+
+    def register(fn: F) -> F:
+        if code in CLOSURE_POLYFILLS:
+            raise ValueError(f"{code.co_qualname} already has a polyfill")
+        missing = [name for name in freevars if name not in code.co_freevars]
+        if missing or not freevars:
+            raise ValueError(f"{code.co_qualname} has no free variables {missing or freevars}")
+        CLOSURE_POLYFILLS[code] = (fn, freevars)
+        return fn
+
+    return register
+
+
+def contextmanager_parts(fn: Any) -> tuple[Any, tuple[int, ...]] | None:
+    """For a closure one of :data:`CLOSURE_POLYFILLS` stands in for (a function made by
+    ``@contextlib.contextmanager``, a ``torch.optim`` step): the polyfill that calls it and
+    the indices in its closure of the cells it is given; else None."""
     code = getattr(fn, "__code__", None)
-    if code is not polyfill.HELPER_CODE:
+    if type(code) is not types.CodeType:
         return None
-    return polyfill.contextmanager_call, code.co_freevars.index("func")
+    _load()
+    found = CLOSURE_POLYFILLS.get(code)
+    if found is None or fn.__closure__ is None:
+        return None
+    return found[0], tuple(code.co_freevars.index(name) for name in found[1])
 
 
 def lazy_builtin(obj: Any) -> Any:
@@ -147,8 +218,9 @@ def lazy_builtin(obj: Any) -> Any:
 
 
 _MODULES = (
-    "builtins", "collections", "collections_abc", "contextlib", "copy", "dataclasses",
-    "torch_compiler", "torch_core", "torch_nn", "torch_utils",
+    "builtins", "collections", "collections_abc", "contextlib", "copy", "dataclasses", "itertools",
+    "torch_autograd", "torch_compiler", "torch_core", "torch_foreach", "torch_nn", "torch_optim",
+    "torch_tensor", "torch_utils", "typing",
 )  # fmt: skip
 _loaded = False
 

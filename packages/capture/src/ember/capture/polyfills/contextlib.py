@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ember.capture.polyfills import POLYFILLS
+from ember.capture.polyfills import POLYFILLS, closure_polyfill
 
 
 @contextlib.contextmanager
@@ -64,6 +64,7 @@ class GeneratorContextManager:
         raise RuntimeError("generator didn't stop after throw()")
 
 
+@closure_polyfill(HELPER_CODE, "func")
 def contextmanager_call(func: Any, *args: Any, **kwds: Any) -> GeneratorContextManager:
     """Calling a ``@contextmanager`` function: the generator, not started yet."""
     return GeneratorContextManager(func(*args, **kwds))
