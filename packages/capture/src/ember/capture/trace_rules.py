@@ -102,6 +102,8 @@ RULES: list[TraceRule] = [
     TraceRule("weakref", SKIP, "weak references to real objects"),
     TraceRule("abc", SKIP, "ABC registration and checks (isinstance is modelled)"),
     TraceRule("typing", SKIP, "typing constructs are constants"),
+    TraceRule("typing_extensions", SKIP, "typing's backports: constants, and frame introspection"),
+    TraceRule("sympy", SKIP, "symbolic math of ember's and torch's own size reasoning"),
     TraceRule("enum", SKIP, "enum members are constants"),
     TraceRule("os", SKIP, "the operating system"),
     TraceRule("re", SKIP, "regular expressions (a C engine)"),
