@@ -3,9 +3,10 @@ loopback address) against the same training without ember and against one proces
 concatenated batch (issue 21).
 
 DDP's own forward (its reducer's bookkeeping, ``record_function``) runs as it is; the
-wrapped model's forward is captured, and its compiled backward accumulates the gradients
-into ``.grad``, where DDP's hooks all-reduce them. The graph is not yet split at DDP's
-bucket boundaries, so the all-reduce starts after the whole backward.
+wrapped model's forward is captured and cut at DDP's gradient buckets
+(``ember.compiler.ddp``), each piece compiled alone, so that each piece's backward
+accumulates its gradients into ``.grad``, where DDP's hooks all-reduce them, while the
+backward of the pieces before it runs. Small buckets here: three layers, two pieces.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ WORKER = textwrap.dedent(
     import json, os, sys
     import torch, torch.distributed as dist
     import ember.compiler as ec
+    import ember.compiler.ddp as ddp_split
+
+    pieces = []
+    split_graph = ddp_split.split_graph
+
+    def counted(*args):
+        split = split_graph(*args)
+        pieces.append(0 if split is None else len(list(split.children())))
+        return split
+
+    ddp_split.split_graph = counted
 
     rank, backend, out = int(os.environ["RANK"]), sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -33,10 +45,11 @@ WORKER = textwrap.dedent(
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.a, self.b = torch.nn.Linear(8, 32), torch.nn.Linear(32, 4)
+            self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 16)
+            self.c = torch.nn.Linear(16, 4)
 
         def forward(self, x):
-            return self.b(torch.nn.functional.gelu(self.a(x)))
+            return self.c(self.b(torch.nn.functional.gelu(self.a(x))).tanh())
 
     def batches(r):
         g = torch.Generator().manual_seed(100 + r)
@@ -56,7 +69,9 @@ WORKER = textwrap.dedent(
     nets = [Net() for _ in range(3)]
     for n in nets:
         n.load_state_dict(init)
-    DDP = torch.nn.parallel.DistributedDataParallel
+    def DDP(net):  # buckets of 419 bytes: the layers' 576, 1088 and 272 make two
+        return torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.0004)
+
     ember_params, run = train(DDP(nets[0]), batches(rank), True)
     ddp_params, _ = train(DDP(nets[1]), batches(rank), False)
     # one process on both ranks' batches: DDP averages the two halves' gradients
@@ -68,6 +83,7 @@ WORKER = textwrap.dedent(
         "vs_one": diff(ember_params, one_params),
         "graphs": run.stats.graphs,
         "compiled": [str(c.code).split(" ")[0] for c in run.stats.compiled],
+        "pieces": pieces,
     }
     with open(out, "w") as f:
         json.dump(result, f)
@@ -109,3 +125,4 @@ def test_ddp_training_equals_eager_ddp_and_one_process(tmp_path: Path, backend: 
         result = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert result["vs_ddp"] < 1e-5 and result["vs_one"] < 1e-5, result
         assert result["compiled"] == ["Net.forward"] and result["graphs"] == 1, result
+        assert result["pieces"] == [2], result  # one graph, cut at the buckets

@@ -15,7 +15,7 @@ import torch
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.capture.shapes import Policy
-from ember.compiler import replay_record, reporting
+from ember.compiler import ddp, replay_record, reporting
 from ember.compiler import repro as repro_hooks
 from ember.compiler.backends import (
     Backend,
@@ -381,7 +381,8 @@ def _compiler_maker(
         repro, options = repro.with_options(options)
     made = _configured(backend, mode, options)
     fn = repro_hooks.instrument(made.backend, lambda: compiler_ref(backend, options), repro)
-    observer = reporting.observe(timed_backend(fn))  # compile_times() and the report see it
+    # compile_times() and the report see it; graphs captured inside DDP's forward are split
+    observer = reporting.observe(timed_backend(ddp.split_backend(fn)))
     # a profiler installs a frame compiler of its own (it compiles each code once)
     make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
     scope = functools.partial(config.patch, made.settings) if made.settings else None
