@@ -41,7 +41,7 @@ import torch
 from workloads import WORKLOADS, Prepared, Program
 
 # How many steps the correctness check compares (losses and parameters after them).
-CHECK_STEPS = {"infer": 2, "train": 3}
+CHECK_STEPS = {"infer": 2, "train": 3, "step": 3}
 # A timing attempt is accepted when its samples spread less than this (interquartile
 # range over median), the calibration loop ran as fast after it as before (within
 # DRIFT_OK), and, if timed by the wall clock, other processes kept fewer than LOAD_OK

@@ -50,7 +50,7 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_":
 TORCH_PEERS = ("eager", "aot_eager", "inductor")
 # (rtol, atol) against eager: inference outputs; training losses, gradients and parameters
 # (parameters after Adam steps with atol raised to Prepared.drift).
-TOLERANCES = {"infer": (1e-4, 1e-5), "train": (1e-3, 1e-4)}
+TOLERANCES = {"infer": (1e-4, 1e-5), "train": (1e-3, 1e-4), "step": (1e-3, 1e-4)}
 # Steady-state medians of two processes of one configuration further apart than this
 # (relative) make the runner start another process, up to --retries times.
 PROC_SPREAD_OK = 0.10
