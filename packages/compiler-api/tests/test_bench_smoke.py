@@ -180,3 +180,23 @@ def test_benchmark_docstring_examples():
     for module in (models, models.hf, report, workloads):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_the_whole_step_workload_is_the_training_step():
+    """gpt-step (the whole step compiled as one function) computes what gpt-train does: the
+    same losses, parameters and gradients from the same seed, run eagerly here."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import workloads
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    runs = []
+    for name in ("gpt-train", "gpt-step"):
+        prepared = workloads.WORKLOADS[name].prepare(quick=True)
+        losses = [prepared.step() for _ in range(2)]
+        runs.append((losses, prepared.state(), prepared.grads()))
+    (loss_t, state_t, grads_t), (loss_s, state_s, grads_s) = runs
+    torch.testing.assert_close(loss_s, loss_t)
+    torch.testing.assert_close(state_s, state_t)
+    assert grads_s and grads_s.keys() == grads_t.keys()
+    torch.testing.assert_close(grads_s, grads_t)
