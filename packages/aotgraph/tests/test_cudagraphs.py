@@ -268,17 +268,22 @@ def _two_micro_batches(copy_grads: bool) -> tuple[list[CUDAGraphed], torch.Tenso
     return made, w, step
 
 
-@cuda
-def test_two_forwards_before_their_backwards() -> None:
-    """The first forward's saved tensors are still held when the second forward runs, which
-    then runs without replaying over them."""
-    made, w, step = _two_micro_batches(copy_grads=True)
+def _three_steps_like_eager(w: torch.Tensor, step: Any) -> None:
+    """Three steps of ``step`` on ``w`` (compiled) and on a copy (eager): equal gradients."""
     ref = w.detach().clone().requires_grad_()
     for _ in range(3):
         xs = [torch.randn(2, 8, device="cuda") for _ in range(2)]
         step(xs, w, True)
         step(xs, ref, False)
         torch.testing.assert_close(w.grad, ref.grad)
+
+
+@cuda
+def test_two_forwards_before_their_backwards() -> None:
+    """The first forward's saved tensors are still held when the second forward runs, which
+    then runs without replaying over them."""
+    made, w, step = _two_micro_batches(copy_grads=True)
+    _three_steps_like_eager(w, step)
     forward = made[0]
     assert isinstance(forward, CUDAGraphed) and forward.replays >= 2 and forward.held >= 2
     gc.collect()
@@ -290,9 +295,4 @@ def test_gradient_accumulation_without_copies() -> None:
     autograd copies a gradient it cannot take over, so .grad never sits in the graph's
     memory when a replay overwrites it."""
     _, w, step = _two_micro_batches(copy_grads=False)
-    ref = w.detach().clone().requires_grad_()
-    for _ in range(3):
-        xs = [torch.randn(2, 8, device="cuda") for _ in range(2)]
-        step(xs, w, True)
-        step(xs, ref, False)
-        torch.testing.assert_close(w.grad, ref.grad)
+    _three_steps_like_eager(w, step)

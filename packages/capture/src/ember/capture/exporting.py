@@ -57,7 +57,7 @@ class ExportError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Dim:
-    """A dynamic dimension for ``export(dynamic_shapes=...)``, as ``torch.export.Dim``:
+    """A dynamic dimension for ``export(dynamic_shapes=...)``, in the form of torch's ``Dim``:
     dims given the same ``Dim`` must be equal; ``min``/``max`` bound it.
 
     >>> Dim("batch", min=2, max=64)
@@ -73,18 +73,6 @@ class Dim:
             raise ValueError(f"a Dim's name must be an identifier, not {self.name!r}")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"Dim {self.name!r}: min {self.min} is above max {self.max}")
-
-
-@dataclass(frozen=True, slots=True)
-class _Frame:
-    """The hook's view of a call (``hook.Frame``), made for a call that never runs."""
-
-    code: types.CodeType
-    function: types.FunctionType
-    globals: dict[str, Any]
-    builtins: dict[str, Any]
-    args: tuple[Any, ...]
-    lead: tuple[Any, ...] = ()  # the bound self the user did not pass
 
 
 def export(
@@ -150,7 +138,7 @@ _STATE = (InputKind.PARAMETER, InputKind.BUFFER)
 
 def _frame(
     f: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[torch.nn.Module | None, _Frame]:
+) -> tuple[torch.nn.Module | None, hook.MadeFrame]:
     """The frame ``f(*args, **kwargs)`` would run (a module's ``forward``, self bound)."""
     root = f if isinstance(f, torch.nn.Module) else None
     fn: Any = f.forward if root is not None else f
@@ -171,7 +159,7 @@ def _frame(
     builtins = fn.__globals__.get("__builtins__", __builtins__)
     if isinstance(builtins, types.ModuleType):
         builtins = vars(builtins)
-    return root, _Frame(code, fn, fn.__globals__, builtins, slots, lead)
+    return root, hook.MadeFrame(code, fn, fn.__globals__, builtins, slots, lead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +170,9 @@ class _Arg:
     index: int | str
 
 
-def _roots(frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Source]:
+def _roots(
+    frame: hook.MadeFrame, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[Any, Source]:
     """(0, i) / (1, key) -> the source of that argument in the frame."""
     fn = frame.function
     marks = [_Arg(i) for i in range(len(args))]
@@ -202,7 +192,7 @@ def _roots(frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict
 
 
 def _leaf_sources(
-    frame: _Frame, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    frame: hook.MadeFrame, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[Source, int]:
     """Every source through which the frame may read each flattened input."""
     roots = _roots(frame, args, kwargs)
@@ -236,7 +226,7 @@ def _path(path: tuple[Any, ...]) -> str:
     return ("args" if first.idx == 0 else "kwargs") + pytree.keystr(tuple(rest))
 
 
-def _marks(spec: Any, frame: _Frame, values: list[Any]) -> dict[int, dict[int, Dim]]:
+def _marks(spec: Any, frame: hook.MadeFrame, values: list[Any]) -> dict[int, dict[int, Dim]]:
     """``dynamic_shapes`` as {leaf index: {dim: Dim}}."""
     if spec is None:
         return {}
@@ -312,7 +302,7 @@ def _marked(values: list[Any], marks: dict[int, dict[int, Dim]]) -> Iterator[Non
 
 
 def _translate(
-    f: Any, frame: _Frame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    f: Any, frame: hook.MadeFrame, root: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Translation:
     """The frame as one graph; an :class:`ExportError` listing every break if it is not."""
     name = f"ember.export#{next(_SERIAL)}"
@@ -337,7 +327,7 @@ def _translate(
     raise ExportError("\n".join(lines))
 
 
-def _as_failure(frame: _Frame, e: Unsupported) -> frame_compiler.Failure:
+def _as_failure(frame: hook.MadeFrame, e: Unsupported) -> frame_compiler.Failure:
     where = str(e.location) if e.location else frame.code.co_filename
     return frame_compiler.Failure(
         frame.code.co_qualname, e.reason, e.category, where, e.hint, e.location

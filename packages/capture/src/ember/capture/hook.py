@@ -87,6 +87,7 @@ __all__ = [
     "Decision",
     "Frame",
     "HookState",
+    "MadeFrame",
     "RunOnly",
     "add_entry",
     "argument_names",
@@ -135,6 +136,25 @@ class Frame(Protocol):
     def builtins(self) -> dict[str, object]: ...
     @property
     def args(self) -> tuple[object, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MadeFrame:
+    """A :class:`Frame` made by hand for a call that never runs through the hook: a replay
+    record's call, an export's (``lead``: the bound ``self`` the caller did not pass).
+
+    >>> def add(a, b):
+    ...     return a + b
+    >>> MadeFrame(add.__code__, add, add.__globals__, {}, (1, 2)).args
+    (1, 2)
+    """
+
+    code: types.CodeType
+    function: types.FunctionType
+    globals: dict[str, Any]
+    builtins: dict[str, Any]
+    args: tuple[Any, ...]
+    lead: tuple[Any, ...] = ()
 
 
 class CacheEntry(NamedTuple):

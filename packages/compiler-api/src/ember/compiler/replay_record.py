@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.capture.frame_compiler import Failure, FrameCompiler, Stats
-from ember.capture.hook import Frame
+from ember.capture.hook import Frame, MadeFrame
 from ember.compiler.configuration import config
 from ember.compiler.repro_settings import ReproSettings
 
@@ -186,17 +186,6 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-@dataclass(frozen=True, slots=True)
-class _Frame:
-    """A frame as the hook's callback sees it (:class:`ember.capture.hook.Frame`)."""
-
-    code: types.CodeType
-    function: types.FunctionType
-    globals: dict[str, Any]
-    builtins: dict[str, Any]
-    args: tuple[Any, ...]
-
-
 def load(path: str | os.PathLike[str]) -> ReplayRecord:
     """Read a replay record (a pickle: load only records you wrote)."""
     record = pickle.loads(Path(path).read_bytes())
@@ -233,7 +222,7 @@ def replay(path: str | os.PathLike[str], *, backend: Any = None) -> Stats:
     compiler = FrameCompiler(
         made.backend, made.name, fullgraph=record.fullgraph, entry_codes=(code,), scope=scope
     )
-    compiler(_Frame(code, fn, glb, _builtins(glb), _value(record.args)))
+    compiler(MadeFrame(code, fn, glb, _builtins(glb), _value(record.args)))
     return compiler.stats
 
 

@@ -80,26 +80,13 @@ def _addcmul_out(t: Any, a: Any, b: Any, value: Any = 1) -> Any:
     return _addcmul(t, a, b, value, out_of_place=True)
 
 
+# ops whose foreach forms are torch.<op> (a new list) and Tensor.<op>_ (in place)
+_PAIRED = ("add", "sub", "mul", "div", "pow", "neg", "sqrt", "reciprocal", "lerp")
+
 # name -> the per-tensor operation and whether the foreach form works in place
 _OPS: dict[str, tuple[Callable[..., Any], bool]] = {
-    "_foreach_add": (torch.add, False),
-    "_foreach_add_": (torch.Tensor.add_, True),
-    "_foreach_sub": (torch.sub, False),
-    "_foreach_sub_": (torch.Tensor.sub_, True),
-    "_foreach_mul": (torch.mul, False),
-    "_foreach_mul_": (torch.Tensor.mul_, True),
-    "_foreach_div": (torch.div, False),
-    "_foreach_div_": (torch.Tensor.div_, True),
-    "_foreach_pow": (torch.pow, False),
-    "_foreach_pow_": (torch.Tensor.pow_, True),
-    "_foreach_neg": (torch.neg, False),
-    "_foreach_neg_": (torch.Tensor.neg_, True),
-    "_foreach_sqrt": (torch.sqrt, False),
-    "_foreach_sqrt_": (torch.Tensor.sqrt_, True),
-    "_foreach_reciprocal": (torch.reciprocal, False),
-    "_foreach_reciprocal_": (torch.Tensor.reciprocal_, True),
-    "_foreach_lerp": (torch.lerp, False),
-    "_foreach_lerp_": (torch.Tensor.lerp_, True),
+    **{f"_foreach_{op}": (getattr(torch, op), False) for op in _PAIRED},
+    **{f"_foreach_{op}_": (getattr(torch.Tensor, f"{op}_"), True) for op in _PAIRED},
     "_foreach_maximum": (torch.maximum, False),
     "_foreach_maximum_": (_maximum_, True),
     "_foreach_minimum": (torch.minimum, False),

@@ -1,8 +1,8 @@
 """``torch.optim``'s step wrappers, as compiled code sees them.
 
 Each optimizer's ``step`` is wrapped by ``_use_grad_for_differentiable``: it sets grad
-mode to the optimizer's ``differentiable`` default around the update and calls
-``torch._dynamo.graph_break()`` on both sides (torch's compiler splits the step there so
+mode to the optimizer's ``differentiable`` default around the update and calls torch's
+compiler's ``graph_break()`` on both sides (torch's compiler splits the step there so
 its AOT stage sees an inference graph). ember traces the update itself (torch.optim's
 trace rule) with the same grad-mode switch inside the graph, and without the breaks: the
 breaks sit in a ``try`` block, where ember cannot split a frame, and the switch already
