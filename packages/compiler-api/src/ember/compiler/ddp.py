@@ -9,7 +9,8 @@ running (``DistributedDataParallel._get_active_ddp_module()``), it cuts the grap
 pieces whose parameters fill one bucket each, walking the graph backwards as backward does,
 compiles each piece alone (its own forward and backward), and runs them in order: the last
 piece's backward ends first, and its bucket's all-reduce overlaps the backward of the
-pieces before it. torch's DDPOptimizer does the same for torch.compile.
+pieces before it. torch's DDPOptimizer does the same for torch.compile. The setting
+``debug.optimize_ddp=False`` (``EMBER_OPTIMIZE_DDP=0``) keeps each graph whole.
 
 >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
 >>> split_backend(lambda gm, inputs: gm)(gm, [torch.ones(1, 4)]) is gm  # no DDP running
@@ -26,30 +27,48 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
+from ember.compiler.settings import section
+
 LOG = logging.getLogger("ember.compiler")
 
 __all__ = ["buckets", "split_backend", "split_graph"]
 
 
-def _active_bucket_cap() -> int | None:
-    """The bucket size of the DDP module whose forward is running, or None."""
+def _active_bucket_caps() -> tuple[int, ...] | None:
+    """The bucket sizes of the DDP module whose forward is running, in the order its buckets
+    fill (backward's order; the last repeats), or None. DDP's first bucket is smaller when
+    the user left the size at its default (``first_bucket_bytes_cap``), and a
+    ``bucket_cap_mb_list`` gives each bucket its own size."""
     if not torch.distributed.is_available():
         return None
     ddp = torch.nn.parallel.DistributedDataParallel._get_active_ddp_module()  # type: ignore[no-untyped-call]
-    return None if ddp is None else int(ddp.bucket_bytes_cap)
+    if ddp is None:
+        return None
+    config = getattr(ddp, "_bucket_config", None)  # torch >= 2.11; older ones have one size
+    if config is None:
+        return (int(ddp.bucket_bytes_cap),)
+    if config.per_bucket_bytes_caps:
+        return tuple(int(c) for c in config.per_bucket_bytes_caps)
+    return (int(config.first_bucket_bytes_cap), int(config.bucket_bytes_cap))
 
 
-def buckets(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cap: int) -> dict[str, int]:
+def buckets(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cap: int | Sequence[int]
+) -> dict[str, int]:
     """Each op node's piece, by name: walking the graph backwards, a node joins the current
     piece, whose parameters (placeholders whose example is an ``nn.Parameter``) grow by
-    those it reads first; a new piece starts once the current one holds ``cap`` bytes.
-    Pieces are numbered in forward order.
+    those it reads first; a new piece starts once the current one holds ``cap`` bytes
+    (``cap[k]`` for the k-th piece walked, the last size repeating, as DDP sizes its
+    buckets). Pieces are numbered in forward order.
 
     >>> gm = torch.fx.symbolic_trace(lambda x, w1, w2: (x @ w1).relu() @ w2)
     >>> w1, w2 = (torch.nn.Parameter(torch.ones(4, 4)) for _ in range(2))  # 64 bytes each
     >>> buckets(gm, [torch.ones(1, 4), w1, w2], cap=64)
     {'matmul': 0, 'relu': 1, 'matmul_1': 1}
+    >>> buckets(gm, [torch.ones(1, 4), w1, w2], cap=(128, 64))  # a first bucket of 128 bytes
+    {'matmul': 0, 'relu': 0, 'matmul_1': 0}
     """
+    caps = (cap,) if isinstance(cap, int) else tuple(cap)
     params = {
         node: t.numel() * t.element_size()
         for node, t in zip(gm.graph.find_nodes(op="placeholder"), example_inputs, strict=False)
@@ -62,7 +81,7 @@ def buckets(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cap: int) -
         if node.op in ("placeholder", "output"):
             continue
         new = [a for a in node.all_input_nodes if a in params and a not in counted]
-        if new and size >= cap and order[-1]:
+        if new and size >= caps[min(len(order), len(caps)) - 1] and order[-1]:
             order.append([])
             size = 0
         counted.update(new)
@@ -87,7 +106,7 @@ class _Piece(torch.nn.Module):
 def split_graph(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
-    cap: int,
+    cap: int | Sequence[int],
     compile_piece: Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]],
 ) -> torch.fx.GraphModule | None:
     """``gm`` cut at :func:`buckets` and each piece compiled by ``compile_piece`` (its example
@@ -166,7 +185,7 @@ def split_backend(backend: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
-        cap = _active_bucket_cap()
+        cap = _active_bucket_caps() if section.get().optimize_ddp else None
         if cap is None:
             return backend(gm, example_inputs, **kwargs)
 

@@ -48,6 +48,11 @@ class DebugSettings:
         env="EMBER_REPRO_AFTER",
     )  # fmt: skip
     repro_level: int = setting(2, "the minifier's level, 1 to 4", env="EMBER_REPRO_LEVEL")
+    optimize_ddp: bool = setting(
+        True,
+        "cut graphs captured inside DistributedDataParallel's forward at its gradient buckets",
+        env="EMBER_OPTIMIZE_DDP",
+    )
     repro_dir: str = setting(
         "ember_repro", "where replay records and repro scripts go", env="EMBER_REPRO_DIR"
     )
