@@ -11,16 +11,15 @@ backward of the pieces before it runs. Small buckets here: three layers, two pie
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gloo_workers
 
 WORKER = textwrap.dedent(
     """
@@ -110,37 +109,10 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_workers(
     tmp_path: Path, backend: str, scenario: str, **extra_env: str
 ) -> list[dict[str, Any]]:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    env["EMBER_CACHE_DIR"] = str(tmp_path / "cache")
-    env.update(extra_env)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), backend, scenario, str(tmp_path / f"rank{r}.json")],
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return gloo_workers.run_two(tmp_path, WORKER, backend, scenario, **extra_env)
 
 
 @pytest.mark.slow

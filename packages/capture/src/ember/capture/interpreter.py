@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import dis
+import os
 from collections.abc import Callable
 
 from ember.capture import bytecode_311
@@ -26,6 +27,10 @@ from ember.capture.tracer import (
     Unsupported,
 )
 from ember.capture.values import Const, Value
+
+# A break inside a polyfill (Module.__call__'s running a hook ember cannot trace) is
+# reported at the user's line that called it; the stack keeps the polyfill's frames.
+_POLYFILLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "polyfills", "")
 
 Handler = Callable[[FrameState, Instr], None]
 
@@ -115,8 +120,10 @@ def run_frame(fs: FrameState, stop_at: int | None = None) -> Value | None:
                 raise
             raise _escaped(fs, e, first) from None
         except Unsupported as e:
-            if e.location is None:
-                e.location = fs.location()
+            if e.location is None and (
+                fs.depth == 0 or not fs.code.co_filename.startswith(_POLYFILLS)
+            ):
+                e.location = fs.location()  # the user's line, not a polyfill's
             e.stack.insert(0, fs.location())
             if fs.depth == 0 and e.category not in NO_BREAK:
                 e.top_index = index
