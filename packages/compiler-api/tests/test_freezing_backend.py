@@ -120,3 +120,35 @@ def test_symbolic_sizes_keep_the_folds(plans: list[freezing.FrozenGraph]) -> Non
             x = torch.randn(batch, 3, 8, 8)
             torch.testing.assert_close(compiled(x), m(x))
     assert len(plans) == 1 and plans[0].plan.conv_affine == 1 and plans[0].refreezes == 0
+
+
+class Scaled(torch.nn.Module):
+    """A linear layer, a registered buffer and a 1-D data input (as a UNet's timesteps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+        self.shift = torch.ones(4)  # a plain tensor attribute: not module state
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + t + self.shift
+
+
+def test_only_parameters_and_buffers_are_frozen(plans: list[freezing.FrozenGraph]) -> None:
+    """The capture's sources say which inputs are module state: the 1-D data input ``t``
+    and the plain attribute are live inputs, so new values each call cost no re-freeze."""
+    torch.manual_seed(0)
+    m = Scaled().eval()
+    compiled = ember.compiler.compile(m, backend="inductor", options={"freezing": True})
+    with torch.no_grad():
+        for _ in range(3):
+            x, t = torch.randn(2, 4), torch.randn(4)
+            torch.testing.assert_close(compiled(x, t), m(x, t))
+        m.scale.mul_(3)  # a buffer updated in place: re-frozen once, never stale
+        torch.testing.assert_close(compiled(x, t), m(x, t))
+    (frozen,) = plans
+    inputs = frozen.plan.graph.graph.find_nodes(op="placeholder")
+    assert len(frozen.plan.frozen) == 3, frozen.plan  # weight, bias, scale
+    assert len(frozen.plan.live) == 3 and len(inputs) >= 3, frozen.plan  # x, t, shift
+    assert frozen.refreezes == 1

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph import check, log, store, symbolic_store
+from ember.aotgraph import check, log, nodemeta, store, symbolic_store
 from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
@@ -314,6 +314,11 @@ class AOTCompiled:
         graph_inputs = list(inputs) if merge is None else merge.inputs(inputs)
         if part is None:
             self.inference_graph = traced.forward
+            if (state := self.lifted.state_inputs()) is not None:  # for freezing
+                kept = range(len(inputs)) if merge is None else merge.kept
+                traced.forward.meta[nodemeta.STATE_INPUTS] = tuple(
+                    j for j, i in enumerate(kept) if i in state
+                )
             _log_graph("inference", traced.forward)
             with log.graph(1, 1, "inference"):
                 compiled = self.settings.inference_compiler(traced.forward, graph_inputs)

@@ -14,6 +14,10 @@ for torch graphs (quantization, export tools, profilers) read them unchanged:
   (``torch.nn`` modules' and ember's own frames left out); ``print_readable()`` prints
   a ``# File: ...`` line from it (``graph.code``, which caches key on, does not).
 
+* ``module_state`` (on every placeholder): ``"parameter"`` or ``"buffer"`` when the input
+  is a module's registered parameter or buffer, else None (ember's key, plain data:
+  ember.aotgraph hands it on to the inference compiler, whose freezing folds exactly
+  those inputs as constants).
 * ``recompute`` and ``ac_graph_id``: on the nodes of a ``torch.utils.checkpoint`` region,
   torch's ``CheckpointPolicy.PREFER_RECOMPUTE`` and the region's number (as torch tags
   them): ember.aotgraph's min-cut partitioner recomputes them in backward instead of
@@ -51,11 +55,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture import guarding
+from ember.guards import sources
 
 if TYPE_CHECKING:
     from ember.capture.tracer import FrameState, Tracer
 
 __all__ = [
+    "MODULE_STATE",
     "NN_MODULE_STACK",
     "SOURCE_FN_STACK",
     "STACK_TRACE",
@@ -66,12 +72,14 @@ __all__ = [
     "leave_checkpoint",
     "leave_module",
     "module_path",
+    "module_state_of",
     "stamp",
 ]
 
 NN_MODULE_STACK = "nn_module_stack"
 SOURCE_FN_STACK = "source_fn_stack"
 STACK_TRACE = "stack_trace"
+MODULE_STATE = "module_state"  # a placeholder's: "parameter" or "buffer" (module_state_of)
 RECOMPUTE, AC_GRAPH_ID = "recompute", "ac_graph_id"
 PREFER_RECOMPUTE = torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -203,6 +211,24 @@ def leave_module(tracer: Tracer, key: str | None) -> None:
 
 
 # -- stamping nodes -----------------------------------------------------------------------------
+
+
+def module_state_of(source: Any, value: Any) -> str | None:
+    """``"parameter"`` or ``"buffer"`` when an input read from ``source`` is one of a module's
+    registered parameters or buffers, else None (a user's data, a plain tensor attribute).
+
+    >>> from ember.guards import sources
+    >>> module_state_of(sources.ModuleChild(sources.Local("self"), "w", sources.BUFFERS), 0)
+    'buffer'
+    >>> module_state_of(sources.Local("x"), torch.nn.Parameter(torch.ones(1)))
+    'parameter'
+    >>> module_state_of(sources.Local("x"), torch.ones(1)) is None
+    True
+    """
+    if isinstance(value, torch.nn.Parameter):
+        return "parameter"
+    slot = getattr(source, "slot", None) if isinstance(source, sources.ModuleChild) else None
+    return {sources.PARAMETERS: "parameter", sources.BUFFERS: "buffer"}.get(slot)
 
 
 def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:

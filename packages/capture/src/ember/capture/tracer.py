@@ -340,6 +340,7 @@ class Tracer:
             node = self.graph.placeholder(_identifier(name, len(self.input_sources)))
         self._last_placeholder = node
         node.meta["example_value"] = example
+        node.meta[nodemeta.MODULE_STATE] = nodemeta.module_state_of(source, real)
         nodemeta.stamp(self, node, source)
         self.input_sources.append(source)
         self.example_inputs.append(real)

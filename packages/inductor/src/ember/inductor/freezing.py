@@ -20,11 +20,12 @@ again on the new values (a re-freeze, with its reason in ``refreezes``), or, whe
 constants' layout differs from the compiled one, runs the original graph from then on
 (``fallback``). A write through ``.data`` moves no counter and is not seen (as in torch).
 
-Which inputs are frozen: every ``nn.Parameter``, and plain tensors of at most one
-dimension (buffers such as batch norm's running statistics); the graph reaches ember.inductor
-without its inputs' sources, and a user's data input frozen by mistake only costs a
-re-freeze per call, never a wrong result. Only inference graphs are frozen:
-``ember.compiler``'s backend passes ``freezing`` to the inference compiler only.
+Which inputs are frozen: those the graph lists in ``gm.meta["state_inputs"]`` (ember.aotgraph
+lists the inputs ember's capture read from a module's registered parameters and buffers);
+for a graph without that list, every ``nn.Parameter`` and plain tensors of at most one
+dimension (buffers such as batch norm's running statistics), where a user's data input
+frozen by mistake costs a re-freeze per call, never a wrong result. Only inference graphs
+are frozen: ``ember.compiler``'s backend passes ``freezing`` to the inference compiler only.
 
 >>> from torch.fx.experimental.proxy_tensor import make_fx
 >>> lin = torch.nn.Linear(4, 3)
@@ -51,6 +52,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from ember.aotgraph.nodemeta import STATE_INPUTS
 from ember.inductor import check, log
 
 __all__ = ["FreezePlan", "FrozenGraph", "freeze", "frozen_inputs"]
@@ -67,24 +69,29 @@ SNAPSHOT_NUMEL = 1 << 16
 
 
 def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[int, ...]:
-    """The indices of the inputs that read as module state: ``nn.Parameter`` s, and plain
-    tensors of at most one dimension (buffers: batch norm statistics, scales).
+    """The indices of the inputs that read as module state: those ``gm.meta["state_inputs"]``
+    lists, or without that list ``nn.Parameter`` s and plain tensors of at most one
+    dimension (buffers: batch norm statistics, scales).
 
     >>> frozen_inputs(None, [torch.randn(2, 3), torch.nn.Parameter(torch.ones(3, 3)),
     ...                      torch.zeros(3)])
     (1, 2)
     """
-    # The graph carries no sources: the inputs' types and ranks decide. An input of symbolic
-    # size (dynamic=True) is data: a constant has one size.
+    # An input of symbolic size (dynamic=True) is data: a constant has one size.
     vals = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")] if gm else []
     symbolic = {i for i, v in enumerate(vals) if _meta(v) is None and isinstance(v, torch.Tensor)}
+    # Which inputs are module state: as the graph says (ember.aotgraph lists them from the
+    # capture's sources), else by type and rank.
+    declared = gm.meta.get(STATE_INPUTS) if gm is not None else None
     return tuple(
         i
         for i, t in enumerate(example_inputs)
         if isinstance(t, torch.Tensor)
         and not isinstance(t, torch._subclasses.FakeTensor)
         and not t.is_inference()  # no version counter: an update could not be seen
-        and (isinstance(t, torch.nn.Parameter) or t.dim() <= 1)
+        and (
+            isinstance(t, torch.nn.Parameter) or t.dim() <= 1 if declared is None else i in declared
+        )
         and i not in symbolic
     )
 
