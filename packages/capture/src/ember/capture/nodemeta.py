@@ -227,8 +227,9 @@ def module_state_of(source: Any, value: Any) -> str | None:
     """
     if isinstance(value, torch.nn.Parameter):
         return "parameter"
-    slot = getattr(source, "slot", None) if isinstance(source, sources.ModuleChild) else None
-    return {sources.PARAMETERS: "parameter", sources.BUFFERS: "buffer"}.get(slot)
+    if not isinstance(source, sources.ModuleChild):
+        return None
+    return {sources.PARAMETERS: "parameter", sources.BUFFERS: "buffer"}.get(source.slot)
 
 
 def stamp(tracer: Tracer, node: torch.fx.Node, source: Any = None) -> None:
