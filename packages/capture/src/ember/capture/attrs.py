@@ -475,8 +475,8 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value, raw: bool = 
 
     A class's own Python ``__setattr__`` is traced (``raw``: it is ``object.__setattr__``
     itself storing, past any override). Only plain stores are recorded: a descriptor on
-    the class, a parameter, buffer or submodule of a module, or an object with no source
-    is a graph break instead.
+    the class, a parameter or submodule of a module, a buffer set to anything but a
+    tensor, or an object with no source is a graph break instead.
     """
     if isinstance(obj, InstanceV | ObjV) and not raw:
         setattr_fn = python_special(class_of(obj) or object, "__setattr__")
@@ -496,9 +496,16 @@ def store_attr(fs: FrameState, obj: Value, name: str, value: Value, raw: bool = 
         raise Unsupported(f"setting .{name} on a {type(obj).__name__}", "side-effect")
     cls = type(real)
     if isinstance(obj, ModuleV):
+        # a buffer rebound to a tensor (``self.count = self.count + 1``): the replayed setattr
+        # is nn.Module's, which stores it in _buffers as eager does
+        buffer = name in real.__dict__.get("_buffers", {}) and isinstance(value, TensorV)
         tables = [real.__dict__.get(t, {}) for t in ("_parameters", "_buffers", "_modules")]
-        if any(name in t for t in tables) or isinstance(value, ModuleV):
+        if not buffer and (any(name in t for t in tables) or isinstance(value, ModuleV)):
             raise Unsupported(f"setting the parameter, buffer or submodule .{name}", "side-effect")
+        if buffer:  # the dict read before would hold the old buffer; read after, a break
+            if id(real._buffers) in fs.tracer.containers:
+                raise Unsupported(f"setting buffer .{name} after reading _buffers", "side-effect")
+            fs.tracer.rebound_buffers.add(id(real._buffers))
     elif cls.__setattr__ is not object.__setattr__ and cls is not type and not raw:
         raise Unsupported(f"setting .{name} on a {cls.__name__} with __setattr__", "side-effect")
     if id(getattr(real, "__dict__", None)) in fs.tracer.containers:

@@ -210,6 +210,8 @@ def wrap_dict_items(tracer: Tracer, obj: Any, source: Any) -> DictV:
     trace: its type and keys guarded, each value reached as ``source[key]``."""
     if not all(is_constant(k) for k in obj):
         raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
+    if id(obj) in tracer.rebound_buffers:  # its items would be the buffers before the store
+        raise Unsupported("reading a module's _buffers after setting a buffer", "side-effect")
     if id(obj) in tracer.containers:  # the same dict reached again: the same value
         known = tracer.containers[id(obj)][1]
         assert isinstance(known, DictV)

@@ -236,6 +236,9 @@ class Tracer:
     #   ("container", value): a list or dict the frame passed in, written back whole
     effects: list[tuple[Any, ...]] = field(default_factory=list)
     attr_overlay: dict[tuple[int, str], Value] = field(default_factory=dict)  # (id(obj), name)
+    # modules' _buffers dicts (by id) with a buffer rebound in this trace: the overlay holds
+    # its new value, so reaching the dict itself (named_buffers, state_dict) is a break
+    rebound_buffers: set[int] = field(default_factory=set)
     # one value per real list or dict from the frame, by identity (kept alive while tracing),
     # so that every name and path reaching it sees the same mutations
     containers: dict[int, tuple[Any, Value]] = field(default_factory=dict)
