@@ -74,14 +74,21 @@ WORKER = textwrap.dedent(
             opt.zero_grad()
         return [p.detach().clone() for p in model.parameters()], run
 
+    def make():  # torch.nn's own forward wrapped directly, or the user's
+        if scenario != "sequential":
+            return Net()
+        lin = torch.nn.Linear
+        layers = lin(8, 16), torch.nn.GELU(), lin(16, 16), torch.nn.Tanh(), lin(16, 4)
+        return torch.nn.Sequential(*layers)
+
     torch.manual_seed(0)
-    init = Net().state_dict()
-    nets = [Net() for _ in range(3)]
+    init = make().state_dict()
+    nets = [make() for _ in range(3)]
     for n in nets:
         n.load_state_dict(init)
     def DDP(net):  # buckets of 419 bytes: the layers' 576, 1088 and 272 make two
         unused = scenario == "unused"
-        if not unused:
+        if not unused and hasattr(net, "unused"):
             net.unused.requires_grad_(False)
         return torch.nn.parallel.DistributedDataParallel(
             net, bucket_cap_mb=0.0004, find_unused_parameters=unused
@@ -93,11 +100,11 @@ WORKER = textwrap.dedent(
     # one process on both ranks' batches: DDP averages the two halves' gradients
     whole = [torch.cat(pair) for pair in zip(batches(0), batches(1))]
     one_params, _ = train(nets[2], whole, False, micro)
-    diff = lambda a, b: max((p - q).abs().max().item() for p, q in zip(a, b))
+    diff = lambda a, b: max([(p - q).abs().max().item() for p, q in zip(a, b)], default=0.0)
     result = {
         "vs_ddp": diff(ember_params, ddp_params),
         "vs_one": diff(ember_params, one_params),
-        "buffers": diff([nets[0].scale], [nets[1].scale]),
+        "buffers": diff(list(nets[0].buffers()), list(nets[1].buffers())),
         "graphs": run.stats.graphs,
         "compiled": [str(c.code).split(" ")[0] for c in run.stats.compiled],
         "pieces": pieces,
@@ -125,10 +132,11 @@ def test_ddp_training_equals_eager_ddp_and_one_process(tmp_path: Path, backend: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", ["no_sync", "unused"])
-def test_ddp_no_sync_and_unused_parameters(tmp_path: Path, scenario: str) -> None:
+@pytest.mark.parametrize("scenario", ["no_sync", "unused", "sequential"])
+def test_ddp_no_sync_unused_parameters_and_sequential(tmp_path: Path, scenario: str) -> None:
     """``no_sync()`` over two micro-batches a step (the first one's gradients are kept, not
-    all-reduced), and ``find_unused_parameters`` with a layer forward never reads."""
+    all-reduced), ``find_unused_parameters`` with a layer forward never reads, and an
+    ``nn.Sequential`` wrapped directly (torch.nn's own forward, captured as the entry)."""
     for result in _run_workers(tmp_path, "aot_eager", scenario):
         assert result["vs_ddp"] < 1e-5 and result["vs_one"] < 1e-5, result
         assert result["graphs"] == 1 and result["pieces"] == [2], result

@@ -344,13 +344,23 @@ def compile(
     return CompiledFunction(model, reporting.watch(label, new_compiler.name, new_compiler(entry)))
 
 
+# Modules that wrap the user's module as ``.module`` and call it from a forward that runs
+# natively (DistributedDataParallel's breaks at record_function): the wrapped module's
+# forward is an entry code too, so that an ``nn.Sequential`` wrapped directly is captured
+# although the trace rules leave torch.nn's frames to CPython.
+_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel"})
+
+
 def _compile_module(
     model: torch.nn.Module, new_compiler: _Maker, settings: CompileSettings
 ) -> OptimizedModule:
-    """``compile(model)`` for a module: its class's ``forward`` is the entry code, and the
-    wrapper calls the module itself (its hooks included) with the frame hook on."""
-    forward = type(model).forward
-    entry = (forward.__code__,) if isinstance(forward, types.FunctionType) else ()
+    """``compile(model)`` for a module: its class's ``forward`` is the entry code (with the
+    wrapped module's, for DDP), and the wrapper calls the module itself (its hooks
+    included) with the frame hook on."""
+    forwards = [type(model).forward]
+    if type(model).__name__ in _WRAPPERS and isinstance(inner := model.module, torch.nn.Module):
+        forwards.append(type(inner).forward)  # torch.nn's own forward counts as the user's
+    entry = tuple(f.__code__ for f in forwards if isinstance(f, types.FunctionType))
     compiler = reporting.watch(type(model).__name__, new_compiler.name, new_compiler(entry))
     call = functools.partial(_eval_frame.call_with_callback, *_entry_args(compiler)[1:], model)
     return OptimizedModule(model, compiler, call, settings)
