@@ -65,7 +65,6 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.eager_checks import EagerOnly, Unsupported
@@ -91,7 +90,7 @@ from ember.aotgraph.trace import (
     trace_joint,
 )
 
-__all__ = ["AtenProgram", "LoweringError", "LoweredModule", "lower_exported"]
+__all__ = ["AtenProgram", "LoweredModule", "LoweringError", "lower_exported"]
 
 
 @dataclass(eq=False)
@@ -101,6 +100,17 @@ class AtenProgram:
     ``joint``: the training IR (forward and backward in one graph, called as
     ``graph_module(*program.inputs(args, kwargs), *tangents)``); else the inference IR,
     which :meth:`module` runs.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x, p_w: (x * p_w).sum())
+    >>> sig = {"inputs": [{"kind": "user_input", "name": "x", "leaf": 0},
+    ...                   {"kind": "parameter", "name": "p_w", "target": "w"}],
+    ...        "outputs": [{"kind": "user_output", "name": "sum_1"}]}
+    >>> w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    >>> joint = lower_exported(gm, sig, {"w": w}, args=(torch.ones(2),), joint=True)
+    >>> [(s.kind, s.name, s.target) for s in joint.signature.outputs]
+    [('user_output', 'sum_1', None), ('gradient_to_parameter', 'mul_1', 'w')]
+    >>> joint.graph_module(*joint.inputs((torch.tensor([3.0, 4.0]),)), torch.tensor(1.0))
+    (tensor(11., grad_fn=<SumBackward0>), tensor([3., 4.]))
     """
 
     graph_module: torch.fx.GraphModule
@@ -238,7 +248,7 @@ def _lower_joint(
     trace. Each user output must be a tensor the graph computes (not an input, a view of
     another output, or a constant): those have no place among a joint graph's outputs."""
     with torch.enable_grad():
-        traced_sig = analyze(fn, inputs, grad=True)
+        traced_sig = analyze(fn, inputs, grad=True)  # type: ignore[arg-type]  # only called
     kinds = [o.kind for o in traced_sig.outputs]
     if any(kind != "graph" for kind in kinds):
         raise LoweringError(f"the joint IR needs outputs the graph computes; they are {kinds}")
@@ -306,12 +316,16 @@ _GRADIENTS: dict[str, tuple[str, Callable[[IOSpec], str | None]]] = {
 }
 
 
-def _mutation_specs(sig: ProgramSignature, mutated: Sequence[int], values: list[Any]) -> list[IOSpec]:
+def _mutation_specs(
+    sig: ProgramSignature, mutated: Sequence[int], values: list[Any]
+) -> list[IOSpec]:
     out = []
     for i, value in zip(mutated, values, strict=True):
         spec = sig.inputs[i]
         if spec.kind not in _MUTATIONS:
-            raise LoweringError(f"the program writes {spec.kind} {spec.target or spec.name} in place")
+            raise LoweringError(
+                f"the program writes {spec.kind} {spec.target or spec.name} in place"
+            )
         kind, target = _MUTATIONS[spec.kind]
         out.append(IOSpec(kind, _node_name(value), target(spec)))
     return out
@@ -335,4 +349,3 @@ def _input_value(spec: IOSpec, leaves: list[Any], table: Mapping[str, Any]) -> A
     if key not in table:
         raise LoweringError(f"no tensor {spec.target!r} for {spec.kind} input {spec.name!r}")
     return table[key]
-

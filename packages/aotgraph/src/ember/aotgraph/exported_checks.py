@@ -32,7 +32,13 @@ __all__ = ["LoweredModule", "LoweringError", "check_call", "example_leaves", "st
 
 class LoweringError(ValueError):
     """A program :func:`~ember.aotgraph.lower_exported` cannot lower, or a call of a lowered
-    program with inputs it was not lowered for."""
+    program with inputs it was not lowered for.
+
+    >>> from ember.aotgraph import lower_exported
+    >>> lower_exported(torch.fx.symbolic_trace(lambda x: x), {"inputs": [], "outputs": []}, {})
+    Traceback (most recent call last):
+    ember.aotgraph.exported_checks.LoweringError: the signature names inputs [], the graph's ...
+    """
 
 
 Bound = dict[str, tuple[int, str]]  # a Dim's name -> (its size, where it was read)
@@ -91,7 +97,9 @@ def _check_number(check: Mapping[str, Any], value: Any, bound: Bound) -> None:
 def _check_constant(check: Mapping[str, Any], value: Any, bound: Bound) -> None:
     want = check["value"]
     if type(value) is not type(want) or value != want:
-        raise LoweringError(f"{check['path']}: the program was exported for {want!r}, got {value!r}")
+        raise LoweringError(
+            f"{check['path']}: the program was exported for {want!r}, got {value!r}"
+        )
 
 
 # a check's kind -> its rule: a tensor's dtype and sizes, a number's type, a constant's value
@@ -130,7 +138,9 @@ def example_leaves(
     if args is not None or kwargs is not None:
         return check_call(sig, tuple(args or ()), dict(kwargs or {}))
     checks = list(sig.extra.get("checks", ()))
-    count = max([c["leaf"] + 1 for c in checks] + [(s.leaf or 0) + 1 for s in sig.inputs_of("user_input")])
+    count = max(
+        [c["leaf"] + 1 for c in checks] + [(s.leaf or 0) + 1 for s in sig.inputs_of("user_input")]
+    )
     leaves: list[Any] = [None] * count
     for check in checks:
         if check["kind"] not in _EXAMPLES:
@@ -159,7 +169,20 @@ class LoweredModule(torch.nn.Module):
     """What :meth:`AtenProgram.module` returns: called as the exported function was.
 
     Parameters and buffers are registered under their fully qualified names; buffer and
-    input mutations the graph returns are copied back into them.
+    input mutations the graph returns are copied back into them. The user's outputs come
+    back in the signature's ``out_spec`` structure (a tuple where it has none).
+
+    >>> from ember.aotgraph import lower_exported
+    >>> def f(x, b_total):  # a graph that adds its input to a buffer
+    ...     return (b_total.add_(x), x * 2)
+    >>> sig = {"inputs": [{"kind": "user_input", "name": "x", "leaf": 0},
+    ...                   {"kind": "buffer", "name": "b_total", "target": "total"}],
+    ...        "outputs": [{"kind": "buffer_mutation", "name": "add_", "target": "total"},
+    ...                    {"kind": "user_output", "name": "mul"}]}
+    >>> m = lower_exported(torch.fx.symbolic_trace(f), sig, {"total": torch.zeros(2)},
+    ...                    args=(torch.ones(2),)).module()
+    >>> m(torch.ones(2)), m(torch.ones(2)), m.total
+    ((tensor([2., 2.]),), (tensor([2., 2.]),), tensor([2., 2.]))
     """
 
     def __init__(self, program: AtenProgram) -> None:
@@ -191,6 +214,8 @@ class LoweredModule(torch.nn.Module):
             target = self.get_buffer(spec.target or "") if target is None else target
             with torch.no_grad():
                 target.copy_(value)
+        if "out_spec" not in sig.extra:  # a signature written by hand may have none
+            return tuple(user)
         return pytree.tree_unflatten(user, pytree.treespec_loads(sig.extra["out_spec"]))
 
     def _input(self, spec: IOSpec, leaves: list[Any], constants: Mapping[str, Any]) -> Any:

@@ -121,7 +121,9 @@ def _spec(data: Mapping[str, Any], kinds: frozenset[str], what: str, k: int) -> 
     if kind not in kinds:
         raise ValueError(f"not a program signature: {what} {k} has unknown kind {kind!r}")
     name, target, leaf = data["name"], data.get("target"), data.get("leaf")
-    if not (name is None or isinstance(name, str)) or not (target is None or isinstance(target, str)):
+    if not (name is None or isinstance(name, str)) or not (
+        target is None or isinstance(target, str)
+    ):
         raise ValueError(f"not a program signature: {what} {k} has a name or target not a string")
     if leaf is not None and (type(leaf) is not int or leaf < 0):
         raise ValueError(f"not a program signature: {what} {k} has leaf {leaf!r}")
