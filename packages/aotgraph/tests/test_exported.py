@@ -285,3 +285,17 @@ def test_example_inputs_made_from_the_checks():
                {"leaf": 1, "path": "args[1]", "kind": "number", "pytype": "float"}]}  # fmt: skip
     program = lower_exported(torch.fx.symbolic_trace(f), sig, {})
     assert program.module()(torch.tensor([1, 2, 3]), 0.5) == (torch.tensor(3.0),)
+
+
+def test_joint_ir_without_gradients_is_a_lowering_error():
+    sig = {"inputs": [{"kind": "user_input", "name": "x", "leaf": 0}],
+           "outputs": [{"kind": "user_output", "name": "sin"}]}  # fmt: skip
+    gm = torch.fx.symbolic_trace(lambda x: (x.sin(),))
+    with pytest.raises(LoweringError, match="needs an input that requires grad"):
+        lower_exported(gm, sig, {}, args=(torch.ones(2),), joint=True)
+    program = lower_exported(gm, sig, {}, args=(torch.ones(2, requires_grad=True),), joint=True)
+    assert [s.kind for s in program.signature.outputs] == ["user_output", "gradient_to_user_input"]
+    assert program.signature.outputs[1].target == "x"
+    x = torch.tensor([0.0, 1.0])
+    out, grad = program.graph_module(*program.inputs((x,)), torch.ones(2))
+    torch.testing.assert_close((out, grad), (torch.sin(x), torch.cos(x)))

@@ -252,6 +252,11 @@ def _lower_joint(
     kinds = [o.kind for o in traced_sig.outputs]
     if any(kind != "graph" for kind in kinds):
         raise LoweringError(f"the joint IR needs outputs the graph computes; they are {kinds}")
+    if not traced_sig.training:  # torch.autograd.grad would refuse: say why instead
+        raise LoweringError(
+            "the joint IR needs an input that requires grad (a parameter, or a user input with "
+            "requires_grad) and an output computed from it; the inference IR has the rest"
+        )
     graph = trace_joint(fn, inputs, traced_sig, table)
     gm, n, n_mut = graph.gm, graph.num_outputs, len(graph.mutated)
     _name_placeholders(gm, sig.inputs)
