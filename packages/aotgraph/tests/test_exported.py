@@ -100,7 +100,8 @@ def test_inference_ir_is_aten_and_matches_eager_with_buffer_updates():
         torch.testing.assert_close(mod.state_dict()[key], value, msg=key)
 
 
-def test_dynamic_dim_is_lowered_at_the_example_size_and_checked():
+def test_dynamic_dim_is_lowered_at_the_example_size_where_the_trace_needs_a_size():
+    # tracing aten.convolution guards on the batch size (s < 16): lowered static
     _, gm, signature, state = _conv_bn_program()
     with pytest.raises(LoweringError, match=r"args\[0\] has a dynamic size \(Dim 'batch'\)"):
         lower_exported(gm, signature, state)  # no example for a dynamic size
@@ -299,3 +300,70 @@ def test_joint_ir_without_gradients_is_a_lowering_error():
     x = torch.tensor([0.0, 1.0])
     out, grad = program.graph_module(*program.inputs((x,)), torch.ones(2))
     torch.testing.assert_close((out, grad), (torch.sin(x), torch.cos(x)))
+
+
+def exported_mlp(p_fc_weight, p_fc_bias, x):
+    return (torch.relu(F.linear(x, p_fc_weight, p_fc_bias)),)
+
+
+def _mlp_signature(relations=()):
+    spec = pytree.tree_flatten(((torch.ones(1),), {}))[1]
+    leaf = pytree.tree_flatten(torch.ones(1))[1]
+    return {
+        "inputs": [{"kind": "parameter", "name": "p_fc_weight", "target": "fc.weight"},
+                   {"kind": "parameter", "name": "p_fc_bias", "target": "fc.bias"},
+                   {"kind": "user_input", "name": "x", "leaf": 0}],
+        "outputs": [{"kind": "user_output", "name": "relu"}],
+        "in_spec": pytree.treespec_dumps(spec), "out_spec": pytree.treespec_dumps(leaf),
+        "checks": [{"leaf": 0, "path": "args[0]", "kind": "tensor", "dtype": "torch.float32",
+                    "sizes": ["batch", 4]}],
+        "dims": [{"name": "batch", "min": None, "max": 32}],
+        "relations": list(relations),
+    }  # fmt: skip
+
+
+def test_dynamic_dim_stays_dynamic_when_the_trace_needs_only_its_bounds():
+    fc = torch.nn.Linear(4, 3)
+    state = {"fc.weight": fc.weight, "fc.bias": fc.bias}
+    even = {"expr": "Eq(Mod(s0, 2), 0)", "symbols": [["s0", 0, 0]]}
+    gm = torch.fx.symbolic_trace(exported_mlp)
+    program = lower_exported(gm, _mlp_signature([even]), state, args=(torch.randn(6, 4),))
+    x_node = program.graph_module.graph.find_nodes(op="placeholder")[2]
+    assert isinstance(x_node.meta["val"].shape[0], torch.SymInt)
+    assert program.signature.extra["checks"][0]["sizes"] == ["batch", 4]
+    assert program.signature.extra["dims"] == [{"name": "batch", "min": 2, "max": 32}]
+    mod = program.module()
+    for n in (2, 8, 32):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(mod(x), torch.relu(fc(x)))
+    with pytest.raises(LoweringError, match=r"args\[0\]\.size\(0\) \(Dim 'batch'\) is 1, outside"):
+        mod(torch.randn(1, 4))  # sizes 0 and 1 were specialised away
+    with pytest.raises(LoweringError, match=r"is 34, outside \[2, 32\]"):
+        mod(torch.randn(34, 4))
+    with pytest.raises(LoweringError, match=r"the program needs Eq\(Mod\(s0, 2\), 0\) \(s0 = 7\)"):
+        mod(torch.randn(7, 4))
+
+
+def test_joint_ir_with_a_dynamic_dim_gives_gradients_at_other_sizes():
+    fc = torch.nn.Linear(4, 3)
+    state = {"fc.weight": fc.weight, "fc.bias": fc.bias}
+    gm = torch.fx.symbolic_trace(exported_mlp)
+    program = lower_exported(gm, _mlp_signature(), state, args=(torch.randn(6, 4),), joint=True)
+    x, cot = torch.randn(11, 4), torch.randn(11, 3)
+    out, grad_w, grad_b = program.graph_module(*program.inputs((x,)), cot)
+    want = torch.relu(fc(x))
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(
+        (grad_w, grad_b), torch.autograd.grad(want, [fc.weight, fc.bias], cot)
+    )
+
+
+@pytest.mark.parametrize(
+    "expr", ["s0.__class__", "__import__('os')", "s0 ** 99", "[s0][0] > 1", "s0 >= 'a'"]
+)
+def test_relations_are_checked_without_running_their_text(expr):
+    fc = torch.nn.Linear(4, 3)
+    state = {"fc.weight": fc.weight, "fc.bias": fc.bias}
+    sig = _mlp_signature([{"expr": expr, "symbols": [["s0", 0, 0]]}])
+    with pytest.raises(LoweringError, match="cannot check shape relation"):
+        lower_exported(torch.fx.symbolic_trace(exported_mlp), sig, state, args=(torch.ones(6, 4),))

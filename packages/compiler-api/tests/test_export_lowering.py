@@ -109,12 +109,28 @@ def test_saved_program_lowered_after_load_and_the_aten_program_saved_again(tmp_p
     assert int(state["bn1.num_batches_tracked"]) == 1
 
 
-def test_dynamic_export_is_lowered_at_the_example_size():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
-    batch = ec.Dim("batch", min=2, max=32)
-    ep = ec.export(model, (torch.randn(8, 4),), dynamic_shapes={"input": {0: batch}})
-    lowered = _lower(ep, args=(torch.randn(6, 4),))
-    x = torch.randn(6, 4)
-    torch.testing.assert_close(lowered.module()(x), model(x))
-    with pytest.raises(CheckError, match=r"args\[0\]\.size\(0\): expected 6, got 8"):
-        _as_capture_program(lowered).module()(torch.randn(8, 4))
+@pytest.mark.parametrize(
+    "name", ["cnn-eval", "gpt", "mlp", "moduledict", "rnn", "transformer-block"]
+)
+def test_zoo_with_a_dynamic_batch_runs_at_other_batch_sizes(name):
+    model, args = ZOO[name].make()
+    eager = copy.deepcopy(model)
+    batch = ec.Dim("batch", min=2, max=64)
+    ep = ec.export(model, args, dynamic_shapes=({0: batch},))
+    lowered = _lower(ep, args=args)
+    sizes = lowered.signature.extra["checks"][0]["sizes"]
+    bigger = (torch.cat([args[0], args[0], args[0]]),)
+    if name == "cnn-eval":  # tracing aten.convolution guards on the batch size (s < 16)
+        assert sizes[0] == args[0].shape[0]
+        with pytest.raises(CheckError, match=r"args\[0\]\.size\(0\): expected 2, got 6"):
+            _as_capture_program(lowered).module()(*bigger)
+        return
+    assert sizes[0] == "batch"
+    mods = (lowered.module(), _as_capture_program(lowered).module())
+    for mod in mods:
+        torch.manual_seed(1)
+        want = eager(*bigger)
+        torch.manual_seed(1)
+        _assert_same(mod(*bigger), want)
+    with pytest.raises(CheckError, match="above its max 64"):
+        mods[1](torch.cat([args[0]] * 40))

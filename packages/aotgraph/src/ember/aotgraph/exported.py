@@ -18,8 +18,11 @@ keep the exported names and order, and whose signature says what each output is:
   are the cotangent of; ``gradient_to_parameter``/``gradient_to_user_input`` outputs name
   the parameter (FQN) or input (placeholder) they are the gradient of.
 
-A dynamic dimension (a ``Dim`` in the checks) is lowered at the example's size: the
-lowered signature's checks say so, and a call with another size is refused.
+A dynamic dimension (a ``Dim`` in the checks) stays dynamic (sizes as ``sym_size``
+nodes, :mod:`ember.aotgraph.exported_shapes`) where the aten trace needs nothing more
+than its bounds; where it needs more (a guard on a size), the program is lowered
+at the example's sizes, the lowered signature's checks say so, and a call with another
+size is refused.
 
 >>> import torch
 >>> def exported(p_weight, b_count, x):  # shaped like ember.capture.export's graphs
@@ -59,6 +62,7 @@ tensor(1.)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +79,7 @@ from ember.aotgraph.exported_checks import (
     example_leaves,
     static_checks,
 )
+from ember.aotgraph.exported_shapes import dynamic_dims, symbolic_inputs
 from ember.aotgraph.numbers import symbolic_numbers
 from ember.aotgraph.program_signature import IOSpec, ProgramSignature
 from ember.aotgraph.trace import (
@@ -166,18 +171,36 @@ def lower_exported(
     fn = _user_outputs(_lifted(graph_module, inputs), user, len(sig.outputs))
     decomp = dict(default_decompositions() if decompositions is None else decompositions)
     decomp.update(DECOMPOSITIONS)
+    lower = functools.partial(_lower_joint if joint else _lower_inference, fn, sig=sig,
+                              user=user, table=decomp)  # fmt: skip
     try:
-        lower = _lower_joint if joint else _lower_inference
-        gm, outputs, extra_inputs = lower(fn, inputs, sig, user, decomp)
-    except Specialized as e:
-        raise LoweringError(f"lowering needed the value of a float input: {e}") from None
+        (gm, outputs, extra_inputs), changed = _lower_shapes(lower, sig, inputs, leaves)
     except (Unsupported, EagerOnly) as e:
         raise LoweringError(str(e)) from None
-    extra = {**sig.extra, "checks": static_checks(sig, leaves)}
-    new = ProgramSignature((*sig.inputs, *extra_inputs), tuple(outputs), extra)
+    new = ProgramSignature((*sig.inputs, *extra_inputs), tuple(outputs), {**sig.extra, **changed})
     state = {s.target: state_dict[s.target] for s in sig.inputs_of("parameter", "buffer")
              if s.target is not None}  # fmt: skip
     return AtenProgram(gm, new, state, constants, joint)
+
+
+def _lower_shapes(
+    lower: Callable[[list[Any]], Lowered],
+    sig: ProgramSignature,
+    inputs: list[Any],
+    leaves: list[Any],
+) -> tuple[Lowered, dict[str, Any]]:
+    """Lower over symbolic sizes where the signature has Dims and the trace needs no more
+    than their bounds; else at the example's sizes. Also the signature entries that change."""
+    symbolic = symbolic_inputs(sig, inputs)
+    if symbolic is not None:
+        try:
+            return lower(symbolic), {"dims": dynamic_dims(sig)}
+        except Specialized:
+            pass  # the aten trace guarded on a size: lowered at the example's sizes, below
+    try:
+        return lower(inputs), {"checks": static_checks(sig, leaves)}
+    except Specialized as e:
+        raise LoweringError(f"lowering needed the value of a float input: {e}") from None
 
 
 def _read(data: Mapping[str, Any]) -> ProgramSignature:
@@ -223,7 +246,12 @@ Lowered = tuple[torch.fx.GraphModule, list[IOSpec], list[IOSpec]]
 
 
 def _lower_inference(
-    fn: Callable[..., Any], inputs: list[Any], sig: ProgramSignature, user: list[int], table: Table
+    fn: Callable[..., Any],
+    inputs: list[Any],
+    *,
+    sig: ProgramSignature,
+    user: list[int],
+    table: Table,
 ) -> Lowered:
     """``(*inputs) -> (*mutations, *user outputs)``: aotgraph's forward trace, every output kept
     (an input returned as it is, or a view of one, stays a graph output)."""
@@ -242,7 +270,12 @@ def _lower_inference(
 
 
 def _lower_joint(
-    fn: Callable[..., Any], inputs: list[Any], sig: ProgramSignature, user: list[int], table: Table
+    fn: Callable[..., Any],
+    inputs: list[Any],
+    *,
+    sig: ProgramSignature,
+    user: list[int],
+    table: Table,
 ) -> Lowered:
     """``(*inputs, *tangents) -> (*mutations, *user outputs, *gradients)``: aotgraph's joint
     trace. Each user output must be a tensor the graph computes (not an input, a view of

@@ -4,8 +4,7 @@ The checks read the signature's ``checks`` JSON (one per flattened input, as
 ``ember.capture.export`` writes them): the pytree structure of ``(args, kwargs)``, each
 tensor's dtype, rank and sizes (an int, or a ``Dim``'s name, which every size carrying
 it must share, within the ``dims`` bounds), each number's type and each constant's
-value. A lowered program's sizes are all ints (:func:`static_checks`). Shape relations
-between dynamic sizes are capture's to check; a lowered program has none left open.
+value, and the shape ``relations`` over the sizes (:func:`relation_holds`).
 
 >>> sig = ProgramSignature((), (), {"checks": [
 ...     {"leaf": 0, "path": "args[0]", "kind": "tensor", "dtype": "torch.float32", "sizes": [2]}]})
@@ -16,6 +15,8 @@ ember.aotgraph.exported_checks.LoweringError: args[0].size(0): expected 2, got 3
 
 from __future__ import annotations
 
+import ast
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,14 @@ from ember.aotgraph.program_signature import IOSpec, ProgramSignature
 if TYPE_CHECKING:
     from ember.aotgraph.exported import AtenProgram
 
-__all__ = ["LoweredModule", "LoweringError", "check_call", "example_leaves", "static_checks"]
+__all__ = [
+    "LoweredModule",
+    "LoweringError",
+    "check_call",
+    "example_leaves",
+    "relation_holds",
+    "static_checks",
+]
 
 
 class LoweringError(ValueError):
@@ -68,7 +76,82 @@ def check_call(sig: ProgramSignature, args: tuple[Any, ...], kwargs: dict[str, A
     for a, b in sig.extra.get("same", ()):
         if leaves[a] is not leaves[b]:
             raise LoweringError(f"inputs {a} and {b} must be the same tensor, as when exported")
+    for relation in sig.extra.get("relations", ()):
+        _check_relation(relation, leaves)
     return leaves
+
+
+def _check_relation(relation: Mapping[str, Any], leaves: list[Any]) -> None:
+    """A shape relation (``s0 >= 2``, ``Eq(s0, 2*s1)``) over the inputs' sizes."""
+    expr, values = relation["expr"], {}
+    for name, leaf, dim in relation["symbols"]:
+        value = leaves[leaf] if 0 <= leaf < len(leaves) else None
+        if not isinstance(value, torch.Tensor) or dim >= value.dim():
+            raise LoweringError(f"shape relation {expr!r}: input {leaf} has no size {dim}")
+        values[name] = int(value.shape[dim])
+    if not relation_holds(expr, values):
+        shown = ", ".join(f"{k} = {v}" for k, v in values.items())
+        raise LoweringError(f"the program needs {expr} ({shown})")
+
+
+def relation_holds(expr: str, values: Mapping[str, int]) -> bool:
+    """Evaluate a shape relation's text over ``values``: integer arithmetic, comparisons and
+    sympy's ``Eq``/``Mod``/``Min``/... only (a loaded file's text is never run as code).
+
+    >>> relation_holds("Eq(Mod(s0, 2), 0) & (s0 <= 2 * s1)", {"s0": 4, "s1": 3})
+    True
+    >>> relation_holds("s0.__class__", {"s0": 1})
+    Traceback (most recent call last):
+    ember.aotgraph.exported_checks.LoweringError: cannot check shape relation 's0.__class__': ...
+    """
+    try:
+        return bool(_evaluate(ast.parse(expr.strip(), mode="eval").body, values))
+    except (SyntaxError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise LoweringError(f"cannot check shape relation {expr!r}: {e!r}") from None
+
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,  # no **: 2 ** 10 ** 9 would hang
+    ast.BitAnd: lambda a, b: bool(a) and bool(b), ast.BitOr: lambda a, b: bool(a) or bool(b),
+}  # fmt: skip
+_UNARY: dict[type, Callable[[Any], Any]] = {
+    ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+    ast.Invert: operator.not_,  # sympy's ~ is logical not (relations are booleans)
+}  # fmt: skip
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+}  # fmt: skip
+# the functions sympy prints in a relation
+_CALLS: dict[str, Callable[..., Any]] = {
+    "Eq": operator.eq, "Ne": operator.ne, "Lt": operator.lt, "Le": operator.le,
+    "Gt": operator.gt, "Ge": operator.ge, "Mod": operator.mod, "FloorDiv": operator.floordiv,
+    "Min": min, "Max": max, "Abs": abs, "And": lambda *a: all(a), "Or": lambda *a: any(a),
+    "Not": operator.not_,
+}  # fmt: skip
+
+
+def _evaluate(node: ast.AST, values: Mapping[str, int]) -> Any:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
+        return node.value
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _BINARY[type(node.op)](_evaluate(node.left, values), _evaluate(node.right, values))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand, values))
+    if isinstance(node, ast.BoolOp):
+        results = [bool(_evaluate(v, values)) for v in node.values]
+        return all(results) if isinstance(node.op, ast.And) else any(results)
+    if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        sides = [_evaluate(n, values) for n in (node.left, *node.comparators)]
+        pairs = zip(node.ops, sides, sides[1:], strict=False)
+        return all(_COMPARE[type(op)](a, b) for op, a, b in pairs)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        if node.func.id in _CALLS:
+            return _CALLS[node.func.id](*(_evaluate(a, values) for a in node.args))
+    raise ValueError(f"{type(node).__name__} is not allowed")
 
 
 def _check_tensor(check: Mapping[str, Any], value: Any, bound: Bound) -> None:
