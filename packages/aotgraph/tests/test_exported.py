@@ -100,9 +100,8 @@ def test_inference_ir_is_aten_and_matches_eager_with_buffer_updates():
         torch.testing.assert_close(mod.state_dict()[key], value, msg=key)
 
 
-def test_dynamic_dim_is_lowered_at_the_example_size_where_the_trace_needs_a_size():
-    # tracing aten.convolution guards on the batch size (s < 16): lowered static
-    _, gm, signature, state = _conv_bn_program()
+def test_dynamic_batch_stays_dynamic_with_the_traces_guard_as_a_relation():
+    model, gm, signature, state = _conv_bn_program()
     with pytest.raises(LoweringError, match=r"args\[0\] has a dynamic size \(Dim 'batch'\)"):
         lower_exported(gm, signature, state)  # no example for a dynamic size
     with pytest.raises(LoweringError, match=r"outside \[2, 16\]"):
@@ -111,15 +110,37 @@ def test_dynamic_dim_is_lowered_at_the_example_size_where_the_trace_needs_a_size
         )
     program = lower_exported(gm, signature, state, args=(torch.randn(4, 3, 8, 8),),
                              kwargs={"scale": 1.0})  # fmt: skip
+    extra = program.signature.extra
+    assert extra["checks"][0]["sizes"] == ["batch", 3, 8, 8]
+    # tracing aten.convolution guards on the batch size: a relation of the lowered program
+    assert len(extra["relations"]) == len(signature["relations"]) + 1
+    assert extra["relations"][-1]["expr"].endswith("< 16")
+    mod = program.module()
+    for n in (2, 5, 15):
+        x = torch.randn(n, 3, 8, 8)
+        torch.testing.assert_close(mod(x, scale=1.5)["out"], model(x, scale=1.5)["out"])
+    torch.testing.assert_close(mod.state_dict()["bn.running_var"], model.bn.running_var)
+    with pytest.raises(LoweringError, match="the program needs s"):
+        mod(torch.randn(16, 3, 8, 8), scale=1.0)
+    with pytest.raises(LoweringError, match=r"expected dtype torch.float32, got torch.float64"):
+        mod(torch.randn(4, 3, 8, 8, dtype=torch.float64), scale=1.0)
+    with pytest.raises(LoweringError, match=r"kwargs\['scale'\]: expected a float, got 1"):
+        mod(torch.randn(4, 3, 8, 8), scale=1)
+    with pytest.raises(LoweringError, match="structured as"):
+        mod(torch.randn(4, 3, 8, 8))
+
+
+def test_dynamic_dim_lowered_at_the_example_size_when_a_guard_cannot_be_checked(monkeypatch):
+    def unreadable(expr, values):
+        raise LoweringError(f"cannot check shape relation {expr!r}")
+
+    monkeypatch.setattr("ember.aotgraph.exported_shapes.relation_holds", unreadable)
+    _, gm, signature, state = _conv_bn_program()
+    program = lower_exported(gm, signature, state, args=(torch.randn(4, 3, 8, 8),),
+                             kwargs={"scale": 1.0})  # fmt: skip
     assert program.signature.extra["checks"][0]["sizes"] == [4, 3, 8, 8]
     with pytest.raises(LoweringError, match=r"args\[0\]\.size\(0\): expected 4, got 5"):
         program.module()(torch.randn(5, 3, 8, 8), scale=1.0)
-    with pytest.raises(LoweringError, match=r"expected dtype torch.float32, got torch.float64"):
-        program.module()(torch.randn(4, 3, 8, 8, dtype=torch.float64), scale=1.0)
-    with pytest.raises(LoweringError, match=r"kwargs\['scale'\]: expected a float, got 1"):
-        program.module()(torch.randn(4, 3, 8, 8), scale=1)
-    with pytest.raises(LoweringError, match="structured as"):
-        program.module()(torch.randn(4, 3, 8, 8))
 
 
 def test_joint_ir_gives_eager_gradients_and_keeps_the_signature():

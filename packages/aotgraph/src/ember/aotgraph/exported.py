@@ -19,10 +19,10 @@ keep the exported names and order, and whose signature says what each output is:
   the parameter (FQN) or input (placeholder) they are the gradient of.
 
 A dynamic dimension (a ``Dim`` in the checks) stays dynamic (sizes as ``sym_size``
-nodes, :mod:`ember.aotgraph.exported_shapes`) where the aten trace needs nothing more
-than its bounds; where it needs more (a guard on a size), the program is lowered
-at the example's sizes, the lowered signature's checks say so, and a call with another
-size is refused.
+nodes, :mod:`ember.aotgraph.exported_shapes`); a guard the trace adds on the sizes
+becomes a shape relation of the lowered signature, checked on every call. Where that
+cannot be (a guard on a float input), the program is lowered at the example's sizes,
+the lowered signature's checks say so, and a call with another size is refused.
 
 >>> import torch
 >>> def exported(p_weight, b_count, x):  # shaped like ember.capture.export's graphs
@@ -189,14 +189,16 @@ def _lower_shapes(
     inputs: list[Any],
     leaves: list[Any],
 ) -> tuple[Lowered, dict[str, Any]]:
-    """Lower over symbolic sizes where the signature has Dims and the trace needs no more
-    than their bounds; else at the example's sizes. Also the signature entries that change."""
-    symbolic = symbolic_inputs(sig, inputs)
-    if symbolic is not None:
+    """Lower over symbolic sizes where the signature has Dims (the trace's guards on them
+    become relations); else at the example's sizes. Also the signature entries that change."""
+    shapes = symbolic_inputs(sig, inputs)
+    if shapes is not None:
         try:
-            return lower(symbolic), {"dims": dynamic_dims(sig)}
+            lowered = lower(shapes.values)
+            relations = [*sig.extra.get("relations", ()), *shapes.relations(leaves)]
+            return lowered, {"dims": dynamic_dims(sig), "relations": relations}
         except Specialized:
-            pass  # the aten trace guarded on a size: lowered at the example's sizes, below
+            pass  # a guard on a float, or one not checkable: at the example's sizes, below
     try:
         return lower(inputs), {"checks": static_checks(sig, leaves)}
     except Specialized as e:
