@@ -223,8 +223,8 @@ def _check_placeholders(gm: torch.fx.GraphModule, sig: ProgramSignature) -> None
 
 def _lifted(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Lifted:
     """``gm`` as aotgraph traces a graph: every input a graph input, float inputs symbolic.
-    Built directly (not ``Lifted.of``): a dynamic export's placeholders carry symbolic
-    fakes, and the lowering traces at the example's sizes instead."""
+    Built directly (not ``Lifted.of``): a dynamic export's placeholders carry capture's
+    symbolic fakes, and the lowering makes its own symbols, one per Dim, from the checks."""
     floats = any(type(v) is float for v in inputs)
     module: Callable[..., Any] = symbolic_numbers(gm) if floats else gm
     positions = tuple(range(len(inputs)))
