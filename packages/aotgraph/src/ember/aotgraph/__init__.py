@@ -42,26 +42,39 @@ def forward(self, primals_1, le, tangents_1):
 
 Under ``torch.no_grad()`` (or when no input requires grad) the same callable
 runs a forward-only graph from ``inference_compiler``, built on first use.
+
+:func:`lower_exported` lowers a program ``ember.capture.export`` made (its graph module
+and its signature as plain data, :class:`ProgramSignature`) to functional aten ops, as
+torch's ``run_decompositions`` does: an inference graph, or the joint forward+backward.
 """
 
 from ember.aotgraph.api import PARTITIONERS, AOTCompiled, Compiler, aot_compile
 from ember.aotgraph.check import CheckError
 from ember.aotgraph.decompositions import default_decompositions
+from ember.aotgraph.exported import AtenProgram, lower_exported
+from ember.aotgraph.exported_checks import LoweredModule, LoweringError
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.partition import Partition, default_partition, partition_from_saved
+from ember.aotgraph.program_signature import IOSpec, ProgramSignature
 from ember.aotgraph.trace import JointGraph
 
 __version__ = "0.1.0"
 __all__ = [
     "PARTITIONERS",
     "AOTCompiled",
+    "AtenProgram",
     "CheckError",
     "Compiler",
+    "IOSpec",
     "JointGraph",
+    "LoweredModule",
+    "LoweringError",
     "Partition",
+    "ProgramSignature",
     "aot_compile",
     "default_decompositions",
     "default_partition",
+    "lower_exported",
     "min_cut_partition",
     "partition_from_saved",
 ]

@@ -333,6 +333,8 @@ def graph_from_json(nodes: list[dict[str, Any]]) -> torch.fx.GraphModule:
         if op not in _BUILD:
             raise ExportFormatError(f"unknown node op {op!r}")
         node = _BUILD[op](g, target, args, kwargs)
+        if op != "output":  # fx names a node after its target; an aten trace names it itself
+            node._rename(str(name))  # (a name taken already gets a suffix: refused below)
         if node.name != name and op != "output":
             raise ExportFormatError(f"node {name!r} is not a unique name")
         node.meta = decode_meta(data.get("meta", {}))
