@@ -329,6 +329,48 @@ def test_failed_export_leaves_module_state():
     assert torch.equal(x, torch.zeros(2))
 
 
+class RunningCount(torch.nn.Module):
+    """Buffers kept by assignment, as eager modules often do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+        self.register_buffer("ema", torch.zeros(3))
+
+    def forward(self, x):
+        self.count = self.count + 1
+        self.ema = 0.5 * self.ema + 0.5 * x.mean(0)
+        self.ema = self.ema * 2  # rebound twice: the last value is the new buffer
+        return x * self.count + self.ema
+
+
+def test_rebound_buffers_are_buffer_mutations():
+    m, eager = RunningCount(), RunningCount()
+    ep = ec.export(m, (torch.ones(2, 3),))
+    mutated = [s.target for s in ep.signature.outputs if s.kind is OutputKind.BUFFER_MUTATION]
+    assert sorted(mutated) == ["count", "ema"]
+    mod = ep.module()
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(mod(x), eager(x))
+    for name, buf in eager.named_buffers():
+        torch.testing.assert_close(mod.get_buffer(name), buf)
+
+
+def test_rebinding_a_buffer_to_another_shape_is_an_error():
+    class Grows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(1))
+
+        def forward(self, x):
+            self.seen = torch.cat([self.seen, x])
+            return x + 1
+
+    with pytest.raises(ec.ExportError, match="rebinds buffer 'seen'"):
+        ec.export(Grows(), (torch.ones(2),))
+
+
 def test_side_effect_refused_unless_not_strict():
     class Counter(torch.nn.Module):
         def forward(self, x):

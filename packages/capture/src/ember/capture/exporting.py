@@ -41,7 +41,7 @@ from ember.capture.export_program import (
 )
 from ember.capture.tracer import Unsupported
 from ember.capture.translate import Translation, translate
-from ember.guards import Attr, DictItem, Item, Local, ModuleChild, Source, TensorSize
+from ember.guards import BUFFERS, Attr, DictItem, Item, Local, ModuleChild, Source, TensorSize
 from ember.guards.kinds import GuardKind
 from ember.guards.state import BACKEND_VAR
 
@@ -510,7 +510,9 @@ def _rebuild(
             env[node] = g.node_copy(node, lambda n: env[n])
     outs = [env[n] for n in cast(tuple[torch.fx.Node, ...], old.output_node().args[0])]
     mutations = _mutations(specs, writes, placeholders, env)
-    _effects(t, strict)
+    rebound, handled = _rebound_buffers(t, specs, outs, by_source)
+    mutations = [m for m in mutations if m[0].target not in rebound] + list(rebound.values())
+    _effects(t, strict, handled)
     structure = _part(t.output, outs, by_source)
     leaves, out_spec = pytree.tree_flatten(structure)
     out_node = g.output(tuple([env_node for _, env_node in mutations] + leaves))
@@ -546,10 +548,54 @@ def _mutations(
     return out
 
 
-def _effects(t: Translation, strict: bool) -> None:
+def _rebound_buffers(
+    t: Translation,
+    specs: list[InputSpec],
+    outs: list[Any],
+    by_node: dict[Source, torch.fx.Node],
+) -> tuple[dict[str | None, tuple[OutputSpec, Any]], set[int]]:
+    """Buffers the function rebinds (``self.count = self.count + 1``), by fully qualified
+    name: each a buffer mutation whose new value is the last tensor stored (eager's
+    ``nn.Module.__setattr__`` puts it in ``_buffers``; ``.module()`` copies it into the
+    buffer). The buffer must be an input (read before) and keep its shape and dtype. Also
+    returns the positions of those effects in ``t.effects``."""
+    by_source = dict(zip(t.input_sources, specs, strict=True))
+    found: dict[str | None, tuple[OutputSpec, Any]] = {}
+    handled = set()
+    for k, effect in enumerate(t.effects):
+        spec = _rebinding(effect, by_source)
+        new = _part(effect[3], outs, by_node) if spec is not None else None
+        if spec is None or not isinstance(new, torch.fx.Node):
+            continue
+        was, now = by_node[t.input_sources[specs.index(spec)]].meta, new.meta
+        if _layout(was.get("example_value")) != _layout(now.get("example_value")):
+            raise ExportError(
+                f"the function rebinds buffer {spec.target!r} to a tensor of another shape or"
+                " dtype: an exported buffer keeps its shape"
+            )
+        handled.add(k)
+        found[spec.target] = (OutputSpec(OutputKind.BUFFER_MUTATION, new.name, spec.target), new)
+    return found, handled
+
+
+def _layout(value: Any) -> Any:
+    return (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else None
+
+
+def _rebinding(effect: tuple[Any, ...], by_source: dict[Source, InputSpec]) -> InputSpec | None:
+    """The buffer input a ``setattr`` effect rebinds, or None."""
+    if effect[0] != "setattr":
+        return None
+    spec = by_source.get(ModuleChild(effect[1], effect[2], BUFFERS))
+    return spec if spec is not None and spec.kind is InputKind.BUFFER else None
+
+
+def _effects(t: Translation, strict: bool, handled: set[int]) -> None:
     """A Python side effect (an attribute or global store, a list append) is an error
-    (``strict``), or is dropped with a warning: a graph holds tensor operations only."""
-    dropped = [f"{e[0]} {' '.join(str(x) for x in e[1:-1])}".strip() for e in t.effects]
+    (``strict``), or is dropped with a warning: a graph holds tensor operations only.
+    ``handled``: effects the signature holds (buffers rebound: :func:`_rebound_buffers`)."""
+    effects = [e for k, e in enumerate(t.effects) if k not in handled]
+    dropped = [f"{e[0]} {' '.join(str(x) for x in e[1:-1])}".strip() for e in effects]
     if dropped and strict:
         raise ExportError(
             "the function has Python side effects an exported graph cannot hold: "
