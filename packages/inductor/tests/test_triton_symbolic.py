@@ -254,7 +254,9 @@ CASES = {
     "columns": (lambda x: (x.sum(0), x.amax(0), x.var(0)), [(5, 7)]),
     "one_block_then_a_loop": (lambda x, y: x.sum(-1) * y.amax(-1), [(5, 64), (5, 3000)]),
     "empty_slice": (lambda x: (x[2:].exp(), x[2:].argmax(0)), [(5, 3)]),
+    "philox": (lambda x: (torch.native_dropout(x, 0.3, True), torch.randn_like(x)), [(5, 7)]),
 }
+FUSED_RANDOM = {"philox"}  # lowered with fused_random: the Philox helpers (uint32 words)
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4})
@@ -262,7 +264,7 @@ for mode in ("real", "symbolic"):
     for name, (fn, shapes) in CASES.items():
         args = [torch.randn(s) for s in shapes]
         gm = make_fx(fn, tracing_mode=mode, decomposition_table=decompositions())(*args)
-        sched = schedule(lower_graph(gm, args))
+        sched = schedule(lower_graph(gm, args, fused_random=name in FUSED_RANDOM))
         source, kernel_args = module_source(sched, interpret=False)
         path = f"{sys.argv[1]}/{mode}_{name}.py"
         open(path, "w").write(source)
@@ -298,4 +300,4 @@ def test_generated_modules_pass_tritons_gpu_front_end(tmp_path: Any) -> None:
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count(" ok") == 10
+    assert run.stdout.count(" ok") == 12

@@ -52,7 +52,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor import triton_matmul
+from ember.inductor import philox, triton_matmul
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
@@ -151,6 +151,9 @@ class TritonPrinter:
         Op.GT: "({0} > {1})",
         Op.GE: "({0} >= {1})",
         Op.WHERE: "tl.where({0}, {1}, {2})",
+        # Philox4x32-10 of (seed, offset): philox.triton_source, bit for bit the C++ numbers
+        Op.RAND: "_ember_rand({0}, {1})",
+        Op.RANDN: "_ember_randn({0}, {1})",
     }
 
     def __init__(self, interpret: bool, shape: str = "[1, 1]") -> None:
@@ -310,6 +313,8 @@ def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list
             w = _KernelWriter(sched, step, interpret)
             parts.append(w.write())
             args[step.name] = w.args
+    if any("_ember_rand" in part for part in parts[1:]):  # (fused_random): the generator
+        parts.insert(1, philox.triton_source(interpret))
     return "\n".join(parts), args
 
 
