@@ -145,6 +145,16 @@ def test_sizes_as_values_views_and_concatenation() -> None:
     _run(fn, [((5, 7),), ((13, 3),), ((2, 1030),)], atol=1e-4)
 
 
+def test_transposed_reads_get_2d_tiles_at_every_size() -> None:
+    def fn(x: T, y: T) -> tuple[T, T]:
+        return x + y.t(), x.unsqueeze(0).expand(3, -1, -1).permute(2, 0, 1).contiguous()
+
+    sizes = [((5, 7), (7, 5)), ((40, 3), (3, 40)), ((33, 65), (65, 33))]
+    compiled = _run(fn, sizes)
+    assert "[None, :]" in compiled.source and "[:, None]" in compiled.source  # tiles
+    assert re.search(r"pid % \(+ks\d+ \+ 31\) // 32\)", compiled.source)  # tiles per size
+
+
 def test_what_the_printer_declines_falls_back_to_cpp_for_every_size() -> None:
     fn = lambda x: (x.abs() + 0.5) ** torch.tensor(2.5)  # noqa: E731  POW: no interpreter libdevice
     compiled = _run(fn, [((5, 7),), ((13, 3),), ((2, 300),)], printer="cpp")
@@ -254,6 +264,8 @@ CASES = {
     "columns": (lambda x: (x.sum(0), x.amax(0), x.var(0)), [(5, 7)]),
     "one_block_then_a_loop": (lambda x, y: x.sum(-1) * y.amax(-1), [(5, 64), (5, 3000)]),
     "empty_slice": (lambda x: (x[2:].exp(), x[2:].argmax(0)), [(5, 3)]),
+    "tiles": (lambda x, y: (x + y.t(), x.unsqueeze(0).expand(3, 5, 7).permute(2, 0, 1) * 2),
+              [(5, 7), (7, 5)]),
     "philox": (lambda x: (torch.native_dropout(x, 0.3, True), torch.randn_like(x)), [(5, 7)]),
 }
 FUSED_RANDOM = {"philox"}  # lowered with fused_random: the Philox helpers (uint32 words)
@@ -300,4 +312,4 @@ def test_generated_modules_pass_tritons_gpu_front_end(tmp_path: Any) -> None:
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count(" ok") == 12
+    assert run.stdout.count(" ok") == 14

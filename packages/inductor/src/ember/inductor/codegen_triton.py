@@ -52,7 +52,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor import philox, triton_matmul
+from ember.inductor import philox, triton_matmul, triton_tiles
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
@@ -162,6 +162,7 @@ class TritonPrinter:
         self.flat: sympy.Expr | None = None  # a flat kernel's point as its loop variables
         self.values: dict[str, str] = {}  # buffer -> the variable holding it (per-row results)
         self.sizes: frozenset[sympy.Symbol] = frozenset()  # size symbols: the same in a block
+        self.fixed: frozenset[sympy.Symbol] = frozenset()  # loop variables one a program (tiles)
         self.ops = dict(self.OPS)
         names = INTERPRETED if interpret else {k: f"libdevice.{v}" for k, v in LIBDEVICE.items()}
         self.ops |= {op: f"{fn}({', '.join(f'{{{k}}}' for k in range(_arity(op)))})"
@@ -212,7 +213,7 @@ class TritonPrinter:
     def varies(self, e: sympy.Expr) -> bool:
         """``e`` moves within a block: it names a loop variable or a loaded index, not only
         size arguments (one number a launch)."""
-        return bool(e.free_symbols - self.sizes)
+        return bool(e.free_symbols - self.sizes - self.fixed)
 
     def rounded(self, value: str, dtype: torch.dtype) -> str:
         """``value`` rounded to half precision ``dtype``, as float32. The interpreter converts
@@ -446,8 +447,11 @@ class _KernelWriter:
             self.note(st)
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
         template = None if self.flat else triton_matmul.match(self.kernel, self.inline)
+        tiled = triton_tiles.tile(self.kernel, self._bodies(), self.hints) if self.flat else None
         if template is not None:
             body = triton_matmul.write(self, template)
+        elif tiled is not None:  # loads and stores along different dims: 2-D tiles
+            body = triton_tiles.write(self, tiled)
         else:
             body = self.write_flat() if self.flat else self.write_rows()
         text = "\n".join(body) + _t(self.points)
@@ -456,6 +460,11 @@ class _KernelWriter:
         params = names + [f"s_{n}" for n in self.scalars] + self.sizes
         head = f"\n\n@triton.jit\ndef {self.kernel.name}({', '.join(params)}):"
         return "\n".join([head, *body, *self.launcher(params)]) + "\n"
+
+    def _bodies(self) -> list[Expr]:
+        """The values the kernel stores, its own pointwise values inlined."""
+        return [self.inline(s.body) for st in self.kernel.stages for s in st.stores
+                if not self._kept(s)]  # fmt: skip
 
     def launcher(self, params: list[str]) -> list[str]:
         """``launch_<kernel>``: the kernel on its grid, the grid computed from the sizes
