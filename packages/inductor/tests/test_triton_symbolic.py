@@ -155,6 +155,17 @@ def test_transposed_reads_get_2d_tiles_at_every_size() -> None:
     assert re.search(r"pid % \(+ks\d+ \+ 31\) // 32\)", compiled.source)  # tiles per size
 
 
+def test_a_split_whole_reduction_at_every_size() -> None:
+    """Programs and chunks of a split reduction are computed per call: one program at a
+    small size, many at a large one (the example's 30,000 points chose to split)."""
+
+    def fn(x: T) -> tuple[T, ...]:
+        return x.sum(), x.amax(), x.argmin(), torch.var_mean(x, correction=0)[0], x.mean()
+
+    compiled = _run(fn, [((100, 300),), ((3, 5),), ((70, 131),)], atol=1e-3)
+    assert "_part[(_parts,)]" in compiled.source and "_n = ks" in compiled.source
+
+
 def test_what_the_printer_declines_falls_back_to_cpp_for_every_size() -> None:
     fn = lambda x: (x.abs() + 0.5) ** torch.tensor(2.5)  # noqa: E731  POW: no interpreter libdevice
     compiled = _run(fn, [((5, 7),), ((13, 3),), ((2, 300),)], printer="cpp")
@@ -246,7 +257,7 @@ def test_symbolic_corpus_at_several_sizes(name: str) -> None:
 # name live into a loop must keep its block shape there); it needs no GPU, but a triton
 # imported without the interpreter: a fresh process
 FRONT_END = r"""
-import sys, importlib.util, torch, torch.nn.functional as F
+import re, sys, importlib.util, torch, torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource, make_backend
@@ -258,6 +269,7 @@ from ember.inductor.scheduler import schedule
 
 POINTERS = {torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
 NUMBERS = {"int64": "i64", "float64": "fp64"}
+SCRATCH = {"float32": "fp32", "float64": "fp64", "int64": "i64"}
 CASES = {
     "softmax": (lambda x: torch.softmax(x, -1), [(5, 7)]),
     "layer_norm": (lambda x: F.layer_norm(x, x.shape[-1:]), [(5, 7)]),
@@ -266,6 +278,10 @@ CASES = {
     "empty_slice": (lambda x: (x[2:].exp(), x[2:].argmax(0)), [(5, 3)]),
     "tiles": (lambda x, y: (x + y.t(), x.unsqueeze(0).expand(3, 5, 7).permute(2, 0, 1) * 2),
               [(5, 7), (7, 5)]),
+    "split": (
+        lambda x: (x.sum(), torch.var_mean(x, correction=0), x.argmax(), x.amin(), x.mean()),
+        [(100, 300)],
+    ),
     "philox": (lambda x: (torch.native_dropout(x, 0.3, True), torch.randn_like(x)), [(5, 7)]),
 }
 FUSED_RANDOM = {"philox"}  # lowered with fused_random: the Philox helpers (uint32 words)
@@ -284,6 +300,7 @@ for mode in ("real", "symbolic"):
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
+        split = False
         for kernel, names in kernel_args.items():
             sig = {}
             for a in names:
@@ -292,13 +309,22 @@ for mode in ("real", "symbolic"):
                     sig[n if n.startswith("ks") else f"s_{n}"] = NUMBERS[d]
                 else:
                     sig[n] = POINTERS[sched.program.buffers[n].dtype]
-            context = ir.context()
-            ir.load_dialects(context)
-            backend.load_dialects(context)
-            codegen = backend.get_codegen_implementation(options)
-            src = ASTSource(getattr(module, kernel), sig)
-            src.make_ir(target, options, codegen, backend.get_module_map(), context)
-        print(mode, name, "ok")
+            # a split reduction (triton_split): scratch pointers as the launcher allocates
+            # them, then the part kernel's chunk and the combine's count of parts
+            launcher = source[source.index(f"def launch_{kernel}("):].split("\n\n\n")[0]
+            scratch = re.findall(r"(\w+) = torch.empty\(\(_parts,\), dtype=torch.(\w+)", launcher)
+            sig |= {p: "*" + SCRATCH[d] for p, d in scratch}
+            split = split or bool(scratch)
+            jobs = [(kernel, sig | {"parts": "i32"} if scratch else sig)]
+            jobs += [(kernel + "_part", sig | {"chunk": "i32"})] if scratch else []
+            for fn, signature in jobs:
+                context = ir.context()
+                ir.load_dialects(context)
+                backend.load_dialects(context)
+                codegen = backend.get_codegen_implementation(options)
+                src = ASTSource(getattr(module, fn), signature)
+                src.make_ir(target, options, codegen, backend.get_module_map(), context)
+        print(mode, name, "ok", "split" * split)
 """
 
 
@@ -312,4 +338,5 @@ def test_generated_modules_pass_tritons_gpu_front_end(tmp_path: Any) -> None:
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count(" ok") == 14
+    assert run.stdout.count(" ok") == 16
+    assert run.stdout.count(" ok split") == 2  # static and symbolic

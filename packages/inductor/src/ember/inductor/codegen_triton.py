@@ -52,7 +52,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor import philox, triton_matmul, triton_tiles
+from ember.inductor import philox, triton_matmul, triton_split, triton_tiles
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
@@ -316,6 +316,8 @@ def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list
             args[step.name] = w.args
     if any("_ember_rand" in part for part in parts[1:]):  # (fused_random): the generator
         parts.insert(1, philox.triton_source(interpret))
+    if any("torch.empty(" in part for part in parts[1:]):  # a split reduction's scratch
+        parts.insert(1, "import torch\n")
     return "\n".join(parts), args
 
 
@@ -448,6 +450,9 @@ class _KernelWriter:
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
         template = None if self.flat else triton_matmul.match(self.kernel, self.inline)
         tiled = triton_tiles.tile(self.kernel, self._bodies(), self.hints) if self.flat else None
+        split = None if self.flat or template else triton_split.plan(self)
+        if split is not None:  # a whole-tensor reduction: partials, then their combine
+            return triton_split.write(self, split, names)
         if template is not None:
             body = triton_matmul.write(self, template)
         elif tiled is not None:  # loads and stores along different dims: 2-D tiles
