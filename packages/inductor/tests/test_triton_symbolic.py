@@ -101,7 +101,7 @@ def test_pointwise_chain_takes_sizes_as_arguments() -> None:
     fn = lambda x, b: ((x * 2 + b).relu().exp() - b.abs()).sigmoid()  # noqa: E731
     sizes = [((5, 7), (7,)), ((13, 3), (3,)), ((2, 1100), (1100,)), ((31, 37), (37,))]
     compiled = _run(fn, sizes)
-    assert compiled.source.count("@triton.jit\ndef kernel") == 1  # one flat kernel
+    assert len(re.findall(r"def kernel\d+\(", compiled.source)) == 1  # one flat kernel
     assert [a for a in _signature(compiled.source) if a.startswith("ks")]  # sizes as ints
     assert "_n = " in compiled.source and "if _n > 0:" in compiled.source  # grid per call
     assert "tl.program_id(0).to(tl.int64)" in compiled.source  # no 32-bit overflow
@@ -166,6 +166,31 @@ def test_a_split_whole_reduction_at_every_size() -> None:
     assert "_part[(_parts,)]" in compiled.source and "_n = ks" in compiled.source
 
 
+def test_indices_are_32_bit_where_the_sizes_fit_else_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each symbolic kernel has a 32-bit twin the launcher runs while every extent fits;
+    with the bound at 0 the 64-bit kernels run, and give the same values."""
+    from ember.inductor import triton_index32
+
+    def fn(x: T, y: T) -> tuple[T, ...]:
+        return torch.softmax(x, -1), x.sum(0), x + y.t(), x.sum()
+
+    sizes = [((5, 7), (7, 5)), ((40, 3), (3, 40)), ((70, 130), (130, 70))]
+    compiled = _run(fn, sizes, atol=1e-4)
+    assert compiled.source.count("_i32[") >= 4 and "tl.int64" not in _twin(compiled.source)
+    monkeypatch.setattr(triton_index32, "INDEX32_LIMIT", 0)
+    compiled = _run(fn, sizes, atol=1e-4)
+    assert " < 0:  # 32-bit indices" in compiled.source
+
+
+def _twin(source: str) -> str:
+    """The 32-bit kernels of a module (each up to its launcher)."""
+    return "".join(
+        part.split("\n\n\ndef launch_")[0]
+        for part in source.split("@triton.jit")
+        if "_i32(" in part
+    )
+
+
 def test_what_the_printer_declines_falls_back_to_cpp_for_every_size() -> None:
     fn = lambda x: (x.abs() + 0.5) ** torch.tensor(2.5)  # noqa: E731  POW: no interpreter libdevice
     compiled = _run(fn, [((5, 7),), ((13, 3),), ((2, 300),)], printer="cpp")
@@ -203,7 +228,7 @@ def _scores(a: T, b: T) -> T:
 def test_a_value_only_this_kernel_reads_is_recomputed_not_stored() -> None:
     fn = lambda a, b: torch.softmax(_scores(a, b), -1)  # noqa: E731
     compiled = _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14)), ((11, 5), (5, 2))])
-    assert compiled.source.count("tl.store(") == 1  # the softmax only: no exp, no scores
+    assert compiled.source.count("tl.store(") == 2  # softmax only (and its 32-bit twin)
 
 
 def test_a_stage_storing_over_memory_a_later_one_reads_falls_back() -> None:
@@ -317,6 +342,10 @@ for mode in ("real", "symbolic"):
             split = split or bool(scratch)
             jobs = [(kernel, sig | {"parts": "i32"} if scratch else sig)]
             jobs += [(kernel + "_part", sig | {"chunk": "i32"})] if scratch else []
+            # the 32-bit twins (triton_index32), their sizes passed as 32-bit ints
+            narrow = {k: ("i32" if k.startswith("ks") else v) for k, v in sig.items()}
+            jobs += [(f + "_i32", narrow | dict(list(g.items())[len(sig):]))
+                     for f, g in jobs if hasattr(module, f + "_i32")]
             for fn, signature in jobs:
                 context = ir.context()
                 ir.load_dialects(context)
@@ -324,7 +353,7 @@ for mode in ("real", "symbolic"):
                 codegen = backend.get_codegen_implementation(options)
                 src = ASTSource(getattr(module, fn), signature)
                 src.make_ir(target, options, codegen, backend.get_module_map(), context)
-        print(mode, name, "ok", "split" * split)
+        print(mode, name, "ok", "split" * split, "i32" * ("_i32(" in source))
 """
 
 
@@ -340,3 +369,4 @@ def test_generated_modules_pass_tritons_gpu_front_end(tmp_path: Any) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count(" ok") == 16
     assert run.stdout.count(" ok split") == 2  # static and symbolic
+    assert run.stdout.count(" i32") == 6  # symbolic cases with kernels (tiles: static sizes)

@@ -52,7 +52,13 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor import philox, triton_matmul, triton_split, triton_tiles
+from ember.inductor import (
+    philox,
+    triton_index32,
+    triton_matmul,
+    triton_split,
+    triton_tiles,
+)
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
@@ -312,7 +318,8 @@ def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list
     for step in sched.steps:
         if isinstance(step, Kernel):
             w = _KernelWriter(sched, step, interpret)
-            parts.append(w.write())
+            text = w.write()  # a symbolic kernel: a 32-bit twin, chosen at launch
+            parts.append(triton_index32.with_narrow(text, w) if w.wide else text)
             args[step.name] = w.args
     if any("_ember_rand" in part for part in parts[1:]):  # (fused_random): the generator
         parts.insert(1, philox.triton_source(interpret))
@@ -438,6 +445,11 @@ class _KernelWriter:
         buffers = self.reads + [w for w in self.writes if w not in self.reads]
         sizes = [scalar_arg(n, torch.int64) for n in self.sizes]
         return buffers + [scalar_arg(n, d) for n, d in self.scalars.items()] + sizes
+
+    @property
+    def extents(self) -> list[Any]:
+        """The extent of each buffer the kernel reads or writes (a bound on its indices)."""
+        return [self.prog.buffers[n].layout.extent for n in [*self.reads, *self.writes]]
 
     def emit(self, line: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + line)
