@@ -446,11 +446,6 @@ class _KernelWriter:
         sizes = [scalar_arg(n, torch.int64) for n in self.sizes]
         return buffers + [scalar_arg(n, d) for n, d in self.scalars.items()] + sizes
 
-    @property
-    def extents(self) -> list[Any]:
-        """The extent of each buffer the kernel reads or writes (a bound on its indices)."""
-        return [self.prog.buffers[n].layout.extent for n in [*self.reads, *self.writes]]
-
     def emit(self, line: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + line)
 
@@ -461,7 +456,7 @@ class _KernelWriter:
             self.note(st)
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
         template = None if self.flat else triton_matmul.match(self.kernel, self.inline)
-        tiled = triton_tiles.tile(self.kernel, self._bodies(), self.hints) if self.flat else None
+        tiled = triton_tiles.tile(self) if self.flat else None
         split = None if self.flat or template else triton_split.plan(self)
         if split is not None:  # a whole-tensor reduction: partials, then their combine
             return triton_split.write(self, split, names)
@@ -477,11 +472,6 @@ class _KernelWriter:
         params = names + [f"s_{n}" for n in self.scalars] + self.sizes
         head = f"\n\n@triton.jit\ndef {self.kernel.name}({', '.join(params)}):"
         return "\n".join([head, *body, *self.launcher(params)]) + "\n"
-
-    def _bodies(self) -> list[Expr]:
-        """The values the kernel stores, its own pointwise values inlined."""
-        return [self.inline(s.body) for st in self.kernel.stages for s in st.stores
-                if not self._kept(s)]  # fmt: skip
 
     def launcher(self, params: list[str]) -> list[str]:
         """``launch_<kernel>``: the kernel on its grid, the grid computed from the sizes

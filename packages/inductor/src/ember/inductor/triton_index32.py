@@ -20,8 +20,9 @@ arguments are Python ints, which Triton itself passes as 32-bit when they fit.
 ... def launch_kernel0(x, ks0):
 ...     kernel0[((ks0 + 1023) // 1024,)](x, ks0, num_warps=4)
 ... '''
+>>> buffers = {"x": SimpleNamespace(layout=SimpleNamespace(extent=4 * ks0))}
 >>> w = SimpleNamespace(kernel=SimpleNamespace(name="kernel0"), sizes=["ks0"], points=ks0,
-...                     extents=[4 * ks0])
+...                     prog=SimpleNamespace(buffers=buffers), reads=["x"], writes=[])
 >>> print(with_narrow(text, w)[text.index("@"):])  # doctest: +NORMALIZE_WHITESPACE
 @triton.jit
 def kernel0(x, ks0):
@@ -98,7 +99,8 @@ def with_narrow(text: str, w: Any) -> str:
 def _bound(w: Any) -> str | None:
     """``max(...)`` of the kernel's points and extents over its size arguments, or None."""
     names = set(w.sizes)
-    terms = [e for e in [w.points, *w.extents] if not sympy.sympify(e).is_Integer]
+    extents = [w.prog.buffers[n].layout.extent for n in [*w.reads, *w.writes]]
+    terms = [e for e in [w.points, *extents] if not sympy.sympify(e).is_Integer]
     if not terms or any(str(s) not in names for e in terms for s in sympy.sympify(e).free_symbols):
         return None
     try:

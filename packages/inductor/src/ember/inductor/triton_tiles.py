@@ -42,7 +42,7 @@ import sympy  # type: ignore[import-untyped]
 from ember.inductor.ir import Expr
 from ember.inductor.knobs import KNOBS
 from ember.inductor.ops import Op
-from ember.inductor.scheduler import Kernel, X, Y
+from ember.inductor.scheduler import X, Y
 from ember.inductor.symbolic import hint, is_static
 
 __all__ = ["TILE_SIDE", "Tile", "tile", "write"]
@@ -66,10 +66,12 @@ def _unit(index: sympy.Expr, vars_: list[sympy.Symbol], long: set[sympy.Symbol])
     return units[-1] if units else None
 
 
-def tile(kernel: Kernel, bodies: list[Expr], hints: dict[Any, int]) -> Tile | None:
-    """The tile of a flat kernel whose stores run along one variable and a load along
-    another (moving across memory along the store's: a transposed read); None otherwise.
-    ``bodies``: the stores' values, with the kernel's own pointwise values inlined."""
+def tile(w: Any) -> Tile | None:
+    """The tile of writer ``w``'s flat kernel whose stores run along one variable and a
+    load along another (moving across memory along the store's: a transposed read); None
+    otherwise. The loads are those of the stored values, the kernel's own values inlined."""
+    kernel, hints = w.kernel, w.hints
+    bodies = [w.inline(s.body) for st in kernel.stages for s in st.stores if not w._kept(s)]
     inner = kernel.stages[0].inner
     vars_ = [*X[: len(kernel.outer)], *Y[: len(inner)]]
     sizes = dict(zip(vars_, (*kernel.outer, *inner), strict=True))
