@@ -142,3 +142,63 @@ def test_triton_graphs_replay_from_cuda_graphs() -> None:
         )
     graphs = [r() for r in pool.records]
     assert len(graphs) == 2  # the forward and the backward, recorded once each
+
+
+def test_kernels_run_on_the_current_stream() -> None:
+    """Triton's launcher takes torch's current stream of the current device: a compiled
+    graph called under ``torch.cuda.stream(s)`` runs after the work queued before it on
+    ``s`` (here a write of its input behind a long sleep), not on the default stream."""
+    fn = lambda x: (x * 2 + 1, x.sum(), torch.softmax(x, -1))  # noqa: E731
+    x = torch.zeros(256, 1000, device="cuda")
+    compiled = _compiled(fn, [x], "real")
+    compiled(x)  # built
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # about 50 ms of the side stream
+        x.fill_(3.0)
+        out = compiled(x)
+    side.synchronize()
+    torch.testing.assert_close(out, fn(torch.full_like(x, 3.0)))
+
+
+def test_split_reductions_and_tiles_on_the_gpu() -> None:
+    """Kernel shapes checked under the interpreter: a whole reduction split across
+    programs, and 2-D tiles for a transposed read."""
+    _check(lambda x: (x.sum(), x.argmax(), x.var(), x.t().contiguous() + 1), [[(300, 1001)]])
+
+
+DRAW = """
+@triton.jit
+def draw(seeds, offsets, u, n, N: tl.constexpr):
+    i = tl.arange(0, N)
+    s = tl.load(seeds + i)
+    o = tl.load(offsets + i)
+    tl.store(u + i, _ember_rand(s, o))
+    tl.store(n + i, _ember_randn(s, o))
+"""
+
+
+def test_philox_on_the_gpu_is_the_cpu_generator_bit_for_bit(tmp_path: Any) -> None:
+    """The Philox helpers compiled for the GPU (libdevice float64 log and cos) against
+    ``philox.uniform``/``normal``, which the C++ printer's numbers equal bit for bit."""
+    import importlib.util
+    import sys
+
+    from ember.inductor import philox
+    from ember.inductor.triton_prelude import HEADER, LIBDEVICE_IMPORT
+
+    path = tmp_path / "draw_gpu.py"
+    path.write_text(HEADER + LIBDEVICE_IMPORT + philox.triton_source(False) + DRAW)
+    spec = importlib.util.spec_from_file_location("ember_test_draw_gpu", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    g = torch.Generator().manual_seed(0)
+    seeds = torch.randint(0, 1 << 62, (4096,), generator=g)
+    offsets = torch.randint(0, 1 << 62, (4096,), generator=g)
+    u, n = torch.empty(4096, device="cuda"), torch.empty(4096, device="cuda")
+    module.draw[(1,)](seeds.cuda(), offsets.cuda(), u, n, N=4096)
+    assert torch.equal(u.cpu(), philox.uniform(seeds, offsets))
+    assert torch.equal(n.cpu(), philox.normal(seeds, offsets))

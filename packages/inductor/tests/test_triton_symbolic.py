@@ -101,7 +101,7 @@ def test_pointwise_chain_takes_sizes_as_arguments() -> None:
     fn = lambda x, b: ((x * 2 + b).relu().exp() - b.abs()).sigmoid()  # noqa: E731
     sizes = [((5, 7), (7,)), ((13, 3), (3,)), ((2, 1100), (1100,)), ((31, 37), (37,))]
     compiled = _run(fn, sizes)
-    assert compiled.source.count("@triton.jit\ndef kernel") == 1  # one flat kernel
+    assert len(re.findall(r"def kernel\d+\(", compiled.source)) == 1  # one flat kernel
     assert [a for a in _signature(compiled.source) if a.startswith("ks")]  # sizes as ints
     assert "_n = " in compiled.source and "if _n > 0:" in compiled.source  # grid per call
     assert "tl.program_id(0).to(tl.int64)" in compiled.source  # no 32-bit overflow
@@ -145,6 +145,52 @@ def test_sizes_as_values_views_and_concatenation() -> None:
     _run(fn, [((5, 7),), ((13, 3),), ((2, 1030),)], atol=1e-4)
 
 
+def test_transposed_reads_get_2d_tiles_at_every_size() -> None:
+    def fn(x: T, y: T) -> tuple[T, T]:
+        return x + y.t(), x.unsqueeze(0).expand(3, -1, -1).permute(2, 0, 1).contiguous()
+
+    sizes = [((5, 7), (7, 5)), ((40, 3), (3, 40)), ((33, 65), (65, 33))]
+    compiled = _run(fn, sizes)
+    assert "[None, :]" in compiled.source and "[:, None]" in compiled.source  # tiles
+    assert re.search(r"pid % \(+ks\d+ \+ 31\) // 32\)", compiled.source)  # tiles per size
+
+
+def test_a_split_whole_reduction_at_every_size() -> None:
+    """Programs and chunks of a split reduction are computed per call: one program at a
+    small size, many at a large one (the example's 30,000 points chose to split)."""
+
+    def fn(x: T) -> tuple[T, ...]:
+        return x.sum(), x.amax(), x.argmin(), torch.var_mean(x, correction=0)[0], x.mean()
+
+    compiled = _run(fn, [((100, 300),), ((3, 5),), ((70, 131),)], atol=1e-3)
+    assert "_part[(_parts,)]" in compiled.source and "_n = ks" in compiled.source
+
+
+def test_indices_are_32_bit_where_the_sizes_fit_else_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each symbolic kernel has a 32-bit twin the launcher runs while every extent fits;
+    with the bound at 0 the 64-bit kernels run, and give the same values."""
+    from ember.inductor import triton_index32
+
+    def fn(x: T, y: T) -> tuple[T, ...]:
+        return torch.softmax(x, -1), x.sum(0), x + y.t(), x.sum()
+
+    sizes = [((5, 7), (7, 5)), ((40, 3), (3, 40)), ((70, 130), (130, 70))]
+    compiled = _run(fn, sizes, atol=1e-4)
+    assert compiled.source.count("_i32[") >= 4 and "tl.int64" not in _twin(compiled.source)
+    monkeypatch.setattr(triton_index32, "INDEX32_LIMIT", 0)
+    compiled = _run(fn, sizes, atol=1e-4)
+    assert " < 0:  # 32-bit indices" in compiled.source
+
+
+def _twin(source: str) -> str:
+    """The 32-bit kernels of a module (each up to its launcher)."""
+    return "".join(
+        part.split("\n\n\ndef launch_")[0]
+        for part in source.split("@triton.jit")
+        if "_i32(" in part
+    )
+
+
 def test_what_the_printer_declines_falls_back_to_cpp_for_every_size() -> None:
     fn = lambda x: (x.abs() + 0.5) ** torch.tensor(2.5)  # noqa: E731  POW: no interpreter libdevice
     compiled = _run(fn, [((5, 7),), ((13, 3),), ((2, 300),)], printer="cpp")
@@ -182,7 +228,7 @@ def _scores(a: T, b: T) -> T:
 def test_a_value_only_this_kernel_reads_is_recomputed_not_stored() -> None:
     fn = lambda a, b: torch.softmax(_scores(a, b), -1)  # noqa: E731
     compiled = _run(fn, [((6, 5), (5, 9)), ((3, 5), (5, 14)), ((11, 5), (5, 2))])
-    assert compiled.source.count("tl.store(") == 1  # the softmax only: no exp, no scores
+    assert compiled.source.count("tl.store(") == 2  # softmax only (and its 32-bit twin)
 
 
 def test_a_stage_storing_over_memory_a_later_one_reads_falls_back() -> None:
@@ -236,7 +282,7 @@ def test_symbolic_corpus_at_several_sizes(name: str) -> None:
 # name live into a loop must keep its block shape there); it needs no GPU, but a triton
 # imported without the interpreter: a fresh process
 FRONT_END = r"""
-import sys, importlib.util, torch, torch.nn.functional as F
+import re, sys, importlib.util, torch, torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource, make_backend
@@ -248,13 +294,22 @@ from ember.inductor.scheduler import schedule
 
 POINTERS = {torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
 NUMBERS = {"int64": "i64", "float64": "fp64"}
+SCRATCH = {"float32": "fp32", "float64": "fp64", "int64": "i64"}
 CASES = {
     "softmax": (lambda x: torch.softmax(x, -1), [(5, 7)]),
     "layer_norm": (lambda x: F.layer_norm(x, x.shape[-1:]), [(5, 7)]),
     "columns": (lambda x: (x.sum(0), x.amax(0), x.var(0)), [(5, 7)]),
     "one_block_then_a_loop": (lambda x, y: x.sum(-1) * y.amax(-1), [(5, 64), (5, 3000)]),
     "empty_slice": (lambda x: (x[2:].exp(), x[2:].argmax(0)), [(5, 3)]),
+    "tiles": (lambda x, y: (x + y.t(), x.unsqueeze(0).expand(3, 5, 7).permute(2, 0, 1) * 2),
+              [(5, 7), (7, 5)]),
+    "split": (
+        lambda x: (x.sum(), torch.var_mean(x, correction=0), x.argmax(), x.amin(), x.mean()),
+        [(100, 300)],
+    ),
+    "philox": (lambda x: (torch.native_dropout(x, 0.3, True), torch.randn_like(x)), [(5, 7)]),
 }
+FUSED_RANDOM = {"philox"}  # lowered with fused_random: the Philox helpers (uint32 words)
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 options = backend.parse_options({"num_warps": 4})
@@ -262,7 +317,7 @@ for mode in ("real", "symbolic"):
     for name, (fn, shapes) in CASES.items():
         args = [torch.randn(s) for s in shapes]
         gm = make_fx(fn, tracing_mode=mode, decomposition_table=decompositions())(*args)
-        sched = schedule(lower_graph(gm, args))
+        sched = schedule(lower_graph(gm, args, fused_random=name in FUSED_RANDOM))
         source, kernel_args = module_source(sched, interpret=False)
         path = f"{sys.argv[1]}/{mode}_{name}.py"
         open(path, "w").write(source)
@@ -270,6 +325,7 @@ for mode in ("real", "symbolic"):
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
+        split = False
         for kernel, names in kernel_args.items():
             sig = {}
             for a in names:
@@ -278,13 +334,26 @@ for mode in ("real", "symbolic"):
                     sig[n if n.startswith("ks") else f"s_{n}"] = NUMBERS[d]
                 else:
                     sig[n] = POINTERS[sched.program.buffers[n].dtype]
-            context = ir.context()
-            ir.load_dialects(context)
-            backend.load_dialects(context)
-            codegen = backend.get_codegen_implementation(options)
-            src = ASTSource(getattr(module, kernel), sig)
-            src.make_ir(target, options, codegen, backend.get_module_map(), context)
-        print(mode, name, "ok")
+            # a split reduction (triton_split): scratch pointers as the launcher allocates
+            # them, then the part kernel's chunk and the combine's count of parts
+            launcher = source[source.index(f"def launch_{kernel}("):].split("\n\n\n")[0]
+            scratch = re.findall(r"(\w+) = torch.empty\(\(_parts,\), dtype=torch.(\w+)", launcher)
+            sig |= {p: "*" + SCRATCH[d] for p, d in scratch}
+            split = split or bool(scratch)
+            jobs = [(kernel, sig | {"parts": "i32"} if scratch else sig)]
+            jobs += [(kernel + "_part", sig | {"chunk": "i32"})] if scratch else []
+            # the 32-bit twins (triton_index32), their sizes passed as 32-bit ints
+            narrow = {k: ("i32" if k.startswith("ks") else v) for k, v in sig.items()}
+            jobs += [(f + "_i32", narrow | dict(list(g.items())[len(sig):]))
+                     for f, g in jobs if hasattr(module, f + "_i32")]
+            for fn, signature in jobs:
+                context = ir.context()
+                ir.load_dialects(context)
+                backend.load_dialects(context)
+                codegen = backend.get_codegen_implementation(options)
+                src = ASTSource(getattr(module, fn), signature)
+                src.make_ir(target, options, codegen, backend.get_module_map(), context)
+        print(mode, name, "ok", "split" * split, "i32" * ("_i32(" in source))
 """
 
 
@@ -298,4 +367,6 @@ def test_generated_modules_pass_tritons_gpu_front_end(tmp_path: Any) -> None:
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count(" ok") == 10
+    assert run.stdout.count(" ok") == 16
+    assert run.stdout.count(" ok split") == 2  # static and symbolic
+    assert run.stdout.count(" i32") == 6  # symbolic cases with kernels (tiles: static sizes)

@@ -52,7 +52,13 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
-from ember.inductor import triton_matmul
+from ember.inductor import (
+    philox,
+    triton_index32,
+    triton_matmul,
+    triton_split,
+    triton_tiles,
+)
 from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
@@ -63,6 +69,7 @@ from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 from ember.inductor.symbolic import Unsupported as SizeUnsupported
 from ember.inductor.symbolic import hint, is_static, pyexpr
 from ember.inductor.triton_prelude import HEADER, HELPERS, INTERPRETER_MATH, LIBDEVICE_IMPORT
+from ember.inductor.triton_reduce import COMBINE, FINISH, identity, two_pass, welford_step
 
 __all__ = ["PERSISTENT_MAX", "TritonPrinter", "Unsupported", "module_source"]
 
@@ -150,6 +157,9 @@ class TritonPrinter:
         Op.GT: "({0} > {1})",
         Op.GE: "({0} >= {1})",
         Op.WHERE: "tl.where({0}, {1}, {2})",
+        # Philox4x32-10 of (seed, offset): philox.triton_source, bit for bit the C++ numbers
+        Op.RAND: "_ember_rand({0}, {1})",
+        Op.RANDN: "_ember_randn({0}, {1})",
     }
 
     def __init__(self, interpret: bool, shape: str = "[1, 1]") -> None:
@@ -158,6 +168,7 @@ class TritonPrinter:
         self.flat: sympy.Expr | None = None  # a flat kernel's point as its loop variables
         self.values: dict[str, str] = {}  # buffer -> the variable holding it (per-row results)
         self.sizes: frozenset[sympy.Symbol] = frozenset()  # size symbols: the same in a block
+        self.fixed: frozenset[sympy.Symbol] = frozenset()  # loop variables one a program (tiles)
         self.ops = dict(self.OPS)
         names = INTERPRETED if interpret else {k: f"libdevice.{v}" for k, v in LIBDEVICE.items()}
         self.ops |= {op: f"{fn}({', '.join(f'{{{k}}}' for k in range(_arity(op)))})"
@@ -208,7 +219,7 @@ class TritonPrinter:
     def varies(self, e: sympy.Expr) -> bool:
         """``e`` moves within a block: it names a loop variable or a loaded index, not only
         size arguments (one number a launch)."""
-        return bool(e.free_symbols - self.sizes)
+        return bool(e.free_symbols - self.sizes - self.fixed)
 
     def rounded(self, value: str, dtype: torch.dtype) -> str:
         """``value`` rounded to half precision ``dtype``, as float32. The interpreter converts
@@ -307,8 +318,13 @@ def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list
     for step in sched.steps:
         if isinstance(step, Kernel):
             w = _KernelWriter(sched, step, interpret)
-            parts.append(w.write())
+            text = w.write()  # a symbolic kernel: a 32-bit twin, chosen at launch
+            parts.append(triton_index32.with_narrow(text, w) if w.wide else text)
             args[step.name] = w.args
+    if any("_ember_rand" in part for part in parts[1:]):  # (fused_random): the generator
+        parts.insert(1, philox.triton_source(interpret))
+    if any("torch.empty(" in part for part in parts[1:]):  # a split reduction's scratch
+        parts.insert(1, "import torch\n")
     return "\n".join(parts), args
 
 
@@ -440,8 +456,14 @@ class _KernelWriter:
             self.note(st)
         names = [*self.reads, *(w for w in self.writes if w not in self.reads)]
         template = None if self.flat else triton_matmul.match(self.kernel, self.inline)
+        tiled = triton_tiles.tile(self) if self.flat else None
+        split = None if self.flat or template else triton_split.plan(self)
+        if split is not None:  # a whole-tensor reduction: partials, then their combine
+            return triton_split.write(self, split, names)
         if template is not None:
             body = triton_matmul.write(self, template)
+        elif tiled is not None:  # loads and stores along different dims: 2-D tiles
+            body = triton_tiles.write(self, tiled)
         else:
             body = self.write_flat() if self.flat else self.write_rows()
         text = "\n".join(body) + _t(self.points)
@@ -631,7 +653,7 @@ class _KernelWriter:
         shape = f"[{xb}, {rb}]"
         for group in by_body(s for s in st.stores if s.reduce in WELFORD):
             if not looped:
-                continue  # one block: two passes in registers (_two_pass)
+                continue  # one block: two passes in registers (two_pass)
             w = f"{group[0].name}_w"
             for part in ("mean", "m2", "n"):
                 self.emit(f"{w}_{part} = tl.zeros({shape}, tl.float32)")
@@ -641,7 +663,7 @@ class _KernelWriter:
             if s.reduce in WELFORD:
                 continue
             t = _compute(s.body.dtype)
-            init = _identity(s.reduce, s.body.dtype)  # type: ignore[arg-type]
+            init = identity(s.reduce, s.body.dtype)  # type: ignore[arg-type]
             self.emit(f"{s.name}_acc = tl.full({shape}, {init}, {TYPES[t]})")
             if s.reduce in (Reduce.MAX, Reduce.MIN) and s.body.dtype.is_floating_point:
                 self.emit(f"{s.name}_nan = tl.zeros({shape}, tl.int32)")
@@ -662,9 +684,9 @@ class _KernelWriter:
                 if s.body not in done:
                     done.add(s.body)
                     w = f"{s.name}_w"
-                    lines += _welford_step(w, v) if whole is None else _two_pass(w, v, whole)
+                    lines += welford_step(w, v) if whole is None else two_pass(w, v, whole)
                 continue
-            init = _identity(s.reduce, s.body.dtype)  # type: ignore[arg-type]
+            init = identity(s.reduce, s.body.dtype)  # type: ignore[arg-type]
             lines += [
                 line.format(acc=acc, v=v, init=init, n=s.name)
                 for line in COMBINE[s.reduce]  # type: ignore[index]
@@ -727,74 +749,3 @@ def _along_outer(kernel: Kernel) -> bool:
 
 def _compute(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in LOW else dtype
-
-
-def _identity(kind: Reduce, dtype: torch.dtype) -> str:
-    """The accumulator's start, as a Python literal."""
-    floating = dtype.is_floating_point
-    if kind in (Reduce.MAX, Reduce.ARGMAX):
-        return 'float("-inf")' if floating else str(_limits(dtype)[0])
-    if kind in (Reduce.MIN, Reduce.ARGMIN):
-        return 'float("inf")' if floating else str(_limits(dtype)[1])
-    return {Reduce.PROD: "1", Reduce.ALL: "1"}.get(kind, "0")
-
-
-def _limits(dtype: torch.dtype) -> tuple[int, int]:
-    if dtype == torch.bool:
-        return 0, 1
-    info = torch.iinfo(dtype)
-    return info.min, info.max
-
-
-# kind -> lines folding value {v} into accumulator {acc} where ``mask`` holds
-COMBINE: dict[Reduce, list[str]] = {
-    Reduce.SUM: ["{acc} = {acc} + tl.where(mask, {v}, 0)"],
-    Reduce.PROD: ["{acc} = {acc} * tl.where(mask, {v}, 1)"],
-    Reduce.MAX: ["{acc} = tl.where(mask & ({v} > {acc}), {v}, {acc})"],
-    Reduce.MIN: ["{acc} = tl.where(mask & ({v} < {acc}), {v}, {acc})"],
-    Reduce.ANY: ["{acc} = {acc} | (mask & ({v} != 0))"],
-    Reduce.ALL: ["{acc} = {acc} & ((mask == 0) | ({v} != 0))"],
-    # a lane sees its points in order: only a larger value (or a first NaN) takes it
-    Reduce.ARGMAX: [
-        "{n}_take = mask & (({v} > {acc}) | (({v} != {v}) & ({acc} == {acc})))",
-        "{acc} = tl.where({n}_take, {v}, {acc})",
-        "{n}_idx = tl.where({n}_take, rindex.to(tl.int64), {n}_idx)",
-    ],
-    Reduce.ARGMIN: [
-        "{n}_take = mask & (({v} < {acc}) | (({v} != {v}) & ({acc} == {acc})))",
-        "{acc} = tl.where({n}_take, {v}, {acc})",
-        "{n}_idx = tl.where({n}_take, rindex.to(tl.int64), {n}_idx)",
-    ],
-}
-
-# kind -> the block's result from accumulator {n}_acc (a [XBLOCK] value)
-FINISH: dict[Reduce, str] = {
-    Reduce.SUM: "tl.sum({n}_acc, 1)",
-    Reduce.PROD: "tl.reduce({n}_acc, 1, _ember_mul)",
-    Reduce.MAX: "tl.max({n}_acc, 1)",
-    Reduce.MIN: "tl.min({n}_acc, 1)",
-    Reduce.ANY: "tl.max({n}_acc.to(tl.int32), 1) > 0",
-    Reduce.ALL: "tl.min({n}_acc.to(tl.int32), 1) > 0",
-    Reduce.ARGMAX: "tl.reduce(({n}_acc, {n}_idx), 1, _ember_argmax)[1]",
-    Reduce.ARGMIN: "tl.reduce(({n}_acc, {n}_idx), 1, _ember_argmin)[1]",
-}
-
-
-def _two_pass(w: str, v: str, n: int) -> list[str]:
-    """Mean and m2 of a row held in one block (no values: 0 and 0, as Welford gives)."""
-    return [
-        f"{w}_mr = tl.sum(tl.where(mask, {v}, 0.0), 1) / {max(n, 1)}",
-        f"{w}_dv = tl.where(mask, {v} - {w}_mr[:, None], 0.0)",
-        f"{w}_sr = tl.sum({w}_dv * {w}_dv, 1)",
-    ]
-
-
-def _welford_step(w: str, v: str) -> list[str]:
-    """One Welford update of each lane by the block's values (masked lanes keep theirs)."""
-    return [
-        f"{w}_c = {w}_n + tl.where(mask, 1.0, 0.0)",
-        f"{w}_d = tl.where(mask, {v} - {w}_mean, 0.0)",
-        f"{w}_mean = {w}_mean + {w}_d / tl.where({w}_c == 0, 1.0, {w}_c)",
-        f"{w}_m2 = {w}_m2 + tl.where(mask, {w}_d * ({v} - {w}_mean), 0.0)",
-        f"{w}_n = {w}_c",
-    ]

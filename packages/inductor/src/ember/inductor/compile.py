@@ -39,6 +39,7 @@ from ember.inductor import (
     log,
     settings,
     timing,
+    triton_cache,
     wrapper_triton,
 )
 from ember.inductor.check import check, enabled
@@ -374,6 +375,7 @@ class CompiledGraph:
                 "wrapper": self.wrapper,
                 "kernel_args": self.kernel_args,
                 "so": so_key,
+                "module": triton_cache.module_of(self),  # the Triton module (else None)
                 "consts": {n: graph_cache.encode(v, paths) for n, v in consts.items()},
                 "spec": None if self._spec is None else pytree.treespec_dumps(self._spec),
             }
@@ -502,16 +504,20 @@ def _compile_triton(
 ) -> Callable[..., Any] | None:
     """The graph with Triton kernels (``target.printer == "triton"``) or as aten calls
     (``"eager"``); None when the Triton printer declines a CPU graph, which C++ then takes.
-    A CUDA graph the printer declines runs as aten calls. No graph cache: the module is
-    cached by content, and Triton caches its builds."""
+    A CUDA graph the printer declines runs as aten calls. A graph seen before loads its
+    record and cached module (``triton_cache``)."""
     run = _Run()
     run.write("00_input_graph.txt", gm)
     run.write("target.txt", f"{target}\n")
     log.LOG.info("printer %s on %s: %s", target.printer, target.device, target.reason)
     reason = target.reason
     if target.printer == "triton":
+        options = cache.CompileOptions.resolve(opts)  # (read by C++ autotuning only)
+        key = triton_cache.graph_key(_graph_key(gm, example_inputs, options, opts), target)
+        record = graph_cache.load(key) if key is not None else None
+        if record is not None and (hit := triton_cache.from_record(gm, record, run, target)):
+            return hit  # type: ignore[no-any-return]
         try:
-            options = cache.CompileOptions.resolve(opts)  # (read by C++ autotuning only)
             with_target = {**opts, "target": target}
             lowered, source, args = _generate(run, gm, example_inputs, with_target, options)
             kernels = wrapper_triton.load(source, lowered.sched)
@@ -523,6 +529,7 @@ def _compile_triton(
             compiled = CompiledGraph(lowered.gm, run, lowered.spec)
             compiled.schedule, compiled.source, compiled.kernel_args = lowered.sched, source, args
             compiled.target, compiled._kernels = target, kernels
+            compiled._record = None if key is None else (key, gm)
             return compiled
     run.write("target.txt", f"{target}\nfell back: {reason}\n")
     if target.device == "cpu":

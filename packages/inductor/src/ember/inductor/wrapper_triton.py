@@ -34,7 +34,7 @@ from ember.inductor import cache
 from ember.inductor.codegen_triton import module_source
 from ember.inductor.scheduler import Kernel, Schedule
 
-__all__ = ["CPU_BACKENDS", "Target", "choose", "codegen", "load"]
+__all__ = ["CPU_BACKENDS", "Target", "choose", "codegen", "load", "load_module", "module_key"]
 
 CPU_BACKENDS = ("cpp", "triton")  # the printers CPU tensors may get
 
@@ -112,22 +112,53 @@ def load(source: str, sched: Schedule) -> dict[str, Callable[..., Any]]:
     directory (``<cache>/triton/<key[:2]>/<key>.py``, keyed by content and triton's
     version) and imported; Triton compiles (or its own cache loads) each kernel on its
     first launch."""
-    triton = _triton()
-    assert triton is not None
-    key = hashlib.sha256(f"{source}\0{triton.__version__}".encode()).hexdigest()
-    path = cache.cache_dir() / "triton" / key[:2] / f"{key}.py"
+    key = module_key(source)
+    path = _module_path(key)
     if not path.is_file() or path.read_text() != source:
         _write(path, source)
+    kernels = [s.name for s in sched.steps if isinstance(s, Kernel)]
+    loaded = load_module(key, kernels)
+    assert loaded is not None
+    return loaded
+
+
+def module_key(source: str) -> str:
+    """The cache key of a Triton module: its text and triton's version.
+
+    >>> len(module_key("import triton"))
+    64
+    """
+    triton = _triton()
+    assert triton is not None
+    return hashlib.sha256(f"{source}\0{triton.__version__}".encode()).hexdigest()
+
+
+def _module_path(key: str) -> Path:
+    return cache.cache_dir() / "triton" / key[:2] / f"{key}.py"
+
+
+def load_module(key: str, kernels: Sequence[str]) -> dict[str, Callable[..., Any]] | None:
+    """The launchers of ``kernels`` from the cached module ``key`` (imported once a process),
+    or None when the file is gone or lacks one of them (a graph-cache record then misses)."""
+    path = _module_path(key)
     name = f"ember_triton_{key[:24]}"
     module = sys.modules.get(name)
     if module is None:
+        if not path.is_file():
+            return None
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # Triton reads its kernels' source through the module
-        spec.loader.exec_module(module)
-    kernels = [s.name for s in sched.steps if isinstance(s, Kernel)]
-    return {k: getattr(module, f"launch_{k}") for k in kernels}
+        try:
+            spec.loader.exec_module(module)
+        except Exception:  # a damaged file: compile again (and rewrite it)
+            del sys.modules[name]
+            return None
+    launchers = {k: getattr(module, f"launch_{k}", None) for k in kernels}
+    if any(fn is None for fn in launchers.values()):
+        return None
+    return launchers  # type: ignore[return-value]
 
 
 def _write(path: Path, source: str) -> None:
