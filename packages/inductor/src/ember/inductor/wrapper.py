@@ -153,6 +153,9 @@ def wrapper_source(
     ``tensors``: kernels take tensors (Triton launchers), not data pointers (C++)."""
     prog, src = sched.program, _Source()
     kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
+    # inputs kernels write into: in the layout the kernels were generated for, or a copy (the
+    # runtime then copies the value back, as for any other output)
+    kernel_reads |= set(sched.updates.values())
     if prog.size_vars is not None:
         # symbolic sizes: values are realized compact, not with eager's strides, so an extern
         # result may not have the strides its fake value shows; every input and extern result
