@@ -513,35 +513,45 @@ def write_into_inputs(sched: Schedule, updates: dict[int, int]) -> None:
       stage [8]: buf0[y0] = SUB(x_1[y0], MUL(g_1[y0], 0.1))
     into inputs: buf0->x_1
     """
-    prog, steps = sched.program, sched.steps
     where: dict[str, tuple[int, Stage, int]] = {}  # store -> (step, stage, position)
     read_at: dict[str, set[int]] = {}  # buffer -> steps reading it
-    for k, step in enumerate(steps):
+    for k, step in enumerate(sched.steps):
         for name in _step_reads(step):
             read_at.setdefault(name, set()).add(k)
         for st in step.stages if isinstance(step, Kernel) else ():
             where |= {x.name: (k, st, pos) for pos, x in enumerate(st.stores)}
-    aliased = {n for x in steps if isinstance(x, Extern) and may_alias(x) for n in reads(x)}
-    returned = [o.name for o in prog.outputs if isinstance(o, Ref)]
+    prog = sched.program
     for k, i in sorted(updates.items()):
         out = prog.outputs[k] if 0 <= k < len(prog.outputs) else None
-        name, inp = getattr(out, "name", None), prog.inputs[i] if 0 <= i < len(prog.inputs) else ""
-        if name not in where or out.layout is not None or returned.count(name) != 1:
-            continue  # not a kernel's store, or a view, or returned twice (saved for backward)
-        if inp not in prog.buffers or inp in aliased or inp in returned:
-            continue  # a number, or its old value may still be seen through another tensor
-        if name in sched.reuse or inp in sched.updates.values() or name in sched.locals:
-            continue
-        mine, theirs = prog.buffers[name], prog.buffers[inp]
-        if (mine.dtype, mine.layout) != (theirs.dtype, theirs.layout) or not _dense(mine.layout):
-            continue
-        step, stage, pos = where[name]
-        kernel = steps[step]
-        assert isinstance(kernel, Kernel)
-        later = any(r > step for r in read_at.get(inp, ()))
-        if later or (step in read_at.get(inp, ()) and not _in_place(kernel, stage, pos, inp)):
-            continue
-        sched.updates[name] = sched.reuse[name] = inp
+        inp = prog.inputs[i] if 0 <= i < len(prog.inputs) else ""
+        if not isinstance(out, Ref) or out.layout is not None or out.name not in where:
+            continue  # not a kernel's store (a view, an input, an extern's result)
+        if _may_write(sched, out.name, inp, where[out.name], read_at.get(inp, set())):
+            sched.updates[out.name] = sched.reuse[out.name] = inp
+
+
+def _may_write(
+    sched: Schedule, name: str, inp: str, at: tuple[int, Stage, int], read_at: set[int]
+) -> bool:
+    """Whether store ``name`` (at step, stage, position ``at``) may go into input ``inp``'s
+    memory (see :func:`write_into_inputs`); ``read_at``: the steps reading ``inp``."""
+    prog, (step, stage, pos) = sched.program, at
+    returned = [o.name for o in prog.outputs if isinstance(o, Ref)]
+    aliased = {n for x in sched.steps if isinstance(x, Extern) and may_alias(x) for n in reads(x)}
+    if returned.count(name) != 1 or name in sched.reuse or name in sched.locals:
+        return False  # returned twice (saved for backward too), or placed already
+    if inp not in prog.buffers or inp in aliased or inp in returned:
+        return False  # a number, or its old value may be seen through another tensor
+    if inp in sched.updates.values():
+        return False
+    mine, theirs = prog.buffers[name], prog.buffers[inp]
+    if (mine.dtype, mine.layout) != (theirs.dtype, theirs.layout) or not _dense(mine.layout):
+        return False
+    kernel = sched.steps[step]
+    assert isinstance(kernel, Kernel)
+    if any(r > step for r in read_at):
+        return False  # read after this kernel: its old value is still needed
+    return step not in read_at or _in_place(kernel, stage, pos, inp)
 
 
 def _dense(lay: Layout) -> bool:
