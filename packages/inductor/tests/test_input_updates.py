@@ -129,3 +129,35 @@ def test_a_malformed_hint_is_ignored() -> None:
     gm = make_fx(_sgd)(p, g)
     gm.meta["input_updates"] = {"1": "0"}  # not ints: no hint
     assert input_updates(gm, [p, g]) == {}
+
+
+def _adam_like(*ts: T) -> tuple[T, ...]:
+    """A foreach-style update of three (param, grad, m, v) sets: one op over all sets, then
+    the next, as ``torch._foreach_*`` ops lower; outputs: new params, then m, then v."""
+    n = len(ts) // 4
+    ps, gs, ms, vs = ts[:n], ts[n : 2 * n], ts[2 * n : 3 * n], ts[3 * n :]
+    m2 = [m + 0.1 * (g - m) for m, g in zip(ms, gs, strict=True)]
+    v2 = [v * 0.99 + 0.01 * g * g for v, g in zip(vs, gs, strict=True)]
+    p2 = [p - 0.01 * m / (v.sqrt() + 1e-8) for p, m, v in zip(ps, m2, v2, strict=True)]
+    return (*p2, *m2, *v2)
+
+
+def test_a_foreach_update_computes_each_sets_values_in_one_loop_in_place() -> None:
+    shapes = [(16, 8), (8,), (4, 8)]
+    ts = [torch.randn(s) for _ in range(4) for s in shapes]
+    ts[9:] = [t.abs() for t in ts[9:]]  # second moments are positive
+    n = len(shapes)
+    updates = {k: k for k in range(n)} | {n + k: 2 * n + k for k in range(2 * n)}
+    compiled = _compiled(_adam_like, updates, *(t.clone() for t in ts))
+    mine = [t.clone() for t in ts]
+    got = compiled(*mine)
+    want = _adam_like(*ts)
+    for k, i in updates.items():
+        assert got[k] is mine[i]
+        torch.testing.assert_close(mine[i], want[k])
+    sched = compiled.schedule
+    stages = [[x.name for x in st.stores] for s in sched.steps for st in s.stages]
+    params = [o.name for o in sched.program.outputs[:n]]
+    m, v = (sched.program.outputs[n:][k * n : (k + 1) * n] for k in range(2))
+    for p, m2, v2 in zip(params, m, v, strict=True):  # a set's new values: one loop
+        assert [m2.name, v2.name, p] in stages

@@ -42,6 +42,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import check
+from ember.inductor.demand import demand_order
 from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import (
     Expr,
@@ -655,6 +656,8 @@ def schedule(prog: Program, updates: dict[int, int] | None = None) -> Schedule:
     """Group ``prog`` into kernels and plan its memory; ``updates`` (output position -> input
     position) names outputs that are new values of inputs, which may be written in place."""
     prog = restage(prog)  # reductions across memory read a copy along their reduce loop
+    if updates:  # a state update (optimizer step): each value's loop next to its readers'
+        prog = demand_order(prog)
     if check.enabled():
         check.check(prog)
     sched = Schedule(prog, group(prog))
