@@ -181,10 +181,14 @@ def set_versions(
     >>> set_versions([y], [(0, 2)], [0]); (x._version, y._version)
     (2, 2)
     """
+    tensors, versions = [], []
     for (i, delta), before in zip(bumped, start, strict=True):
         t = inputs[i]
         if not t.is_inference() and t._version != before + delta:
-            torch._C._autograd._unsafe_set_version_counter((t,), (before + delta,))
+            tensors.append(t)
+            versions.append(before + delta)
+    if tensors:  # one call for all (an optimizer step writes hundreds: 0.16 -> 0.04 ms)
+        torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
 
 
 def write_back(
