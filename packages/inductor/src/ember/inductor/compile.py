@@ -640,6 +640,8 @@ def input_updates(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> di
     ({0: 0}, {})
     """
     found = hints.input_updates(gm)
+    if not found:
+        return {}
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     storages = [t.untyped_storage()._cdata for t in tensors]
     out = {}
