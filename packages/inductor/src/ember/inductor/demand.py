@@ -41,7 +41,12 @@ __all__ = ["demand_order"]
 
 def demand_order(prog: Program) -> Program:
     """``prog`` with its nodes in demand order (see the module's docstring), or as it is when
-    a node's order is observable (random draws, mutation)."""
+    a node's order is observable (random draws, mutation).
+
+    >>> from ember.inductor.ir import Program
+    >>> demand_order(Program(buffers={}, inputs=[], nodes=[], outputs=[])).nodes
+    []
+    """
     nodes = prog.nodes
     if any(_observable(n) for n in nodes):
         return prog
