@@ -42,6 +42,7 @@ from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.eager_checks import Unsupported
+from ember.aotgraph.hints import mark_forward
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.onepass import trace_inference
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -312,6 +313,8 @@ class AOTCompiled:
         """Run the caller's compilers on traced (or cached) graphs; wrap them in a Runtime."""
         sig, part = traced.signature, traced.partition
         graph_inputs = list(inputs) if merge is None else merge.inputs(inputs)
+        fw_graph = traced.forward if part is None else part.forward
+        mark_forward(fw_graph, len(sig.graph_outputs), traced.mutated, part, merge is None)
         if part is None:
             self.inference_graph = traced.forward
             if (state := self.lifted.state_inputs()) is not None:  # for freezing

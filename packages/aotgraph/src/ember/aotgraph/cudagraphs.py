@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ember.aotgraph.hints import mark_input_updates
 from ember.aotgraph.log import LOG
 
 __all__ = ["ROLES", "CUDAGraphed", "Pool", "cudagraph_compiler", "cudagraphify", "unfit"]
@@ -475,8 +476,11 @@ def cudagraph_compiler(
     """
 
     def compile_with_graphs(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+        if cuda and not unfit(gm):  # a replay writes its own copies of the inputs: no
+            mark_input_updates(gm, {})  # new value may be written into the input instead
         compiled = compiler(gm, inputs)
-        if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs):
+        if not cuda:
             return compiled
         why = unfit(gm)
         if why:

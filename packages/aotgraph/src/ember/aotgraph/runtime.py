@@ -181,24 +181,46 @@ def set_versions(
     >>> set_versions([y], [(0, 2)], [0]); (x._version, y._version)
     (2, 2)
     """
+    tensors, versions = [], []
     for (i, delta), before in zip(bumped, start, strict=True):
         t = inputs[i]
         if not t.is_inference() and t._version != before + delta:
-            torch._C._autograd._unsafe_set_version_counter((t,), (before + delta,))
+            tensors.append(t)
+            versions.append(before + delta)
+    if tensors:  # one call for all (an optimizer step writes hundreds: 0.16 -> 0.04 ms)
+        torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
 
 
 def write_back(
     inputs: Sequence[torch.Tensor], mutated: Sequence[int], values: Sequence[torch.Tensor]
 ) -> None:
-    """Copy each mutation's new value into the caller's tensor, as eager's in-place op did.
+    """Copy each mutation's new value into the caller's tensor, as eager's in-place op did;
+    skip the copy where the compiled graph wrote the value there already (it returned the
+    input itself, or a tensor over the same memory: see :mod:`ember.aotgraph.hints`).
 
     >>> buf = torch.zeros(2)
     >>> write_back([buf], [0], [torch.ones(2)]); buf
     tensor([1., 1.])
+    >>> write_back([buf], [0], [buf.add_(1)]); buf  # written in place: nothing to copy
+    tensor([2., 2.])
     """
     with torch.no_grad():
         for i, value in zip(mutated, values, strict=True):
-            inputs[i].copy_(value)
+            t = inputs[i]
+            if value is not t and not _same_memory(value, t):
+                t.copy_(value)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` are the same elements of the same memory (an ``autograd.Function``
+    returns an input as a new tensor over it): copying one into the other changes nothing."""
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.device == b.device
+    )
 
 
 def assembler(

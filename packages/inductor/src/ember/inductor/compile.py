@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
+from ember.aotgraph import hints
 from ember.inductor import (
     autotune,
     cache,
@@ -482,7 +483,8 @@ def _generate(
     fused_random = not opts["fallback_random"]
     decomposed, prog = _lower(run, gm, example_inputs, fused_random)  # -> simplified loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
-        sched = run.phase("schedule", schedule, prog)  # fusion into kernels, memory plan
+        updates = input_updates(gm, example_inputs)  # mutated inputs: written in place
+        sched = run.phase("schedule", schedule, prog, updates)  # fusion, memory plan
     with timing.TIMES.timed("codegen"):
         if (target := opts.get("target")) is not None:  # a Triton module
             source, args = run.phase("codegen", wrapper_triton.codegen, sched, target)
@@ -626,7 +628,35 @@ def _graph_key(
         key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
     if opts.get("max_autotune"):
         key = hashlib.sha256(f"{key} max_autotune".encode()).hexdigest()
+    if updates := input_updates(gm, example_inputs):  # kernels that write into inputs
+        key = hashlib.sha256(f"{key} updates {sorted(updates.items())}".encode()).hexdigest()
     return key
+
+
+def input_updates(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[int, int]:
+    """``ember.aotgraph``'s hint on ``gm`` (output position -> position of the input it is the
+    new value of; :mod:`ember.aotgraph.hints`), without inputs that are not tensors or that
+    share storage with another input: the scheduler may then write those outputs into the
+    inputs' memory.
+
+    >>> from ember.aotgraph.hints import mark_input_updates
+    >>> gm = torch.fx.symbolic_trace(lambda x, y: (x + y,))
+    >>> mark_input_updates(gm, {0: 0})
+    >>> x = torch.zeros(4)
+    >>> input_updates(gm, [x, torch.ones(4)]), input_updates(gm, [x, x[:2]])
+    ({0: 0}, {})
+    """
+    found = hints.input_updates(gm)
+    if not found:
+        return {}
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    storages = [t.untyped_storage()._cdata for t in tensors]
+    out = {}
+    for k, i in found.items():
+        t = example_inputs[i] if 0 <= i < len(example_inputs) else None
+        if isinstance(t, torch.Tensor) and storages.count(t.untyped_storage()._cdata) == 1:
+            out[k] = i
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -668,7 +698,8 @@ def _autotuned(
                 gm, prog = _lower(
                     _Run(trace=False), tuning.original, tuning.example_inputs, tuning.fused_random
                 )
-                lowerings[chosen.lowering] = _Lowered(gm, schedule(prog), prog.out_spec)
+                updates = input_updates(tuning.original, tuning.example_inputs)
+                lowerings[chosen.lowering] = _Lowered(gm, schedule(prog, updates), prog.out_spec)
             lowered = lowerings[chosen.lowering]
             if target is None:
                 text, args = translation_unit(lowered.sched)

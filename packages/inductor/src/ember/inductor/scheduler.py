@@ -42,6 +42,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import check
+from ember.inductor.demand import demand_order
 from ember.inductor.indexing import simplify_index
 from ember.inductor.ir import (
     Expr,
@@ -128,6 +129,9 @@ class Schedule:
     # by element before writing it: the kernel writes over it (``reuse`` names the storage)
     inplace: dict[str, str] = field(default_factory=dict)
     frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
+    # output buffer -> the graph input whose memory it is written into: the new value of a
+    # mutated input (``ember.aotgraph.hints``), returned as the input tensor itself
+    updates: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         out = [str(s) for s in self.steps]
@@ -135,11 +139,13 @@ class Schedule:
             out.append(f"locals: {', '.join(sorted(self.locals - self.scratch, key=_order))}")
         if self.scratch:
             out.append(f"scratch: {', '.join(sorted(self.scratch, key=_order))}")
-        moved = {a: b for a, b in self.reuse.items() if a not in self.inplace}
+        moved = {a: b for a, b in self.reuse.items() if a not in self.inplace | self.updates}
         if moved:
             out.append("reuse: " + ", ".join(f"{a}<-{b}" for a, b in moved.items()))
         if self.inplace:
             out.append("in place: " + ", ".join(f"{a}<-{b}" for a, b in self.inplace.items()))
+        if self.updates:
+            out.append("into inputs: " + ", ".join(f"{a}->{b}" for a, b in self.updates.items()))
         return "\n".join(out)
 
 
@@ -440,12 +446,14 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> tuple[set[str
     return local, scratch
 
 
-def plan_memory(sched: Schedule) -> None:
+def plan_memory(sched: Schedule, updates: dict[int, int] | None = None) -> None:
     """Mark local buffers; let a kernel's output take the memory of a dead buffer of the same
     dtype and layout: one that died before the kernel (kernel outputs, and results of externs
     that return fresh tensors), or one the kernel reads for the last time, element by element
     where it writes (:func:`_in_place`). Graph inputs, constants, outputs and whatever an
-    aliasing extern reads or returns keep their memory.
+    aliasing extern reads or returns keep their memory, except that the new value of a
+    mutated input (``updates``: output position -> input position) may be written into the
+    input's memory (:func:`write_into_inputs`).
 
     >>> import torch
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -460,6 +468,7 @@ def plan_memory(sched: Schedule) -> None:
     """
     prog = sched.program
     sched.locals, sched.scratch = _kernel_locals(prog, sched.steps)
+    write_into_inputs(sched, updates or {})
     outputs = output_names(prog)
     last_use: dict[str, int] = {}
     pinned = set(prog.inputs) | set(prog.constants) | outputs
@@ -484,6 +493,80 @@ def plan_memory(sched: Schedule) -> None:
             if name not in taken:
                 buf = prog.buffers[name]
                 free.setdefault((buf.dtype, buf.layout), []).append(_root(sched, name))
+
+
+def write_into_inputs(sched: Schedule, updates: dict[int, int]) -> None:
+    """Let the kernel computing the new value of a mutated input store it straight into the
+    input's memory (``sched.updates``; the wrapper returns the input itself, and
+    ``ember.aotgraph``'s runtime skips its copy) where no step sees the difference: the
+    value is a kernel's store of the input's dtype and dense layout, returned once and
+    never as a view; no step after that kernel reads the input, and inside it every read is
+    at the point written, before the write (:func:`_in_place`); the input is not returned,
+    nor read by an extern whose result may alias it.
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> from ember.inductor.lowering import lower_graph
+    >>> x, g = torch.randn(8), torch.randn(8)
+    >>> gm = make_fx(lambda x, g: (x - 0.1 * g,))(x, g)
+    >>> print(schedule(lower_graph(gm, [x, g]), updates={0: 0}))
+    kernel0 over []
+      stage [8]: buf0[y0] = SUB(x_1[y0], MUL(g_1[y0], 0.1))
+    into inputs: buf0->x_1
+    """
+    where: dict[str, tuple[int, Stage, int]] = {}  # store -> (step, stage, position)
+    read_at: dict[str, set[int]] = {}  # buffer -> steps reading it
+    for k, step in enumerate(sched.steps):
+        for name in _step_reads(step):
+            read_at.setdefault(name, set()).add(k)
+        for st in step.stages if isinstance(step, Kernel) else ():
+            where |= {x.name: (k, st, pos) for pos, x in enumerate(st.stores)}
+    prog = sched.program
+    for k, i in sorted(updates.items()):
+        out = prog.outputs[k] if 0 <= k < len(prog.outputs) else None
+        inp = prog.inputs[i] if 0 <= i < len(prog.inputs) else ""
+        if not isinstance(out, Ref) or out.layout is not None or out.name not in where:
+            continue  # not a kernel's store (a view, an input, an extern's result)
+        if _may_write(sched, out.name, inp, where[out.name], read_at.get(inp, set())):
+            sched.updates[out.name] = sched.reuse[out.name] = inp
+
+
+def _may_write(
+    sched: Schedule, name: str, inp: str, at: tuple[int, Stage, int], read_at: set[int]
+) -> bool:
+    """Whether store ``name`` (at step, stage, position ``at``) may go into input ``inp``'s
+    memory (see :func:`write_into_inputs`); ``read_at``: the steps reading ``inp``."""
+    prog, (step, stage, pos) = sched.program, at
+    returned = [o.name for o in prog.outputs if isinstance(o, Ref)]
+    aliased = {n for x in sched.steps if isinstance(x, Extern) and may_alias(x) for n in reads(x)}
+    if returned.count(name) != 1 or name in sched.reuse or name in sched.locals:
+        return False  # returned twice (saved for backward too), or placed already
+    if inp not in prog.buffers or inp in aliased or inp in returned:
+        return False  # a number, or its old value may be seen through another tensor
+    if inp in sched.updates.values():
+        return False
+    mine, theirs = prog.buffers[name], prog.buffers[inp]
+    if (mine.dtype, mine.layout) != (theirs.dtype, theirs.layout) or not _dense(mine.layout):
+        return False
+    kernel = sched.steps[step]
+    assert isinstance(kernel, Kernel)
+    if any(r > step for r in read_at):
+        return False  # read after this kernel: its old value is still needed
+    return step not in read_at or _in_place(kernel, stage, pos, inp)
+
+
+def _dense(lay: Layout) -> bool:
+    """Static sizes and strides that cover each element of one block of memory exactly once
+    (a write into it reaches no element twice and leaves none out)."""
+    dims = [(st, n) for n, st in zip(lay.sizes, lay.strides, strict=True) if n != 1]
+    if not all(isinstance(v, int) for d in dims for v in d):
+        return False
+    step = 1
+    for stride, n in sorted(dims):
+        if stride != step:
+            return False
+        step *= n
+    return True
 
 
 def _place(
@@ -569,13 +652,16 @@ def may_alias(step: Extern) -> bool:
     return any(r.alias_info is not None for r in schema.returns) or schema.is_mutable
 
 
-def schedule(prog: Program) -> Schedule:
-    """Group ``prog`` into kernels and plan its memory."""
+def schedule(prog: Program, updates: dict[int, int] | None = None) -> Schedule:
+    """Group ``prog`` into kernels and plan its memory; ``updates`` (output position -> input
+    position) names outputs that are new values of inputs, which may be written in place."""
     prog = restage(prog)  # reductions across memory read a copy along their reduce loop
+    if updates:  # a state update (optimizer step): each value's loop next to its readers'
+        prog = demand_order(prog)
     if check.enabled():
         check.check(prog)
     sched = Schedule(prog, group(prog))
-    plan_memory(sched)
+    plan_memory(sched, updates)
     sched.steps = [_mark_locals(s, sched.locals) for s in sched.steps]
     return sched
 

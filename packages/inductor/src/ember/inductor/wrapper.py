@@ -152,13 +152,7 @@ def wrapper_source(
     """The source of ``call(*inputs)`` and the globals it needs (besides kernels).
     ``tensors``: kernels take tensors (Triton launchers), not data pointers (C++)."""
     prog, src = sched.program, _Source()
-    kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
-    if prog.size_vars is not None:
-        # symbolic sizes: values are realized compact, not with eager's strides, so an extern
-        # result may not have the strides its fake value shows; every input and extern result
-        # is checked against the layout the kernels and windows (as_strided) assume
-        kernel_reads |= {n for n in prog.inputs if not _static_input(prog, n)}
-        kernel_reads |= {n for s in sched.steps if isinstance(s, Extern) for n in s.names}
+    kernel_reads = _kernel_reads(sched, kernel_args)
     src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
     if prog.size_vars is not None:  # the size symbols, read off this call's inputs
@@ -206,6 +200,23 @@ def wrapper_source(
     elif pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _kernel_reads(sched: Schedule, kernel_args: dict[str, list[str]]) -> set[str]:
+    """Inputs and extern results whose strides the wrapper checks against the layout the
+    kernels were generated for (and copies into it when they differ)."""
+    prog = sched.program
+    kernel_reads = {n for s in sched.steps if isinstance(s, Kernel) for n in kernel_args[s.name]}
+    # inputs the kernels write into (``updates``): a copy, if other strides; the caller then
+    # copies the value back as it does for any other output
+    kernel_reads |= set(sched.updates.values())
+    if prog.size_vars is not None:
+        # symbolic sizes: values are realized compact, not with eager's strides, so an extern
+        # result may not have the strides its fake value shows; every input and extern result
+        # is checked against the layout the kernels and windows (as_strided) assume
+        kernel_reads |= {n for n in prog.inputs if not _static_input(prog, n)}
+        kernel_reads |= {n for s in sched.steps if isinstance(s, Extern) for n in s.names}
+    return kernel_reads
 
 
 def _take_lines(pooled: list[str], key: str) -> list[str]:

@@ -1,0 +1,98 @@
+"""Plain-data hints that ``aot_compile`` leaves on the graphs it hands to compilers.
+
+A functional graph returns the new value of each input it mutates as an extra output, and
+the runtime copies that value back into the caller's tensor. A compiler that can store the
+value straight into the input's memory saves that copy: ``gm.meta[INPUT_UPDATES]`` tells it
+which outputs are new values of which inputs. It is a dict ``{output position: input
+position}`` over the graph's flat outputs and its placeholders, plain ints, so any backend
+may read it (or ignore it) without importing ember.
+
+A compiler that uses it returns, at that output position, the input tensor itself (the
+same Python object the graph was called with), holding the new value; the runtime then
+skips the copy (:func:`~ember.aotgraph.runtime.write_back`). A compiler that returns
+anything else gets the copy as before. The hint promises what the compiler needs to know
+to write early: the input shares no storage with another input (the trace saw none, and
+ember's capture guards that), and the backward graph does not read the input's old value.
+It does not promise that no *other* output of the graph is the old value or a view of it:
+the compiler checks that itself.
+
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> gm = make_fx(lambda x, y: (x + y, y * 2))(torch.ones(2), torch.ones(2))
+>>> mark_input_updates(gm, {1: 0})  # output 1 is the new value of input 0
+>>> input_updates(gm)
+{1: 0}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["INPUT_UPDATES", "input_updates", "mark_forward", "mark_input_updates", "updates_of"]
+
+INPUT_UPDATES = "input_updates"  # the gm.meta key: {output position: input position}
+
+
+def mark_input_updates(gm: torch.fx.GraphModule, updates: Mapping[int, int]) -> None:
+    """Record on ``gm`` that output ``k`` is the new value of input ``updates[k]`` (an empty
+    mapping removes the hint).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> mark_input_updates(gm, {0: 0}); mark_input_updates(gm, {}); input_updates(gm)
+    {}
+    """
+    if updates:
+        gm.meta[INPUT_UPDATES] = {int(k): int(i) for k, i in updates.items()}
+    else:
+        gm.meta.pop(INPUT_UPDATES, None)
+
+
+def input_updates(gm: torch.fx.GraphModule) -> dict[int, int]:
+    """The hint on ``gm`` (empty when there is none, or when it is not plain ints).
+
+    >>> input_updates(torch.fx.symbolic_trace(lambda x: x))
+    {}
+    """
+    found = getattr(gm, "meta", {}).get(INPUT_UPDATES)
+    if not isinstance(found, dict):
+        return {}
+    if not all(type(k) is int and type(i) is int for k, i in found.items()):
+        return {}
+    return dict(found)
+
+
+def updates_of(first: int, mutated: Iterable[int], skip: Iterable[int] = ()) -> dict[int, int]:
+    """The hint for a graph whose mutation values start at output ``first``, one per input of
+    ``mutated`` in order, leaving out the inputs of ``skip`` (their old value is still
+    needed: the backward graph reads it).
+
+    >>> updates_of(2, [0, 3, 5], skip=[3])
+    {2: 0, 4: 5}
+    """
+    left_out = set(skip)
+    return {first + j: i for j, i in enumerate(mutated) if i not in left_out}
+
+
+def mark_forward(
+    gm: torch.fx.GraphModule,
+    num_outputs: int,
+    mutated: Sequence[int],
+    partition: Any | None,
+    separate: bool,
+) -> None:
+    """The hint for a forward (or inference) graph of ``aot_compile``: its ``num_outputs``
+    graph outputs are followed by the new values of the inputs ``mutated``. Inputs the
+    backward graph reads (``partition.saved``: ``primals_<i+1>``) keep their old value, and
+    with inputs sharing storage (``separate`` false: merged into one graph input) there is
+    no hint.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x, y: (x + y, y * 2))
+    >>> mark_forward(gm, 1, [0], None, separate=True); input_updates(gm)
+    {1: 0}
+    """
+    saved = set() if partition is None else set(partition.saved)
+    skip = [i for i in mutated if f"primals_{i + 1}" in saved]
+    mark_input_updates(gm, updates_of(num_outputs, mutated, skip) if separate else {})
