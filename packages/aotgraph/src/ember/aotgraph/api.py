@@ -37,12 +37,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph import check, log, nodemeta, store, symbolic_store
+from ember.aotgraph import check, log, store, symbolic_store
 from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.eager_checks import Unsupported
-from ember.aotgraph.hints import mark_forward
+from ember.aotgraph.hints import mark_forward, mark_state_inputs
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.onepass import trace_inference
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -319,9 +319,7 @@ class AOTCompiled:
             self.inference_graph = traced.forward
             if (state := self.lifted.state_inputs()) is not None:  # for freezing
                 kept = range(len(inputs)) if merge is None else merge.kept
-                traced.forward.meta[nodemeta.STATE_INPUTS] = tuple(
-                    j for j, i in enumerate(kept) if i in state
-                )
+                mark_state_inputs(traced.forward, (j for j, i in enumerate(kept) if i in state))
             _log_graph("inference", traced.forward)
             with log.graph(1, 1, "inference"):
                 compiled = self.settings.inference_compiler(traced.forward, graph_inputs)

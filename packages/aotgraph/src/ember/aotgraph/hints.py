@@ -1,5 +1,8 @@
 """Plain-data hints that ``aot_compile`` leaves on the graphs it hands to compilers.
 
+Two hints: which outputs are new values of inputs (``INPUT_UPDATES``, below), and on an
+inference graph which inputs are module state (``STATE_INPUTS``: :func:`state_inputs`).
+
 A functional graph returns the new value of each input it mutates as an extra output, and
 the runtime copies that value back into the caller's tensor. A compiler that can store the
 value straight into the input's memory saves that copy: ``gm.meta[INPUT_UPDATES]`` tells it
@@ -31,9 +34,47 @@ from typing import Any
 
 import torch
 
-__all__ = ["INPUT_UPDATES", "input_updates", "mark_forward", "mark_input_updates", "updates_of"]
+__all__ = [
+    "INPUT_UPDATES",
+    "STATE_INPUTS",
+    "input_updates",
+    "mark_forward",
+    "mark_input_updates",
+    "mark_state_inputs",
+    "state_inputs",
+    "updates_of",
+]
 
 INPUT_UPDATES = "input_updates"  # the gm.meta key: {output position: input position}
+# the gm.meta key of an inference graph: the inputs that are module state (a module's
+# registered parameters and buffers, from the captured placeholders' "module_state" marks)
+STATE_INPUTS = "state_inputs"
+
+
+def mark_state_inputs(gm: torch.fx.GraphModule, indices: Iterable[int] | None) -> None:
+    """Record on ``gm`` which of its inputs are module state (None: it is not known). An
+    inference compiler may treat them as constants (ember.inductor's freezing does).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x, w: x * w)
+    >>> mark_state_inputs(gm, [1]); state_inputs(gm)
+    (1,)
+    """
+    if indices is None:
+        gm.meta.pop(STATE_INPUTS, None)
+    else:
+        gm.meta[STATE_INPUTS] = tuple(int(i) for i in indices)
+
+
+def state_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...] | None:
+    """The module-state inputs recorded on ``gm``, or None when there is no such record.
+
+    >>> state_inputs(torch.fx.symbolic_trace(lambda x: x)) is None
+    True
+    """
+    found = getattr(gm, "meta", {}).get(STATE_INPUTS)
+    if not isinstance(found, tuple) or not all(type(i) is int for i in found):
+        return None
+    return found
 
 
 def mark_input_updates(gm: torch.fx.GraphModule, updates: Mapping[int, int]) -> None:

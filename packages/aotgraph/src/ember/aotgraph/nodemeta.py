@@ -35,7 +35,6 @@ from torch.fx.experimental import proxy_tensor
 __all__ = [
     "MODULE_STATE",
     "ORIGINAL_ATEN",
-    "STATE_INPUTS",
     "backward_from_forward",
     "call_module",
     "canonical",
@@ -48,9 +47,9 @@ __all__ = [
 ORIGINAL_ATEN = "original_aten"  # the aten overload a node's op dispatched to first
 # A captured placeholder's mark: "parameter" or "buffer" (a module's registered state), None
 # (other inputs); ember's capture writes it on every placeholder, any caller may. An
-# inference graph lists those inputs in its gm.meta[STATE_INPUTS] (graph input indices),
-# which the inference compiler may read: ember.inductor's freezing folds exactly them.
-MODULE_STATE, STATE_INPUTS = "module_state", "state_inputs"
+# inference graph lists those inputs (hints.STATE_INPUTS), which the inference compiler
+# may read: ember.inductor's freezing folds exactly them.
+MODULE_STATE = "module_state"
 # torch's mark of a node autograd's formulas made (copied from node to node by make_fx)
 TAG, BACKWARD = "partitioner_tag", "is_backward"
 # what a backward node learns from the forward node of its autograd node, under torch's keys

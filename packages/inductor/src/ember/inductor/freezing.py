@@ -52,7 +52,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ember.aotgraph.nodemeta import STATE_INPUTS
+from ember.aotgraph.hints import state_inputs
 from ember.inductor import check, log
 
 __all__ = ["FreezePlan", "FrozenGraph", "freeze", "frozen_inputs"]
@@ -82,7 +82,7 @@ def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tu
     symbolic = {i for i, v in enumerate(vals) if _meta(v) is None and isinstance(v, torch.Tensor)}
     # Which inputs are module state: as the graph says (ember.aotgraph lists them from the
     # capture's sources), else by type and rank.
-    declared = gm.meta.get(STATE_INPUTS) if gm is not None else None
+    declared = state_inputs(gm) if gm is not None else None
     return tuple(
         i
         for i, t in enumerate(example_inputs)
