@@ -202,3 +202,16 @@ def test_philox_on_the_gpu_is_the_cpu_generator_bit_for_bit(tmp_path: Any) -> No
     module.draw[(1,)](seeds.cuda(), offsets.cuda(), u, n, N=4096)
     assert torch.equal(u.cpu(), philox.uniform(seeds, offsets))
     assert torch.equal(n.cpu(), philox.normal(seeds, offsets))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_inputs_on_another_gpu_launch_there() -> None:
+    """Triton launches on the current device: a graph of ``cuda:1`` tensors, called while
+    ``cuda:0`` is current, still runs on ``cuda:1`` (the wrapper makes it current)."""
+    fn = lambda x: (x.exp() * 2, x.sum(1))  # noqa: E731
+    x = torch.randn(64, 300, device="cuda:1")
+    compiled = _compiled(fn, [x], "real")
+    with torch.cuda.device(0):
+        out = compiled(x)
+    torch.testing.assert_close(out, fn(x))
+    assert all(t.device == x.device for t in out)

@@ -514,4 +514,21 @@ def bind(
         env[name] = fn
     exec(compile(source, WRAPPER_FILENAME, "exec"), env)
     call: Callable[..., Any] = env["call"]
+    if kernels is not None and device is not None and device.startswith("cuda"):
+        return _on_device(call, torch.device(device))
     return call
+
+
+def _on_device(call: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """``call`` with ``device`` current while it runs: Triton launches on the current CUDA
+    device, which need not be the one the inputs live on (``cuda:1`` inputs while
+    ``cuda:0`` is current)."""
+    index = 0 if device.index is None else device.index
+
+    def on_device(*args: Any) -> Any:
+        if torch.cuda.current_device() == index:
+            return call(*args)
+        with torch.cuda.device(index):
+            return call(*args)
+
+    return on_device
