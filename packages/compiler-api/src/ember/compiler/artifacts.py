@@ -32,6 +32,7 @@ import base64
 import builtins
 import hashlib
 import hmac
+import importlib
 import json
 import logging
 import marshal
@@ -121,14 +122,9 @@ def _source_hash() -> str:
 
 def pack_key() -> dict[str, str]:
     """The versions a pack is valid for (compared whole at load)."""
-    import ember.aotgraph
-    import ember.capture
-    import ember.compiler
-    import ember.guards
-    import ember.inductor
-
-    versions = [m.__version__ for m in (ember.guards, ember.capture, ember.aotgraph,
-                                        ember.inductor, ember.compiler)]  # fmt: skip
+    names = ("guards", "capture", "aotgraph", "inductor", "compiler")  # (compiler: maybe
+    # still importing, when EMBER_ARTIFACTS loads a pack at its import)
+    versions = [importlib.import_module(f"ember.{n}").__version__ for n in names]
     return {
         "format": str(FORMAT),
         "ember": " ".join(versions) + " " + _source_hash(),
@@ -178,6 +174,9 @@ def _compiled(compiled: Any, graph: torch.fx.GraphModule | None) -> dict[str, An
     entries not run yet in this process are packed as they came)."""
     if isinstance(compiled, _Deferred):
         return {"graph": compiled.graph, "aot": None}
+    inner = getattr(compiled, "compiled", compiled)  # under the output-count check
+    if graph is not None and getattr(inner, "__self__", None) is graph:
+        return {"graph": encode_graph(graph), "aot": None, "runs_graph": True}  # "eager"
     if isinstance(compiled, PackedAOT):
         if compiled.delegate is None:
             return {"graph": compiled.graph, "aot": compiled.data}
@@ -382,13 +381,17 @@ def _replacement(entry: dict[str, Any], frame: Frame, build: Callable[..., Any])
     function = frame.function
     aot = entry.get("aot")
     deferred = _Deferred(entry["graph"], build)
-    compiled = deferred if aot is None else PackedAOT(aot, entry["graph"], build)
+    compiled: Any = deferred if aot is None else PackedAOT(aot, entry["graph"], build)
+    if entry.get("runs_graph"):  # the backend ran the captured graph as it is ("eager")
+        graph = decode_graph(entry["graph"])
+        compiled = graph.forward
     defaults = (compiled, _eval_frame.call_unhooked, function.__globals__,
                 decode(entry["constants"]), builtins)  # fmt: skip
     fn = types.FunctionType(code, function.__globals__, code.co_name, defaults,
                             function.__closure__)  # fmt: skip
     deferred.fn = fn
-    fn.__dict__[GRAPH_ATTRIBUTE] = None  # packed from ``compiled`` (see _compiled)
+    # packed again from ``compiled`` (see _compiled)
+    fn.__dict__[GRAPH_ATTRIBUTE] = graph if entry.get("runs_graph") else None
     return fn
 
 
