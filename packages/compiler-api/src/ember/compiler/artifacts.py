@@ -175,8 +175,9 @@ def _compiled(compiled: Any, graph: torch.fx.GraphModule | None) -> dict[str, An
     if isinstance(compiled, _Deferred):
         return {"graph": compiled.graph, "aot": None}
     inner = getattr(compiled, "compiled", compiled)  # under the output-count check
-    if graph is not None and getattr(inner, "__self__", None) is graph:
-        return {"graph": encode_graph(graph), "aot": None, "runs_graph": True}  # "eager"
+    owner = getattr(inner, "__self__", None)
+    if isinstance(owner, torch.fx.GraphModule) and owner is graph:  # "eager": gm.forward
+        return {"graph": encode_graph(owner), "aot": None, "runs_graph": True}
     if isinstance(compiled, PackedAOT):
         if compiled.delegate is None:
             return {"graph": compiled.graph, "aot": compiled.data}
