@@ -201,3 +201,31 @@ def test_signed_packs(tmp_path):
         assert "not signed" in _refused(unsigned)
     with section.patch(artifacts_key="another"):
         assert "signature does not match" in _refused(signed)
+
+
+def test_every_guard_of_a_model_round_trips_by_name_or_from_the_frame():
+    from ember.capture.frame_compiler import code_cache
+    from ember.compiler.artifacts_codec import decode_guard, encode_guard
+    from ember.guards import FrameSpec, GuardKind, WeakIdentity
+    from ember.guards.codegen import build_fetch
+
+    ember.compiler.reset()
+    model, args = ZOO["moduledict"].make()
+    ember.compiler.compile(model, backend="eager")(*args)
+    forward = type(model).forward
+    [entry] = code_cache(forward.__code__).entries
+    spec = FrameSpec.from_function(forward)
+    frame_args = (model, *args, ("cls", "reg"))  # the argument slots: self, x, which
+    kinds = set()
+    for guard in entry.guards.guards:
+        data = json.loads(json.dumps(encode_guard(guard)))  # plain JSON all the way
+        back = decode_guard(data, lambda s: build_fetch(s, spec)(*frame_args))
+        kinds.add(guard.kind)
+        if guard.kind is GuardKind.ID_MATCH:
+            want = guard.expected
+            want = want.get() if isinstance(want, WeakIdentity) else want
+            got = back.expected.get() if isinstance(back.expected, WeakIdentity) else back.expected
+            assert got is want, guard
+        else:
+            assert back == guard, guard
+    assert {GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH, GuardKind.MODULE_STATE} <= kinds
