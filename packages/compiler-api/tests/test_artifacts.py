@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 import warnings
 from pathlib import Path
 
@@ -188,6 +189,32 @@ def test_a_pack_for_other_versions_is_ignored(small_pack, tmp_path):
     assert "torch '1.0.0' != " in _refused(path)
 
 
+def test_a_reresolved_object_of_another_shape_is_not_served(tmp_path):
+    pack = tmp_path / "mlp.ember"
+    save("eager", ["mlp"], pack)
+    gelu = torch.nn.GELU.forward
+
+    def patched(self, x):  # GELU.forward patched in the new process: another function
+        return gelu(self, x) * 2
+
+    for change in ("act", "layers", "patched"):
+        ember.compiler.reset()
+        ember.compiler.load_artifacts(pack)
+        model, args = ZOO["mlp"].make()
+        if change == "act":  # another class where the pack had a GELU
+            model.act = torch.nn.ReLU()
+        elif change == "layers":  # one more layer in the ModuleList (the tensors still match)
+            model.layers.append(torch.nn.Linear(10, 10))
+        else:
+            torch.nn.GELU.forward = patched
+        try:
+            opt = ember.compiler.compile(model, backend="eager")
+            torch.testing.assert_close(opt(*args), model(*args))
+        finally:
+            torch.nn.GELU.forward = gelu
+        assert opt.stats.prebuilt == [] and opt.stats.graphs == 1, change
+
+
 def test_signed_packs(tmp_path):
     ember.compiler.reset()
     ember.compiler.compile(lambda x: x.exp() - 1, backend="eager")(torch.ones(3))
@@ -219,13 +246,19 @@ def test_every_guard_of_a_model_round_trips_by_name_or_from_the_frame():
     kinds = set()
     for guard in entry.guards.guards:
         data = json.loads(json.dumps(encode_guard(guard)))  # plain JSON all the way
-        back = decode_guard(data, lambda s: build_fetch(s, spec)(*frame_args))
+        back, *pins = decode_guard(data, lambda s: build_fetch(s, spec)(*frame_args))
         kinds.add(guard.kind)
         if guard.kind is GuardKind.ID_MATCH:
             want = guard.expected
             want = want.get() if isinstance(want, WeakIdentity) else want
             got = back.expected.get() if isinstance(back.expected, WeakIdentity) else back.expected
             assert got is want, guard
+            if isinstance(want, types.CodeType | types.FunctionType):  # checked by its code
+                assert data["expected"]["code"] == prebuilt.code_key(
+                    getattr(want, "__code__", want)
+                )
+            elif "reresolve" in data["expected"]:  # the class and children it implied, pinned
+                assert pins[0].kind is GuardKind.TYPE_MATCH and pins[0].expected is type(want)
         else:
-            assert back == guard, guard
+            assert back == guard and pins == [], guard
     assert {GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH, GuardKind.MODULE_STATE} <= kinds

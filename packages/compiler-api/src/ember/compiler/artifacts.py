@@ -359,9 +359,8 @@ class _Builder:
         spec = FrameSpec.from_function(frame.function)
         args = frame.args
         try:
-            guards = GuardSet(
-                decode_guard(g, lambda s: build_fetch(s, spec)(*args)) for g in self.entry["guards"]
-            )
+            fetch = lambda s: build_fetch(s, spec)(*args)  # noqa: E731
+            guards = GuardSet(g for d in self.entry["guards"] for g in decode_guard(d, fetch))
             checked = guards.compile(spec)
         except Exception as e:  # an object the pack names is not there: not this entry
             log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)

@@ -9,7 +9,8 @@ pack's loader fetches it again from the new frame by the guard's source
 (``self.layers[0]``), so the entry serves that process's objects. Anything else cannot be
 written (:class:`Unpackable`): its entry is left out of the pack, with the reason.
 
->>> from ember.guards import Attr, Local
+>>> from ember.capture.prebuilt import code_key
+from ember.guards import Attr, Local
 >>> data = encode(Attr(Local("self"), "scale"))
 >>> decode(data) == Attr(Local("self"), "scale")
 True
@@ -33,7 +34,8 @@ import torch.fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils import _pytree as pytree
 
-from ember.guards import Guard, GuardKind, WeakIdentity
+from ember.capture.prebuilt import code_key
+from ember.guards import Attr, Guard, GuardKind, Source, WeakIdentity, dict_keys, length, type_match
 
 __all__ = [
     "Unpackable",
@@ -75,6 +77,8 @@ def _name(obj: Any) -> JSON | None:
     module = getattr(obj, "__module__", None)
     if not isinstance(module, str):
         return None
+    if module == "builtins" and isinstance(obj, type) and obj in _TYPES:  # function, code
+        return {"name": f"types:{_TYPES[obj]}"}
     # torch's C functions say "_VariableFunctionsClass.cos": the module has them by name
     for name in (getattr(obj, "__qualname__", None), getattr(obj, "__name__", None)):
         if not isinstance(name, str) or "<" in name:
@@ -85,6 +89,10 @@ def _name(obj: Any) -> JSON | None:
         except (ImportError, AttributeError, ValueError):
             continue
     return None
+
+
+# the interpreter's own types that builtins does not name (``types.FunctionType``)
+_TYPES = {v: k for k, v in vars(types).items() if isinstance(v, type) and k[0].isupper()}
 
 
 def _tensor(t: torch.Tensor) -> JSON:
@@ -150,8 +158,24 @@ def encode(value: Any) -> JSON:
 
 
 def encode_identity(obj: Any) -> JSON:
-    """The object of an identity guard: by name, else re-resolved by the guard's source."""
-    return _name(obj) or {"reresolve": None}
+    """The object of an identity guard: by name, else re-resolved by the guard's source. A
+    function or code object also carries its code's key, checked where it is found again:
+    a function patched in the new process is not the one the graph was captured from."""
+    found = _name(obj) or {"reresolve": None}
+    code = obj if isinstance(obj, types.CodeType) else getattr(obj, "__code__", None)
+    if isinstance(code, types.CodeType) and isinstance(obj, types.CodeType | types.FunctionType):
+        found["code"] = code_key(code)
+    return found
+
+
+def _same_code(obj: Any, data: JSON) -> Any:
+    """``obj``, if its code is the one ``data`` was written with (else ValueError)."""
+    key = data.get("code")
+    if key is not None:
+        code = obj if isinstance(obj, types.CodeType) else getattr(obj, "__code__", None)
+        if not isinstance(code, types.CodeType) or code_key(code) != key:
+            raise ValueError(f"{obj!r:.60} is not the code the pack was made with")
+    return obj
 
 
 def _op(text: str) -> Any:
@@ -211,8 +235,8 @@ _BY_TAG: dict[str, Callable[[Any, Any, _Context], Any]] = {
     "enum": lambda v, d, c: getattr(resolve(*v.split(":")), d["member"]),
     "dc": lambda v, d, c: _make_dataclass(v, d["fields"], c),
     "module": lambda v, d, c: importlib.import_module(v),
-    "name": lambda v, d, c: resolve(*v.split(":")),
-    "reresolve": lambda v, d, c: _reresolved(c),
+    "name": lambda v, d, c: _same_code(resolve(*v.split(":")), d),
+    "reresolve": lambda v, d, c: _same_code(_reresolved(c), d),
 }
 
 
@@ -224,30 +248,48 @@ def decode(data: JSON, ctx: _Context | None = None) -> Any:
     return _BY_TAG[tag](data[tag], data, ctx or _Context())
 
 
+def _pins(source: Source, obj: Any) -> list[Guard]:
+    """What an identity also held, checked on the object re-resolved in its place: its class
+    and, for a module, its children's names (a ModuleList of another length); for a list or
+    tuple its length, for a dict its keys."""
+    pins = [type_match(source, obj)]
+    if isinstance(obj, torch.nn.Module):
+        pins.append(dict_keys(Attr(source, "_modules"), obj._modules))
+    elif type(obj) in (list, tuple):
+        pins.append(length(source, obj))
+    elif type(obj) is dict:
+        pins.append(dict_keys(source, obj))
+    return pins
+
+
 def encode_guard(guard: Guard) -> JSON:
-    """One guard: its source, kind, expected value (identities by name or re-resolved)."""
-    expected = (
-        encode_identity(guard.expected.get() if isinstance(guard.expected, WeakIdentity)
-                        else guard.expected)
-        if guard.kind is GuardKind.ID_MATCH
-        else encode(guard.expected)
-    )  # fmt: skip
-    return {"source": encode(guard.source), "kind": guard.kind.name, "expected": expected,
-            "where": guard.where}  # fmt: skip
+    """One guard: its source, kind, expected value (identities by name, or re-resolved with
+    the guards that pin what the identity implied)."""
+    data = {"source": encode(guard.source), "kind": guard.kind.name, "where": guard.where}
+    if guard.kind is not GuardKind.ID_MATCH:
+        return {**data, "expected": encode(guard.expected)}
+    obj = guard.expected.get() if isinstance(guard.expected, WeakIdentity) else guard.expected
+    expected = encode_identity(obj)
+    if "reresolve" in expected and not isinstance(obj, types.CodeType):  # code: by its key
+        data["pins"] = [encode_guard(p) for p in _pins(guard.source, obj)]
+    return {**data, "expected": expected}
 
 
-def decode_guard(data: JSON, fetch: Callable[[Any], Any]) -> Guard:
-    """The guard :func:`encode_guard` wrote; ``fetch(source)`` gives a re-resolved object
-    (the current frame's value there), held weakly as the guard's own would be."""
+def decode_guard(data: JSON, fetch: Callable[[Any], Any]) -> list[Guard]:
+    """The guard :func:`encode_guard` wrote, with its pins; ``fetch(source)`` gives a
+    re-resolved object (the current frame's value there), held weakly as the guard's own
+    would be."""
     source = decode(data["source"])
     kind = GuardKind[data["kind"]]
 
     def again() -> Any:
-        obj = fetch(source)
-        return WeakIdentity.of(obj) or obj
+        return fetch(source)
 
     expected = decode(data["expected"], _Context(reresolve=again))
-    return Guard(source, kind, expected, data["where"])
+    if kind is GuardKind.ID_MATCH:  # held weakly, as the guard's own object was
+        expected = WeakIdentity.of(expected) or expected
+    pins = [g for pin in data.get("pins", ()) for g in decode_guard(pin, fetch)]
+    return [Guard(source, kind, expected, data["where"]), *pins]
 
 
 def encode_graph(gm: torch.fx.GraphModule) -> JSON:
