@@ -139,16 +139,28 @@ def test_a_frame_the_pack_does_not_fit_compiles_as_usual(tmp_path):
     assert opt.stats.graphs == 1 and opt.stats.prebuilt == []
 
 
-def test_graph_break_entries_are_left_out_with_the_reason(tmp_path):
-    def broken(x):
-        y = x.sin()
-        ember.compiler.graph_break()
-        return y.cos()
+def broken(x, k):
+    y = x.sin() * k
+    ember.compiler.graph_break()
+    return y.cos() + k
 
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_graph_breaks_are_packed_with_their_resume_functions(backend, tmp_path):
     ember.compiler.reset()
-    ember.compiler.compile(broken, backend="eager")(torch.ones(3))
+    x = torch.randn(4)
+    f = ember.compiler.compile(broken, backend=backend)
+    f(x, 2)
+    assert f.stats.graphs == 2 and len(f.stats.breaks) == 1
     report = ember.compiler.save_artifacts(tmp_path / "broken.ember")
-    assert any("broken" in r and "graph break" in r for r in report.left_out), report
+    assert report.entries == 2 and report.left_out == ()
+    ember.compiler.reset()  # as a new process: nothing compiled, the codes kept
+    ember.compiler.load_artifacts(tmp_path / "broken.ember")
+    g = ember.compiler.compile(broken, backend=backend)
+    torch.testing.assert_close(g(x, 2), broken(x, 2))
+    assert g.stats.graphs == 0 and len(g.stats.prebuilt) == 2  # the code and its resume
+    torch.testing.assert_close(g(x, 3), broken(x, 3))  # another constant: compiled as usual
+    assert g.stats.graphs >= 1
 
 
 def _refused(path: Path) -> str:

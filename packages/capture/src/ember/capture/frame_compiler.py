@@ -377,7 +377,9 @@ class FrameCompiler:
 
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
-        return _replacement(frame, t, compiled).fn
+        fn = _replacement(frame, t, compiled).fn
+        fn.__dict__[GRAPH_ATTRIBUTE] = t.graph_module  # what a pack saves
+        return fn
 
     def _compile(
         self, frame: Frame, cache: CodeCache[Any], t: Translation, compiled: Any

@@ -52,7 +52,7 @@ import torch
 
 from ember.aotgraph import store
 from ember.aotgraph.settings import cache_root
-from ember.capture import _eval_frame, prebuilt
+from ember.capture import _eval_frame, hook, prebuilt
 from ember.capture.frame_compiler import GRAPH_ATTRIBUTE, _caches, _native_function
 from ember.capture.hook import Frame
 from ember.compiler.artifacts_aot import PackedAOT, pack_compiled
@@ -151,22 +151,48 @@ def _secret() -> bytes | None:
 def _entry(code: types.CodeType, fn: Any, checked: CompiledGuards) -> dict[str, Any]:
     """One cache entry as JSON, or :class:`Unpackable`."""
     guards = [encode_guard(g) for g in checked.guards.guards]
-    packed = isinstance(fn, types.FunctionType) and GRAPH_ATTRIBUTE in fn.__dict__
-    if packed:
-        graph = fn.__dict__[GRAPH_ATTRIBUTE]
-        compiled, unhooked, _, constants, builtins_ = fn.__defaults__
-        if unhooked is not _eval_frame.call_unhooked or builtins_ is not builtins:
-            raise Unpackable("a replacement function of another shape")
-        return {
-            "kind": "graph",
-            "guards": guards,
-            "code": base64.b64encode(marshal.dumps(fn.__code__)).decode(),
-            "constants": encode(constants),
-            **_compiled(compiled, graph),
-        }
-    if isinstance(fn, types.FunctionType) and fn.__code__.co_code == code.co_code:
+    if not isinstance(fn, types.FunctionType):
+        raise Unpackable(f"an entry running a {type(fn).__name__}")
+    if GRAPH_ATTRIBUTE in fn.__dict__:
+        return {"kind": "graph", "guards": guards, **_pack_replacement(fn)}
+    if fn.__code__.co_code == code.co_code:
         return {"kind": "native", "guards": guards}  # no tensor work: runs as it is
-    raise Unpackable("a graph break (the code around a break is not packed yet)")
+    return {"kind": "break", "guards": guards, **_pack_break(fn)}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _pack_replacement(fn: types.FunctionType) -> dict[str, Any]:
+    """A function ``codegen.generate`` made: its bytecode, constants and graph."""
+    graph = fn.__dict__.get(GRAPH_ATTRIBUTE, False)
+    if graph is False or fn.__defaults__ is None or len(fn.__defaults__) != 5:
+        raise Unpackable("a function that is not a graph's replacement")
+    compiled, unhooked, _, constants, builtins_ = fn.__defaults__
+    if unhooked is not _eval_frame.call_unhooked or builtins_ is not builtins:
+        raise Unpackable("a replacement function of another shape")
+    code = _b64(marshal.dumps(fn.__code__))
+    return {"code": code, "constants": encode(constants), **_compiled(compiled, graph)}
+
+
+def _pack_break(fn: types.FunctionType) -> dict[str, Any]:
+    """The code around a graph break: its bytecode with the functions it calls (the compiled
+    prefix, the resume functions) written apart, by what makes them."""
+    consts, functions = list(fn.__code__.co_consts), []
+    for index, const in enumerate(consts):
+        if not isinstance(const, types.FunctionType):
+            continue
+        if GRAPH_ATTRIBUTE in const.__dict__:  # the graph before the break
+            functions.append([index, {"prefix": _pack_replacement(const)}])
+        else:  # a resume function: the original's globals and closure around its own code
+            functions.append([index, {"resume": _b64(marshal.dumps(const.__code__))}])
+        consts[index] = None
+    try:
+        code = _b64(marshal.dumps(fn.__code__.replace(co_consts=tuple(consts))))
+    except ValueError as e:  # a constant marshal cannot write
+        raise Unpackable(f"the code around a graph break: {e}") from None
+    return {"code": code, "functions": functions}
 
 
 def _compiled(compiled: Any, graph: torch.fx.GraphModule | None) -> dict[str, Any]:
@@ -175,7 +201,7 @@ def _compiled(compiled: Any, graph: torch.fx.GraphModule | None) -> dict[str, An
     if isinstance(compiled, _Deferred):
         return {"graph": compiled.graph, "aot": None}
     inner = getattr(compiled, "compiled", compiled)  # under the output-count check
-    owner = getattr(inner, "__self__", None)
+    owner = inner if inner is graph else getattr(inner, "__self__", None)
     if isinstance(owner, torch.fx.GraphModule) and owner is graph:  # "eager": gm.forward
         return {"graph": encode_graph(owner), "aot": None, "runs_graph": True}
     if isinstance(compiled, PackedAOT):
@@ -367,15 +393,48 @@ class _Builder:
             return None
         if not checked.check(*args):
             return None
-        if self.entry["kind"] == "native":
-            return checked, _native_function(frame.code, frame.function)
-        return checked, _replacement(self.entry, frame, build)
+        try:
+            return checked, _FUNCTIONS[self.entry["kind"]](self.entry, frame, build)
+        except Exception as e:  # bytecode for other free variables, a corrupt entry
+            log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)
+            return None
+
+
+def _code(text: str, frame: Frame) -> types.CodeType:
+    """Packed bytecode, with this frame's file name (tracebacks point at the user's file)."""
+    code = marshal.loads(base64.b64decode(text))
+    if not isinstance(code, types.CodeType):
+        raise ValueError("not bytecode")
+    return code.replace(co_filename=frame.code.co_filename)
+
+
+def _break_function(entry: dict[str, Any], frame: Frame, build: Callable[..., Any]) -> Any:
+    """The code around a graph break, with its prefix and resume functions made again."""
+    code = _code(entry["code"], frame)
+    consts = list(code.co_consts)
+    for index, item in entry["functions"]:
+        if "prefix" in item:
+            made = _replacement(item["prefix"], frame, build)
+            hook.own(made.__code__)  # the prefix is ember's: never intercepted
+        else:
+            made = hook.function_like(_code(item["resume"], frame), frame.function)
+        consts[index] = made
+    code = code.replace(co_consts=tuple(consts))
+    function = frame.function
+    return types.FunctionType(code, function.__globals__, code.co_name, None, function.__closure__)
+
+
+# entry kind -> how its function is made for a frame
+_FUNCTIONS: dict[str, Callable[[dict[str, Any], Frame, Callable[..., Any]], Any]] = {
+    "native": lambda entry, frame, build: _native_function(frame.code, frame.function),
+    "graph": lambda entry, frame, build: _replacement(entry, frame, build),
+    "break": _break_function,
+}
 
 
 def _replacement(entry: dict[str, Any], frame: Frame, build: Callable[..., Any]) -> Any:
     """The packed replacement function, bound to this frame's globals and closure."""
-    code = marshal.loads(base64.b64decode(entry["code"]))
-    code = code.replace(co_filename=frame.code.co_filename)
+    code = _code(entry["code"], frame)
     if code.co_freevars != frame.code.co_freevars:
         raise _Refused(f"free variables {code.co_freevars} != {frame.code.co_freevars}")
     function = frame.function
