@@ -9,8 +9,7 @@ pack's loader fetches it again from the new frame by the guard's source
 (``self.layers[0]``), so the entry serves that process's objects. Anything else cannot be
 written (:class:`Unpackable`): its entry is left out of the pack, with the reason.
 
->>> from ember.capture.prebuilt import code_key
-from ember.guards import Attr, Local
+>>> from ember.guards import Attr, Local
 >>> data = encode(Attr(Local("self"), "scale"))
 >>> decode(data) == Attr(Local("self"), "scale")
 True
