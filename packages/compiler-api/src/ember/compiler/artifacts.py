@@ -74,8 +74,8 @@ __all__ = ["ArtifactsWarning", "LoadReport", "SaveReport", "load_artifacts", "sa
 
 log = logging.getLogger("ember.compiler.artifacts")
 
-MAGIC = b"EMBERPACK 1\n"
-FORMAT = 1
+MAGIC = b"EMBERPACK 2\n"
+FORMAT = 2
 
 
 class ArtifactsWarning(UserWarning):
@@ -274,9 +274,16 @@ def _cache_files() -> Iterator[tuple[str, bytes]]:
 def save_artifacts(path: str | os.PathLike[str]) -> SaveReport:
     """Write what this process compiled into one file at ``path`` (see the module doc)."""
     frames, left_out = _frames()  # first: it builds the kernels not built yet
-    files = [{"path": rel, "data": base64.b64encode(data).decode()}
-             for rel, data in _cache_files()]  # fmt: skip
-    body = zlib.compress(json.dumps({"frames": frames, "files": files}).encode(), 1)
+    files, blobs, offset = [], [], 0
+    for rel, data in _cache_files():  # each compressed alone: one already there is not read
+        blob = zlib.compress(data, 1)
+        digest = hashlib.sha256(data).hexdigest()
+        files.append({"path": rel, "size": len(data), "sha256": digest, "at": offset,
+                      "length": len(blob)})  # fmt: skip
+        blobs.append(blob)
+        offset += len(blob)
+    meta = zlib.compress(json.dumps({"frames": frames, "files": files}).encode(), 1)
+    body = len(meta).to_bytes(8, "little") + meta + b"".join(blobs)
     key = pack_key()
     secret = _secret()
     header = {
@@ -331,7 +338,16 @@ def _read(path: Path) -> tuple[dict[str, Any], bytes]:
     return header, body
 
 
-def _install(files: list[dict[str, str]]) -> int:
+def _same_file(target: Path, item: dict[str, Any]) -> bool:
+    try:
+        if target.stat().st_size != item["size"]:
+            return False
+        return bool(hashlib.sha256(target.read_bytes()).hexdigest() == item["sha256"])
+    except OSError:
+        return False
+
+
+def _install(files: list[dict[str, Any]], blobs: bytes) -> int:
     """Write the pack's cache files under this process's cache root (unless there already)."""
     root = cache_root()
     written = 0
@@ -339,10 +355,12 @@ def _install(files: list[dict[str, str]]) -> int:
         rel = Path(item["path"])
         if rel.is_absolute() or ".." in rel.parts:
             raise _Refused(f"a file outside the cache: {rel}")
-        data = base64.b64decode(item["data"])
         target = root / rel
-        if target.is_file() and target.read_bytes() == data:
+        if _same_file(target, item):
             continue
+        data = zlib.decompress(blobs[item["at"] : item["at"] + item["length"]])
+        if hashlib.sha256(data).hexdigest() != item["sha256"]:
+            raise _Refused(f"its file {rel} is corrupt")
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-pack-")
         with os.fdopen(fd, "wb") as f:
@@ -358,8 +376,9 @@ def load_artifacts(path: str | os.PathLike[str]) -> LoadReport:
     warns (:class:`ArtifactsWarning`) and says why in the report."""
     try:
         _, body = _read(Path(path))
-        data = json.loads(zlib.decompress(body))
-        files = _install(data["files"])
+        size = int.from_bytes(body[:8], "little")
+        data = json.loads(zlib.decompress(body[8 : 8 + size]))
+        files = _install(data["files"], body[8 + size :])
     except (_Refused, ValueError, KeyError, zlib.error, OSError) as e:
         reason = f"ember pack {os.fspath(path)!r} ignored: {e}"
         warnings.warn(reason, ArtifactsWarning, stacklevel=2)
