@@ -35,6 +35,7 @@ CHILD = textwrap.dedent(
     backend, path, names = sys.argv[1], sys.argv[2], sys.argv[3:]
     start = time.perf_counter()
     import ember.compiler
+    before = set(sys.modules)
     report = ember.compiler.load_artifacts(path) if path != "-" else None
     imported = time.perf_counter() - start
     out = {"imported": imported, "loaded": None if report is None else report.loaded}
@@ -52,6 +53,8 @@ CHILD = textwrap.dedent(
         t = time.perf_counter()
         got = opt(*args)
         first = time.perf_counter() - t
+        out.setdefault("new_modules", sorted(set(sys.modules) - before))  # by the first call
+        out.setdefault("dynamo", "torch._dynamo" in sys.modules)
         torch.manual_seed(1)
         want = reference(*args)
         for a, b in zip(leaves(got), leaves(want), strict=True):
@@ -118,6 +121,8 @@ def test_fresh_process_runs_the_pack_without_compiling(backend, names, tmp_path)
     for name in names:  # each frame served from the pack, none translated
         assert result[name]["prebuilt"] == 1 and result[name]["graphs"] == 0, (name, result)
     assert not [p for p in COMPILE_PHASES if result["phases"].get(p)], result["phases"]
+    # nothing imported after ember.compiler on the way: no tracing machinery, no torch._dynamo
+    assert result["new_modules"] == [] and result["dynamo"] is False, result["new_modules"]
 
 
 def test_environment_variable_loads_the_pack(tmp_path):
