@@ -164,6 +164,8 @@ def test_graph_breaks_are_packed_with_their_resume_functions(backend, tmp_path):
     g = ember.compiler.compile(broken, backend=backend)
     torch.testing.assert_close(g(x, 2), broken(x, 2))
     assert g.stats.graphs == 0 and len(g.stats.prebuilt) == 2  # the code and its resume
+    repacked = ember.compiler.save_artifacts(tmp_path / "again.ember")  # entries from a pack
+    assert repacked.entries == 2 and repacked.left_out == ()
     torch.testing.assert_close(g(x, 3), broken(x, 3))  # another constant: compiled as usual
     assert g.stats.graphs >= 1
 
