@@ -129,20 +129,21 @@ class PackedAOT:
     """A packed ``AOTCompiled``: its runtimes are read back on the first call; a call they do
     not serve compiles the captured graph with ``build`` (the backend) from then on."""
 
-    __slots__ = ("build", "data", "delegate", "graph", "runtimes")
+    __slots__ = ("build", "constants", "data", "delegate", "graph", "runtimes")
 
     def __init__(self, data: JSON, graph: JSON, build: Callable[..., Any]) -> None:
         self.data, self.graph, self.build = data, graph, build
         self.runtimes: tuple[Runtime | None, Runtime | None] | None = None
         self.delegate: Callable[..., Any] | None = None
+        # the inputs compiled in as constants: (position, value) (checked on every call)
+        self.constants = [(i, decode(value)) for i, value in data["constants"]]
 
     def _serves(self, args: Sequence[Any]) -> bool:
-        data = self.data
-        if len(args) != data["count"]:
+        if len(args) != self.data["count"]:
             return False
-        for i, value in data["constants"]:
-            a, b = args[i], decode(value)
-            if not (type(a) is type(b) and a == b):
+        for i, b in self.constants:
+            a = args[i]
+            if not (a is b or (type(a) is type(b) and a == b)):
                 return False
         return True
 
