@@ -336,6 +336,11 @@ def _path(key: str) -> Path:
     return cache_dir() / key[:2] / f"{key}.json"
 
 
+# Every record this process read or wrote (its and ember.inductor's graph records), in
+# order: what ``ember.compiler.save_artifacts`` packs so that a new process finds them.
+TOUCHED: dict[Path, None] = {}
+
+
 def read_record(path: Path, key: str) -> dict[str, Any] | None:
     """The JSON record at ``path`` if it is one and names ``key`` inside, else None.
 
@@ -349,7 +354,10 @@ def read_record(path: Path, key: str) -> dict[str, Any] | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("key") == key else None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    TOUCHED[path] = None
+    return record
 
 
 def write_record(path: Path, key: str, record: dict[str, Any]) -> None:
@@ -363,6 +371,7 @@ def write_record(path: Path, key: str, record: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError:
         return
+    TOUCHED[path] = None
 
 
 def load(key: str) -> dict[str, Any] | None:

@@ -48,6 +48,7 @@ from ember.capture import (
     hook,
     log,
     markers,
+    prebuilt,
     settings,
     shapes,
     stance,
@@ -57,7 +58,7 @@ from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.shapes import MarkedDynamicError
 from ember.capture.tracer import FIRST_CALL, Location, Unsupported
 from ember.capture.translate import Translation, translate
-from ember.guards import CodeCache, FrameSpec, GuardSet, WeakIdentity
+from ember.guards import CodeCache, CompiledGuards, FrameSpec, GuardSet, WeakIdentity
 from ember.guards import Decision as CacheDecision
 
 Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
@@ -138,11 +139,15 @@ class Stats:
     failures: list[Failure] = field(default_factory=list)
     breaks: list[Failure] = field(default_factory=list)  # graph breaks, with their reasons
     skipped: list[str] = field(default_factory=list)  # frames with no tensor operations
+    prebuilt: list[str] = field(default_factory=list)  # entries a pack gave (not compiled)
 
     @property
     def graphs(self) -> int:
         return len(self.compiled)
 
+
+# The attribute of a replacement function that holds its captured graph (for packs).
+GRAPH_ATTRIBUTE = "__ember_graph__"
 
 _caches: weakref.WeakKeyDictionary[types.CodeType, CodeCache[Any]] = weakref.WeakKeyDictionary()
 
@@ -242,6 +247,9 @@ class FrameCompiler:
     def _on_miss(self, frame: Frame) -> CacheEntry | Decision:
         """Compile the frame, or decide how it runs eagerly (with the compile lock held)."""
         cache = code_cache(frame.code)
+        for checked, fn in prebuilt.ready(frame, self.build_graph):  # a pack: no translation
+            self.stats.prebuilt.append(cache.name)
+            return self._install(frame, cache, checked, fn)
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return self._cache_full(frame, cache)
         try:
@@ -369,13 +377,22 @@ class FrameCompiler:
 
     def _prefix(self, frame: Frame, t: Translation) -> types.FunctionType:
         compiled = self.backend(t.graph_module, t.example_inputs) if t.ops else t.graph_module
-        return _replacement(frame, t, compiled).fn
+        fn = _replacement(frame, t, compiled).fn
+        fn.__dict__[GRAPH_ATTRIBUTE] = t.graph_module  # what a pack saves
+        return fn
 
     def _compile(
         self, frame: Frame, cache: CodeCache[Any], t: Translation, compiled: Any
     ) -> CacheEntry:
         replacement = _replacement(frame, t, compiled)
+        replacement.fn.__dict__[GRAPH_ATTRIBUTE] = t.graph_module  # what a pack saves
         return self._entry(frame, cache, t, replacement.fn, replacement.source)
+
+    def build_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Run this callable's backend on a graph that a pack gave (on the graph's first
+        call), under this callable's settings."""
+        with self.scope():
+            return self.backend(gm, example_inputs)
 
     def _native(self, frame: Frame, cache: CodeCache[Any], t: Translation) -> CacheEntry:
         """An entry that runs the frame's own code, natively, under the translation's guards."""
@@ -388,6 +405,13 @@ class FrameCompiler:
         t.seal()  # the shape guards, with those the backend's trace added
         guards = GuardSet(t.guards.guards)
         checked = guards.compile(FrameSpec.from_function(frame.function))
+        return guards, self._install(frame, cache, checked, fn)
+
+    def _install(
+        self, frame: Frame, cache: CodeCache[Any], checked: CompiledGuards, fn: Any
+    ) -> CacheEntry:
+        """``fn`` behind ``checked`` in the code's cache (a translation's or a pack's)."""
+        guards = checked.guards
         cache_entry = cache.add(checked, fn)
         entry = CacheEntry(checked.check, fn)
         self._has_entries.add(frame.code)
@@ -397,7 +421,7 @@ class FrameCompiler:
         # goes when the closure does, with the objects its cells hold.
         closure = (frame.function,) if frame.code.co_freevars else ()
         _drop_when_freed(frame.code, cache, cache_entry, entry, guards, closure)
-        return guards, entry
+        return entry
 
     def _entry(
         self, frame: Frame, cache: CodeCache[Any], t: Translation, fn: Any, described: str
@@ -643,5 +667,6 @@ def reset() -> None:
         _watchers.clear()
         _RULE_SKIPPED.clear()
         shapes.forget()  # automatic dynamic starts again
+        prebuilt.clear()  # a loaded pack's entries not installed yet
         stance.reset()
         _generation += 1

@@ -41,6 +41,14 @@ from ember.capture.shapes import (
     maybe_mark_dynamic,
 )
 from ember.capture.trace_rules import set_rule as set_trace_rule
+from ember.compiler.artifacts import (
+    ArtifactsWarning,
+    LoadReport,
+    SaveReport,
+    load_artifacts,
+    save_artifacts,
+)
+from ember.compiler.artifacts import load_from_environment as _load_artifacts_from_environment
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
 from ember.compiler.configuration import Config, config
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
@@ -60,6 +68,7 @@ from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 __version__ = "0.1.0"
 __all__ = [
     "AccuracyError",
+    "ArtifactsWarning",
     "BreakReason",
     "CompilationProfiler",
     "CompileTimes",
@@ -70,12 +79,14 @@ __all__ = [
     "FallbackWarning",
     "FullGraphError",
     "InternalError",
+    "LoadReport",
     "MarkedDynamicError",
     "OptimizedModule",
     "ProfileReport",
     "RecompileError",
     "ReplayRecord",
     "ReproSettings",
+    "SaveReport",
     "Stats",
     "allow_in_graph",
     "assume_constant_result",
@@ -92,6 +103,7 @@ __all__ = [
     "list_backends",
     "list_mode_options",
     "list_options",
+    "load_artifacts",
     "lookup_backend",
     "mark_dynamic",
     "mark_static",
@@ -101,12 +113,14 @@ __all__ = [
     "replay",
     "report",
     "reset",
+    "save_artifacts",
     "set_logs",
     "set_stance",
     "set_trace_rule",
 ]
 
 _apply_log_environment()  # EMBER_LOGS, EMBER_DEBUG_FUNCTION, EMBER_PROGRESS
+_load_artifacts_from_environment()  # EMBER_ARTIFACTS: a portable pack to start from
 
 #: ``config.list_options``: every setting as ``"section.name"``, with its value now.
 list_options = config.list_options

@@ -56,6 +56,14 @@ class DebugSettings:
     repro_dir: str = setting(
         "ember_repro", "where replay records and repro scripts go", env="EMBER_REPRO_DIR"
     )
+    artifacts: str = setting(
+        "", "load this portable pack at import (ember.compiler.load_artifacts)",
+        env="EMBER_ARTIFACTS",
+    )  # fmt: skip
+    artifacts_key: str = setting(
+        "", "sign packs with this key (HMAC-SHA256) and load only packs signed with it",
+        env="EMBER_ARTIFACTS_KEY",
+    )  # fmt: skip
 
 
 #: ember.compiler's own settings (``ember.compiler.config.debug``).

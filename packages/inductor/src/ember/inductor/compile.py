@@ -310,6 +310,7 @@ class CompiledGraph:
         self._record: tuple[str, torch.fx.GraphModule] | None = None  # graph key, original gm
         self.target: wrapper_triton.Target | None = None  # the printer and device chosen
         self._kernels: dict[str, Callable[..., Any]] | None = None  # Triton launchers
+        self.record: dict[str, Any] | None = None  # its graph-cache record (portable packs)
 
     def __call__(self, *args: Any) -> Any:
         if self._call is None:
@@ -382,6 +383,7 @@ class CompiledGraph:
             }
         except (graph_cache.Unencodable, TypeError, NotImplementedError):
             return
+        self.record = record
         graph_cache.save(key, record)
 
     @staticmethod
@@ -401,7 +403,7 @@ class CompiledGraph:
         spec = None if record["spec"] is None else pytree.treespec_loads(record["spec"])
         compiled = CompiledGraph(gm, run, spec)
         compiled.kernel_args, compiled.wrapper = record["kernel_args"], record["wrapper"]
-        compiled.cache_hit = True
+        compiled.cache_hit, compiled.record = True, record
         compiled._call = bind(record["wrapper"], consts, record["kernel_args"], lib)
         run.write("06_wrapper.py", compiled.wrapper + "\n# from the graph cache\n")
         return compiled

@@ -1,0 +1,168 @@
+"""A backend's compiled result in a pack: ember.aotgraph's runtimes, ready to run.
+
+For ``aot_eager`` and ``inductor`` the backend returns an ``AOTCompiled``; its built paths
+(training: forward + backward in an ``autograd.Function``; inference) are ``Runtime``
+objects of plain data (the signature, what the call mutates, which saved values to clone)
+around compiled graphs: an aten ``GraphModule`` (``aot_eager``) or an inductor
+``CompiledGraph``, packed as its graph-cache record (wrapper source, kernel arguments,
+library key, constants) with its kernel library among the pack's files. In the new
+process :class:`PackedAOT` rebuilds those runtimes on its first call, from the record and
+the library, without tracing, lowering or building anything; a call they do not serve
+(another grad mode, other constant inputs) gives the captured graph to the backend, as a
+first compile would.
+
+>>> pack_compiled(lambda x: x)
+Traceback (most recent call last):
+ember.compiler.artifacts_codec.Unpackable: the backend returned a function, not an AOTCompiled
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.aotgraph.api import AOTCompiled
+from ember.aotgraph.runtime import Runtime
+from ember.compiler.artifacts_codec import (
+    Unpackable,
+    decode,
+    decode_graph,
+    encode,
+    encode_graph,
+    set_attribute,
+)
+from ember.compiler.wrap import _CountedOutputs
+from ember.inductor import graph_cache
+from ember.inductor.compile import CompiledGraph, _Run
+
+__all__ = ["PackedAOT", "pack_compiled"]
+
+JSON = Any
+
+
+def _graph_fn(fn: Any) -> JSON:
+    """One compiled graph of a runtime."""
+    if isinstance(fn, CompiledGraph):
+        if fn._kernels is not None or fn.record is None:
+            raise Unpackable("an inductor graph without a graph-cache record (Triton, or off)")
+        paths = {v["attr"] for v in fn.record["consts"].values() if "attr" in v}
+        attrs = {p: encode(graph_cache._fetch(fn.gm, p)) for p in sorted(paths)}
+        return {"inductor": fn.record, "attrs": attrs}
+    if isinstance(getattr(fn, "__self__", None), torch.fx.GraphModule):
+        fn = fn.__self__  # gm.forward: the graph module itself
+    if isinstance(fn, torch.fx.GraphModule):
+        return {"graph": encode_graph(fn)}
+    raise Unpackable(f"a compiled graph of type {type(fn).__name__}")
+
+
+def _runtime(rt: Runtime | None) -> JSON:
+    if rt is None:
+        return None
+    if rt.merge is not None or rt.shapes is not None:
+        raise Unpackable("a runtime for inputs sharing storage or for symbolic sizes")
+    graph = rt.backward_graph
+    return {
+        "signature": encode(rt.signature),
+        "mutated": list(rt.mutated),
+        "forward": _graph_fn(rt.forward),
+        "backward": None if rt.backward is None else _graph_fn(rt.backward),
+        "clone_saved": list(rt.clone_saved),
+        "number_saved": list(rt.number_saved),
+        "tangent_use": encode(rt.tangent_use),
+        "backward_graph": None if graph is None else encode_graph(graph),
+    }
+
+
+def pack_compiled(compiled: Any) -> JSON:
+    """What a backend returned for a captured graph, if it is an ``AOTCompiled`` whose
+    built paths can be packed; else :class:`Unpackable`."""
+    inner = compiled.compiled if isinstance(compiled, _CountedOutputs) else compiled
+    if not isinstance(inner, AOTCompiled):
+        raise Unpackable(f"the backend returned a {type(inner).__name__}, not an AOTCompiled")
+    lifted = inner.lifted
+    if inner.fallback is not None or inner.variants or lifted.symbols is not None:
+        raise Unpackable("an aot graph with variants, a fallback or symbolic sizes")
+    if lifted.owners:
+        raise Unpackable("an aot graph with lifted parameters")
+    return {
+        "positions": list(lifted.input_positions),
+        "constants": [[i, encode(lifted.template[i])] for i in lifted.constant_positions],
+        "count": len(lifted.template),
+        "sets_grad": inner._sets_grad,
+        "training": _runtime(inner.training),
+        "inference": _runtime(inner.inference),
+    }
+
+
+def _load_fn(data: JSON) -> Callable[..., Any]:
+    if "graph" in data:
+        return decode_graph(data["graph"])
+    holder = torch.nn.Module()  # the constants the wrapper reads from its graph
+    for path, value in data["attrs"].items():
+        set_attribute(holder, path, decode(value))
+    found = CompiledGraph.from_record(holder, data["inductor"], _Run(trace=False))  # type: ignore[arg-type]
+    if found is None:
+        raise ValueError("its kernel library is missing or corrupt")
+    return found  # type: ignore[no-any-return]
+
+
+def _load_runtime(data: JSON) -> Runtime | None:
+    if data is None:
+        return None
+    graph = data["backward_graph"]
+    return Runtime(
+        decode(data["signature"]),
+        tuple(data["mutated"]),
+        _load_fn(data["forward"]),
+        None if data["backward"] is None else _load_fn(data["backward"]),
+        tuple(data["clone_saved"]),
+        tuple(data["number_saved"]),
+        tangent_use=decode(data["tangent_use"]),
+        backward_graph=None if graph is None else decode_graph(graph),
+    )
+
+
+class PackedAOT:
+    """A packed ``AOTCompiled``: its runtimes are read back on the first call; a call they do
+    not serve compiles the captured graph with ``build`` (the backend) from then on."""
+
+    __slots__ = ("build", "constants", "data", "delegate", "graph", "runtimes")
+
+    def __init__(self, data: JSON, graph: JSON, build: Callable[..., Any]) -> None:
+        self.data, self.graph, self.build = data, graph, build
+        self.runtimes: tuple[Runtime | None, Runtime | None] | None = None
+        self.delegate: Callable[..., Any] | None = None
+        # the inputs compiled in as constants: (position, value) (checked on every call)
+        self.constants = [(i, decode(value)) for i, value in data["constants"]]
+
+    def _serves(self, args: Sequence[Any]) -> bool:
+        if len(args) != self.data["count"]:
+            return False
+        for i, b in self.constants:
+            a = args[i]
+            if not (a is b or (type(a) is type(b) and a == b)):
+                return False
+        return True
+
+    def __call__(self, *args: Any) -> Any:
+        if self.delegate is not None:
+            return self.delegate(*args)
+        if self.runtimes is None:
+            try:
+                self.runtimes = (_load_runtime(self.data["training"]),
+                                 _load_runtime(self.data["inference"]))  # fmt: skip
+            except Exception:  # a library gone or corrupt since the load: compile
+                self.runtimes = (None, None)
+        inputs = [args[i] for i in self.data["positions"]]
+        grad = torch.is_grad_enabled() and (
+            self.data["sets_grad"]
+            or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        )
+        runtime = self.runtimes[0] if grad else self.runtimes[1]
+        if runtime is None or not self._serves(args):
+            self.delegate = self.build(decode_graph(self.graph), list(args))
+            return self.delegate(*args)
+        return runtime(inputs)
