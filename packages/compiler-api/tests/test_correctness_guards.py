@@ -761,3 +761,49 @@ def test_checkpoint_with_dropout_recomputes_with_the_forwards_mask(backend):
     for got, want in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, want)
     assert compiled.stats.graphs == 1
+
+
+class Stack(torch.nn.Module):
+    """Containers read whole: iterated, measured, indexed from the end, sliced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+        self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4)})
+        self.tail = torch.nn.Sequential(torch.nn.Linear(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers[-1](x) * len(self.layers)
+        for name in self.heads:
+            y = y + self.heads[name](x)
+        for layer in self.layers[1:]:
+            y = layer(y)
+        for layer in self.layers:
+            y = layer(y)
+        return self.tail(y)
+
+
+CHANGES: dict[str, Callable[[Stack], None]] = {
+    "list_append": lambda m: m.layers.append(torch.nn.Linear(4, 4)),
+    "list_insert": lambda m: m.layers.insert(0, torch.nn.Linear(4, 4)),
+    "list_delete": lambda m: m.layers.__delitem__(0),
+    "dict_add": lambda m: m.heads.update({"b": torch.nn.Linear(4, 4)}),
+    "dict_pop": lambda m: (m.heads.update({"b": torch.nn.Linear(4, 4)}), m.heads.pop("a")),
+    "sequential_append": lambda m: m.tail.append(torch.nn.ReLU()),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_container_module_changed_after_compiling_recompiles(backend, change):
+    """``layers.append(...)`` after the first call: the graph that ran over two layers
+    would silently skip the third; the children's names are guarded, so it recompiles."""
+    torch.manual_seed(0)
+    model = Stack()
+    compiled = ember.compiler.compile(model, backend=backend)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        CHANGES[change](model)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.stats.graphs == 2, compiled.stats

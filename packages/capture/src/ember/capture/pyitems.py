@@ -25,6 +25,7 @@ from ember.capture.pyrules import (
     _mutate,
     _special,
     constant_of,
+    guard_children,
     is_numeric,
 )
 from ember.capture.tracer import FIRST_CALL, FrameState, Raised, Unsupported
@@ -191,9 +192,13 @@ def _module_subscript(fs: FrameState, container: ModuleV, key: Any) -> Value:
     if isinstance(m, torch.nn.ModuleDict) and isinstance(key, str) and key in m._modules:
         return _module_child(fs, container, key)
     if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
-        if isinstance(key, int) and -len(names) <= key < len(names):
+        if isinstance(key, int) and 0 <= key < len(names):
+            return _module_child(fs, container, names[key])
+        if isinstance(key, int) and -len(names) <= key:  # counted from the end: the length
+            guard_children(fs, container)
             return _module_child(fs, container, names[key])
         if isinstance(key, slice):
+            guard_children(fs, container)
             return TupleV(tuple(_module_child(fs, container, n) for n in names[key]))
     raise Unsupported(f"{type(m).__name__}[{key!r}]", "call")
 

@@ -270,11 +270,20 @@ FIXED_VIEWS = frozenset(
 
 def _module_items(fs: FrameState, v: ModuleV) -> list[Value]:
     m = v.module
+    guard_children(fs, v)  # an appended or removed child: another iteration
     if isinstance(m, torch.nn.ModuleDict):
         return [Const(k) for k in m.keys()]
     if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
         return [_module_child(fs, v, key) for key in m._modules]
     raise Unsupported(f"iterating over a {type(m).__name__}", "iteration")
+
+
+def guard_children(fs: FrameState, v: ModuleV) -> None:
+    """The container's children keep their names (``_modules``' keys, in order): what
+    iterating it, its length, a negative index or a slice read depends on them all, not
+    only on the children it reached (``layers.append(...)`` after compiling recompiles)."""
+    if v.source is not None:
+        fs.tracer.guards.dict_keys(guarding.attr(v.source, "_modules"), v.module._modules)
 
 
 def _module_child(fs: FrameState, v: ModuleV, key: str) -> Value:
