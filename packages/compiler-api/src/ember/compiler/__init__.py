@@ -42,6 +42,8 @@ from ember.capture.shapes import (
 )
 from ember.capture.trace_rules import set_rule as set_trace_rule
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
+from ember.compiler.compiled_autograd import CompiledAutogradStats, compiled_autograd
+from ember.compiler.compiled_autograd import reset as _reset_compiled_autograd
 from ember.compiler.configuration import Config, config
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.logs import apply_environment as _apply_log_environment
@@ -63,6 +65,7 @@ __all__ = [
     "BreakReason",
     "CompilationProfiler",
     "CompileTimes",
+    "CompiledAutogradStats",
     "CompiledFunction",
     "Config",
     "ExplainOutput",
@@ -81,6 +84,7 @@ __all__ = [
     "assume_constant_result",
     "compile",
     "compile_times",
+    "compiled_autograd",
     "config",
     "count_calls",
     "disable",
@@ -123,3 +127,4 @@ def reset() -> None:
     _reset()
     _clear_times()
     _clear_report()
+    _reset_compiled_autograd()
