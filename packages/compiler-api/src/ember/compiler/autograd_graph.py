@@ -119,26 +119,38 @@ def _node_registration(original: Callable[..., Any]) -> Callable[..., Any]:
     return register
 
 
-def hook_code(fn: Any) -> Any:
-    """What identifies a hook in the key: its code object and those of the user hooks a
-    module's ``BackwardHook`` closure calls (so a new lambda each step is the same hook).
+def hook_code(fn: Any, depth: int = 0) -> Any:
+    """What identifies a hook in the key: its code object, the numbers and strings its
+    closure holds (baked into the recorded ops), the hooks its closure calls (a module's
+    ``BackwardHook`` keeps them in ``user_hooks``): a new lambda each step is the same hook.
 
-    >>> hook_code(lambda g: g * 2) == hook_code(lambda g: g * 2)
-    False
-    >>> def make(): return lambda g: g * 2
-    >>> hook_code(make()) == hook_code(make())
-    True
+    >>> def scaled(s): return lambda g: g * s
+    >>> hook_code(scaled(2)) == hook_code(scaled(2)), hook_code(scaled(2)) == hook_code(scaled(3))
+    (True, False)
     """
     code = getattr(fn, "__code__", None)
     inner: list[Any] = []
-    for cell in getattr(fn, "__closure__", None) or ():
+    cells = getattr(fn, "__closure__", None) or () if depth < 4 else ()  # (self-reference)
+    for cell in cells:
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        for attr in ("user_hooks", "user_pre_hooks"):  # torch.utils.hooks.BackwardHook
-            inner.extend(hook_code(h) for h in getattr(value, attr, None) or ())
+        inner.append(_closure_value(value, depth + 1))
     return (code if code is not None else type(fn), tuple(inner))
+
+
+def _closure_value(value: Any, depth: int) -> Any:
+    if isinstance(value, LITERALS):
+        return (type(value).__name__, value)
+    if callable(value) and hasattr(value, "__code__"):
+        return hook_code(value, depth)
+    hooks = [
+        hook_code(h, depth)
+        for attr in ("user_hooks", "user_pre_hooks")  # torch.utils.hooks.BackwardHook
+        for h in getattr(value, attr, None) or ()
+    ]
+    return (type(value).__name__, tuple(hooks))
 
 
 @dataclass(frozen=True, slots=True)
