@@ -163,6 +163,8 @@ class Walk:
     retained: tuple[torch.Tensor, ...]  # non-leaves whose .grad retain_grad() asked for
     saved: tuple[torch.Tensor, ...]  # every saved tensor, in node order
     holders: tuple[int, ...]  # nodes that hold saved tensors (eager frees them after backward)
+    # ember AOT nodes whose backward is compiled code: (Runtime, its aten FX backward graph)
+    aot: tuple[tuple[Any, torch.fx.GraphModule], ...]
     hooks: tuple[dict[Any, Callable[..., Any]], ...]  # tensor hook dicts (to watch)
     key: tuple[Any, ...]
     reason: str | None  # why this graph is run by the eager engine; None: it can compile
@@ -185,6 +187,7 @@ def walk(roots: Sequence[torch.Tensor]) -> Walk:
         retained=tuple(parts.retained),
         saved=tuple(parts.saved),
         holders=tuple(parts.holders),
+        aot=tuple(parts.aot),
         hooks=tuple(parts.hooks),
         key=key,
         reason=parts.reason,
@@ -216,6 +219,7 @@ class _Parts:
         self.retained: list[torch.Tensor] = []
         self.saved: list[torch.Tensor] = []
         self.holders: list[int] = []
+        self.aot: list[tuple[Any, Any]] = []
         self.hooks: list[dict[Any, Callable[..., Any]]] = []
         self.reason: str | None = None
 
@@ -267,10 +271,13 @@ class _Parts:
         if cls is CompiledFunction:
             rt = ctx.pop("runtime")
             if not isinstance(rt.backward, torch.fx.GraphModule):
-                self.refuse(
-                    "an ember AOT node's backward is compiled code (inductor): its kernels "
-                    "do not run as aten ops the recorder can see"
-                )
+                graph = fx_backward(rt)
+                if graph is None:
+                    self.refuse(
+                        "an ember AOT node's backward is compiled code without its FX graph: "
+                        "its kernels do not run as aten ops the recorder can see"
+                    )
+                self.aot.append((rt, graph))
             ctx["runtime"] = id(rt)
         values = tuple((k, self._value(ctx[k])) for k in sorted(ctx))
         saved = tuple(self._value(t) for t in n.saved_tensors)
@@ -293,6 +300,15 @@ class _Parts:
             return (type(v).__name__, str(v))
         self.refuse(f"a saved value is a {type(v).__name__}, not a tensor or number")
         return ("object", id(v))
+
+
+def fx_backward(rt: Any) -> torch.fx.GraphModule | None:
+    """The aten-level FX graph behind a Runtime's compiled backward (the inductor backend
+    keeps it as ``.gm``; aotgraph keeps ``backward_graph`` for some), or None."""
+    for graph in (getattr(rt.backward, "gm", None), rt.backward_graph):
+        if isinstance(graph, torch.fx.GraphModule):
+            return graph
+    return None
 
 
 def _meta(t: torch.Tensor) -> tuple[Any, ...]:

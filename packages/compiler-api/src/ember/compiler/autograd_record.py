@@ -156,6 +156,16 @@ class _Watch:
         return out
 
 
+class _Traced:
+    """Stands for a Runtime's compiled backward during a recording: runs its FX graph."""
+
+    def __init__(self, graph: torch.fx.GraphModule, compiled: Callable[..., Any]) -> None:
+        self.graph, self.compiled = graph, compiled
+
+    def __call__(self, *args: Any) -> Any:
+        return self.graph(*args)
+
+
 def record(w: Walk, grads: Sequence[torch.Tensor], retain_graph: bool) -> Recording:
     """Run the backward of ``w`` for real (roots' gradients ``grads``) while recording it."""
     by_object: dict[int, Source] = {}
@@ -170,6 +180,8 @@ def record(w: Walk, grads: Sequence[torch.Tensor], retain_graph: bool) -> Record
     for d in w.hooks:
         for k, fn in d.items():
             d[k] = _Watch(fn, rec)
+    for rt, graph in w.aot:  # ember's compiled backward: its aten graph runs, recorded
+        object.__setattr__(rt, "backward", _Traced(graph, rt.backward))
     old_grads = [t.grad for t in w.retained]
     for t in w.retained:  # retain_grad's own hook sets .grad: the caller accumulates instead
         t.grad = None
@@ -179,6 +191,8 @@ def record(w: Walk, grads: Sequence[torch.Tensor], retain_graph: bool) -> Record
                 w.roots, wanted, grads, retain_graph=retain_graph, allow_unused=True
             )
     finally:
+        for rt, _ in w.aot:
+            object.__setattr__(rt, "backward", rt.backward.compiled)
         for d, old in zip(w.hooks, old_hooks, strict=True):
             d.update(old)
         for t, g in zip(w.retained, old_grads, strict=True):
