@@ -65,12 +65,12 @@ class _Registry:
             if not any(r() is ref() for r in refs):
                 refs.append(ref)
 
-    def hook_dicts(self, node: Node) -> list[dict[Any, Callable[..., Any]]]:
-        refs = self.tensor_hooks.get((node.name(), node._sequence_nr()), ())
+    def hook_dicts(self, key: tuple[str, int]) -> list[dict[Any, Callable[..., Any]]]:
+        refs = self.tensor_hooks.get(key, ()) if self.tensor_hooks else ()
         return [d for d in (r() for r in refs) if d]
 
-    def retained_of(self, node: Node) -> list[torch.Tensor]:
-        refs = self.retained.get((node.name(), node._sequence_nr()), ())
+    def retained_of(self, node: Node, key: tuple[str, int]) -> list[torch.Tensor]:
+        refs = self.retained.get(key, ()) if self.retained else ()
         found = [t for t in (r() for r in refs) if t is not None]
         return [t for t in found if t.grad_fn is node and t.retains_grad]
 
@@ -232,12 +232,13 @@ class _Parts:
         if name == "torch::autograd::AccumulateGrad":
             self.entries.append((name, self._leaf(n.variable)))
             return
-        dicts = REGISTRY.hook_dicts(n)
+        key = (name, n._sequence_nr())
+        dicts = REGISTRY.hook_dicts(key)
         self.hooks.extend(dicts)
         hooks = tuple(hook_code(h) for d in dicts for h in d.values())
         if isinstance(n, BackwardCFunction):  # Python nodes: weakly referenced, hooks seen
             hooks += tuple(hook_code(h) for h in REGISTRY.node_hooks.get(n, ()))
-        retained = REGISTRY.retained_of(n)
+        retained = REGISTRY.retained_of(n, key)
         self.retained.extend(retained)
         kept = tuple(t.output_nr for t in retained)
         before = len(self.saved)
@@ -277,7 +278,8 @@ class _Parts:
                         "an ember AOT node's backward is compiled code without its FX graph: "
                         "its kernels do not run as aten ops the recorder can see"
                     )
-                self.aot.append((rt, graph))
+                if graph is not None and all(r is not rt for r, _ in self.aot):
+                    self.aot.append((rt, graph))
             ctx["runtime"] = id(rt)
         values = tuple((k, self._value(ctx[k])) for k in sorted(ctx))
         saved = tuple(self._value(t) for t in n.saved_tensors)
@@ -285,6 +287,10 @@ class _Parts:
 
     def _value(self, v: Any) -> Any:
         """``v`` as a key entry; tensors are remembered as saved values (graph inputs)."""
+        if type(v) in _PLAIN:  # the common case first: sizes, dims, flags
+            return v
+        if type(v) is tuple and all(type(x) is int for x in v):
+            return v
         if isinstance(v, torch.Tensor):
             self.saved.append(v)
             if v.layout != torch.strided:
@@ -309,6 +315,9 @@ def fx_backward(rt: Any) -> torch.fx.GraphModule | None:
         if isinstance(graph, torch.fx.GraphModule):
             return graph
     return None
+
+
+_PLAIN = frozenset({int, bool, str, type(None)})  # hash and compare without mixing up 1 and 1.0
 
 
 def _meta(t: torch.Tensor) -> tuple[Any, ...]:
