@@ -267,3 +267,49 @@ def test_outside_the_context_nothing_changes():
     assert torch.autograd.backward.__module__ == "torch.autograd"
     (x * 2).sum().backward()
     torch.testing.assert_close(x.grad, torch.full((2,), 2.0))
+
+
+def test_hook_on_a_cpp_node_is_not_skipped():
+    # registered straight on the node, it is not in the key: the recording sees the engine
+    # call it and refuses, so every step runs it in the eager engine
+    calls: list[int] = []
+    for _ in range(2):
+        x = torch.randn(3, requires_grad=True)
+        with ember.compiler.compiled_autograd(compiler="eager") as ca:
+            y = x.sin()
+            y.grad_fn.register_prehook(lambda go: calls.append(1))
+            y.sum().backward()
+        torch.testing.assert_close(x.grad, x.cos())
+        assert ca.stats.eager == 1 and "did not see registered" in ca.stats.reasons[0]
+    assert len(calls) == 2
+
+
+def test_saved_tensor_written_in_place_raises_eagers_error():
+    w = torch.randn(3, requires_grad=True)
+    for compiled in (False, True):
+        e = (w * 1).exp()
+        loss = e.sum()
+        with torch.no_grad():
+            e.add_(1)  # exp saved its result
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            if compiled:
+                with ember.compiler.compiled_autograd(compiler="eager"):
+                    loss.backward()
+            else:
+                loss.backward()
+
+
+def test_a_hook_that_removes_itself():
+    x = torch.randn(3, requires_grad=True)
+    handles = []
+
+    def once(g):
+        handles[0].remove()
+        return g * 3
+
+    with ember.compiler.compiled_autograd(compiler="eager"):
+        y = x.exp()
+        handles.append(y.register_hook(once))
+        y.sum().backward()
+        assert not y._backward_hooks  # removed, and not put back by the recording
+    torch.testing.assert_close(x.grad, 3 * x.exp())

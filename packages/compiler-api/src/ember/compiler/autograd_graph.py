@@ -76,7 +76,7 @@ class _Registry:
 
 
 REGISTRY = _Registry()
-_observing: list[bool] = []
+_observing: list[bool] = []  # observe() ran (ember.compiler imports this module and calls it)
 
 
 def observe() -> None:
@@ -269,6 +269,10 @@ class _Parts:
     def _python(self, n: Node) -> tuple[Any, ...]:
         cls = n._forward_cls
         ctx = {k: v for k, v in vars(n).items() if k not in VOLATILE_CTX}
+        if "versions" in vars(n) and cls is CompiledFunction:  # its own in-place check
+            now = [0 if t.is_inference() else t._version for t in n.saved_tensors]
+            if now != list(n.versions):
+                self.refuse("a tensor saved by an ember AOT node was written in place since")
         if cls is CompiledFunction:
             rt = ctx.pop("runtime")
             if not isinstance(rt.backward, torch.fx.GraphModule):

@@ -21,15 +21,19 @@ recording with a reason. The pass's values are the real gradients either way.
 from __future__ import annotations
 
 import operator
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.autograd.function import BackwardCFunction
+from torch.autograd.graph import _engine_run_backward
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ember.compiler.autograd_graph import Walk, storage_key
+from ember.compiler.autograd_graph import REGISTRY, Walk, storage_key
 
 __all__ = ["Recording", "Source", "record"]
 
@@ -166,6 +170,44 @@ class _Traced:
         return self.graph(*args)
 
 
+# torch's own Python that the engine reaches (the Python dispatcher, hook wrappers) and ember's
+_LIBRARIES = tuple(
+    os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["ember.compiler"])
+)
+
+
+class _Unseen:
+    """A profile function for the recording: the engine calls Python only for hooks and
+    Python nodes; one the key does not know (a hook registered straight on a C++ node, or
+    before ``ember.compiler`` was imported) refuses the recording: a hit would skip it."""
+
+    ENGINE = _engine_run_backward.__code__
+
+    def __init__(self, w: Walk, rec: Recorder) -> None:
+        known: set[Any] = {_Watch.__call__.__code__, BackwardCFunction.apply.__code__}
+        for n in w.nodes:
+            if isinstance(n, BackwardCFunction):
+                known.update(getattr(h, "__code__", None) for h in REGISTRY.node_hooks.get(n, ()))
+        self.known, self.rec, self.outer = known, rec, sys.getprofile()
+        self.inside = False  # in the engine's C++ run_backward: its Python calls are hooks
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if self.outer is not None:
+            self.outer(frame, event, arg)  # type: ignore[arg-type]
+        if event.startswith("c_"):
+            if frame.f_code is self.ENGINE and getattr(arg, "__name__", "") == "run_backward":
+                self.inside = event == "c_call"
+            return
+        back = frame.f_back
+        if event == "call" and self.inside and back is not None and back.f_code is self.ENGINE:
+            code = frame.f_code
+            if code not in self.known and not code.co_filename.startswith(_LIBRARIES):
+                self.rec.refuse(
+                    f"the engine called {frame.f_code.co_name} ({frame.f_code.co_filename}), a "
+                    "hook ember did not see registered (on a C++ node, or before import)"
+                )
+
+
 def record(w: Walk, grads: Sequence[torch.Tensor], retain_graph: bool) -> Recording:
     """Run the backward of ``w`` for real (roots' gradients ``grads``) while recording it."""
     by_object: dict[int, Source] = {}
@@ -176,7 +218,6 @@ def record(w: Walk, grads: Sequence[torch.Tensor], retain_graph: bool) -> Record
             by_storage.setdefault(storage_key(t), Source(kind, i))
     rec = Recorder(by_object, by_storage)
     wanted = (*w.leaves, *w.retained)
-    old_hooks = [dict(d) for d in w.hooks]
     for d in w.hooks:
         for k, fn in d.items():
             d[k] = _Watch(fn, rec)
@@ -185,16 +226,21 @@ def record(w: Walk, grads: Sequence[torch.Tensor], retain_graph: bool) -> Record
     old_grads = [t.grad for t in w.retained]
     for t in w.retained:  # retain_grad's own hook sets .grad: the caller accumulates instead
         t.grad = None
+    unseen = _Unseen(w, rec)
+    sys.setprofile(unseen)
     try:
         with rec:
             values = torch.autograd.grad(
                 w.roots, wanted, grads, retain_graph=retain_graph, allow_unused=True
             )
     finally:
+        sys.setprofile(unseen.outer)
         for rt, _ in w.aot:
             object.__setattr__(rt, "backward", rt.backward.compiled)
-        for d, old in zip(w.hooks, old_hooks, strict=True):
-            d.update(old)
+        for d in w.hooks:  # (a hook may have removed itself meanwhile)
+            for k, fn in d.items():
+                if isinstance(fn, _Watch):
+                    d[k] = fn.fn
         for t, g in zip(w.retained, old_grads, strict=True):
             t.grad = g
     return _finish(rec, tuple(values))
