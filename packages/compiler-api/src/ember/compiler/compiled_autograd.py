@@ -19,9 +19,10 @@ Inside ``with compiled_autograd(compiler=...)``, each ``backward()`` on this thr
 What cannot be compiled runs in the eager engine, and the reason is counted in
 :attr:`compiled_autograd.stats` (never a wrong gradient): ``create_graph=True``,
 ``inputs=``, non-CPU tensors, sparse gradients, post-accumulate-grad hooks, a tensor
-hook that returns None (a side effect), a backward that reads tensors the graph does
-not save, and ember AOT nodes whose backward is compiled code (``inductor``: its
-kernels are invisible to the recorder; ``aot_eager``'s backward graph is traced).
+hook that returns None (a side effect), a Python hook registered on a C++ node (the
+key cannot see it), a backward that reads tensors the graph does not save. ember's own
+AOT backward nodes are traced: ``aot_eager``'s backward is an FX graph, and for
+``inductor`` the recording runs the aten FX graph its kernels were compiled from.
 
 >>> import torch
 >>> from ember.compiler.testing import CompileCounter
