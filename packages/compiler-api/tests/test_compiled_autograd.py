@@ -15,6 +15,10 @@ from ember.compiler.testing import CompileCounter
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
+def scaled(s: float):
+    return lambda g: g * s
+
+
 def loss_of(out: object) -> torch.Tensor:
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     return sum((t.float().square().mean() for t in leaves), torch.zeros(()))
@@ -27,21 +31,36 @@ def assert_grads(model: torch.nn.Module, reference: torch.nn.Module) -> None:
             torch.testing.assert_close(p.grad, q.grad, msg=name, **TOL)
 
 
-def train_steps(name: str, forward: str | None, compiler: object, steps: int = 2):
+def scale_output(out: object) -> object:
+    """``out`` with a hook on each tensor that triples its gradient."""
+    for t in pytree.tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(scaled(3.0))
+    return out
+
+
+def train_steps(
+    name: str, forward: str | None, compiler: object, steps: int = 2, hooks: bool = False
+):
     """``steps`` backward passes (accumulating) of one zoo model under compiled autograd,
-    and the same on a copy with eager's engine."""
+    and the same on a copy with eager's engine; ``hooks``: gradient hooks on both."""
     model, args = ZOO[name].make()
     reference = copy.deepcopy(model)
+    if hooks:  # leaf hooks that change every parameter's gradient
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            p.register_hook(scaled(0.5))
+            q.register_hook(scaled(0.5))
     run = model if forward is None else ember.compiler.compile(model, backend=forward)
+    keep = scale_output if hooks else (lambda out: out)
     stats = []
     for step in range(steps):
         new = tuple(a + 0.1 * step if a.is_floating_point() else a for a in args)
         torch.manual_seed(step)
         with ember.compiler.compiled_autograd(compiler=compiler) as ca:
-            loss_of(run(*new)).backward()
+            loss_of(keep(run(*new))).backward()
         stats.append(ca.stats)
         torch.manual_seed(step)
-        loss_of(reference(*new)).backward()
+        loss_of(keep(reference(*new))).backward()
     assert_grads(model, reference)
     return stats
 
@@ -50,6 +69,14 @@ def train_steps(name: str, forward: str | None, compiler: object, steps: int = 2
 def test_zoo_grads_equal_eager_and_second_step_reuses_the_graph(name):
     counter = CompileCounter()
     first, second = train_steps(name, None, counter)
+    assert (first.compiles, first.eager, second.hits) == (1, 0, 1), (first, second)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_with_hooks_that_modify_gradients(name):
+    counter = CompileCounter()
+    first, second = train_steps(name, None, counter, hooks=True)
     assert (first.compiles, first.eager, second.hits) == (1, 0, 1), (first, second)
     assert counter.frame_count == 1
 
@@ -73,10 +100,6 @@ def make_mlp() -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
     return m, copy.deepcopy(m)
-
-
-def scaled(s: float):
-    return lambda g: g * s
 
 
 def hooked_loss(m: torch.nn.Module, x: torch.Tensor, scale: float) -> torch.Tensor:
