@@ -336,3 +336,18 @@ def test_a_hook_that_removes_itself():
         y.sum().backward()
         assert not y._backward_hooks  # removed, and not put back by the recording
     torch.testing.assert_close(x.grad, 3 * x.exp())
+
+
+def test_leaves_given_one_gradient_tensor_do_not_share_their_grad():
+    # add's backward hands the same tensor to both biases: eager copies it for the second
+    # .grad; sharing it, the next step's in-place accumulation would add twice
+    a, b = torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3, requires_grad=True)
+    want = torch.zeros(2, 3)
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        with ember.compiler.compiled_autograd(compiler="eager"):
+            ((x + a + b) ** 2).sum().backward()
+        want += (2 * (x + a + b)).detach()
+    torch.testing.assert_close(a.grad, want)
+    torch.testing.assert_close(b.grad, want)
+    assert a.grad.untyped_storage().data_ptr() != b.grad.untyped_storage().data_ptr()

@@ -159,7 +159,7 @@ class compiled_autograd:  # a context manager, named like torch.no_grad
         values = _run_entry(entry, w, filled)
         if not retain_graph:
             _consume(w)
-        accumulate(w, values)
+        accumulate(w, values, (*filled, *w.saved))
 
     def _eager(
         self,
@@ -174,7 +174,8 @@ class compiled_autograd:  # a context manager, named like torch.no_grad
 
     def _compile(self, w: Walk, grads: list[torch.Tensor], retain_graph: bool) -> None:
         rec = record(w, grads, retain_graph)
-        accumulate(w, rec.values)  # this step's gradients: the recorded pass computed them
+        # this step's gradients: the recorded pass computed them
+        accumulate(w, rec.values, (*grads, *w.saved))
         key = (self.compiler, w.key)
         if rec.graph is None:
             assert rec.refusal is not None
@@ -285,39 +286,46 @@ def _run_entry(entry: _Entry, w: Walk, grads: Sequence[torch.Tensor]) -> list[An
     with torch.no_grad():
         outs = entry.fn(*args)
     outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
-    seen = {id(a) for a in args}
-    values: list[Any] = []
-    for j in entry.outputs:
-        v = outs[j] if j >= 0 else None
-        if v is not None and id(v) in seen:  # an input passed through, or one output twice
-            v = v.clone()
-        if v is not None:
-            seen.add(id(v))
-        values.append(v)
-    return values
+    return [outs[j] if j >= 0 else None for j in entry.outputs]
 
 
-def accumulate(w: Walk, values: Sequence[torch.Tensor | None]) -> None:
+def accumulate(
+    w: Walk, values: Sequence[torch.Tensor | None], owned: Sequence[torch.Tensor] = ()
+) -> None:
     """Eager's accumulation: each leaf's ``.grad`` set (in the leaf's layout) or added to in
-    place; a retained non-leaf's ``.grad`` set or replaced by the sum.
+    place; a retained non-leaf's ``.grad`` set or replaced by the sum. A gradient is taken
+    as it is only if no other ``.grad`` and nothing in ``owned`` (root gradients, saved
+    tensors) shares its storage, as eager steals a gradient only when nothing else holds it:
+    later in-place accumulation must not reach another tensor.
 
     >>> x = torch.ones(2, requires_grad=True)
     >>> w = walk([x.sum()])
     >>> accumulate(w, [torch.ones(2)]); accumulate(w, [torch.ones(2)]); x.grad
     tensor([2., 2.])
     """
+    taken = {t.untyped_storage().data_ptr() for t in owned}
     n = len(w.leaves)
     with torch.no_grad():
         for leaf, g in zip(w.leaves, values[:n], strict=True):
             if g is None:
                 continue
             if leaf.grad is None:
-                leaf.grad = _layout(leaf, g.detach())
+                leaf.grad = _layout(leaf, _own(g.detach(), taken))
             else:
                 leaf.grad += g
         for t, g in zip(w.retained, values[n:], strict=True):
             if g is not None:
-                t.grad = g.detach() if t.grad is None else t.grad + g
+                t.grad = _own(g.detach(), taken) if t.grad is None else t.grad + g
+
+
+def _own(g: torch.Tensor, taken: set[int]) -> torch.Tensor:
+    """``g``, or a copy where its storage is already someone's (recorded in ``taken``)."""
+    ptr = g.untyped_storage().data_ptr()
+    if ptr in taken or g._is_view():
+        g = g.clone()
+        ptr = g.untyped_storage().data_ptr()
+    taken.add(ptr)
+    return g
 
 
 def _layout(leaf: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
