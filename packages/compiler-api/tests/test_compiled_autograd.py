@@ -253,6 +253,7 @@ def test_inductor_forward_backward_graph_is_traced():
         ("closure_tensor", "neither saved"),
         ("post_accumulate", "post-accumulate-grad hook"),
         ("broken_compiler", "the compiler failed: ValueError: no"),
+        ("item_hook", "from a tensor's data"),
     ],
 )
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
@@ -271,10 +272,14 @@ def test_fallbacks_run_eager_with_a_reason(case, reason):
                 h.register_hook(lambda g: seen.append(g))
             if case == "closure_tensor":
                 h.register_hook(lambda g: g * mask)
+            if case == "item_hook":
+                h.register_hook(lambda g: g / g.abs().max().item())
             m[2](m[1](h)).square().sum().backward(create_graph=case == "create_graph")
         r = ref[0](x)
         if case == "closure_tensor":
             r.register_hook(lambda g: g * mask)
+        if case == "item_hook":
+            r.register_hook(lambda g: g / g.abs().max().item())
         ref[2](ref[1](r)).square().sum().backward()
         assert reason in ca.stats.reasons[0], ca.stats
         assert ca.stats.hits == 0 and ca.stats.eager + ca.stats.compiles == 1, ca.stats

@@ -58,6 +58,23 @@ class Recording:
     refusal: str | None  # why no graph: the eager engine runs this structure
 
 
+aten = torch.ops.aten
+# ops whose result (a Python number, or an output size) depends on tensor data: what follows
+# them is recorded with this pass's value baked in
+DATA_DEPENDENT = frozenset(
+    {
+        aten._local_scalar_dense,
+        aten.equal,
+        aten.is_nonzero,
+        aten.nonzero,
+        aten.masked_select,
+        aten._unique2,
+        aten.unique_dim,
+        aten.unique_consecutive,
+    }
+)
+
+
 class Refused(Exception):
     """The recording cannot become a graph (the message says why)."""
 
@@ -95,6 +112,11 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.refusal = self.refusal or reason
 
     def _record(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        if func.overloadpacket in DATA_DEPENDENT:
+            raise Refused(
+                f"{func} makes a value or a size from a tensor's data (a hook's .item()?): "
+                "the recorded graph would keep this pass's value"
+            )
         schema = func._schema
         for value, arg in zip(args, schema.arguments, strict=False):
             written = arg.alias_info is not None and arg.alias_info.is_write
