@@ -118,10 +118,11 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 "the recorded graph would keep this pass's value"
             )
         schema = func._schema
-        for value, arg in zip(args, schema.arguments, strict=False):
+        for k, arg in enumerate(schema.arguments):
+            value = args[k] if k < len(args) else kwargs.get(arg.name)
             written = arg.alias_info is not None and arg.alias_info.is_write
             made = self.env.get(id(value)) if isinstance(value, torch.Tensor) else None
-            if written and (made is None or made.op == "placeholder"):
+            if written and value is not None and (made is None or made.op == "placeholder"):
                 raise Refused(f"{func} writes in place into a tensor the backward did not make")
         node_args, node_kwargs = pytree.tree_map(self._read, (args, kwargs))
         node = self.graph.call_function(func, tuple(node_args), node_kwargs)

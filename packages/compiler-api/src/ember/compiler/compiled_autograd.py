@@ -272,12 +272,17 @@ def _build(backend: Backend, rec: Recording) -> _Entry | str:
         )
     got = [got] if isinstance(got, torch.Tensor) else list(got)
     want = [v for v in rec.values if v is not None]
-    if len(got) != len(want) or not all(
-        g.shape == v.shape and torch.allclose(g, v, rtol=1e-4, atol=1e-5)
-        for g, v in zip(got, want, strict=True)
-    ):
+    if len(got) != len(want) or not all(_close(g, v) for g, v in zip(got, want, strict=True)):
         return "the compiled graph disagrees with the recorded backward (an op it cannot see)"
     return _Entry(fn, rec.inputs, rec.outputs)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to a backend's rounding (inductor reorders sums), scaled to the values."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    scale = 1.0 + float(want.detach().abs().max()) if want.numel() else 1.0
+    return torch.allclose(got, want, rtol=1e-3, atol=1e-5 * scale, equal_nan=True)
 
 
 def _run_entry(entry: _Entry, w: Walk, grads: Sequence[torch.Tensor]) -> list[Any]:
