@@ -21,6 +21,7 @@ hooks use) and remembers what was registered on which node.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -90,19 +91,19 @@ def observe() -> None:
     register_hook = torch.Tensor.register_hook
     retain_grad = torch.Tensor.retain_grad
 
+    @functools.wraps(register_hook)
     def watched_register_hook(self: torch.Tensor, hook: Callable[..., Any]) -> Any:
         handle = register_hook(self, hook)  # type: ignore[no-untyped-call]
         if self.grad_fn is not None and self._backward_hooks is not None:
             REGISTRY.add(REGISTRY.tensor_hooks, self.grad_fn, weakref.ref(self._backward_hooks))
         return handle
 
+    @functools.wraps(retain_grad)
     def watched_retain_grad(self: torch.Tensor) -> None:
         retain_grad(self)
         if self.grad_fn is not None:
             REGISTRY.add(REGISTRY.retained, self.grad_fn, weakref.ref(self))
 
-    watched_register_hook.__doc__ = register_hook.__doc__
-    watched_retain_grad.__doc__ = retain_grad.__doc__
     torch.Tensor.register_hook = watched_register_hook  # type: ignore[method-assign]
     torch.Tensor.retain_grad = watched_retain_grad  # type: ignore[method-assign,assignment]
     for name in ("register_hook", "register_prehook"):
@@ -110,12 +111,12 @@ def observe() -> None:
 
 
 def _node_registration(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def register(self: Any, fn: Callable[..., Any]) -> Any:
         handle = original(self, fn)
         REGISTRY.node_hooks.setdefault(self, []).append(fn)
         return handle
 
-    register.__doc__ = original.__doc__
     return register
 
 
