@@ -173,11 +173,11 @@ class Walk:
 
 def walk(roots: Sequence[torch.Tensor]) -> Walk:
     """The graph behind ``roots`` (tensors with a ``grad_fn``) as a :class:`Walk`."""
-    nodes = _order(r.grad_fn for r in roots)
+    nodes, nexts = _order(r.grad_fn for r in roots)
     index = {id(n): i for i, n in enumerate(nodes)}
     parts = _Parts()
-    for n in nodes:
-        parts.describe(n, index)
+    for n, following in zip(nodes, nexts, strict=True):
+        parts.describe(n, following, index)
     root_key = tuple((index[id(r.grad_fn)], r.output_nr, tuple(r.shape), r.dtype) for r in roots)
     aliases = _aliasing(parts.saved)
     key = (root_key, tuple(parts.entries), aliases)
@@ -195,10 +195,12 @@ def walk(roots: Sequence[torch.Tensor]) -> Walk:
     )
 
 
-def _order(starts: Iterable[Node]) -> list[Node]:
-    """Depth-first preorder over ``next_functions``; the list keeps every node object
-    alive, so ``id`` is a stable name for the walk's duration."""
+def _order(starts: Iterable[Node]) -> tuple[list[Node], list[Any]]:
+    """Depth-first preorder over ``next_functions`` (and each node's ``next_functions``,
+    read once: each read builds new tuples); the list keeps every node object alive, so
+    ``id`` is a stable name for the walk's duration."""
     order: list[Node] = []
+    nexts: list[Any] = []
     seen: set[int] = set()
     stack = list(reversed([s for s in starts if s is not None]))
     while stack:
@@ -207,8 +209,10 @@ def _order(starts: Iterable[Node]) -> list[Node]:
             continue
         seen.add(id(n))
         order.append(n)
-        stack.extend(reversed([c for c, _ in n.next_functions if c is not None]))
-    return order
+        following = n.next_functions
+        nexts.append(following)
+        stack.extend(reversed([c for c, _ in following if c is not None]))
+    return order, nexts
 
 
 class _Parts:
@@ -227,8 +231,8 @@ class _Parts:
     def refuse(self, reason: str) -> None:
         self.reason = self.reason or reason
 
-    def describe(self, n: Node, index: dict[int, int]) -> None:
-        edges = tuple((index[id(c)] if c is not None else -1, k) for c, k in n.next_functions)
+    def describe(self, n: Node, following: Any, index: dict[int, int]) -> None:
+        edges = tuple((index[id(c)] if c is not None else -1, k) for c, k in following)
         name = n.name()
         if name == "torch::autograd::AccumulateGrad":
             self.entries.append((name, self._leaf(n.variable)))
