@@ -163,6 +163,8 @@ def test_retain_grad_and_retain_graph_second_backward():
         assert (ca.stats.compiles, ca.stats.hits) == (1, 1)
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             loss.backward()  # eager frees the saved values without retain_graph
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()  # and so does the eager engine, outside the context
     rloss.backward(retain_graph=True)
     rloss.backward()
     torch.testing.assert_close(h.grad, rh.grad, **TOL)

@@ -83,7 +83,8 @@ class _Entry:
 
 
 _CACHE: dict[tuple[Any, Any], _Entry | str] = {}  # (compiler, key) -> entry, or why eager
-_CONSUMED: dict[tuple[str, int], None] = {}  # nodes whose saved values a hit used up
+# nodes whose saved values a hit used up: (name, sequence number, thread of the backward)
+_CONSUMED: dict[tuple[str, int, int], None] = {}
 _local = threading.local()
 _patch_lock = threading.Lock()
 _active = [0]  # contexts entered in any thread: torch.autograd.backward is wrapped while > 0
@@ -343,15 +344,27 @@ def _layout(leaf: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def _consume(w: Walk) -> None:
-    """Remember that these nodes' saved values were used without ``retain_graph``: eager
-    frees them, and a second backward through them raises (see :func:`_check_not_consumed`)."""
+    """Mark these nodes' saved values used up, as eager frees them without ``retain_graph``:
+    a prehook on each raises eager's error if the engine reaches it again (a backward
+    outside compiled autograd), and :func:`_check_not_consumed` raises for one inside it.
+    The values themselves are freed with the graph (autograd cannot release them from
+    Python)."""
     if len(_CONSUMED) > 65536:
         _CONSUMED.clear()
+    thread = threading.get_ident()
     for i in w.holders:
         n = w.nodes[i]
-        _CONSUMED[(n.name(), n._sequence_nr())] = None
+        _CONSUMED[(n.name(), n._sequence_nr(), thread)] = None
+        n.register_prehook(_freed)
+
+
+def _freed(grad_outputs: Any) -> None:
+    raise RuntimeError(FREED)
 
 
 def _check_not_consumed(w: Walk) -> None:
-    if _CONSUMED and any((n.name(), n._sequence_nr()) in _CONSUMED for n in w.nodes):
+    if not _CONSUMED:
+        return
+    thread = threading.get_ident()
+    if any((n.name(), n._sequence_nr(), thread) in _CONSUMED for n in w.nodes):
         raise RuntimeError(FREED)
