@@ -358,3 +358,26 @@ def test_leaves_given_one_gradient_tensor_do_not_share_their_grad():
     torch.testing.assert_close(a.grad, want)
     torch.testing.assert_close(b.grad, want)
     assert a.grad.untyped_storage().data_ptr() != b.grad.untyped_storage().data_ptr()
+
+
+def test_an_unhashable_compiler_object():
+    class Backend:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __init__(self):
+            self.graphs = 0
+
+        def __eq__(self, other):
+            return self is other
+
+        def __call__(self, gm, example_inputs):
+            self.graphs += 1
+            return gm.forward
+
+    backend = Backend()
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(2):
+        with ember.compiler.compiled_autograd(compiler=backend) as ca:
+            x.exp().sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.exp())
+    assert backend.graphs == 1 and ca.stats.hits == 1

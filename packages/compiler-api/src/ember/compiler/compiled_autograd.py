@@ -85,6 +85,7 @@ class _Entry:
 _CACHE: dict[tuple[Any, Any], _Entry | str] = {}  # (compiler, key) -> entry, or why eager
 # nodes whose saved values a hit used up: (name, sequence number, thread of the backward)
 _CONSUMED: dict[tuple[str, int, int], None] = {}
+_UNHASHABLE: dict[int, Any] = {}  # backends the cache names by id: kept alive, ids unique
 _local = threading.local()
 _patch_lock = threading.Lock()
 _active = [0]  # contexts entered in any thread: torch.autograd.backward is wrapped while > 0
@@ -100,6 +101,7 @@ def reset() -> None:
     """
     _CACHE.clear()
     _CONSUMED.clear()
+    _UNHASHABLE.clear()
 
 
 class compiled_autograd:  # a context manager, named like torch.no_grad
@@ -117,8 +119,13 @@ class compiled_autograd:  # a context manager, named like torch.no_grad
     """
 
     def __init__(self, compiler: str | Backend = "inductor") -> None:
-        self.compiler = compiler
         self.backend: Backend = lookup_backend(compiler)
+        try:  # the cache's name for the backend: itself, or its id while it stays alive
+            hash(self.backend)
+            self.compiler: Any = self.backend
+        except TypeError:
+            _UNHASHABLE.setdefault(id(self.backend), self.backend)
+            self.compiler = ("id", id(self.backend))
         self.stats = CompiledAutogradStats()
 
     def __enter__(self) -> compiled_autograd:
