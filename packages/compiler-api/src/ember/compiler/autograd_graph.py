@@ -38,7 +38,17 @@ __all__ = ["Walk", "hook_code", "observe", "walk"]
 Node = Any  # torch.autograd.graph.Node: C++ nodes are not Python classes mypy knows
 
 # what a saved attribute may hold and still be a literal of the key (baked into the graph)
-LITERALS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout)
+LITERALS = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 # ctx attributes of ember's CompiledFunction that change every step and do not change the ops
 VOLATILE_CTX = frozenset({"versions"})
 
