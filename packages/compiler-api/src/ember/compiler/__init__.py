@@ -50,6 +50,8 @@ from ember.compiler.artifacts import (
 )
 from ember.compiler.artifacts import load_from_environment as _load_artifacts_from_environment
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
+from ember.compiler.compiled_autograd import CompiledAutogradStats, compiled_autograd
+from ember.compiler.compiled_autograd import reset as _reset_compiled_autograd
 from ember.compiler.configuration import Config, config
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.logs import apply_environment as _apply_log_environment
@@ -72,6 +74,7 @@ __all__ = [
     "BreakReason",
     "CompilationProfiler",
     "CompileTimes",
+    "CompiledAutogradStats",
     "CompiledFunction",
     "Config",
     "ExplainOutput",
@@ -92,6 +95,7 @@ __all__ = [
     "assume_constant_result",
     "compile",
     "compile_times",
+    "compiled_autograd",
     "config",
     "count_calls",
     "disable",
@@ -137,3 +141,4 @@ def reset() -> None:
     _reset()
     _clear_times()
     _clear_report()
+    _reset_compiled_autograd()
