@@ -41,8 +41,10 @@ from ember.capture.export_program import (
 )
 from ember.capture.tracer import Unsupported
 from ember.capture.translate import Translation, translate
+from ember.capture.userobjects import make_instance
 from ember.guards import BUFFERS, Attr, DictItem, Item, Local, ModuleChild, Source, TensorSize
 from ember.guards.kinds import GuardKind
+from ember.guards.sources import ModuleGlobal, read_module_global
 from ember.guards.state import BACKEND_VAR
 
 __all__ = ["Dim", "ExportError", "export"]
@@ -150,7 +152,9 @@ def _frame(
     if not isinstance(fn, types.FunctionType):
         raise ExportError(f"export takes a Python function or an nn.Module, not {f!r}")
     try:
-        bound = inspect.signature(fn).bind(*lead, *args, **kwargs)
+        # the frame that runs is fn's own code: a decorator's (*args, **kwargs) wrapper binds
+        # as it is, not as the function it wraps (transformers' forwards are wrapped)
+        bound = inspect.signature(fn, follow_wrapped=False).bind(*lead, *args, **kwargs)
     except TypeError as e:
         raise ExportError(f"{fn.__qualname__} cannot be called with these arguments: {e}") from None
     bound.apply_defaults()
@@ -593,7 +597,9 @@ def _rebinding(effect: tuple[Any, ...], by_source: dict[Source, InputSpec]) -> I
 def _effects(t: Translation, strict: bool, handled: set[int]) -> None:
     """A Python side effect (an attribute or global store, a list append) is an error
     (``strict``), or is dropped with a warning: a graph holds tensor operations only.
-    ``handled``: effects the signature holds (buffers rebound: :func:`_rebound_buffers`)."""
+    ``handled``: effects the signature holds (buffers rebound: :func:`_rebound_buffers`).
+    Effects nobody can observe are not effects: see :func:`_unobservable`."""
+    handled = handled | _unobservable(t)
     effects = [e for k, e in enumerate(t.effects) if k not in handled]
     dropped = [f"{e[0]} {' '.join(str(x) for x in e[1:-1])}".strip() for e in effects]
     if dropped and strict:
@@ -604,6 +610,47 @@ def _effects(t: Translation, strict: bool, handled: set[int]) -> None:
         )
     if dropped:
         warnings.warn(f"export dropped side effects: {'; '.join(dropped)}", stacklevel=4)
+
+
+def _unobservable(t: Translation) -> set[int]:
+    """The effects (positions in ``t.effects``) that leave nothing changed after the call:
+    writes to the frame's own ``**kwargs`` dict (made afresh for each call), and attribute
+    stores on another module's object whose last value is the one it holds now (a flag
+    set and restored inside the call, as transformers' output capturing does)."""
+    code = t.code
+    varkw = (
+        code.co_varnames[code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4)]
+        if code.co_flags & 8
+        else None
+    )
+    last: dict[tuple[Source, str], tuple[Any, ...]] = {}
+    for effect in t.effects:
+        if effect[0] == "setattr":
+            last[(effect[1], effect[2])] = effect
+    restored = {key for key, effect in last.items() if _holds_now(effect)}
+    return {
+        k
+        for k, e in enumerate(t.effects)
+        if (e[0] == "dict" and varkw is not None and e[1] == Local(varkw))
+        or (e[0] == "setattr" and (e[1], e[2]) in restored)
+    }
+
+
+def _holds_now(effect: tuple[Any, ...]) -> bool:
+    """Whether a ``setattr`` effect stores the constant its object's attribute holds now
+    (the object a global of another module, found by name)."""
+    _, source, name, (kind, *payload) = effect
+    if kind != "const" or not isinstance(source, ModuleGlobal):
+        return False
+    try:
+        obj = read_module_global(source.module, source.name)
+    except KeyError:
+        return False
+    now = getattr(obj, name, _ABSENT)
+    return now is payload[0] or (type(now) is type(payload[0]) and now == payload[0])
+
+
+_ABSENT = object()
 
 
 def _returned_sources(part: Any) -> Iterator[Source]:
@@ -657,7 +704,20 @@ _PARTS: dict[str, _Rule] = {
         if p[0].__name__ in ("inference_tensor", "normal_tensor")
         else _NO_PART
     ),
+    "object": lambda p, outs, src: _object_part(p, outs, src),
 }
+
+
+def _object_part(payload: Any, outs: list[Any], by_source: dict[Source, torch.fx.Node]) -> Any:
+    """An instance made in the frame, of a class torch's pytree knows how to flatten and
+    rebuild (transformers registers its ``ModelOutput`` classes): the same instance with
+    output nodes in its attributes and items. Another class has no out spec: none."""
+    cls, attributes, items = payload
+    if cls not in pytree.SUPPORTED_NODES:
+        return _NO_PART
+    attrs = {name: _part(p, outs, by_source) for name, p in attributes}
+    own = None if items is None else {k: _part(p, outs, by_source) for k, p in items}
+    return make_instance(cls, attrs, own)
 
 
 def _specialised(t: Translation) -> set[Source]:
