@@ -48,15 +48,18 @@ and its signature as plain data, :class:`ProgramSignature`) to functional aten o
 torch's ``run_decompositions`` does: an inference graph, or the joint forward+backward.
 """
 
-from ember.aotgraph.api import PARTITIONERS, AOTCompiled, Compiler, aot_compile
-from ember.aotgraph.check import CheckError
-from ember.aotgraph.decompositions import default_decompositions
-from ember.aotgraph.exported import AtenProgram, lower_exported
-from ember.aotgraph.exported_checks import LoweredModule, LoweringError
-from ember.aotgraph.mincut import min_cut_partition
-from ember.aotgraph.partition import Partition, default_partition, partition_from_saved
-from ember.aotgraph.program_signature import IOSpec, ProgramSignature
-from ember.aotgraph.trace import JointGraph
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ember.aotgraph.api import PARTITIONERS, AOTCompiled, Compiler, aot_compile
+    from ember.aotgraph.check import CheckError
+    from ember.aotgraph.decompositions import default_decompositions
+    from ember.aotgraph.exported import AtenProgram, lower_exported
+    from ember.aotgraph.exported_checks import LoweredModule, LoweringError
+    from ember.aotgraph.mincut import min_cut_partition
+    from ember.aotgraph.partition import Partition, default_partition, partition_from_saved
+    from ember.aotgraph.program_signature import IOSpec, ProgramSignature
+    from ember.aotgraph.trace import JointGraph
 
 __version__ = "0.1.0"
 __all__ = [
@@ -78,3 +81,35 @@ __all__ = [
     "min_cut_partition",
     "partition_from_saved",
 ]
+
+# Imported on first use: ``import ember.aotgraph.settings`` (ember.compiler's config) or
+# ``store`` does not pay for the tracer and the partitioners.
+_LAZY = {
+    "PARTITIONERS": "ember.aotgraph.api",
+    "AOTCompiled": "ember.aotgraph.api",
+    "Compiler": "ember.aotgraph.api",
+    "aot_compile": "ember.aotgraph.api",
+    "CheckError": "ember.aotgraph.check",
+    "default_decompositions": "ember.aotgraph.decompositions",
+    "AtenProgram": "ember.aotgraph.exported",
+    "lower_exported": "ember.aotgraph.exported",
+    "LoweredModule": "ember.aotgraph.exported_checks",
+    "LoweringError": "ember.aotgraph.exported_checks",
+    "min_cut_partition": "ember.aotgraph.mincut",
+    "Partition": "ember.aotgraph.partition",
+    "default_partition": "ember.aotgraph.partition",
+    "partition_from_saved": "ember.aotgraph.partition",
+    "IOSpec": "ember.aotgraph.program_signature",
+    "ProgramSignature": "ember.aotgraph.program_signature",
+    "JointGraph": "ember.aotgraph.trace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ember.aotgraph' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

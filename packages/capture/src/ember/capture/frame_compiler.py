@@ -37,14 +37,13 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ember.capture import (
     breaks,
     bytecode_311,
-    codegen,
     hook,
     log,
     markers,
@@ -56,10 +55,16 @@ from ember.capture import (
 )
 from ember.capture.hook import CacheEntry, Decision, Frame
 from ember.capture.shapes import MarkedDynamicError
-from ember.capture.tracer import FIRST_CALL, Location, Unsupported
-from ember.capture.translate import Translation, translate
 from ember.guards import CodeCache, CompiledGuards, FrameSpec, GuardSet, WeakIdentity
 from ember.guards import Decision as CacheDecision
+
+if TYPE_CHECKING:
+    from ember.capture import codegen
+    from ember.capture.tracer import Location, Unsupported
+    from ember.capture.translate import Translation
+
+# The translator (and through it sympy) is imported by the first frame that translates, not
+# here: a process served by a loaded pack (:mod:`ember.capture.prebuilt`) never needs it.
 
 Backend = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
@@ -250,6 +255,9 @@ class FrameCompiler:
         for checked, fn in prebuilt.ready(frame, self.build_graph):  # a pack: no translation
             self.stats.prebuilt.append(cache.name)
             return self._install(frame, cache, checked, fn)
+        from ember.capture.tracer import FIRST_CALL, Unsupported
+        from ember.capture.translate import translate
+
         if cache.on_miss(*frame.args) is CacheDecision.RUN_EAGER:
             return self._cache_full(frame, cache)
         try:
@@ -332,6 +340,8 @@ class FrameCompiler:
         """The code's cache is full (every callable's entries count): this call runs
         eagerly. The reason goes to this callable's stats once per code; under fullgraph
         it is an error, as the frame is not captured."""
+        from ember.capture.tracer import Unsupported
+
         if frame.code not in self._told_full or self.fullgraph:
             self._told_full.add(frame.code)
             e = Unsupported(
@@ -345,6 +355,8 @@ class FrameCompiler:
 
     def _break(self, frame: Frame, cache: CodeCache[Any], e: Unsupported, index: int) -> CacheEntry:
         """Capture the frame up to instruction ``index``; run it natively; resume after it."""
+        from ember.capture.translate import translate
+
         code = frame.code
         span = breaks.find_span(code, index)
         t = translate(
@@ -513,6 +525,8 @@ def _same_cells(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
 
 def _replacement(frame: Frame, t: Translation, compiled: Any) -> codegen.Replacement:
     """The generated function that runs ``compiled`` in place of the frame (or its prefix)."""
+    from ember.capture import codegen
+
     return codegen.generate(
         frame.code,
         frame.function,
@@ -542,6 +556,8 @@ def _native_function(code: types.CodeType, original: types.FunctionType) -> type
 
 def _grad_block(t: Translation, block_exit: int) -> bool:
     """Whether the with block around the break is a grad-mode one ember rebuilds."""
+    from ember.capture import codegen
+
     assert t.layout is not None
     if t.layout.stack[block_exit] == breaks.NULL_SLOT:
         return False
@@ -593,6 +609,8 @@ def _drop_when_freed(
 
 def _backend_failed(backend: str, error: Exception) -> Unsupported:
     """A backend that raised while compiling a graph, turned into a reason to run eagerly."""
+    from ember.capture.tracer import Unsupported
+
     e = Unsupported(f"backend {backend!r} failed: {type(error).__name__}: {error}", "backend")
     others = ", ".join(b for b in ("eager", "aot_eager") if b != backend)
     e.hint = f"the frame ran eagerly; another backend ({others}) may take this graph"
@@ -602,6 +620,8 @@ def _backend_failed(backend: str, error: Exception) -> Unsupported:
 
 def _internal(bug: Exception) -> Unsupported:
     """An unexpected error in ember itself, turned into a reason to run the frame eagerly."""
+    from ember.capture.tracer import Unsupported
+
     e = Unsupported(f"internal error in ember: {type(bug).__name__}: {bug}", "internal")
     e.hint = "please report it; the frame ran eagerly, so results are unaffected"
     e.__cause__ = bug

@@ -34,19 +34,19 @@ import types
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sympy  # type: ignore[import-untyped]
 import torch
-from torch._guards import GuardSource, SLoc, Source
-from torch.fx.experimental.symbolic_shapes import (
-    DimDynamic,
-    ShapeEnv,
-    StatelessSymbolicContext,
-    free_unbacked_symbols,
-)
+from torch._guards import GuardSource, Source
 
 from ember.capture import settings
+
+if TYPE_CHECKING:
+    import sympy  # type: ignore[import-untyped]
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+# sympy and torch's symbolic_shapes are imported by the functions that make or read symbols:
+# marking dims (``mark_dynamic``) and a loaded pack's first call never import them.
 
 __all__ = [
     "Mark",
@@ -279,25 +279,6 @@ class _Named(Source):
         return GuardSource.LOCAL
 
 
-class QuietShapeEnv(ShapeEnv):
-    """A ``ShapeEnv`` that does not look for the user's source line of each symbol and guard.
-
-    torch's walks the stack past a list of framework files, and building that list the
-    first time imports many of torch's modules (its own compilers' among them): 0.25-0.3 s
-    of the first symbolic compile in each process, warm disk caches or not; ember imports
-    none of them. ember records the user's line of each guard itself
-    (:meth:`Shapes.note_where`), so torch's location adds nothing.
-
-    >>> QuietShapeEnv()._get_stack_summary()[0].framework_loc
-    'ember.capture'
-    """
-
-    def _get_stack_summary(
-        self, is_debug: bool = False, framework_loc: str | None = None
-    ) -> tuple[SLoc, str]:
-        return SLoc(framework_loc or "ember.capture", None), ""
-
-
 @dataclass(eq=False)
 class Shapes:
     """The ShapeEnv of one translation, and where each of its symbols is read in the frame."""
@@ -328,6 +309,8 @@ class Shapes:
         it. ``.item()`` and ``nonzero`` still raise on fake tensors (they break the graph),
         as without one."""
         if self._env is None:
+            from ember.capture.shape_env import QuietShapeEnv
+
             now = settings.section.get()
             self._env = QuietShapeEnv(
                 allow_scalar_outputs=now.scalar_outputs,
@@ -346,6 +329,9 @@ class Shapes:
         self, fake_mode: Any, real: torch.Tensor, source: Any, key: str, parameter: bool
     ) -> torch.Tensor:
         """The fake tensor of input ``real``: symbolic where the policy says."""
+        import sympy
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
         code = self.code
         changed = observe(code, key, tuple(real.shape)) if code is not None else frozenset()
         dims = self.policy.dims(real, parameter=parameter, changed=changed)
@@ -387,6 +373,8 @@ class Shapes:
         """A ``torch.SymInt`` for the frame's int ``real`` when the policy makes it one (it
         changed between compiles of this code, or ``dynamic=True``); None for a constant
         (0 and 1 specialise, as sizes do)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
         changed = observe(self.code, key, (real,)) if self.code is not None else frozenset()
         if not self.policy.int_symbolic(bool(changed)):
             return None
@@ -411,6 +399,8 @@ class Shapes:
         it, every other symbolic entry equal to its expression, each symbol's range, and
         every condition a branch recorded. ``sources`` builds the size/stride sources.
         Only the first call adds them."""
+        import sympy
+
         if self.sealed:
             return
         self.sealed = True
@@ -453,6 +443,8 @@ class Shapes:
         """What the ShapeEnv concluded about each symbol: its range (``s0 >= 2``, refined by
         branches: ``s0 > 3`` leaves ``s0 >= 4``) and its replacement (``s1 == 6`` when the
         code specialised it, ``s1 == s0`` when it equated two sizes)."""
+        import sympy
+
         out: list[tuple[Any, dict[str, Any]]] = []
         self.note_where(None)
         last: dict[
@@ -554,6 +546,8 @@ def _binary(fmt: str) -> Any:
 
 
 def _mul(e: Any, p: Any) -> str:
+    import sympy
+
     coeff, rest = e.as_coeff_Mul()
     body = " * ".join(p(a) for a in sympy.Mul.make_args(rest))
     return f"({body})" if coeff == 1 else f"({p(coeff)} * {body})"
@@ -602,6 +596,7 @@ def python_expression(expr: Any) -> str:
     """``expr`` (a sympy expression over size symbols) as Python source, with Python's
     integer semantics (``//`` and ``%`` floor, as torch's ``FloorDiv``/``PythonMod`` do).
 
+    >>> import sympy
     >>> s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
     >>> python_expression(sympy.Eq(s0, 2 * s1)), python_expression(s0 >= 2)
     ('s0 == (2 * s1)', 's0 >= 2')
@@ -634,6 +629,8 @@ def symbolic_entries(fake: torch.Tensor) -> tuple[frozenset[int], ...]:
     >>> symbolic_entries(torch.ones(2, 3))
     (frozenset(), frozenset(), frozenset())
     """
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
     sizes = frozenset(d for d, n in enumerate(fake.shape) if is_symbolic(n))
     strides = frozenset(d for d, n in enumerate(fake.stride()) if is_symbolic(n))
     unbacked = frozenset(d for d in sizes if free_unbacked_symbols(fake.shape[d]))

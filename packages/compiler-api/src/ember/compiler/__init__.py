@@ -18,7 +18,8 @@ A backend is any callable with the ``torch.compile`` custom-backend contract,
 ``(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> callable``.
 """
 
-from ember.capture.calls import allow_in_graph, disallow_in_graph
+from typing import TYPE_CHECKING, Any
+
 from ember.capture.frame_compiler import (
     Failure,
     FallbackWarning,
@@ -66,6 +67,9 @@ from ember.compiler.repro import AccuracyError
 from ember.compiler.repro_settings import ReproSettings
 from ember.compiler.stances import RecompileError, get_stance, set_stance
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
+
+if TYPE_CHECKING:
+    from ember.capture.calls import allow_in_graph, disallow_in_graph
 
 __version__ = "0.1.0"
 __all__ = [
@@ -142,3 +146,21 @@ def reset() -> None:
     _clear_times()
     _clear_report()
     _reset_compiled_autograd()
+
+
+# Names whose modules import capture's translator (and sympy): imported on first use, so that
+# ``import ember.compiler`` and a loaded pack's first call do not pay for them.
+_LAZY = {
+    "allow_in_graph": "ember.capture.calls",
+    "disallow_in_graph": "ember.capture.calls",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ember.compiler' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -50,7 +50,6 @@ from typing import Any
 
 import torch
 
-from ember.aotgraph import store
 from ember.aotgraph.settings import cache_root
 from ember.capture import _eval_frame, hook, prebuilt
 from ember.capture.frame_compiler import GRAPH_ATTRIBUTE, _caches, _native_function
@@ -261,6 +260,8 @@ def _finish_kernels(obj: Any, seen: set[int], depth: int = 0) -> None:
 
 def _cache_files() -> Iterator[tuple[str, bytes]]:
     """The disk-cache files this process read or wrote, relative to the cache root."""
+    from ember.aotgraph import store  # not imported: this process touched none of its files
+
     root = cache_root().resolve()
     libraries = [p for so in list(inductor_cache._LOADED) for p in (so, so.parent / "ok")]
     for path in [*store.TOUCHED, *libraries]:

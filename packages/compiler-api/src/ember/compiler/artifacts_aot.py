@@ -19,13 +19,11 @@ ember.compiler.artifacts_codec.Unpackable: the backend returned a function, not 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
 
-from ember.aotgraph.api import AOTCompiled
-from ember.aotgraph.runtime import Runtime
 from ember.compiler.artifacts_codec import (
     Unpackable,
     decode,
@@ -35,8 +33,12 @@ from ember.compiler.artifacts_codec import (
     set_attribute,
 )
 from ember.compiler.wrap import _CountedOutputs
-from ember.inductor import graph_cache
-from ember.inductor.compile import CompiledGraph, _Run
+
+if TYPE_CHECKING:
+    from ember.aotgraph.runtime import Runtime
+
+# aotgraph's tracer and inductor's compiler are imported where a pack is saved or an inductor
+# graph is read back, not here: ``import ember.compiler`` imports this module.
 
 __all__ = ["PackedAOT", "pack_compiled"]
 
@@ -45,6 +47,9 @@ JSON = Any
 
 def _graph_fn(fn: Any) -> JSON:
     """One compiled graph of a runtime."""
+    from ember.inductor import graph_cache
+    from ember.inductor.compile import CompiledGraph
+
     if isinstance(fn, CompiledGraph):
         if fn._kernels is not None or fn.record is None:
             raise Unpackable("an inductor graph without a graph-cache record (Triton, or off)")
@@ -79,6 +84,8 @@ def _runtime(rt: Runtime | None) -> JSON:
 def pack_compiled(compiled: Any) -> JSON:
     """What a backend returned for a captured graph, if it is an ``AOTCompiled`` whose
     built paths can be packed; else :class:`Unpackable`."""
+    from ember.aotgraph.api import AOTCompiled
+
     inner = compiled.compiled if isinstance(compiled, _CountedOutputs) else compiled
     if not isinstance(inner, AOTCompiled):
         raise Unpackable(f"the backend returned a {type(inner).__name__}, not an AOTCompiled")
@@ -100,6 +107,8 @@ def pack_compiled(compiled: Any) -> JSON:
 def _load_fn(data: JSON) -> Callable[..., Any]:
     if "graph" in data:
         return decode_graph(data["graph"])
+    from ember.inductor.compile import CompiledGraph, _Run
+
     holder = torch.nn.Module()  # the constants the wrapper reads from its graph
     for path, value in data["attrs"].items():
         set_attribute(holder, path, decode(value))
@@ -112,6 +121,8 @@ def _load_fn(data: JSON) -> Callable[..., Any]:
 def _load_runtime(data: JSON) -> Runtime | None:
     if data is None:
         return None
+    from ember.aotgraph.runtime import Runtime
+
     graph = data["backward_graph"]
     return Runtime(
         decode(data["signature"]),

@@ -26,9 +26,12 @@ Set ``EMBER_INDUCTOR_TRACE=1`` to keep each graph's stages in a folder, and
 ``EMBER_CACHE_DIR`` to move the kernel cache (see docs/inductor.md).
 """
 
-from ember.inductor.cache import CompileError, CompileOptions, cache_dir
-from ember.inductor.compile import CompiledGraph, compile_graph, decompositions, subclass_input
-from ember.inductor.lowering import LOWERINGS, lower_graph
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ember.inductor.cache import CompileError, CompileOptions, cache_dir
+    from ember.inductor.compile import CompiledGraph, compile_graph, decompositions, subclass_input
+    from ember.inductor.lowering import LOWERINGS, lower_graph
 
 __version__ = "0.1.0"
 __all__ = [
@@ -42,3 +45,27 @@ __all__ = [
     "lower_graph",
     "subclass_input",
 ]
+
+# Imported on first use: ``import ember.inductor.settings`` (ember.compiler's config) and a
+# loaded pack's kernels do not pay for sympy and the lowerings.
+_LAZY = {
+    "CompileError": "ember.inductor.cache",
+    "CompileOptions": "ember.inductor.cache",
+    "cache_dir": "ember.inductor.cache",
+    "CompiledGraph": "ember.inductor.compile",
+    "compile_graph": "ember.inductor.compile",
+    "decompositions": "ember.inductor.compile",
+    "subclass_input": "ember.inductor.compile",
+    "LOWERINGS": "ember.inductor.lowering",
+    "lower_graph": "ember.inductor.lowering",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ember.inductor' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
