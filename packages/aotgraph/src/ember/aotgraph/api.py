@@ -42,7 +42,7 @@ from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.eager_checks import Unsupported
-from ember.aotgraph.hints import mark_forward, mark_state_inputs
+from ember.aotgraph.hints import mark_forward, mark_state_inputs, state_inputs_of
 from ember.aotgraph.mincut import min_cut_partition
 from ember.aotgraph.onepass import trace_inference
 from ember.aotgraph.partition import Partition, Partitioner, default_partition
@@ -317,7 +317,9 @@ class AOTCompiled:
         mark_forward(fw_graph, len(sig.graph_outputs), traced.mutated, part, merge is None)
         if part is None:
             self.inference_graph = traced.forward
-            if (state := self.lifted.state_inputs()) is not None:  # for freezing
+            lifted = self.lifted
+            state = state_inputs_of(lifted.module, lifted.input_positions, len(lifted.names))
+            if state is not None:  # for freezing
                 kept = range(len(inputs)) if merge is None else merge.kept
                 mark_state_inputs(traced.forward, (j for j, i in enumerate(kept) if i in state))
             _log_graph("inference", traced.forward)

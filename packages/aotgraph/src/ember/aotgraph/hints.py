@@ -36,12 +36,14 @@ import torch
 
 __all__ = [
     "INPUT_UPDATES",
+    "MODULE_STATE",
     "STATE_INPUTS",
     "input_updates",
     "mark_forward",
     "mark_input_updates",
     "mark_state_inputs",
     "state_inputs",
+    "state_inputs_of",
     "updates_of",
 ]
 
@@ -49,6 +51,31 @@ INPUT_UPDATES = "input_updates"  # the gm.meta key: {output position: input posi
 # the gm.meta key of an inference graph: the inputs that are module state (a module's
 # registered parameters and buffers, from the captured placeholders' "module_state" marks)
 STATE_INPUTS = "state_inputs"
+# A captured placeholder's mark: "parameter" or "buffer" (a module's registered state), None
+# (other inputs); ember's capture writes it on every placeholder, any caller may.
+MODULE_STATE = "module_state"
+
+
+def state_inputs_of(gm: Any, positions: Sequence[int], lifted: int = 0) -> tuple[int, ...] | None:
+    """The flat inputs that are module state, when ``gm``'s placeholders say which are (each
+    carries ``meta["module_state"]``), else None. ``positions``: which placeholders are flat
+    inputs, in order; ``lifted``: how many parameters and buffers follow them (state too).
+
+    >>> gm = torch.fx.symbolic_trace(lambda x, w: x * w)
+    >>> state_inputs_of(gm, [0, 1]) is None
+    True
+    >>> x, w = gm.graph.find_nodes(op="placeholder")
+    >>> x.meta[MODULE_STATE], w.meta[MODULE_STATE] = None, "buffer"
+    >>> state_inputs_of(gm, [0, 1])
+    (1,)
+    """
+    graph = getattr(gm, "graph", None)
+    nodes = list(graph.find_nodes(op="placeholder")) if graph is not None else []
+    if not any(MODULE_STATE in n.meta for n in nodes):
+        return None
+    marked = {i for i, n in enumerate(nodes) if n.meta.get(MODULE_STATE)}
+    own = [k for k, pos in enumerate(positions) if pos in marked]
+    return (*own, *range(len(positions), len(positions) + lifted))
 
 
 def mark_state_inputs(gm: torch.fx.GraphModule, indices: Iterable[int] | None) -> None:

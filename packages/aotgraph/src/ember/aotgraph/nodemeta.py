@@ -32,6 +32,8 @@ import torch.fx
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental import proxy_tensor
 
+from ember.aotgraph import hints
+
 __all__ = [
     "MODULE_STATE",
     "ORIGINAL_ATEN",
@@ -45,11 +47,8 @@ __all__ = [
 ]
 
 ORIGINAL_ATEN = "original_aten"  # the aten overload a node's op dispatched to first
-# A captured placeholder's mark: "parameter" or "buffer" (a module's registered state), None
-# (other inputs); ember's capture writes it on every placeholder, any caller may. An
-# inference graph lists those inputs (hints.STATE_INPUTS), which the inference compiler
-# may read: ember.inductor's freezing folds exactly them.
-MODULE_STATE = "module_state"
+# a captured placeholder's module-state mark (see ember.aotgraph.hints)
+MODULE_STATE = hints.MODULE_STATE
 # torch's mark of a node autograd's formulas made (copied from node to node by make_fx)
 TAG, BACKWARD = "partitioner_tag", "is_backward"
 # what a backward node learns from the forward node of its autograd node, under torch's keys

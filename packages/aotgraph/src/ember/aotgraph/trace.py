@@ -235,28 +235,6 @@ class Lifted:
                 return False
         return True
 
-    def state_inputs(self) -> tuple[int, ...] | None:
-        """The flat inputs (:meth:`flat_inputs` order) that are module state, when the graph
-        says which are: its placeholders carry ``meta["module_state"]`` (ember's capture
-        writes ``"parameter"``, ``"buffer"`` or None on each). None when they do not.
-
-        >>> gm = torch.fx.symbolic_trace(lambda x, w: x * w)
-        >>> Lifted.of(gm, [torch.ones(2), torch.ones(2)]).state_inputs() is None
-        True
-        >>> x, w = gm.graph.find_nodes(op="placeholder")
-        >>> x.meta[nodemeta.MODULE_STATE], w.meta[nodemeta.MODULE_STATE] = None, "buffer"
-        >>> Lifted.of(gm, [torch.ones(2), torch.ones(2)]).state_inputs()
-        (1,)
-        """
-        graph = getattr(self.module, "graph", None)
-        nodes = list(graph.find_nodes(op="placeholder")) if graph is not None else []
-        if not any(nodemeta.MODULE_STATE in n.meta for n in nodes):
-            return None
-        marked = {i for i, n in enumerate(nodes) if n.meta.get(nodemeta.MODULE_STATE)}
-        own = [k for k, pos in enumerate(self.input_positions) if pos in marked]
-        n = len(self.input_positions)
-        return (*own, *range(n, n + len(self.names)))
-
     def state(self) -> list[torch.Tensor]:
         """The module's current parameters and buffers, in ``names`` order."""
         return [getattr(owner, attr) for owner, attr in self.owners]

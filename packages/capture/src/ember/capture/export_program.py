@@ -26,6 +26,7 @@ from ember.guards.relations import ShapeRelation
 __all__ = [
     "CheckError",
     "DimRange",
+    "ExportError",
     "ExportSignature",
     "ExportedModule",
     "ExportedProgram",
@@ -36,6 +37,11 @@ __all__ = [
     "OutputSpec",
     "Relation",
 ]
+
+
+class ExportError(RuntimeError):
+    """``f`` cannot be exported: a graph break (all of them listed), an unexportable side
+    effect, input or output."""
 
 
 class InputKind(enum.StrEnum):

@@ -15,7 +15,6 @@ import contextlib
 import inspect
 import itertools
 import types
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -27,10 +26,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ember.capture import frame_compiler, hook, shapes
+from ember.capture import export_effects, frame_compiler, hook, shapes
 from ember.capture.export_program import (
     DimRange,
     ExportedProgram,
+    ExportError,
     ExportSignature,
     InputKind,
     InputSpec,
@@ -42,19 +42,13 @@ from ember.capture.export_program import (
 from ember.capture.tracer import Unsupported
 from ember.capture.translate import Translation, translate
 from ember.capture.userobjects import make_instance
-from ember.guards import BUFFERS, Attr, DictItem, Item, Local, ModuleChild, Source, TensorSize
+from ember.guards import Attr, DictItem, Item, Local, ModuleChild, Source, TensorSize
 from ember.guards.kinds import GuardKind
-from ember.guards.sources import ModuleGlobal, read_module_global
 from ember.guards.state import BACKEND_VAR
 
 __all__ = ["Dim", "ExportError", "export"]
 
 _SERIAL = itertools.count()
-
-
-class ExportError(RuntimeError):
-    """``f`` cannot be exported: a graph break (all of them listed), an unexportable side
-    effect, input or output."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,7 +510,7 @@ def _rebuild(
     mutations = _mutations(specs, writes, placeholders, env)
     rebound, handled = _rebound_buffers(t, specs, outs, by_source)
     mutations = [m for m in mutations if m[0].target not in rebound] + list(rebound.values())
-    _effects(t, strict, handled)
+    export_effects.check(t, strict, handled)
     structure = _part(t.output, outs, by_source)
     leaves, out_spec = pytree.tree_flatten(structure)
     out_node = g.output(tuple([env_node for _, env_node in mutations] + leaves))
@@ -567,12 +561,14 @@ def _rebound_buffers(
     found: dict[str | None, tuple[OutputSpec, Any]] = {}
     handled = set()
     for k, effect in enumerate(t.effects):
-        spec = _rebinding(effect, by_source)
+        spec = export_effects.rebinding(effect, by_source)
         new = _part(effect[3], outs, by_node) if spec is not None else None
         if spec is None or not isinstance(new, torch.fx.Node):
             continue
         was, now = by_node[t.input_sources[specs.index(spec)]].meta, new.meta
-        if _layout(was.get("example_value")) != _layout(now.get("example_value")):
+        if export_effects.layout(was.get("example_value")) != export_effects.layout(
+            now.get("example_value")
+        ):
             raise ExportError(
                 f"the function rebinds buffer {spec.target!r} to a tensor of another shape or"
                 " dtype: an exported buffer keeps its shape"
@@ -580,77 +576,6 @@ def _rebound_buffers(
         handled.add(k)
         found[spec.target] = (OutputSpec(OutputKind.BUFFER_MUTATION, new.name, spec.target), new)
     return found, handled
-
-
-def _layout(value: Any) -> Any:
-    return (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else None
-
-
-def _rebinding(effect: tuple[Any, ...], by_source: dict[Source, InputSpec]) -> InputSpec | None:
-    """The buffer input a ``setattr`` effect rebinds, or None."""
-    if effect[0] != "setattr":
-        return None
-    spec = by_source.get(ModuleChild(effect[1], effect[2], BUFFERS))
-    return spec if spec is not None and spec.kind is InputKind.BUFFER else None
-
-
-def _effects(t: Translation, strict: bool, handled: set[int]) -> None:
-    """A Python side effect (an attribute or global store, a list append) is an error
-    (``strict``), or is dropped with a warning: a graph holds tensor operations only.
-    ``handled``: effects the signature holds (buffers rebound: :func:`_rebound_buffers`).
-    Effects nobody can observe are not effects: see :func:`_unobservable`."""
-    handled = handled | _unobservable(t)
-    effects = [e for k, e in enumerate(t.effects) if k not in handled]
-    dropped = [f"{e[0]} {' '.join(str(x) for x in e[1:-1])}".strip() for e in effects]
-    if dropped and strict:
-        raise ExportError(
-            "the function has Python side effects an exported graph cannot hold: "
-            + "; ".join(dropped)
-            + " (export(..., strict=False) drops them)"
-        )
-    if dropped:
-        warnings.warn(f"export dropped side effects: {'; '.join(dropped)}", stacklevel=4)
-
-
-def _unobservable(t: Translation) -> set[int]:
-    """The effects (positions in ``t.effects``) that leave nothing changed after the call:
-    writes to the frame's own ``**kwargs`` dict (made afresh for each call), and attribute
-    stores on another module's object whose last value is the one it holds now (a flag
-    set and restored inside the call, as transformers' output capturing does)."""
-    code = t.code
-    varkw = (
-        code.co_varnames[code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4)]
-        if code.co_flags & 8
-        else None
-    )
-    last: dict[tuple[Source, str], tuple[Any, ...]] = {}
-    for effect in t.effects:
-        if effect[0] == "setattr":
-            last[(effect[1], effect[2])] = effect
-    restored = {key for key, effect in last.items() if _holds_now(effect)}
-    return {
-        k
-        for k, e in enumerate(t.effects)
-        if (e[0] == "dict" and varkw is not None and e[1] == Local(varkw))
-        or (e[0] == "setattr" and (e[1], e[2]) in restored)
-    }
-
-
-def _holds_now(effect: tuple[Any, ...]) -> bool:
-    """Whether a ``setattr`` effect stores the constant its object's attribute holds now
-    (the object a global of another module, found by name)."""
-    _, source, name, (kind, *payload) = effect
-    if kind != "const" or not isinstance(source, ModuleGlobal):
-        return False
-    try:
-        obj = read_module_global(source.module, source.name)
-    except KeyError:
-        return False
-    now = getattr(obj, name, _ABSENT)
-    return now is payload[0] or (type(now) is type(payload[0]) and now == payload[0])
-
-
-_ABSENT = object()
 
 
 def _returned_sources(part: Any) -> Iterator[Source]:

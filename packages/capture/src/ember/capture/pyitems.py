@@ -17,15 +17,14 @@ import torch
 
 from ember.capture import guarding
 from ember.capture.builder import is_constant, wrap
+from ember.capture.containers import _module_child, guard_children
 from ember.capture.graphops import graph_call, scalar_call
 from ember.capture.pyrules import (
     FIXED_VIEWS,
     _fold,
-    _module_child,
     _mutate,
     _special,
     constant_of,
-    guard_children,
     is_numeric,
 )
 from ember.capture.tracer import FIRST_CALL, FrameState, Raised, Unsupported

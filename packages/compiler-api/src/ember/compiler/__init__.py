@@ -18,6 +18,7 @@ A backend is any callable with the ``torch.compile`` custom-backend contract,
 ``(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> callable``.
 """
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.frame_compiler import (
@@ -50,9 +51,8 @@ from ember.compiler.artifacts import (
     save_artifacts,
 )
 from ember.compiler.artifacts import load_from_environment as _load_artifacts_from_environment
+from ember.compiler.autograd_graph import observe as _observe_autograd_hooks
 from ember.compiler.backends import list_backends, lookup_backend, register_backend
-from ember.compiler.compiled_autograd import CompiledAutogradStats, compiled_autograd
-from ember.compiler.compiled_autograd import reset as _reset_compiled_autograd
 from ember.compiler.configuration import Config, config
 from ember.compiler.explain import BreakReason, ExplainOutput, explain
 from ember.compiler.logs import apply_environment as _apply_log_environment
@@ -70,6 +70,7 @@ from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 if TYPE_CHECKING:
     from ember.capture.calls import allow_in_graph, disallow_in_graph
+    from ember.compiler.compiled_autograd import CompiledAutogradStats, compiled_autograd
 
 __version__ = "0.1.0"
 __all__ = [
@@ -145,7 +146,8 @@ def reset() -> None:
     _reset()
     _clear_times()
     _clear_report()
-    _reset_compiled_autograd()
+    if (autograd := sys.modules.get("ember.compiler.compiled_autograd")) is not None:
+        autograd.reset()
 
 
 # Names whose modules import capture's translator (and sympy): imported on first use, so that
@@ -153,7 +155,12 @@ def reset() -> None:
 _LAZY = {
     "allow_in_graph": "ember.capture.calls",
     "disallow_in_graph": "ember.capture.calls",
+    "compiled_autograd": "ember.compiler.compiled_autograd",  # (its module: ember.aotgraph's
+    "CompiledAutogradStats": "ember.compiler.compiled_autograd",  # runtime, sympy)
 }
+# Hook registrations are watched from import on, so that compiled autograd's key sees every
+# hook of a graph built after it (autograd_graph.observe; a cheap wrapper of torch's methods).
+_observe_autograd_hooks()
 
 
 def __getattr__(name: str) -> Any:

@@ -85,8 +85,11 @@ def pack_compiled(compiled: Any) -> JSON:
     """What a backend returned for a captured graph, if it is an ``AOTCompiled`` whose
     built paths can be packed; else :class:`Unpackable`."""
     from ember.aotgraph.api import AOTCompiled
+    from ember.compiler.reporting import _Counted
 
-    inner = compiled.compiled if isinstance(compiled, _CountedOutputs) else compiled
+    inner = compiled
+    while isinstance(inner, _CountedOutputs | _Counted):  # the report's call counter (count_calls)
+        inner = inner.compiled if isinstance(inner, _CountedOutputs) else inner.fn
     if not isinstance(inner, AOTCompiled):
         raise Unpackable(f"the backend returned a {type(inner).__name__}, not an AOTCompiled")
     lifted = inner.lifted

@@ -31,8 +31,6 @@ from typing import Any
 import torch
 from torch.autograd.function import BackwardCFunction
 
-from ember.aotgraph.runtime import CompiledFunction
-
 __all__ = ["Walk", "hook_code", "observe", "walk"]
 
 Node = Any  # torch.autograd.graph.Node: C++ nodes are not Python classes mypy knows
@@ -282,6 +280,8 @@ class _Parts:
         return tuple((attr, self._value(getattr(n, attr))) for attr in _saved_attrs(type(n)))
 
     def _python(self, n: Node) -> tuple[Any, ...]:
+        from ember.aotgraph.runtime import CompiledFunction  # not at import: it loads sympy
+
         cls = n._forward_cls
         ctx = {k: v for k, v in vars(n).items() if k not in VOLATILE_CTX}
         if "versions" in vars(n) and cls is CompiledFunction:  # its own in-place check

@@ -90,7 +90,8 @@ _local = threading.local()
 _patch_lock = threading.Lock()
 _active = [0]  # contexts entered in any thread: torch.autograd.backward is wrapped while > 0
 _original_backward = torch.autograd.backward
-# hooks registered from now on are seen (a hook registered before would be skipped by a hit)
+# hooks registered from now on are seen (a hook registered before would be skipped by a hit);
+# ember.compiler's import already did this
 observe()
 
 
