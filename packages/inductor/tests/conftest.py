@@ -1,11 +1,13 @@
 """One kernel cache for the whole inductor test session, empty at its start; the
-``interpreted_triton`` mark (tests of the Triton printer on CPU tensors)."""
+``interpreted_triton`` mark (tests of the Triton printer on CPU tensors) and the ``options``
+fixture that runs a test through both printers."""
 
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -46,6 +48,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _REASON = _interpreter_missing() or ""
     if _REASON:
         pytest.skip(_REASON)
+
+
+# compile options of the Triton printer on CPU tensors, under Triton's interpreter
+TRITON = {"cpu_backend": "triton", "graph_cache": False}
+
+
+@pytest.fixture(params=["cpp", pytest.param("triton", marks=pytest.mark.interpreted_triton)])
+def options(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A test that takes ``options`` runs once per printer: C++ (None, the defaults), and
+    Triton under its interpreter (``TRITON``; Triton reads TRITON_INTERPRET per kernel)."""
+    if request.param == "cpp":
+        return None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return TRITON
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -66,17 +68,43 @@ def _build(steps: list[tuple[int, int, int, int]]) -> Callable[[T, T], tuple[T, 
     return f
 
 
-@pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs())
-def test_random_graph_matches_eager(
-    program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool],
-) -> None:
+def _check(program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool],
+           options: dict[str, Any] | None) -> None:  # fmt: skip
     steps, shape, transposed = program
     g = torch.Generator().manual_seed(len(steps))
     x = torch.randn(shape[::-1] if transposed else shape, generator=g)
     x = x.t() if transposed else x
     y = torch.randn(shape, generator=g)
     f = _build(steps)
-    compiled = compile_graph(make_fx(f)(x, y), [x, y])
+    compiled = compile_graph(make_fx(f)(x, y), [x, y], options)
+    if options is not None:  # the Triton printer took it (no fallback to C++)
+        assert compiled.target is not None and compiled.target.printer == "triton"
     torch.testing.assert_close(compiled(x, y), f(x, y), equal_nan=True, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_graph_matches_eager(
+    program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool],
+) -> None:
+    _check(program, None)
+
+
+@pytest.mark.slow
+@pytest.mark.interpreted_triton
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_graph_matches_eager_on_triton(
+    program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool],
+) -> None:
+    """The same graphs through the Triton printer, under its interpreter (issue 20)."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # read per kernel (a fixture cannot serve @given)
+    try:
+        _check(program, {"cpu_backend": "triton", "graph_cache": False})
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before

@@ -24,18 +24,25 @@ def _model(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
     return model, args
 
 
+def _printed_by(compiled: Any, options: Any) -> None:
+    """Under the Triton options, the Triton printer took the graph (no fallback to C++)."""
+    if options is not None:
+        assert compiled.target is not None and compiled.target.printer == "triton"
+
+
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_forward(name: str) -> None:
+def test_forward(name: str, options: Any) -> None:
     model, args = _model(name)
     with torch.no_grad():
         gm = make_fx(model)(*args)
-        compiled = compile_graph(gm, list(args))
+        compiled = compile_graph(gm, list(args), options)
         torch.testing.assert_close(compiled(*args), model(*args), **TOL)
+    _printed_by(compiled, options)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "cnn-train", "transformer-block", "gpt", "helpers"])
-def test_backward(name: str) -> None:
+def test_backward(name: str, options: Any) -> None:
     model, args = _model(name)
     params = dict(model.named_parameters())
     names = list(params)
@@ -48,7 +55,8 @@ def test_backward(name: str) -> None:
 
     inputs = [p.detach().requires_grad_() for p in params.values()] + list(args)
     gm = make_fx(step)(*inputs)
-    compiled = compile_graph(gm, [t.detach() for t in inputs])
+    compiled = compile_graph(gm, [t.detach() for t in inputs], options)
+    _printed_by(compiled, options)
     got = compiled(*[t.detach() for t in inputs])
     want = step(*inputs)
     torch.testing.assert_close(got, want, **TOL)
