@@ -293,3 +293,20 @@ def test_every_guard_of_a_model_round_trips_by_name_or_from_the_frame():
         else:
             assert back == guard and pins == [], guard
     assert {GuardKind.ID_MATCH, GuardKind.TENSOR_MATCH, GuardKind.MODULE_STATE} <= kinds
+
+
+def test_counted_calls_still_pack_the_compiled_kernels():
+    """With the report's call counter on (``count_calls()``, ``EMBER_REPORT``), each
+    compiled graph is wrapped in a counter: the pack still holds the compiled kernels
+    (the backward's too, built before packing), not the captured graph for the loading
+    process to compile again."""
+    ember.compiler.reset()
+    ember.compiler.count_calls(True)
+    try:
+        model, args = ZOO["mlp"].make()
+        opt = ember.compiler.compile(model, backend="inductor")
+        opt(*args)
+        frames, left_out = artifacts._frames()
+    finally:
+        ember.compiler.count_calls(False)
+    assert left_out == [] and json.dumps(frames).count('"inductor": {') >= 2, frames

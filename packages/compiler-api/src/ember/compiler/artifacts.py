@@ -236,7 +236,9 @@ def _frames() -> tuple[list[dict[str, Any]], list[str]]:
 
 
 # where a backend's result keeps the callables it made (AOTCompiled, Runtime, wrappers)
-_INNER = ("compiled", "training", "inference", "fallback", "forward", "backward", "func")
+# attributes that lead from a backend's result to its compiled graphs ("fn": the report's
+# call counter, reporting._Counted)
+_INNER = ("compiled", "training", "inference", "fallback", "forward", "backward", "func", "fn")
 
 
 def _finish_kernels(obj: Any, seen: set[int], depth: int = 0) -> None:
