@@ -128,9 +128,9 @@ def module_key(source: str) -> str:
     >>> len(module_key("import triton"))
     64
     """
-    triton = _triton()
-    assert triton is not None
-    return hashlib.sha256(f"{source}\0{triton.__version__}".encode()).hexdigest()
+    triton = _triton()  # (None where triton is missing: no module is ever loaded there)
+    version = "none" if triton is None else triton.__version__
+    return hashlib.sha256(f"{source}\0{version}".encode()).hexdigest()
 
 
 def _module_path(key: str) -> Path:
