@@ -79,3 +79,18 @@ def test_compile_after_a_light_import_translates():
         "print(json.dumps([same, f.stats.graphs, 'ember.capture.translate' in sys.modules]))"
     )
     assert got == [True, 1, True]
+
+
+def test_compiled_autograd_stays_the_class_after_its_module_is_imported() -> None:
+    """Importing the module behind a lazy name (as doctest collection does) must not replace
+    the name: ``ember.compiler.compiled_autograd`` is the context manager, and its module
+    has another name."""
+    import importlib
+
+    import ember.compiler
+
+    importlib.import_module("ember.compiler.autograd_compiled")
+    assert isinstance(ember.compiler.compiled_autograd, type)
+    with ember.compiler.compiled_autograd(compiler="eager") as ca:
+        pass
+    assert ca.stats.compiles == 0

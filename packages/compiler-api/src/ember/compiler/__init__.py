@@ -70,7 +70,7 @@ from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 
 if TYPE_CHECKING:
     from ember.capture.calls import allow_in_graph, disallow_in_graph
-    from ember.compiler.compiled_autograd import CompiledAutogradStats, compiled_autograd
+    from ember.compiler.autograd_compiled import CompiledAutogradStats, compiled_autograd
 
 __version__ = "0.1.0"
 __all__ = [
@@ -146,7 +146,7 @@ def reset() -> None:
     _reset()
     _clear_times()
     _clear_report()
-    if (autograd := sys.modules.get("ember.compiler.compiled_autograd")) is not None:
+    if (autograd := sys.modules.get("ember.compiler.autograd_compiled")) is not None:
         autograd.reset()
 
 
@@ -155,8 +155,8 @@ def reset() -> None:
 _LAZY = {
     "allow_in_graph": "ember.capture.calls",
     "disallow_in_graph": "ember.capture.calls",
-    "compiled_autograd": "ember.compiler.compiled_autograd",  # (its module: ember.aotgraph's
-    "CompiledAutogradStats": "ember.compiler.compiled_autograd",  # runtime, sympy)
+    "compiled_autograd": "ember.compiler.autograd_compiled",  # (its module: ember.aotgraph's
+    "CompiledAutogradStats": "ember.compiler.autograd_compiled",  # runtime, sympy)
 }
 # Hook registrations are watched from import on, so that compiled autograd's key sees every
 # hook of a graph built after it (autograd_graph.observe; a cheap wrapper of torch's methods).
