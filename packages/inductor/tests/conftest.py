@@ -34,12 +34,6 @@ def _interpreter_missing() -> str | None:
     return None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "interpreted_triton: runs Triton kernels on CPU tensors under its interpreter"
-    )
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     global _REASON
     if item.get_closest_marker("interpreted_triton") is None:
