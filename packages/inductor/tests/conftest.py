@@ -1,6 +1,7 @@
 """One kernel cache for the whole inductor test session, empty at its start; the
 ``interpreted_triton`` mark (tests of the Triton printer on CPU tensors) and the ``options``
-fixture that runs a test through both printers."""
+fixture that runs a test through both printers. A marked test runs under the interpreter,
+from torch's seed 0."""
 
 from __future__ import annotations
 
@@ -44,18 +45,27 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(_REASON)
 
 
+@pytest.fixture(autouse=True)
+def _interpreted(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``interpreted_triton`` runs its kernels under the interpreter (Triton
+    reads TRITON_INTERPRET per kernel) from torch's seed 0."""
+    if request.node.get_closest_marker("interpreted_triton") is None:
+        return
+    import torch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+
+
 # compile options of the Triton printer on CPU tensors, under Triton's interpreter
 TRITON = {"cpu_backend": "triton", "graph_cache": False}
 
 
 @pytest.fixture(params=["cpp", pytest.param("triton", marks=pytest.mark.interpreted_triton)])
-def options(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+def options(request: pytest.FixtureRequest) -> Any:
     """A test that takes ``options`` runs once per printer: C++ (None, the defaults), and
     Triton under its interpreter (``TRITON``; Triton reads TRITON_INTERPRET per kernel)."""
-    if request.param == "cpp":
-        return None
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    return TRITON
+    return None if request.param == "cpp" else TRITON
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -28,12 +28,6 @@ T = torch.Tensor
 OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    torch.manual_seed(0)
-
-
 def _compiled(fn: Callable[..., Any], *inputs: T, atol: float | None = None) -> Any:
     """``fn`` traced and compiled by the Triton printer; its outputs checked against eager
     (``atol``: for long float sums, which add in another order than eager's)."""

@@ -25,11 +25,6 @@ TRITON = {"cpu_backend": "triton", "graph_cache": False, "fallback_random": Fals
 CPP = {"graph_cache": False, "fallback_random": False}
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def _both(fn: Callable[..., Any], *inputs: T, seed: int = 3) -> tuple[Any, Any]:
     """``fn`` compiled by each printer with fused random numbers, each run from ``seed``."""
     gm = make_fx(fn)(*inputs)

@@ -23,12 +23,6 @@ T = torch.Tensor
 OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    torch.manual_seed(0)
-
-
 def _compiled(fn: Callable[..., Any], *inputs: T, split: bool = True) -> Any:
     gm = make_fx(fn, decomposition_table=decompositions())(*inputs)
     compiled = compile_graph(gm, list(inputs), OPTIONS)

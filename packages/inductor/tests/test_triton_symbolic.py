@@ -32,12 +32,6 @@ OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
 Shapes = Sequence[tuple[int, ...]]
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    torch.manual_seed(0)
-
-
 def _trace(fn: Callable[..., Any], inputs: list[T], dynamic: dict[int, set[int]] | None) -> Any:
     """``fn`` traced with symbolic sizes: all of them, or ``dynamic``'s dims of each input
     (the others static)."""

@@ -25,12 +25,6 @@ OPTIONS = {"cpu_backend": "triton", "graph_cache": False}
 TILED = re.compile(r"tl\.arange\(0, \d+\)\[None, :\]\n.*tl\.arange\(0, \d+\)\[:, None\]")
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    torch.manual_seed(0)
-
-
 def _compiled(fn: Callable[..., Any], *inputs: T) -> Any:
     compiled = compile_graph(make_fx(fn)(*inputs), list(inputs), OPTIONS)
     assert compiled.target is not None and compiled.target.printer == "triton"
