@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from ember.capture.fakeview import RESHAPES, contiguous_view
 from ember.capture.shapes import SYM_TYPES
 
 __all__ = ["FakeMemo", "TracerFakeMode"]
@@ -95,6 +96,10 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         symbolic = self.shape_env is not None
+        if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
+            out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
+            if out is not None:
+                return out
         if not (symbolic and self.cache_enabled and getattr(func, "is_view", False)):
             return super().dispatch(func, types, args, kwargs)
         self.cache_enabled = False  # read by FakeTensorMode.dispatch, this call only
