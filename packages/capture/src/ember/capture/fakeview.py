@@ -23,11 +23,16 @@ skipping it only spares a check that could not change the graph.
 >>> from torch._subclasses import FakeTensorMode
 >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
 >>> mode = FakeTensorMode(shape_env=ShapeEnv())
->>> x = mode.from_tensor(torch.empty(4, 6, 8))  # three symbolic sizes
+>>> x = mode.from_tensor(torch.empty(4, 6, 8))  # three symbolic sizes: s0, s1, s2
 >>> with mode:
-...     y = contiguous_view(x, [x.shape[0], -1, 2])
->>> y.shape, y.stride()
-(torch.Size([s0, 3*s1*s2/2... ])
+...     y = contiguous_view(x, [x.shape[0], -1])  # the -1 is s1*s2
+...     half = contiguous_view(x, [x.shape[0], -1, 2])  # s1*s2/2: not a product, torch decides
+>>> y.stride()[0] == x.stride()[0], y.stride()[1], y.storage_offset(), half
+(True, 1, 0, None)
+>>> [int(n) for n in y.shape]  # today's values of the expressions
+[4, 48]
+>>> with mode:  # not contiguous for every size: torch's kernel decides
+...     contiguous_view(x.transpose(0, 1), [-1])
 """
 
 from __future__ import annotations
