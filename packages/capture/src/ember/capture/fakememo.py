@@ -82,6 +82,8 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     of 1.25 s; the aot trace, which runs in this same mode, 8,322 instead of 10,078
     (docs/performance.md). Other ops keep the cache: their repeats in the aot trace hit
     the entries capture made. The cache only memoises, so fakes and guards are the same.
+    ``view``/``_unsafe_view`` of an input contiguous for every value of its symbols skip
+    torch's kernel too: :func:`ember.capture.fakeview.contiguous_view` makes the result.
 
     >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
     >>> mode = TracerFakeMode(shape_env=ShapeEnv())
