@@ -62,7 +62,6 @@ tensor(1.)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,19 +80,9 @@ from ember.aotgraph.exported_checks import (
 )
 from ember.aotgraph.exported_shapes import dynamic_dims, symbolic_inputs
 from ember.aotgraph.numbers import symbolic_numbers
+from ember.aotgraph.onepass import trace_without_grad
 from ember.aotgraph.program_signature import IOSpec, ProgramSignature
-from ember.aotgraph.trace import (
-    Lifted,
-    Specialized,
-    Table,
-    _fake_mode,
-    _fakes,
-    _finish,
-    _trace,
-    _unspecialized,
-    analyze,
-    trace_joint,
-)
+from ember.aotgraph.trace import Lifted, Specialized, Table, _finish, analyze, trace_joint
 
 __all__ = ["AtenProgram", "LoweredModule", "LoweringError", "lower_exported"]
 
@@ -171,8 +160,8 @@ def lower_exported(
     fn = _user_outputs(_lifted(graph_module, inputs), user, len(sig.outputs))
     decomp = dict(default_decompositions() if decompositions is None else decompositions)
     decomp.update(DECOMPOSITIONS)
-    lower = functools.partial(_lower_joint if joint else _lower_inference, fn, sig=sig,
-                              user=user, table=decomp)  # fmt: skip
+    lowering = _Lowering(fn, sig, tuple(user), decomp)
+    lower = lowering.joint if joint else lowering.inference
     try:
         (gm, outputs, extra_inputs), changed = _lower_shapes(lower, sig, inputs, leaves)
     except (Unsupported, EagerOnly) as e:
@@ -247,65 +236,58 @@ def _user_outputs(fn: Lifted, user: list[int], n: int) -> Callable[..., list[Any
 Lowered = tuple[torch.fx.GraphModule, list[IOSpec], list[IOSpec]]
 
 
-def _lower_inference(
-    fn: Callable[..., Any],
-    inputs: list[Any],
-    *,
-    sig: ProgramSignature,
-    user: list[int],
-    table: Table,
-) -> Lowered:
-    """``(*inputs) -> (*mutations, *user outputs)``: aotgraph's forward trace, every output kept
-    (an input returned as it is, or a view of one, stays a graph output)."""
-    mode = _fake_mode(inputs)
-    with torch.no_grad():
-        gm = _trace(fn, _fakes(mode, inputs), table)
-    _unspecialized(mode)
-    mutated = _finish(gm, len(inputs), len(user))
-    _name_placeholders(gm, sig.inputs)
-    outs = _output_nodes(gm)
-    n = len(user)
-    _set_outputs(gm, [*outs[n:], *outs[:n]])
-    specs = _mutation_specs(sig, mutated, outs[n:])
-    specs += [_renamed(sig.outputs[k], outs[j]) for j, k in enumerate(user)]
-    return gm, specs, []
+@dataclass(frozen=True)
+class _Lowering:
+    """What both lowerings take beside the inputs: the function returning the user outputs,
+    the program's signature, which of its outputs are the user's, the decomposition table."""
 
+    fn: Callable[..., Any]
+    sig: ProgramSignature
+    user: tuple[int, ...]
+    table: Table
 
-def _lower_joint(
-    fn: Callable[..., Any],
-    inputs: list[Any],
-    *,
-    sig: ProgramSignature,
-    user: list[int],
-    table: Table,
-) -> Lowered:
-    """``(*inputs, *tangents) -> (*mutations, *user outputs, *gradients)``: aotgraph's joint
-    trace. Each user output must be a tensor the graph computes (not an input, a view of
-    another output, or a constant): those have no place among a joint graph's outputs."""
-    with torch.enable_grad():
-        traced_sig = analyze(fn, inputs, grad=True)  # type: ignore[arg-type]  # only called
-    kinds = [o.kind for o in traced_sig.outputs]
-    if any(kind != "graph" for kind in kinds):
-        raise LoweringError(f"the joint IR needs outputs the graph computes; they are {kinds}")
-    if not traced_sig.training:  # torch.autograd.grad would refuse: say why instead
-        raise LoweringError(
-            "the joint IR needs an input that requires grad (a parameter, or a user input with "
-            "requires_grad) and an output computed from it; the inference IR has the rest"
-        )
-    graph = trace_joint(fn, inputs, traced_sig, table)
-    gm, n, n_mut = graph.gm, graph.num_outputs, len(graph.mutated)
-    _name_placeholders(gm, sig.inputs)
-    outs = _output_nodes(gm)
-    grads = outs[n + n_mut :]
-    _set_outputs(gm, [*outs[n : n + n_mut], *outs[:n], *grads])
-    specs = _mutation_specs(sig, graph.mutated, outs[n : n + n_mut])
-    specs += [_renamed(sig.outputs[k], outs[j]) for j, k in enumerate(user)]
-    specs += [_gradient_spec(sig.inputs[i], g) for i, g in zip(traced_sig.grad_inputs, grads,
-                                                                 strict=True)]  # fmt: skip
-    tangents = [n for n in gm.graph.find_nodes(op="placeholder")][len(inputs) :]
-    of = [specs[n_mut + j].name for j in traced_sig.grad_outputs]
-    extra = [IOSpec("tangent", t.name, target) for t, target in zip(tangents, of, strict=True)]
-    return gm, specs, extra
+    def inference(self, inputs: list[Any]) -> Lowered:
+        """``(*inputs) -> (*mutations, *user outputs)``: aotgraph's forward trace, every
+        output kept (an input returned as it is, or a view of one, stays a graph output)."""
+        gm = trace_without_grad(self.fn, inputs, self.table)
+        mutated = _finish(gm, len(inputs), len(self.user))
+        _name_placeholders(gm, self.sig.inputs)
+        outs = _output_nodes(gm)
+        n = len(self.user)
+        _set_outputs(gm, [*outs[n:], *outs[:n]])
+        specs = _mutation_specs(self.sig, mutated, outs[n:])
+        specs += [_renamed(self.sig.outputs[k], outs[j]) for j, k in enumerate(self.user)]
+        return gm, specs, []
+
+    def joint(self, inputs: list[Any]) -> Lowered:
+        """``(*inputs, *tangents) -> (*mutations, *user outputs, *gradients)``: aotgraph's
+        joint trace. Each user output must be a tensor the graph computes (not an input, a
+        view of another output, or a constant): those have no place among a joint graph's
+        outputs."""
+        with torch.enable_grad():
+            traced_sig = analyze(self.fn, inputs, grad=True)  # type: ignore[arg-type]
+        kinds = [o.kind for o in traced_sig.outputs]
+        if any(kind != "graph" for kind in kinds):
+            raise LoweringError(f"the joint IR needs outputs the graph computes; they are {kinds}")
+        if not traced_sig.training:  # torch.autograd.grad would refuse: say why instead
+            raise LoweringError(
+                "the joint IR needs an input that requires grad (a parameter, or a user input with "
+                "requires_grad) and an output computed from it; the inference IR has the rest"
+            )
+        graph = trace_joint(self.fn, inputs, traced_sig, self.table)
+        gm, n, n_mut = graph.gm, graph.num_outputs, len(graph.mutated)
+        _name_placeholders(gm, self.sig.inputs)
+        outs = _output_nodes(gm)
+        grads = outs[n + n_mut :]
+        _set_outputs(gm, [*outs[n : n + n_mut], *outs[:n], *grads])
+        specs = _mutation_specs(self.sig, graph.mutated, outs[n : n + n_mut])
+        specs += [_renamed(self.sig.outputs[k], outs[j]) for j, k in enumerate(self.user)]
+        grad_inputs = zip(traced_sig.grad_inputs, grads, strict=True)
+        specs += [_gradient_spec(self.sig.inputs[i], g) for i, g in grad_inputs]
+        tangents = [n for n in gm.graph.find_nodes(op="placeholder")][len(inputs) :]
+        of = [specs[n_mut + j].name for j in traced_sig.grad_outputs]
+        extra = [IOSpec("tangent", t.name, target) for t, target in zip(tangents, of, strict=True)]
+        return gm, specs, extra
 
 
 def _name_placeholders(gm: torch.fx.GraphModule, specs: Sequence[IOSpec]) -> None:

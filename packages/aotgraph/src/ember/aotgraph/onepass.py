@@ -50,7 +50,7 @@ from ember.aotgraph.trace import (
     _unspecialized,
 )
 
-__all__ = ["trace_inference"]
+__all__ = ["trace_inference", "trace_without_grad"]
 
 _NUMBERS = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -60,8 +60,6 @@ def trace_inference(
 ) -> tuple[Signature, JointGraph] | None:
     """The signature and forward graph of ``fn`` without gradients, from one ``make_fx``
     run; None where the two-run path must decide (see the module docstring)."""
-    mode = _fake_mode(inputs)
-    primals = _fakes(mode, inputs)
     seen: list[Observed] = []
 
     def run(*args: Any) -> list[Any]:
@@ -70,9 +68,7 @@ def trace_inference(
         return [leaf for leaf in leaves if isinstance(leaf, _NUMBERS)]
 
     try:
-        with torch.no_grad():
-            gm = _trace(run, primals, table)
-        _unspecialized(mode)
+        gm = trace_without_grad(run, inputs, table)
         sig = seen[0].signature(inputs, grad=False)
     except Specialized:
         raise  # analyze would find the same: the caller retraces with the float constant
@@ -84,8 +80,27 @@ def trace_inference(
         return None
     _keep_outputs(gm, seen[0], sig)
     n_outs = len(sig.graph_outputs)
-    mutated = _finish(gm, len(primals), n_outs)
-    return sig, JointGraph(gm, len(primals), 0, n_outs, mutated, 0)
+    mutated = _finish(gm, len(inputs), n_outs)
+    return sig, JointGraph(gm, len(inputs), 0, n_outs, mutated, 0)
+
+
+def trace_without_grad(
+    fn: Callable[..., Any], inputs: Sequence[Any], table: Table
+) -> torch.fx.GraphModule:
+    """``fn``'s functional aten graph over fakes of ``inputs`` with gradients off, in the
+    inputs' fake mode (their symbolic sizes) or a static one; raises ``Specialized`` if
+    the trace needed a float input's value. The caller then ``_finish``-es it.
+
+    >>> import torch
+    >>> gm = trace_without_grad(lambda x: [x.cos()], [torch.ones(2)], {})
+    >>> [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    [<OpOverload(op='aten.cos', overload='default')>]
+    """
+    mode = _fake_mode(inputs)
+    with torch.no_grad():
+        gm = _trace(fn, _fakes(mode, inputs), table)
+    _unspecialized(mode)
+    return gm
 
 
 def _keep_outputs(gm: torch.fx.GraphModule, seen: Observed, sig: Signature) -> None:

@@ -45,7 +45,7 @@ from torch._guards import GuardSource, SLoc, Source
 from torch._subclasses import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph import nodemeta
+from ember.aotgraph import nodemeta, symbolic
 from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
 from ember.aotgraph.cleanup import eliminate_common_subexpressions, lift_mutations, strip_detach
 from ember.aotgraph.eager_checks import (
@@ -610,7 +610,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     """
     # symbolic sizes: traced as sym_size nodes and SymInt arguments, not as numbers
     mode: Literal["symbolic", "fake"] = "symbolic" if any(map(is_symbolic, args)) else "fake"
-    aten_gm = nodemeta.make_fx(f, table, mode)(*args)  # nodes keep their captured node's meta
+    aten_gm = symbolic.make_fx(f, table, mode)(*args)  # nodes keep their captured node's meta
     draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
     check_operand_dtypes(aten_gm)  # and products of two dtypes, even unused ones
@@ -618,7 +618,7 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     if not any(_mutates(node) for node in aten_gm.graph.nodes):
         return plain_numbers(aten_gm)
     functional = torch.func.functionalize(nodemeta.interpreted(aten_gm), remove="mutations")
-    traced = nodemeta.make_fx(functional, table, mode, retraces=aten_gm)(*args)
+    traced = symbolic.make_fx(functional, table, mode, retraces=aten_gm)(*args)
     return plain_numbers(traced)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from ember.capture.fakeview import RESHAPES, contiguous_view
 from ember.capture.shapes import SYM_TYPES
 
 __all__ = ["FakeMemo", "TracerFakeMode"]
@@ -81,6 +82,8 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     of 1.25 s; the aot trace, which runs in this same mode, 8,322 instead of 10,078
     (docs/performance.md). Other ops keep the cache: their repeats in the aot trace hit
     the entries capture made. The cache only memoises, so fakes and guards are the same.
+    ``view``/``_unsafe_view`` of an input contiguous for every value of its symbols skip
+    torch's kernel too: :func:`ember.capture.fakeview.contiguous_view` makes the result.
 
     >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
     >>> mode = TracerFakeMode(shape_env=ShapeEnv())
@@ -95,6 +98,10 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         symbolic = self.shape_env is not None
+        if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
+            out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
+            if out is not None:
+                return out
         if not (symbolic and self.cache_enabled and getattr(func, "is_view", False)):
             return super().dispatch(func, types, args, kwargs)
         self.cache_enabled = False  # read by FakeTensorMode.dispatch, this call only

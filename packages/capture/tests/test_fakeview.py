@@ -1,0 +1,138 @@
+"""The tracer's shortcut for ``view`` of a contiguous fake tensor (ember.capture.fakeview):
+the same sizes, strides, offset and storage as torch's own kernel for every view it takes,
+the eager strides at the current sizes, and torch's kernel (with its errors) for the rest."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from ember.capture import fakeview
+from ember.capture.fakememo import TracerFakeMode
+
+aten = torch.ops.aten
+
+
+def _fake(mode: Any, real: torch.Tensor, dynamic: list[bool]) -> Any:
+    kinds = [DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic]
+    return mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=kinds))
+
+
+def _torch_view(mode: Any, x: Any, shape: list[Any]) -> Any:
+    """What torch's fake kernel makes of the view (TracerFakeMode's override bypassed)."""
+    with mode:
+        return FakeTensorMode.dispatch(mode, aten.view.default, (), (x, shape), {})
+
+
+def _exprs(values: Any) -> tuple[str, ...]:
+    return tuple(str(v.node.expr) if isinstance(v, torch.SymInt) else str(v) for v in values)
+
+
+def _hints(values: Any) -> tuple[int, ...]:
+    return tuple(int(v.node.hint) if isinstance(v, torch.SymInt) else int(v) for v in values)
+
+
+def _targets(rng: random.Random, x: Any) -> list[Any]:
+    """A view's shape for ``x`` built from its sizes: dims merged, a static dim split, 1s
+    inserted, one entry written as -1."""
+    dims = list(x.shape)
+    out: list[Any] = []
+    k = 0
+    while k < len(dims):
+        take = rng.choice([1, 1, 2, 3])
+        group = dims[k : k + take]
+        k += take
+        merged: Any = 1
+        for d in group:
+            merged = merged * d
+        if isinstance(merged, int) and merged % 2 == 0 and merged > 2 and rng.random() < 0.5:
+            out += [2, merged // 2]
+        else:
+            out.append(merged)
+        if rng.random() < 0.2:
+            out.append(1)
+    if rng.random() < 0.5:
+        out[rng.randrange(len(out))] = -1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_views_match_torchs_kernel_and_eager(seed: int) -> None:
+    rng = random.Random(seed)
+    taken = 0
+    for _ in range(40):
+        mode = TracerFakeMode(shape_env=ShapeEnv())
+        ndim = rng.randint(1, 4)
+        sizes = [rng.choice([2, 3, 4, 6, 8]) for _ in range(ndim)]
+        if rng.random() < 0.3:
+            sizes[rng.randrange(ndim)] = 1
+        real = torch.randn(sizes)
+        x = _fake(mode, real, [rng.random() < 0.6 and s > 1 for s in sizes])
+        shape = _targets(rng, x)
+        with mode:
+            fast = fakeview.contiguous_view(x, shape)
+        ref = _torch_view(mode, x, shape)
+        assert fast is not None, (sizes, shape)  # a contiguous input: always taken here
+        taken += 1
+        assert _exprs(fast.shape) == _exprs(ref.shape)
+        assert _exprs(fast.stride()) == _exprs(ref.stride())
+        assert _exprs([fast.storage_offset()]) == _exprs([ref.storage_offset()])
+        assert fast.untyped_storage()._cdata == x.untyped_storage()._cdata
+        eager = real.view(_hints(ref.shape))  # eager's strides at today's sizes
+        assert _hints(fast.shape) == tuple(eager.shape)
+        assert _hints(fast.stride()) == eager.stride()
+    assert taken == 40
+
+
+def test_the_mode_uses_it_and_adds_no_guard() -> None:
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    x = _fake(mode, torch.randn(4, 6, 8), [True, True, False])
+    b, s = x.shape[0], x.shape[1]
+    sb, ss = str(b.node.expr), str(s.node.expr)
+    with mode:
+        y = x.view(b * s, 8)
+        z = y.view(-1, s, 2, 4)
+    assert _exprs(y.shape) == (f"{sb}*{ss}", "8") and _exprs(y.stride()) == ("8", "1")
+    assert _exprs(z.shape) == (sb, ss, "2", "4")
+    assert _exprs(z.stride()) == (f"8*{ss}", "8", "4", "1")
+    assert y._is_view() and z._is_view()
+    assert not mode.shape_env.guards
+    # torch's kernel, on the same views of a fresh input: the same tensors
+    ref_mode = TracerFakeMode(shape_env=ShapeEnv())
+    x2 = _fake(ref_mode, torch.randn(4, 6, 8), [True, True, False])
+    y2 = _torch_view(ref_mode, x2, [x2.shape[0] * x2.shape[1], 8])
+    z2 = _torch_view(ref_mode, y2, [-1, x2.shape[1], 2, 4])
+    assert _hints(z2.stride()) == _hints(z.stride()) and len(_exprs(z2.shape)) == 4
+
+
+def test_other_inputs_go_to_torchs_kernel() -> None:
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    x = _fake(mode, torch.randn(4, 6, 8), [True, True, False])
+    with mode:
+        t = x.transpose(0, 1)  # not contiguous: torch decides (here: it cannot be viewed)
+        assert fakeview.contiguous_view(t, [-1, 8]) is None
+        with pytest.raises((RuntimeError, ValueError), match="Cannot view"):
+            t.view(-1, 8)
+        # a view torch allows on strides that are not contiguous: torch's kernel makes it
+        u = t.view(t.shape[0], t.shape[1], 2, 4)
+        assert _exprs(u.stride()) == ("8", f"8*{x.shape[1].node.expr}", "4", "1")
+        # counts that differ: torch's error, not a wrong tensor
+        assert fakeview.contiguous_view(x, [x.shape[0], 5, 8]) is None
+        with pytest.raises((RuntimeError, ValueError)):
+            x.view(x.shape[0], 5, 8)
+        # two -1s and a negative size: torch's error
+        assert fakeview.contiguous_view(x, [-1, -1]) is None
+        assert fakeview.contiguous_view(x, [-2, 8]) is None
+
+
+def test_static_and_plain_modes_are_untouched() -> None:
+    real = torch.randn(4, 6)
+    assert fakeview.contiguous_view(real, [24]) is None  # not a fake tensor
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(real)
+        assert fakeview.contiguous_view(x, [24]) is None  # no ShapeEnv: static sizes
