@@ -237,7 +237,9 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
         best[config] = {}
         for depth in depths:
             ok = [x for x in runs[config][depth] if "cold_s" in x]
-            best[config][depth] = min(ok, key=lambda x: x["cold_s"]) if ok else runs[config][depth][0]
+            best[config][depth] = (
+                min(ok, key=lambda x: x["cold_s"]) if ok else runs[config][depth][0]
+            )
     loadavg = Path("/proc/loadavg").read_text().split()[:3]
     return {
         "meta": {**vars(args), "loadavg_after": loadavg, "cores": os.cpu_count()},
@@ -272,16 +274,16 @@ def markdown(result: dict[str, Any]) -> str:
         cells = []
         for c in configs:
             r = best[c].get(d, {})
-            cells.append(
-                f"{r['cold_s']:.2f} ({r['cold_cpu_s']:.2f})" if "cold_s" in r else "error"
-            )
+            cells.append(f"{r['cold_s']:.2f} ({r['cold_cpu_s']:.2f})" if "cold_s" in r else "error")
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     wall, cpus = slopes(result, "cold_s"), slopes(result, "cold_cpu_s")
 
     def s(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
-    lines.append("| s/layer | " + " | ".join(f"{s(wall[c])} ({s(cpus[c])})" for c in configs) + " |")
+    lines.append(
+        "| s/layer | " + " | ".join(f"{s(wall[c])} ({s(cpus[c])})" for c in configs) + " |"
+    )
     lines.append("")
     for other in ("torch", "torch-nested"):
         if "ember" in wall and other in wall and wall["ember"] and wall[other]:
@@ -305,7 +307,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
     parser.add_argument("--out", help="write the results here as JSON")
     parser.add_argument("--load", metavar="JSON", help="print this results file, run nothing")
-    parser.add_argument("--child", nargs=3, metavar=("CONFIG", "DEPTH", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("CONFIG", "DEPTH", "OUT"), help=argparse.SUPPRESS
+    )
     return parser.parse_args(argv)
 
 
