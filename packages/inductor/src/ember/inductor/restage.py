@@ -73,9 +73,9 @@ def restage(prog: Program) -> Program:
     for node in prog.nodes:
         for name in _across(prog, node, inner):
             if name not in copies and isinstance(node, Reduction):
-                copies[name] = _copy(prog, name, node, nodes)
+                copies[name] = _copy(prog, name, node, nodes, inner)
         if copies and isinstance(node, Pointwise | Reduction):
-            node = _redirect(prog, node, copies)
+            node = _redirect(prog, node, copies, inner)
         nodes.append(node)
     read = {e.arg[0] for n in nodes if isinstance(n, Pointwise | Reduction) for e in walk(n.body)
             if e.op is Op.LOAD}  # fmt: skip
@@ -133,12 +133,12 @@ def _shared(prog: Program, node: Reduction, inner: _Innermost) -> bool:
     return False
 
 
-def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
+def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node], inner: _Innermost) -> str:
     """Append a node copying ``name`` into a new buffer whose innermost dimension is the one
     ``node``'s reduce loop moves along; returns the copy's name."""
     buf = prog.buffers[name]
     lay = buf.layout
-    r = _innermost(prog, node)
+    r = inner(node)
     assert r is not None  # _across found a reduce loop
     step = next(_coeff(e.arg[1], r) for e in _loads(node.body) if e.arg[0] == name) or 0
     along = next(d for d, s in enumerate(lay.strides) if abs(s) == abs(step) and lay.sizes[d] > 1)
@@ -156,10 +156,12 @@ def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
     return new
 
 
-def _redirect(prog: Program, node: Pointwise | Reduction, copies: dict[str, str]) -> Node:
+def _redirect(
+    prog: Program, node: Pointwise | Reduction, copies: dict[str, str], innermost: _Innermost
+) -> Node:
     """``node`` reading each copied buffer from its copy where that moves its innermost loop
     along memory and the copy's index simplifies to an affine one."""
-    inner = _innermost(prog, node)
+    inner = innermost(node)
     bounds = dict(zip(I, node.ranges, strict=False))
     if isinstance(node, Reduction):
         bounds |= dict(zip(R, node.reduce_ranges, strict=False))
