@@ -222,7 +222,8 @@ def log(message: str) -> None:
 
 
 def sweep(args: argparse.Namespace) -> dict[str, Any]:
-    """Every configuration at every depth, ``--repeats`` times interleaved; best cold kept."""
+    """Every configuration at every depth, ``--repeats`` times interleaved: every process's
+    result, and the run's settings."""
     configs, depths = args.configs.split(","), [int(d) for d in args.depths.split(",")]
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {c: {d: [] for d in depths} for c in configs}
     for r in range(args.repeats):
@@ -230,68 +231,83 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
             for config in configs:
                 res = run_one(args, config, depth)
                 runs[config][depth].append(res)
-                cold = f"{res['cold_s']:6.2f} s" if "cold_s" in res else res["error"]
+                cold = (
+                    f"{res['cold_cpu_s']:6.2f} s CPU, {res['cold_s']:6.2f} s wall"
+                    if "cold_s" in res
+                    else res["error"]
+                )
                 log(f"  [{r + 1}/{args.repeats}] {config:<13} depth {depth:>2}: {cold}")
-    best: dict[str, dict[int, dict[str, Any]]] = {}
-    for config in configs:
-        best[config] = {}
-        for depth in depths:
-            ok = [x for x in runs[config][depth] if "cold_s" in x]
-            best[config][depth] = (
-                min(ok, key=lambda x: x["cold_s"]) if ok else runs[config][depth][0]
-            )
     loadavg = Path("/proc/loadavg").read_text().split()[:3]
-    return {
-        "meta": {**vars(args), "loadavg_after": loadavg, "cores": os.cpu_count()},
-        "best": best,
-        "runs": runs,
-    }
+    meta = {**vars(args), "loadavg_after": loadavg, "cores": os.cpu_count()}
+    return {"meta": meta, "runs": runs}
 
 
-def slopes(result: dict[str, Any], key: str) -> dict[str, float | None]:
-    """Each configuration's seconds per added layer (``key``: cold_s or cold_cpu_s)."""
-    out: dict[str, float | None] = {}
-    for config, by_depth in result["best"].items():
-        points = [(int(d), r[key]) for d, r in by_depth.items() if key in r]
-        out[config] = fit(points)[0] if len(points) > 1 else None
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several sweeps' processes as one sweep (their runs pooled per configuration and
+    depth; the first one's settings)."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for result in results:
+        for config, by_depth in result["runs"].items():
+            for depth, procs in by_depth.items():
+                runs.setdefault(config, {}).setdefault(int(depth), []).extend(procs)
+    return {"meta": dict(results[0]["meta"]), "runs": runs}
+
+
+def best(result: dict[str, Any], key: str) -> dict[str, dict[int, float]]:
+    """The least ``key`` (``cold_cpu_s`` or ``cold_s``) over each point's processes: the
+    noise of a shared machine only ever adds."""
+    out: dict[str, dict[int, float]] = {}
+    for config, by_depth in result["runs"].items():
+        out[config] = {}
+        for depth, procs in by_depth.items():
+            values = [p[key] for p in procs if key in p]
+            if values:
+                out[config][int(depth)] = min(values)
     return out
 
 
+def slopes(points: dict[str, dict[int, float]]) -> dict[str, float | None]:
+    """Each configuration's seconds per added layer: the least-squares line's slope."""
+    return {
+        config: fit(sorted(by_depth.items()))[0] if len(by_depth) > 1 else None
+        for config, by_depth in points.items()
+    }
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """The sweep as a table (cold wall s, cold CPU s per depth), the slopes and ratios."""
-    best = result["best"]
-    configs = list(best)
-    depths = sorted({int(d) for c in configs for d in best[c]})
+    """The sweep as a table (cold CPU s and wall s per depth), the slopes and their ratios."""
+    cpu, wall = best(result, "cold_cpu_s"), best(result, "cold_s")
+    configs = list(result["runs"])
+    depths = sorted({d for c in configs for d in cpu[c]})
     meta = result["meta"]
+    procs = ", ".join(f"{c} {min(len(v) for v in result['runs'][c].values())}" for c in configs)
     lines = [
-        f"cold compile over depth: hf-{meta['model']} {meta['mode']}, {meta['threads']} thread(s),"
-        f" best of {meta['repeats']}; wall s (CPU s)",
+        f"cold compile over depth: hf-{meta['model']} {meta['mode']}, {meta['threads']} thread(s);"
+        f" CPU s (wall s), the least of each point's processes ({procs})",
         "",
         "| depth | " + " | ".join(configs) + " |",
         "|---:|" + "---:|" * len(configs),
     ]
+
+    def cell(c: str, d: int) -> str:
+        return f"{cpu[c][d]:.2f} ({wall[c][d]:.2f})" if d in cpu[c] else "error"
+
     for d in depths:
-        cells = []
-        for c in configs:
-            r = best[c].get(d, {})
-            cells.append(f"{r['cold_s']:.2f} ({r['cold_cpu_s']:.2f})" if "cold_s" in r else "error")
-        lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    wall, cpus = slopes(result, "cold_s"), slopes(result, "cold_cpu_s")
+        lines.append(f"| {d} | " + " | ".join(cell(c, d) for c in configs) + " |")
+    per_cpu, per_wall = slopes(cpu), slopes(wall)
 
     def s(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
-    lines.append(
-        "| s/layer | " + " | ".join(f"{s(wall[c])} ({s(cpus[c])})" for c in configs) + " |"
-    )
-    lines.append("")
+    row = " | ".join(f"{s(per_cpu[c])} ({s(per_wall[c])})" for c in configs)
+    lines += [f"| s/layer | {row} |", ""]
+    mine = per_cpu.get("ember")
     for other in ("torch", "torch-nested"):
-        if "ember" in wall and other in wall and wall["ember"] and wall[other]:
-            ratio = wall["ember"] / wall[other]
-            cpu_ratio = (cpus["ember"] or 0.0) / cpus[other] if cpus[other] else None
+        theirs = per_cpu.get(other)
+        if mine is not None and theirs:
             lines.append(
-                f"slope ratio ember / {other}: {ratio:.3f} wall, {s(cpu_ratio)} CPU"
-                f" (target ≤ 0.1 against torch)"
+                f"slope ratio ember / {other}: {mine / theirs:.3f} (CPU; target <= 0.1 against"
+                " torch)"
             )
     return "\n".join(lines)
 
@@ -306,7 +322,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
     parser.add_argument("--out", help="write the results here as JSON")
-    parser.add_argument("--load", metavar="JSON", help="print this results file, run nothing")
+    parser.add_argument(
+        "--load", metavar="JSON[,JSON]", help="print these results (pooled), run nothing"
+    )
     parser.add_argument(
         "--child", nargs=3, metavar=("CONFIG", "DEPTH", "OUT"), help=argparse.SUPPRESS
     )
@@ -323,8 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(out).write_text(json.dumps(child(config, args.model, int(depth), args.mode)))
         return
     if args.load:
-        result = json.loads(Path(args.load).read_text())
-        result["best"] = {c: {int(d): r for d, r in v.items()} for c, v in result["best"].items()}
+        result = merged([json.loads(Path(f).read_text()) for f in args.load.split(",")])
     else:
         result = sweep(args)
         if args.out:
