@@ -638,14 +638,35 @@ def scalar_arg(name: str, dtype: torch.dtype) -> str:
 
 
 def _canonical(src: str, name: str) -> str:
-    """``src`` with its kernel, buffer and temporary names numbered by first appearance, so
-    two kernels differing only in the buffers they touch compare equal."""
+    r"""``src`` with its kernel's name, its parameters and its buffer and temporary names
+    numbered by first appearance (with the suffixes of the locals made from them:
+    ``buf5_acc``, ``primals_3_l``), so two kernels differing only in the buffers they touch
+    compare equal: a transformer's layers, whose kernels read ``primals_10`` in one layer
+    and ``primals_34`` in the next. The parameters are numbered by position (the signature
+    comes first), and their types, the loop bounds and every constant stay in the text, so
+    kernels over other shapes or dtypes never compare equal.
+
+    >>> a = 'extern "C" void kernel3(const float* primals_7, float* buf9) {\n  float t4_l;'
+    >>> b = 'extern "C" void kernel8(const float* primals_19, float* buf30) {\n  float t12_l;'
+    >>> _canonical(a, "kernel3") == _canonical(b, "kernel8")
+    True
+    >>> _canonical(a, "kernel3") == _canonical(b.replace("float*", "double*"), "kernel8")
+    False
+    """
+    params = {
+        p.split()[-1].lstrip("*&")
+        for header in re.findall(r'^(?:extern "C"|static)[^\n]*\(([^()]*)\) \{$', src, re.M)
+        for p in header.split(",")
+        if p.strip()
+    }
+    words = "|".join(re.escape(w) for w in sorted(params, key=len, reverse=True))
     numbers: dict[str, str] = {}
 
     def rename(m: re.Match[str]) -> str:
-        return numbers.setdefault(m.group(0), f"{m.group(1)}#{len(numbers)}")
+        return numbers.setdefault(m.group(0), f"v#{len(numbers)}")
 
-    return re.sub(r"\b(buf|t)\d+\b", rename, re.sub(rf"\b{name}(?=\b|_r\b)", "KERNEL", src))
+    pattern = rf"\b(?:{words + '|' if words else ''}(?:buf|t)\d+)(?=\b|_)"
+    return re.sub(pattern, rename, re.sub(rf"\b{name}(?=\b|_[rsp]\b)", "KERNEL", src))
 
 
 def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:

@@ -13,6 +13,7 @@ buf0[4] = WHERE(GT(x_1[i0], 0.0), x_1[i0], MUL(x_1[i0], 0.5))
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -514,6 +515,8 @@ def any_all(ctx: Lowerer, a: Value, dims: Any = None, keepdim: bool = False) -> 
 # ---- cat, padding, indexing ----------------------------------------------------------------
 
 
+# sympy's Min/Max compare their arguments (ms a call); every layer clamps the same indices
+@functools.lru_cache(maxsize=4096)
 def _clamp(e: sympy.Expr, n: int) -> sympy.Expr:
     return sympy.Min(sympy.Max(e, 0), n - 1)
 

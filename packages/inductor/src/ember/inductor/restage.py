@@ -29,6 +29,7 @@ buf0[64] = MAX[128](x_1[i0 + 64*r0])
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Iterator
 
@@ -68,12 +69,13 @@ def restage(prog: Program) -> Program:
     orig, prog = prog, dataclasses.replace(prog, buffers=dict(prog.buffers))
     copies: dict[str, str] = {}  # buffer -> its copy
     nodes: list[Node] = []
+    inner = _Innermost(prog)
     for node in prog.nodes:
-        for name in _across(prog, node):
+        for name in _across(prog, node, inner):
             if name not in copies and isinstance(node, Reduction):
-                copies[name] = _copy(prog, name, node, nodes)
+                copies[name] = _copy(prog, name, node, nodes, inner)
         if copies and isinstance(node, Pointwise | Reduction):
-            node = _redirect(prog, node, copies)
+            node = _redirect(prog, node, copies, inner)
         nodes.append(node)
     read = {e.arg[0] for n in nodes if isinstance(n, Pointwise | Reduction) for e in walk(n.body)
             if e.op is Op.LOAD}  # fmt: skip
@@ -85,14 +87,14 @@ def restage(prog: Program) -> Program:
     return dataclasses.replace(prog, nodes=nodes, buffers=buffers)
 
 
-def _across(prog: Program, node: Node) -> list[str]:
+def _across(prog: Program, node: Node, inner: _Innermost) -> list[str]:
     """Buffers ``node`` (a reduction) reads with a stride along its innermost reduce loop
     while one of its row loops moves along their memory: the rows lie across memory."""
     if not isinstance(node, Reduction) or not node.reduce_ranges or not node.ranges:
         return []
-    if node.kind in COLUMN and not _shared(prog, node):
+    if node.kind in COLUMN and not _shared(prog, node, inner):
         return []  # the column kernel (codegen_cpp) runs it along memory already
-    r = _innermost(prog, node)
+    r = inner(node)
     if r is None:
         return []
     out = []
@@ -110,7 +112,7 @@ def _across(prog: Program, node: Node) -> list[str]:
     return out
 
 
-def _shared(prog: Program, node: Reduction) -> bool:
+def _shared(prog: Program, node: Reduction, inner: _Innermost) -> bool:
     """A pointwise node over the same rows reads what ``node`` reads, across memory along
     its innermost loop (a softmax's or layer norm's last pass): the kernel over those rows
     has a pointwise stage, which the column kernel does not run. (Reductions beside it,
@@ -118,25 +120,25 @@ def _shared(prog: Program, node: Reduction) -> bool:
     gradient's column sum beside the pointwise backward over the whole gradient keeps it
     too: their rows differ.)"""
     mine = {e.arg[0] for e in _loads(node.body)}
-    for other in prog.nodes:
-        if not isinstance(other, Pointwise):
+    for other in inner.readers(mine):
+        if other.ranges[: len(node.ranges)] != node.ranges:
             continue
-        inner = _innermost(prog, other)
-        if other.ranges[: len(node.ranges)] != node.ranges or inner is None:
+        v = inner(other)
+        if v is None:
             continue
         for e in _loads(other.body):
-            step = _coeff(e.arg[1], inner)
+            step = _coeff(e.arg[1], v)
             if e.arg[0] in mine and (step is None or abs(step) > 1):
                 return True
     return False
 
 
-def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
+def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node], inner: _Innermost) -> str:
     """Append a node copying ``name`` into a new buffer whose innermost dimension is the one
     ``node``'s reduce loop moves along; returns the copy's name."""
     buf = prog.buffers[name]
     lay = buf.layout
-    r = _innermost(prog, node)
+    r = inner(node)
     assert r is not None  # _across found a reduce loop
     step = next(_coeff(e.arg[1], r) for e in _loads(node.body) if e.arg[0] == name) or 0
     along = next(d for d, s in enumerate(lay.strides) if abs(s) == abs(step) and lay.sizes[d] > 1)
@@ -154,10 +156,12 @@ def _copy(prog: Program, name: str, node: Reduction, nodes: list[Node]) -> str:
     return new
 
 
-def _redirect(prog: Program, node: Pointwise | Reduction, copies: dict[str, str]) -> Node:
+def _redirect(
+    prog: Program, node: Pointwise | Reduction, copies: dict[str, str], innermost: _Innermost
+) -> Node:
     """``node`` reading each copied buffer from its copy where that moves its innermost loop
     along memory and the copy's index simplifies to an affine one."""
-    inner = _innermost(prog, node)
+    inner = innermost(node)
     bounds = dict(zip(I, node.ranges, strict=False))
     if isinstance(node, Reduction):
         bounds |= dict(zip(R, node.reduce_ranges, strict=False))
@@ -199,6 +203,33 @@ def _index_in(
     return None if out.has(sympy.floor, sympy.Mod) else out
 
 
+class _Innermost:
+    """:func:`_innermost` of each node of one program, found once, and the pointwise nodes
+    reading each buffer: :func:`_shared` asks about every pointwise reader of every
+    reduction, which was quadratic in the nodes (a 12-layer GPT-2 spent 24 s here,
+    re-deriving the same loop orders)."""
+
+    def __init__(self, prog: Program) -> None:
+        self.prog = prog
+        self.memo: dict[str, sympy.Symbol | None] = {}
+        self.by_buffer: dict[str, list[Pointwise]] = {}
+        self.position = {id(n): k for k, n in enumerate(prog.nodes)}
+        for node in prog.nodes:
+            if isinstance(node, Pointwise):
+                for name in {e.arg[0] for e in _loads(node.body)}:
+                    self.by_buffer.setdefault(name, []).append(node)
+
+    def __call__(self, node: Pointwise | Reduction) -> sympy.Symbol | None:
+        if node.name not in self.memo:
+            self.memo[node.name] = _innermost(self.prog, node)
+        return self.memo[node.name]
+
+    def readers(self, names: set[str]) -> list[Pointwise]:
+        """The pointwise nodes loading one of ``names``, in program order."""
+        found = {id(n): n for name in names for n in self.by_buffer.get(name, [])}
+        return sorted(found.values(), key=lambda n: self.position[id(n)])
+
+
 def _innermost(prog: Program, node: Pointwise | Reduction) -> sympy.Symbol | None:
     """The loop variable of ``node`` that the scheduler runs innermost (its loop order,
     :func:`ember.inductor.looporder.pick_order`; with tiles, the one they run along: read
@@ -225,6 +256,7 @@ def _loads(e: Expr) -> Iterator[Expr]:
     return (n for n in walk(e) if n.op is Op.LOAD and not n.args)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same indices recur in every layer of a stack
 def _coeff(index: sympy.Expr, v: sympy.Symbol) -> int | None:
     """The integer step of ``index`` along ``v`` (None: not affine in ``v``)."""
     if v not in index.free_symbols:

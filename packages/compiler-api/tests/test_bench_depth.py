@@ -1,0 +1,60 @@
+"""The depth sweep (benchmarks/bench_depth.py): a real run of two depths, and its report.
+
+Asserts what the sweep records (every point has a cold time, phases for ember, a slope per
+configuration, pooled runs keep each point's least value), never how fast anything was.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from models.hf import missing
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def bench_depth() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_depth
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return bench_depth
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(missing() is not None, reason=str(missing()))
+def test_sweep_times_each_depth_in_a_fresh_process(bench_depth: Any, tmp_path: Path) -> None:
+    out = tmp_path / "depth.json"
+    bench_depth.main(["--depths", "1,2", "--configs", "ember", "--out", str(out)])
+    result = json.loads(out.read_text())
+    points = result["runs"]["ember"]
+    assert sorted(points) == ["1", "2"]
+    for (proc,) in points.values():
+        assert proc["cold_cpu_s"] > 0 and proc["cold_s"] > 0, proc
+        assert proc["phases"]["lowering"] > 0 and proc["phases"]["C++ build"] > 0
+    report = bench_depth.markdown(bench_depth.merged([result]))
+    assert "| s/layer |" in report and "| 2 |" in report
+
+
+def test_pooled_runs_keep_each_points_least_value(bench_depth: Any) -> None:
+    def run(config: str, seconds: list[float]) -> dict[str, Any]:
+        depths = zip((2, 6, 12), seconds, strict=True)
+        procs = {d: [{"cold_s": 2 * s, "cold_cpu_s": s}] for d, s in depths}
+        return {"meta": {"model": "gpt2", "mode": "infer", "threads": 1}, "runs": {config: procs}}
+
+    a = run("ember", [1.0, 3.0, 6.0])
+    b = run("ember", [2.0, 2.0, 9.0])  # a second, noisier sweep of the same build
+    c = run("torch", [10.0, 30.0, 60.0])
+    pooled = bench_depth.merged([a, b, c])
+    assert bench_depth.best(pooled, "cold_cpu_s")["ember"] == {2: 1.0, 6: 2.0, 12: 6.0}
+    slopes = bench_depth.slopes(bench_depth.best(pooled, "cold_cpu_s"))
+    assert slopes["torch"] == pytest.approx(5.0)
+    report = bench_depth.markdown(pooled)
+    assert "ember 2, torch 1" in report
+    assert f"slope ratio ember / torch: {slopes['ember'] / 5.0:.3f}" in report
