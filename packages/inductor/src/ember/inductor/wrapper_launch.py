@@ -1,0 +1,140 @@
+"""A wrapper's per-tensor work in one call: its inputs' stride check and each kernel launch.
+
+A generated wrapper (:mod:`ember.inductor.wrapper`) checks that each input a kernel reads
+has the strides the kernel was generated for, and passes each kernel its tensors' data
+pointers. One line per tensor cost more than the kernels of a graph over hundreds of
+small tensors (an AdamW step over a model's parameters: 265 stride checks, 477
+``data_ptr()`` calls and a ctypes call converting 477 pointers, about 0.15 ms), so the
+wrapper makes one call for all of them:
+
+- ``_strides_differ(tensors, strides)``: whether some input's strides are not those the
+  kernels assume (then the wrapper copies those into that layout, as before);
+- ``_launch(kernel, tensors, *numbers)``: the kernel run on the tensors' data pointers
+  and the numbers (sizes, scalars) that follow them in its argument list.
+
+Both are C++ (``ember.inductor._launch``, built against torch's headers when torch is
+importable at build time: ``pip install --no-build-isolation``) and read torch's C++
+tensors; a kernel's ``<name>_packed`` entry point (:data:`PACKED_CPP`, in every
+translation unit) takes its arguments as one array. Without the build, the Python
+twins here serve with the same results (``EMBER_INDUCTOR_PURE_LAUNCH=1`` forces them):
+``map`` over the tensors and a ctypes call of the kernel itself.
+
+>>> t = torch.zeros(2, 3)
+>>> py_strides_differ((t, t.t()), ((3, 1), (1, 3))), py_strides_differ((t,), ((1, 2),))
+(False, True)
+>>> kernel_codes(["x_1", "buf0", "lr:float64", "s0:int64"])
+'dq'
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "NATIVE",
+    "PACKED_CPP",
+    "kernel_codes",
+    "kernel_entries",
+    "launch",
+    "py_launch",
+    "py_strides_differ",
+    "strides_differ",
+]
+
+# The packed entry point of each C++ kernel: ``kernel0_packed(const int64_t* a)`` calls
+# ``kernel0`` with ``a[i]`` as its i-th argument (a pointer, a double's bits, an int64 or
+# a bool), whatever its signature: the template reads the parameter types off the kernel.
+PACKED_CPP = r"""#include <type_traits>
+#include <utility>
+template <typename T> static inline T ember_slot(int64_t v) {
+  if constexpr (std::is_pointer_v<T>) {
+    return reinterpret_cast<T>(static_cast<intptr_t>(v));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    double d;
+    std::memcpy(&d, &v, sizeof d);
+    return static_cast<T>(d);
+  } else {
+    return static_cast<T>(v);
+  }
+}
+template <typename... A, std::size_t... I>
+static inline void ember_unpack(void (*f)(A...), const int64_t* a, std::index_sequence<I...>) {
+  f(ember_slot<A>(a[I])...);
+}
+template <typename... A>
+static inline void ember_call_packed(void (*f)(A...), const int64_t* a) {
+  ember_unpack(f, a, std::index_sequence_for<A...>{});
+}
+#define EMBER_PACKED(k) \
+  extern "C" void k##_packed(const int64_t* a) { ember_call_packed(k, a); }
+"""
+
+# a number argument's dtype (``lr:float64``) -> its code in ``_launch``'s type codes
+CODES: dict[str, str] = {"float64": "d", "int64": "q", "bool": "?"}
+
+
+def packed_entries(names: Sequence[str]) -> str:
+    """The C++ lines defining each kernel's packed entry point (after the kernels)."""
+    return "".join(f"EMBER_PACKED({n})\n" for n in names)
+
+
+def kernel_codes(args: Sequence[str]) -> str:
+    """The type codes of a kernel's number arguments, in order (its buffers come first)."""
+    return "".join(CODES[a.split(":")[1]] for a in args if ":" in a)
+
+
+_stride = torch._C.TensorBase.stride
+_data_ptr = torch._C.TensorBase.data_ptr
+
+
+def py_strides_differ(tensors: tuple[Any, ...], strides: tuple[tuple[int, ...], ...]) -> bool:
+    """Pure-Python twin of ``_launch.strides_differ``: whether some tensor's strides are not
+    the tuple at its index in ``strides``."""
+    return tuple(map(_stride, tensors)) != strides
+
+
+def py_launch(kernel: Callable[..., None], tensors: tuple[Any, ...], *numbers: Any) -> None:
+    """Pure-Python twin of ``_launch.launch``: ``kernel`` is the ctypes function itself."""
+    kernel(*map(_data_ptr, tensors), *numbers)
+
+
+def _load() -> Any:
+    if os.environ.get("EMBER_INDUCTOR_PURE_LAUNCH", "") not in ("", "0"):
+        return None
+    try:
+        from ember.inductor import _launch
+    except ImportError:
+        return None
+    return _launch
+
+
+_NATIVE = _load()
+#: True when ``ember.inductor._launch`` (C++) checks strides and launches kernels.
+NATIVE: bool = _NATIVE is not None
+strides_differ: Callable[[tuple[Any, ...], tuple[Any, ...]], bool] = (
+    _NATIVE.strides_differ if NATIVE else py_strides_differ
+)
+launch: Callable[..., None] = _NATIVE.launch if NATIVE else py_launch
+
+
+def kernel_entries(
+    lib: ctypes.CDLL, fns: dict[str, Any], kernel_args: dict[str, list[str]]
+) -> tuple[Callable[..., None], dict[str, Any]]:
+    """``_launch`` and what the wrapper passes it as each kernel: the address of the
+    kernel's packed entry point and its number types (C++ ``launch``), or ``fns[name]``,
+    its ctypes function (the twin; also for a library without packed entry points)."""
+    if not NATIVE:
+        return py_launch, fns
+    entries = {}
+    for name, args in kernel_args.items():
+        try:
+            packed = getattr(lib, f"{name}_packed")
+        except AttributeError:
+            return py_launch, fns
+        entries[name] = (ctypes.cast(packed, ctypes.c_void_p).value, kernel_codes(args))
+    return launch, entries
