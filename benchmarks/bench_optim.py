@@ -7,6 +7,15 @@ thread (``time.thread_time``: other processes on a shared machine do not count).
 Prints best and median ms/step per configuration (docs/training.md, "How fast").
 
     python benchmarks/bench_optim.py --rounds 9 --steps 5
+    python benchmarks/bench_optim.py --configs eager-fused,ember-inductor-single \
+        --wrappers twin,main
+
+``--wrappers`` adds, for each ember configuration, rows of the same configuration (its
+own parameters, state and compiled step, like every row) with its inductor wrapper bound
+another way, timed in the same rounds: ``twin`` (the Python twins of the C++ launcher,
+as where ``ember.inductor._launch`` is not built) and any git ref (the wrapper that ref's
+``inductor/wrapper.py`` generates for the same schedule and kernels: the wrapper before a
+change). The graph cache is then off, so that every schedule is at hand.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import FAMILIES
+from wrapper_variants import rebind, watch_wrappers
 
 Step = Callable[[], object]
 
@@ -80,25 +90,35 @@ def main() -> None:
         default="eager-foreach,eager-fused,torch.compile-foreach,"
         "ember-inductor-foreach,ember-inductor-single",
     )
+    parser.add_argument("--wrappers", default="", help="twin and/or git refs, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    wrappers = [w for w in args.wrappers.split(",") if w]
+    seen = watch_wrappers() if wrappers else []
     base = _params()
-    steps = {}
+    steps: dict[str, tuple[Step, str]] = {}  # name -> (step, how its wrappers are bound)
     for name, make in _configs(args.configs.split(",")).items():
-        step = make(_fresh(base))
-        for _ in range(3):  # lazy state, compile, first run of the compiled step
-            step()
-        steps[name] = step
+        for how in ["", *wrappers] if name.startswith("ember") else [""]:
+            step = make(_fresh(base))
+            for _ in range(3):  # lazy state, compile, first run of the compiled step
+                step()
+            steps[f"{name} [{how}]" if how else name] = step, how
+    # a later optimizer's step may run an earlier one's graph (its guards pass): every
+    # graph is rebound before each row, not only those compiled for the row
+    bound = {"": [s.call for s in seen]}
+    bound |= {how: [rebind(s, how) for s in seen] for how in wrappers}
     times: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(args.rounds):
-        for name, step in steps.items():
+        for name, (step, how) in steps.items():
+            for switch, call in zip(seen, bound[how], strict=True):
+                switch.call = call
             start = time.thread_time()
             for _ in range(args.steps):
                 step()
             times[name].append((time.thread_time() - start) / args.steps * 1e3)
-    print(f"{'config':26} best ms  median ms  (thread time, {args.rounds}x{args.steps} steps)")
+    print(f"{'config':34} best ms  median ms  (thread time, {args.rounds}x{args.steps} steps)")
     for name, ts in times.items():
-        print(f"{name:26} {min(ts):7.2f}  {statistics.median(ts):9.2f}")
+        print(f"{name:34} {min(ts):7.2f}  {statistics.median(ts):9.2f}")
 
 
 if __name__ == "__main__":
