@@ -5,6 +5,7 @@ when an input's storage, strides or values change between calls (nothing is cach
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -201,3 +202,12 @@ def test_updates_land_in_the_current_storage(impl: str) -> None:
     assert outs[4] is xs[4]
     torch.testing.assert_close(xs[4], fresh * 0.5 + 4)
     torch.testing.assert_close(replaced, old * 0.5 + 4)  # kept the first call's value
+
+
+@pytest.mark.skipif(
+    not os.environ.get("NOX_CURRENT_SESSION"),
+    reason="built where a nox session installed ember-inductor (--no-build-isolation)",
+)
+def test_the_launcher_is_built_in_nox_sessions() -> None:
+    forced = os.environ.get("EMBER_INDUCTOR_PURE_LAUNCH", "") not in ("", "0")
+    assert wrapper_launch.NATIVE is not forced, "ember.inductor._launch was not built"
