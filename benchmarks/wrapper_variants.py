@@ -56,21 +56,16 @@ def watch_wrappers() -> list[Switch]:
 
 def rebind(switch: Switch, how: str) -> Callable[..., Any]:
     """The wrapper of ``switch``'s graph bound as ``how`` (see the module docstring)."""
-    from ember.inductor import cache, wrapper, wrapper_launch
+    from ember.inductor import cache, settings, wrapper
 
     graph = switch.graph
     if graph._build is None or graph.schedule is None:  # not C++ kernels: as it is
         return switch.call
     lib = cache.load(graph._build.result()[0])
     if how == "twin":
-        saved = wrapper_launch.NATIVE, wrapper_launch.strides_differ
-        wrapper_launch.NATIVE = False
-        wrapper_launch.strides_differ = wrapper_launch.py_strides_differ
-        try:
+        with settings.section.patch(pure_launch=True):
             source, consts = wrapper.wrapper_source(graph.schedule, graph.kernel_args)
             return wrapper.bind(source, consts, graph.kernel_args, lib)
-        finally:
-            wrapper_launch.NATIVE, wrapper_launch.strides_differ = saved
     text = subprocess.run(
         ["git", "show", f"{how}:packages/inductor/src/ember/inductor/wrapper.py"],
         capture_output=True, text=True, check=True, cwd=Path(__file__).parent,

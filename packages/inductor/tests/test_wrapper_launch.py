@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.aotgraph.hints import mark_input_updates
-from ember.inductor import compile_graph, wrapper, wrapper_launch
+from ember.inductor import compile_graph, settings, wrapper, wrapper_launch
 from ember.inductor.cache import build, load
 
 T = torch.Tensor
@@ -22,16 +22,13 @@ NATIVE = wrapper_launch._NATIVE
 
 
 @pytest.fixture(params=["native", "twin"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def impl(request: pytest.FixtureRequest) -> Iterator[str]:
     """Graphs compiled in the test launch their kernels through the C++ launcher, or
     through the Python twins (as where ``ember.inductor._launch`` is not built)."""
-    if request.param == "native":
-        if NATIVE is None:
-            pytest.skip("ember.inductor._launch is not built here")
-    else:
-        monkeypatch.setattr(wrapper_launch, "NATIVE", False)
-        monkeypatch.setattr(wrapper_launch, "strides_differ", wrapper_launch.py_strides_differ)
-    return str(request.param)
+    if request.param == "native" and NATIVE is None:
+        pytest.skip("ember.inductor._launch is not built here")
+    with settings.section.patch(pure_launch=request.param == "twin"):
+        yield str(request.param)
 
 
 class _Sub(torch.Tensor):
@@ -83,7 +80,8 @@ def _probe() -> tuple[Any, Any]:
     fns = {"probe": lib.probe}
     lib.probe.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_double, ctypes.c_int64, ctypes.c_bool]
     args = {"probe": ["out", "x", "a:float64", "n:int64", "b:bool"]}
-    _, entries = wrapper_launch.kernel_entries(lib, fns, args)
+    with settings.section.patch(pure_launch=False):  # the C++ launcher's entry, if built
+        _, entries = wrapper_launch.kernel_entries(lib, fns, args)
     return fns["probe"], entries["probe"]
 
 
@@ -152,8 +150,14 @@ def test_many_inputs_launch_in_one_call(impl: str) -> None:
     compiled(*_inputs())  # the wrapper is made on the first call
     assert "_strides_differ((" in compiled.wrapper and "_launch(kernel" in compiled.wrapper
     assert ".data_ptr()" not in compiled.wrapper
-    launch = compiled._call.__globals__["_launch"]
-    assert launch is (wrapper_launch.launch if impl == "native" else wrapper_launch.py_launch)
+    env = compiled._call.__globals__
+    if impl == "native":
+        assert NATIVE is not None and env["_launch"] is NATIVE.launch
+        assert env["_strides_differ"] is NATIVE.strides_differ
+        assert isinstance(env["kernel0"], tuple)  # (packed entry's address, number codes)
+    else:
+        assert env["_launch"] is wrapper_launch.py_launch
+        assert env["_strides_differ"] is wrapper_launch.py_strides_differ
 
 
 def test_changed_storage_strides_and_values_give_eagers_result(
@@ -209,5 +213,4 @@ def test_updates_land_in_the_current_storage(impl: str) -> None:
     reason="built where a nox session installed ember-inductor (--no-build-isolation)",
 )
 def test_the_launcher_is_built_in_nox_sessions() -> None:
-    forced = os.environ.get("EMBER_INDUCTOR_PURE_LAUNCH", "") not in ("", "0")
-    assert wrapper_launch.NATIVE is not forced, "ember.inductor._launch was not built"
+    assert wrapper_launch.NATIVE, "ember.inductor._launch was not built"

@@ -538,7 +538,7 @@ def bind(
         "_as_strided": torch.as_strided,
         "_restride": _restride,
         "_restride_all": _restride_all,
-        "_strides_differ": wrapper_launch.strides_differ,
+        "_strides_differ": wrapper_launch.strides_check(),
         "_take": _take,
         "_check_index": _check_index,
         "_check_span": _check_span,

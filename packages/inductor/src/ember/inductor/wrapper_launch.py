@@ -16,7 +16,8 @@ Both are C++ (``ember.inductor._launch``, built against torch's headers when tor
 importable at build time: ``pip install --no-build-isolation``) and read torch's C++
 tensors; a kernel's ``<name>_packed`` entry point (:data:`PACKED_CPP`, in every
 translation unit) takes its arguments as one array. Without the build, the Python
-twins here serve with the same results (``EMBER_INDUCTOR_PURE_LAUNCH=1`` forces them):
+twins here serve with the same results (the setting ``inductor.pure_launch``,
+``EMBER_INDUCTOR_PURE_LAUNCH=1``, chooses them for wrappers bound while it is on):
 ``map`` over the tensors and a ctypes call of the kernel itself.
 
 >>> t = torch.zeros(2, 3)
@@ -29,21 +30,22 @@ twins here serve with the same results (``EMBER_INDUCTOR_PURE_LAUNCH=1`` forces 
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from ember.inductor import settings
 
 __all__ = [
     "NATIVE",
     "PACKED_CPP",
     "kernel_codes",
     "kernel_entries",
-    "launch",
+    "native",
     "py_launch",
     "py_strides_differ",
-    "strides_differ",
+    "strides_check",
 ]
 
 # The packed entry point of each C++ kernel: ``kernel0_packed(const int64_t* a)`` calls
@@ -104,8 +106,6 @@ def py_launch(kernel: Callable[..., None], tensors: tuple[Any, ...], *numbers: A
 
 
 def _load() -> Any:
-    if os.environ.get("EMBER_INDUCTOR_PURE_LAUNCH", "") not in ("", "0"):
-        return None
     try:
         from ember.inductor import _launch
     except ImportError:
@@ -114,12 +114,19 @@ def _load() -> Any:
 
 
 _NATIVE = _load()
-#: True when ``ember.inductor._launch`` (C++) checks strides and launches kernels.
+#: True when ``ember.inductor._launch`` (C++) is built here.
 NATIVE: bool = _NATIVE is not None
-strides_differ: Callable[[tuple[Any, ...], tuple[Any, ...]], bool] = (
-    _NATIVE.strides_differ if NATIVE else py_strides_differ
-)
-launch: Callable[..., None] = _NATIVE.launch if NATIVE else py_launch
+
+
+def native() -> bool:
+    """Whether wrappers bound now use the C++ launcher: built, and not turned off by the
+    setting ``inductor.pure_launch`` (``EMBER_INDUCTOR_PURE_LAUNCH=1``)."""
+    return NATIVE and not settings.section.get().pure_launch
+
+
+def strides_check() -> Callable[[tuple[Any, ...], tuple[Any, ...]], bool]:
+    """``_strides_differ`` for a wrapper bound now: C++, or its twin."""
+    return _NATIVE.strides_differ if native() else py_strides_differ  # type: ignore[no-any-return]
 
 
 def kernel_entries(
@@ -128,7 +135,7 @@ def kernel_entries(
     """``_launch`` and what the wrapper passes it as each kernel: the address of the
     kernel's packed entry point and its number types (C++ ``launch``), or ``fns[name]``,
     its ctypes function (the twin; also for a library without packed entry points)."""
-    if not NATIVE:
+    if not native():
         return py_launch, fns
     entries = {}
     for name, args in kernel_args.items():
@@ -137,4 +144,4 @@ def kernel_entries(
         except AttributeError:
             return py_launch, fns
         entries[name] = (ctypes.cast(packed, ctypes.c_void_p).value, kernel_codes(args))
-    return launch, entries
+    return _NATIVE.launch, entries
