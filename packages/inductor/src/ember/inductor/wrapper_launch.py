@@ -126,7 +126,7 @@ def native() -> bool:
 
 def strides_check() -> Callable[[tuple[Any, ...], tuple[Any, ...]], bool]:
     """``_strides_differ`` for a wrapper bound now: C++, or its twin."""
-    return _NATIVE.strides_differ if native() else py_strides_differ  # type: ignore[no-any-return]
+    return _NATIVE.strides_differ if native() else py_strides_differ
 
 
 def kernel_entries(
