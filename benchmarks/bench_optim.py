@@ -15,13 +15,18 @@ own parameters, state and compiled step, like every row) with its inductor wrapp
 another way, timed in the same rounds: ``twin`` (the Python twins of the C++ launcher,
 as where ``ember.inductor._launch`` is not built) and any git ref (the wrapper that ref's
 ``inductor/wrapper.py`` generates for the same schedule and kernels: the wrapper before a
-change). The graph cache is then off, so that every schedule is at hand.
+change). The graph cache is then off, so that every schedule is at hand. With
+``--same-step`` those rows run their configuration's step itself (same parameters and
+state: the rows differ in the wrapper only, and find the same data in the cache).
+Each round runs the rows in another (seeded, random) order, so no row always follows the
+same one.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import random
 import statistics
 import sys
 import time
@@ -91,6 +96,9 @@ def main() -> None:
         "ember-inductor-foreach,ember-inductor-single",
     )
     parser.add_argument("--wrappers", default="", help="twin and/or git refs, comma-separated")
+    parser.add_argument(
+        "--same-step", action="store_true", help="--wrappers rows share their config's step"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     wrappers = [w for w in args.wrappers.split(",") if w]
@@ -98,18 +106,25 @@ def main() -> None:
     base = _params()
     steps: dict[str, tuple[Step, str]] = {}  # name -> (step, how its wrappers are bound)
     for name, make in _configs(args.configs.split(",")).items():
+        step = None
         for how in ["", *wrappers] if name.startswith("ember") else [""]:
-            step = make(_fresh(base))
-            for _ in range(3):  # lazy state, compile, first run of the compiled step
-                step()
+            if step is None or not args.same_step:
+                step = make(_fresh(base))
+                for _ in range(3):  # lazy state, compile, first run of the compiled step
+                    step()
             steps[f"{name} [{how}]" if how else name] = step, how
     # a later optimizer's step may run an earlier one's graph (its guards pass): every
     # graph is rebound before each row, not only those compiled for the row
     bound = {"": [s.call for s in seen]}
     bound |= {how: [rebind(s, how) for s in seen] for how in wrappers}
     times: dict[str, list[float]] = {k: [] for k in steps}
+    names, shuffle = list(steps), random.Random(0).shuffle
     for _ in range(args.rounds):
-        for name, (step, how) in steps.items():
+        # rows in another order each round: no row always runs after the same one (whose
+        # data it would find in the cache, or have evicted)
+        shuffle(names)
+        for name in names:
+            step, how = steps[name]
             for switch, call in zip(seen, bound[how], strict=True):
                 switch.call = call
             start = time.thread_time()
