@@ -557,6 +557,8 @@ def bind(
             fns[name] = fn
         env["_launch"], entries = wrapper_launch.kernel_entries(lib, fns, kernel_args)
         env.update(entries)
+        if env["_launch"] is wrapper_launch.py_launch:  # no C++ launcher: the ctypes calls
+            source = wrapper_launch.inline_launches(source)
     exec(compile(source, WRAPPER_FILENAME, "exec"), env)
     call: Callable[..., Any] = env["call"]
     if kernels is not None and device is not None and device.startswith("cuda"):

@@ -18,7 +18,8 @@ tensors; a kernel's ``<name>_packed`` entry point (:data:`PACKED_CPP`, in every
 translation unit) takes its arguments as one array. Without the build, the Python
 twins here serve with the same results (the setting ``inductor.pure_launch``,
 ``EMBER_INDUCTOR_PURE_LAUNCH=1``, chooses them for wrappers bound while it is on):
-``map`` over the tensors and a ctypes call of the kernel itself.
+``map`` over the tensors for the stride check, and each launch line written back as the
+kernel's ctypes call with a ``data_ptr()`` per tensor (:func:`inline_launches`).
 
 >>> t = torch.zeros(2, 3)
 >>> py_strides_differ((t, t.t()), ((3, 1), (1, 3))), py_strides_differ((t,), ((1, 2),))
@@ -30,6 +31,7 @@ twins here serve with the same results (the setting ``inductor.pure_launch``,
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +42,7 @@ from ember.inductor import settings
 __all__ = [
     "NATIVE",
     "PACKED_CPP",
+    "inline_launches",
     "kernel_codes",
     "kernel_entries",
     "native",
@@ -127,6 +130,29 @@ def native() -> bool:
 def strides_check() -> Callable[[tuple[Any, ...], tuple[Any, ...]], bool]:
     """``_strides_differ`` for a wrapper bound now: C++, or its twin."""
     return _NATIVE.strides_differ if native() else py_strides_differ
+
+
+# a wrapper's launch line, as ``wrapper._kernel_call`` writes it
+_LAUNCH_LINE = re.compile(r"^(\s+)_launch\((\w+), \(([\w, ]*)\)((?:, \w+)*)\)$", re.MULTILINE)
+
+
+def inline_launches(source: str) -> str:
+    """``source`` with each ``_launch(kernel, tensors, *numbers)`` line written as the
+    kernel's own ctypes call, as the Python twin makes it: where the C++ launcher does not
+    serve, a ``data_ptr()`` per tensor inline costs less than :func:`py_launch`'s frame.
+
+    >>> inline_launches("    _launch(kernel0, (x_1, buf0), ks0)")
+    '    kernel0(x_1.data_ptr(), buf0.data_ptr(), ks0)'
+    >>> inline_launches("    _launch(kernel1, (buf0,))")  # one tensor, no numbers
+    '    kernel1(buf0.data_ptr())'
+    """
+
+    def inline(m: re.Match[str]) -> str:
+        pointers = [f"{t.strip()}.data_ptr()" for t in m[3].split(",") if t.strip()]
+        numbers = [n.strip() for n in m[4].split(",") if n.strip()]
+        return f"{m[1]}{m[2]}({', '.join(pointers + numbers)})"
+
+    return _LAUNCH_LINE.sub(inline, source)
 
 
 def kernel_entries(
