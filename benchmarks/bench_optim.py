@@ -7,12 +7,26 @@ thread (``time.thread_time``: other processes on a shared machine do not count).
 Prints best and median ms/step per configuration (docs/training.md, "How fast").
 
     python benchmarks/bench_optim.py --rounds 9 --steps 5
+    python benchmarks/bench_optim.py --configs eager-fused,ember-inductor-single \
+        --wrappers twin,main
+
+``--wrappers`` adds, for each ember configuration, rows of the same configuration (its
+own parameters, state and compiled step, like every row) with its inductor wrapper bound
+another way, timed in the same rounds: ``twin`` (the Python twins of the C++ launcher,
+as where ``ember.inductor._launch`` is not built) and any git ref (the wrapper that ref's
+``inductor/wrapper.py`` generates for the same schedule and kernels: the wrapper before a
+change). The graph cache is then off, so that every schedule is at hand. With
+``--same-step`` those rows run their configuration's step itself (same parameters and
+state: the rows differ in the wrapper only, and find the same data in the cache).
+Each round runs the rows in another (seeded, random) order, so no row always follows the
+same one.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import random
 import statistics
 import sys
 import time
@@ -23,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import FAMILIES
+from wrapper_variants import rebind, watch_wrappers
 
 Step = Callable[[], object]
 
@@ -80,25 +95,45 @@ def main() -> None:
         default="eager-foreach,eager-fused,torch.compile-foreach,"
         "ember-inductor-foreach,ember-inductor-single",
     )
+    parser.add_argument("--wrappers", default="", help="twin and/or git refs, comma-separated")
+    parser.add_argument(
+        "--same-step", action="store_true", help="--wrappers rows share their config's step"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    wrappers = [w for w in args.wrappers.split(",") if w]
+    seen = watch_wrappers() if wrappers else []
     base = _params()
-    steps = {}
+    steps: dict[str, tuple[Step, str]] = {}  # name -> (step, how its wrappers are bound)
     for name, make in _configs(args.configs.split(",")).items():
-        step = make(_fresh(base))
-        for _ in range(3):  # lazy state, compile, first run of the compiled step
-            step()
-        steps[name] = step
+        step = None
+        for how in ["", *wrappers] if name.startswith("ember") else [""]:
+            if step is None or not args.same_step:
+                step = make(_fresh(base))
+                for _ in range(3):  # lazy state, compile, first run of the compiled step
+                    step()
+            steps[f"{name} [{how}]" if how else name] = step, how
+    # a later optimizer's step may run an earlier one's graph (its guards pass): every
+    # graph is rebound before each row, not only those compiled for the row
+    bound = {"": [s.call for s in seen]}
+    bound |= {how: [rebind(s, how) for s in seen] for how in wrappers}
     times: dict[str, list[float]] = {k: [] for k in steps}
+    names, shuffle = list(steps), random.Random(0).shuffle
     for _ in range(args.rounds):
-        for name, step in steps.items():
+        # rows in another order each round: no row always runs after the same one (whose
+        # data it would find in the cache, or have evicted)
+        shuffle(names)
+        for name in names:
+            step, how = steps[name]
+            for switch, call in zip(seen, bound[how], strict=True):
+                switch.call = call
             start = time.thread_time()
             for _ in range(args.steps):
                 step()
             times[name].append((time.thread_time() - start) / args.steps * 1e3)
-    print(f"{'config':26} best ms  median ms  (thread time, {args.rounds}x{args.steps} steps)")
+    print(f"{'config':34} best ms  median ms  (thread time, {args.rounds}x{args.steps} steps)")
     for name, ts in times.items():
-        print(f"{name:26} {min(ts):7.2f}  {statistics.median(ts):9.2f}")
+        print(f"{name:34} {min(ts):7.2f}  {statistics.median(ts):9.2f}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import sympy  # type: ignore[import-untyped]
 import torch
 
-from ember.inductor import philox
+from ember.inductor import philox, wrapper_launch
 from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
 from ember.inductor.codegen_welford import by_body
@@ -599,6 +599,8 @@ def translation_unit(
         parts.insert(1, SHARE_CPP)
     if any("ember_strip(" in part for part in parts[1:]):
         parts.insert(1, STRIP_CPP)
+    if args:  # each kernel's entry point taking its arguments as one array (wrapper_launch)
+        parts += [wrapper_launch.PACKED_CPP, wrapper_launch.packed_entries(list(args))]
     return "\n".join(parts), args
 
 

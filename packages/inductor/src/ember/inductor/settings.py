@@ -82,6 +82,12 @@ class InductorSettings:
         " always get Triton",
         env="EMBER_CPU_BACKEND",
     )
+    pure_launch: bool = setting(
+        False,
+        "wrappers check strides and launch C++ kernels through Python (map and ctypes), not"
+        " the C++ launcher ember.inductor._launch (read when a wrapper is bound)",
+        env="EMBER_INDUCTOR_PURE_LAUNCH",
+    )
 
 
 #: ember.inductor's settings (``ember.compiler.config.inductor``).

@@ -12,11 +12,14 @@ function.
 >>> sched = schedule(lower_graph(gm, [torch.randn(4), torch.randn(4)]))
 >>> print(wrapper_source(sched, {"kernel0": ["x_1", "y_1", "buf0"]})[0])
 def call(x_1, y_1):
-    if x_1.stride() != (1,): x_1 = _restride(x_1, (4,), (1,))
-    if y_1.stride() != (1,): y_1 = _restride(y_1, (4,), (1,))
+    if _strides_differ((x_1, y_1), ((1,), (1,))):
+        x_1, y_1 = _restride_all((x_1, y_1), ((4,), (4,)), ((1,), (1,)))
     buf0 = _empty((4,), (1,), dtype=_float32)
-    kernel0(x_1.data_ptr(), y_1.data_ptr(), buf0.data_ptr())
+    _launch(kernel0, (x_1, y_1, buf0))
     return (buf0,)
+
+The inputs' strides are checked and each C++ kernel is launched in one call for all of
+its tensors (:mod:`ember.inductor.wrapper_launch`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 from torch.utils import _pytree as pytree
 
+from ember.inductor import wrapper_launch
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
 from ember.inductor.symbolic import FloatSize, hint, is_static, pyexpr, pytuple
@@ -63,6 +67,19 @@ def _take(pool: list[Any]) -> Any:
         return pool.pop()
     except IndexError:
         return None
+
+
+def _restride_all(
+    tensors: tuple[torch.Tensor, ...],
+    sizes: tuple[tuple[int, ...], ...],
+    strides: tuple[tuple[int, ...], ...],
+) -> tuple[torch.Tensor, ...]:
+    """``tensors``, each in the layout the kernels were generated for (a copy where its
+    strides are other)."""
+    return tuple(
+        t if t.stride() == want else _restride(t, size, want)
+        for t, size, want in zip(tensors, sizes, strides, strict=True)
+    )
 
 
 def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
@@ -157,13 +174,7 @@ def wrapper_source(
     src.consts.update(prog.constants)
     if prog.size_vars is not None:  # the size symbols, read off this call's inputs
         src.lines += _bind_sizes(prog)
-    for name in prog.inputs:
-        if name in kernel_reads and name in prog.buffers:
-            lay = prog.buffers[name].layout
-            src.lines.append(
-                f"    if {name}.stride() != {pytuple(lay.strides)}: "
-                f"{name} = _restride({name}, {pytuple(lay.sizes)}, {pytuple(lay.strides)})"
-            )
+    src.lines += _input_checks(prog, [n for n in prog.inputs if n in kernel_reads])
     for op in prog.scalar_ops:
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     for c in prog.index_checks:
@@ -200,6 +211,27 @@ def wrapper_source(
     elif pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _input_checks(prog: Any, names: list[str]) -> list[str]:
+    """Lines checking that the inputs ``names`` have the strides the kernels were generated
+    for, and copying those that have not into that layout. Two or more: one call for all
+    (:mod:`ember.inductor.wrapper_launch`), not a ``stride()`` per input."""
+    names = [n for n in names if n in prog.buffers]
+    layouts = [prog.buffers[n].layout for n in names]
+    if len(names) < 2:
+        return [
+            f"    if {n}.stride() != {pytuple(lay.strides)}: "
+            f"{n} = _restride({n}, {pytuple(lay.sizes)}, {pytuple(lay.strides)})"
+            for n, lay in zip(names, layouts, strict=True)
+        ]
+    tensors = f"({', '.join(names)})"
+    strides = f"({', '.join(pytuple(lay.strides) for lay in layouts)})"
+    sizes = f"({', '.join(pytuple(lay.sizes) for lay in layouts)})"
+    return [
+        f"    if _strides_differ({tensors}, {strides}):",
+        f"        {tensors[1:-1]} = _restride_all({tensors}, {sizes}, {strides})",
+    ]
 
 
 def _kernel_reads(sched: Schedule, kernel_args: dict[str, list[str]]) -> set[str]:
@@ -380,9 +412,16 @@ def _kernel_call(
                 f"    {store.name} = _empty({pytuple(buf.layout.sizes)}, "
                 f"{pytuple(buf.layout.strides)}, dtype={_dtype_name(buf.dtype, src)})"
             )
-    pointer = "{}" if tensors else "{}.data_ptr()"
-    ptrs = ", ".join(a.split(":")[0] if ":" in a else pointer.format(a) for a in args)
-    src.lines.append(f"    {kernel.name}({ptrs})")
+    if tensors:  # a Triton launcher takes the tensors and numbers
+        src.lines.append(f"    {kernel.name}({', '.join(a.split(':')[0] for a in args)})")
+        return
+    # a C++ kernel: its buffers' data pointers, then its numbers (sizes, scalars), through
+    # one ``_launch`` call (wrapper_launch)
+    buffers = [a for a in args if ":" not in a]
+    numbers = [a.split(":")[0] for a in args if ":" in a]
+    assert args == buffers + [a for a in args if ":" in a], args  # buffers first
+    pointers = f"({', '.join(buffers)}{',' if len(buffers) == 1 else ''})"
+    src.lines.append(f"    _launch({', '.join([kernel.name, pointers, *numbers])})")
 
 
 # Python arithmetic on numbers, written out in the wrapper rather than called
@@ -498,6 +537,8 @@ def bind(
         "_empty": empty,
         "_as_strided": torch.as_strided,
         "_restride": _restride,
+        "_restride_all": _restride_all,
+        "_strides_differ": wrapper_launch.strides_check(),
         "_take": _take,
         "_check_index": _check_index,
         "_check_span": _check_span,
@@ -506,12 +547,18 @@ def bind(
         **{name: _callable(value) for name, value in consts.items()},
     }
     env.update(kernels or {})
-    for name, args in kernel_args.items() if kernels is None else ():
+    if kernels is None and kernel_args:
         assert lib is not None
-        fn = getattr(lib, name)
-        fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
-        fn.restype = None
-        env[name] = fn
+        fns = {}
+        for name, args in kernel_args.items():
+            fn = getattr(lib, name)
+            fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
+            fn.restype = None
+            fns[name] = fn
+        env["_launch"], entries = wrapper_launch.kernel_entries(lib, fns, kernel_args)
+        env.update(entries)
+        if env["_launch"] is wrapper_launch.py_launch:  # no C++ launcher: the ctypes calls
+            source = wrapper_launch.inline_launches(source)
     exec(compile(source, WRAPPER_FILENAME, "exec"), env)
     call: Callable[..., Any] = env["call"]
     if kernels is not None and device is not None and device.startswith("cuda"):
