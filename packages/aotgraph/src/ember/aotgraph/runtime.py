@@ -24,15 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
-from ember.aotgraph.symbolic import MAX_REMEMBERED, ShapeCheck, resolve
+from ember.aotgraph.signature import Output, Signature
 from ember.aotgraph.tangents import TangentUse, without_undefined
-from ember.aotgraph.trace import Output, Signature
+
+if TYPE_CHECKING:  # sympy and symbolic_shapes: imported by graphs with symbolic sizes only
+    from ember.aotgraph.symbolic import ShapeCheck
 
 __all__ = ["CompiledFunction", "Runtime"]
 
@@ -257,6 +259,8 @@ def _symbolic_assembler(
 ) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
     """``assemble`` where views of inputs or outputs have symbolic layouts: resolved with
     each call's sizes, remembered per sizes (sympy takes about 10 us a view)."""
+    from ember.aotgraph.symbolic import MAX_REMEMBERED, resolve  # made by a symbolic trace
+
     known: dict[tuple[int, ...], Signature] = {}
 
     def run(inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:

@@ -245,7 +245,7 @@ def _finish_kernels(obj: Any, seen: set[int], depth: int = 0) -> None:
     """Build and load the C++ kernels of every inductor graph inside ``obj`` not called yet
     (a backward graph before any backward pass): its graph record is written then, so the
     pack holds it and the new process does not lower it again."""
-    from ember.inductor.compile import CompiledGraph
+    from ember.inductor.compiled import CompiledGraph
 
     if obj is None or depth > 8 or id(obj) in seen:
         return

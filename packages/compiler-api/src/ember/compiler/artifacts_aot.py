@@ -37,8 +37,9 @@ from ember.compiler.wrap import _CountedOutputs
 if TYPE_CHECKING:
     from ember.aotgraph.runtime import Runtime
 
-# aotgraph's tracer and inductor's compiler are imported where a pack is saved or an inductor
-# graph is read back, not here: ``import ember.compiler`` imports this module.
+# aotgraph's tracer and inductor's compiler are imported where a pack is saved, and the light
+# modules that run compiled graphs (aotgraph.runtime, inductor.compiled) where one is read
+# back, not here: ``import ember.compiler`` imports this module.
 
 __all__ = ["PackedAOT", "pack_compiled"]
 
@@ -48,7 +49,7 @@ JSON = Any
 def _graph_fn(fn: Any) -> JSON:
     """One compiled graph of a runtime."""
     from ember.inductor import graph_cache
-    from ember.inductor.compile import CompiledGraph
+    from ember.inductor.compiled import CompiledGraph
 
     if isinstance(fn, CompiledGraph):
         if fn._kernels is not None or fn.record is None:
@@ -110,15 +111,15 @@ def pack_compiled(compiled: Any) -> JSON:
 def _load_fn(data: JSON) -> Callable[..., Any]:
     if "graph" in data:
         return decode_graph(data["graph"])
-    from ember.inductor.compile import CompiledGraph, _Run
+    from ember.inductor.compiled import _Run, from_record
 
     holder = torch.nn.Module()  # the constants the wrapper reads from its graph
     for path, value in data["attrs"].items():
         set_attribute(holder, path, decode(value))
-    found = CompiledGraph.from_record(holder, data["inductor"], _Run(trace=False))  # type: ignore[arg-type]
+    found = from_record(holder, data["inductor"], _Run(trace=False))  # type: ignore[arg-type]
     if found is None:
         raise ValueError("its kernel library is missing or corrupt")
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _load_runtime(data: JSON) -> Runtime | None:
