@@ -69,7 +69,7 @@ def _runtime(rt: Runtime | None) -> JSON:
         return None
     if rt.merge is not None or rt.shapes is not None:
         raise Unpackable("a runtime for inputs sharing storage or for symbolic sizes")
-    graph = rt.backward_graph
+    graph = rt.backward_fx()
     return {
         "signature": encode(rt.signature),
         "mutated": list(rt.mutated),
@@ -127,7 +127,7 @@ def _load_runtime(data: JSON) -> Runtime | None:
         return None
     from ember.aotgraph.runtime import Runtime
 
-    graph = data["backward_graph"]
+    graph = data["backward_graph"]  # read back only if a backward pass prunes it
     return Runtime(
         decode(data["signature"]),
         tuple(data["mutated"]),
@@ -136,19 +136,21 @@ def _load_runtime(data: JSON) -> Runtime | None:
         tuple(data["clone_saved"]),
         tuple(data["number_saved"]),
         tangent_use=decode(data["tangent_use"]),
-        backward_graph=None if graph is None else decode_graph(graph),
+        read_backward_graph=None if graph is None else lambda: decode_graph(graph),
     )
 
 
 class PackedAOT:
-    """A packed ``AOTCompiled``: its runtimes are read back on the first call; a call they do
-    not serve compiles the captured graph with ``build`` (the backend) from then on."""
+    """A packed ``AOTCompiled``: each runtime (training, inference) is read back by the first
+    call that needs it; a call they do not serve compiles the captured graph with ``build``
+    (the backend) from then on."""
 
     __slots__ = ("build", "constants", "data", "delegate", "graph", "runtimes")
 
     def __init__(self, data: JSON, graph: JSON, build: Callable[..., Any]) -> None:
         self.data, self.graph, self.build = data, graph, build
-        self.runtimes: tuple[Runtime | None, Runtime | None] | None = None
+        # "training" / "inference" -> its runtime, read back by the first call that needs it
+        self.runtimes: dict[str, Runtime | None] = {}
         self.delegate: Callable[..., Any] | None = None
         # the inputs compiled in as constants: (position, value) (checked on every call)
         self.constants = [(i, decode(value)) for i, value in data["constants"]]
@@ -165,18 +167,18 @@ class PackedAOT:
     def __call__(self, *args: Any) -> Any:
         if self.delegate is not None:
             return self.delegate(*args)
-        if self.runtimes is None:
-            try:
-                self.runtimes = (_load_runtime(self.data["training"]),
-                                 _load_runtime(self.data["inference"]))  # fmt: skip
-            except Exception:  # a library gone or corrupt since the load: compile
-                self.runtimes = (None, None)
         inputs = [args[i] for i in self.data["positions"]]
         grad = torch.is_grad_enabled() and (
             self.data["sets_grad"]
             or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         )
-        runtime = self.runtimes[0] if grad else self.runtimes[1]
+        path = "training" if grad else "inference"
+        if path not in self.runtimes:
+            try:
+                self.runtimes[path] = _load_runtime(self.data[path])
+            except Exception:  # a library gone or corrupt since the load: compile
+                self.runtimes[path] = None
+        runtime = self.runtimes[path]
         if runtime is None or not self._serves(args):
             self.delegate = self.build(decode_graph(self.graph), list(args))
             return self.delegate(*args)
