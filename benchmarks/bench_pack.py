@@ -13,14 +13,19 @@ program (the zoo), and only then the timed part: ``import ember.compiler``,
 per model, the best run's wall seconds of each part and their total, the best total's
 process CPU seconds, the compile phases ``compile_times()`` recorded (none expected: a
 pack's first call only loads), and which of :data:`HEAVY` the process had imported by then
-(none expected). Measuring processes run as ``benchmarks/run.py``'s do: one OpenMP thread,
-``EMBER_CHECK=0``, bytecode written and reused. ``docs/performance.md`` ("Portable packs:
-warm start") shows what it found.
+(none expected). ``gc2`` is the CPU time of the full garbage collections that fell in the
+timed part: ``import torch`` leaves one due, which the next ~10,000 allocations start, and
+ember's import is where it lands (about 0.08 s with torch's objects). ``--trees`` compares
+checkouts (each a repository root, each with a pack of its own) in one interleaved run.
+Measuring processes run as ``benchmarks/run.py``'s do: one OpenMP thread, ``EMBER_CHECK=0``,
+bytecode written and reused. ``docs/performance.md`` ("Portable packs: warm start") shows
+what it found.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -74,11 +79,22 @@ BUILD = textwrap.dedent(
 
 START = textwrap.dedent(
     """
-    import json, sys, time
+    import gc, json, sys, time
     import torch
     from models import ZOO
     backend, path, name, heavy = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     model, args = ZOO[name].make()  # the program's own work: not timed
+    full = [0.0, 0.0]  # CPU seconds in full collections; when the running one started
+
+    def collected(phase, info):
+        if info["generation"] == 2:
+            now = time.process_time()
+            if phase == "start":
+                full[1] = now
+            else:
+                full[0] += now - full[1]
+
+    gc.callbacks.append(collected)
     c0, t0 = time.process_time(), time.perf_counter()
     import ember.compiler
     t1 = time.perf_counter()
@@ -91,7 +107,7 @@ START = textwrap.dedent(
     phases = ember.compiler.compile_times().phases
     print("RESULT " + json.dumps({
         "loaded": report.loaded, "import": t1 - t0, "load": t2 - t1, "first": t3 - t2,
-        "total": t3 - t0, "cpu": c3 - c0, "prebuilt": len(opt.stats.prebuilt),
+        "total": t3 - t0, "cpu": c3 - c0, "gc2": full[0], "prebuilt": len(opt.stats.prebuilt),
         "phases": [p for p in phases if phases[p][0]],
         "heavy": [m for m in heavy if m in sys.modules],
     }))
@@ -99,36 +115,40 @@ START = textwrap.dedent(
 )
 
 
-def environment(cache: str) -> dict[str, str]:
-    """A measuring process's environment (as ``benchmarks/run.py``'s ``child_env``)."""
+def environment(cache: str, tree: str) -> dict[str, str]:
+    """A measuring process's environment (as ``benchmarks/run.py``'s ``child_env``), with the
+    ember packages of the checkout at ``tree``."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    sources = sorted(glob.glob(os.path.join(tree, "packages", "*", "src")))
     env.update(
         {
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
             "EMBER_CHECK": "0",
             "EMBER_CACHE_DIR": cache,
-            "PYTHONPATH": os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([str(HERE), *sources]),
         }
     )
     return env
 
 
-def python(code: str, argv: list[str], cache: str, *flags: str) -> subprocess.CompletedProcess[str]:
+def python(
+    code: str, argv: list[str], cache: str, tree: str, *flags: str
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, *flags, "-c", code, *argv],
-        env=environment(cache), capture_output=True, text=True, timeout=900, check=False,
+        env=environment(cache, tree), capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
         sys.exit(f"{argv}: exit {proc.returncode}\n{proc.stderr[-4000:]}")
     return proc
 
 
-def start(backend: str, pack: str, name: str, *flags: str) -> tuple[dict[str, Any], str]:
+def start(backend: str, pack: str, name: str, tree: str, *flags: str) -> tuple[dict[str, Any], str]:
     """One fresh process started from the pack: its result and its stderr."""
     cache = tempfile.mkdtemp(prefix="ember-pack-start-")
-    proc = python(START, [backend, pack, name, *HEAVY], cache, *flags)
+    proc = python(START, [backend, pack, name, *HEAVY], cache, tree, *flags)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT ")), proc.stderr
 
@@ -156,34 +176,45 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per model")
     parser.add_argument("--pack", default="", help="use this pack (default: build one)")
     parser.add_argument("--importtime", default="", help="print -X importtime of one model")
+    parser.add_argument("--trees", default=str(HERE.parent), help="comma-separated checkouts")
     args = parser.parse_args()
-    names = args.names.split(",")
-    pack = args.pack
-    if not pack:
-        pack = os.path.join(tempfile.mkdtemp(prefix="ember-pack-"), "zoo.ember")
-        python(BUILD, [args.backend, pack, *names], tempfile.mkdtemp(prefix="ember-pack-save-"))
-        print(f"pack: {pack} ({os.path.getsize(pack) / 1e3:.0f} KB, {len(names)} models)")
+    names, trees = args.names.split(","), args.trees.split(",")
+    packs = {}
+    for tree in trees:
+        packs[tree] = args.pack
+        if not args.pack:
+            packs[tree] = os.path.join(tempfile.mkdtemp(prefix="ember-pack-"), "zoo.ember")
+            saving = tempfile.mkdtemp(prefix="ember-pack-save-")
+            python(BUILD, [args.backend, packs[tree], *names], saving, tree)
+        size = os.path.getsize(packs[tree]) / 1e3
+        print(f"{tree}: pack {packs[tree]} ({size:.0f} KB, {len(names)} models)")
     if args.importtime:
-        _, stderr = start(args.backend, pack, args.importtime, "-X", "importtime")
+        _, stderr = start(
+            args.backend, packs[trees[0]], args.importtime, trees[0], "-X", "importtime"
+        )
         print(importtime(stderr))
         return
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {(t, n): [] for t in trees for n in names}
     for _ in range(args.runs):
         for name in names:
-            runs[name].append(start(args.backend, pack, name)[0])
+            for tree in trees:
+                runs[tree, name].append(start(args.backend, packs[tree], name, tree)[0])
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     print(f"{args.backend}, best of {args.runs} fresh processes, load average {' '.join(load)}")
-    print(f"{'model':<18} {'import':>7} {'load':>7} {'first':>7} {'total':>7} {'cpu':>7}  "
-          "compiled / heavy modules")  # fmt: skip
-    for name, results in runs.items():
-        best = min(results, key=lambda r: r["total"])
-        parts = [min(r[k] for r in results) for k in ("import", "load", "first")]
-        assert all(r["loaded"] and r["prebuilt"] == 1 for r in results), results
-        compiled = [p for r in results for p in r["phases"] if p in COMPILING]
-        found = sorted({*compiled, *(m for r in results for m in r["heavy"])})
-        cells = " ".join(f"{v:7.3f}" for v in [*parts, best["total"], best["cpu"]])
-        print(f"{name:<18} {cells}  {', '.join(found) or '-'}")
+    for tree in trees:
+        print(f"\n{tree}")
+        print(f"{'model':<18} {'import':>7} {'load':>7} {'first':>7} {'total':>7} {'cpu':>7} "
+              f"{'gc2':>6}  compiled / heavy modules")  # fmt: skip
+        for name in names:
+            results = runs[tree, name]
+            best = min(results, key=lambda r: r["total"])
+            parts = [min(r[k] for r in results) for k in ("import", "load", "first")]
+            assert all(r["loaded"] and r["prebuilt"] == 1 for r in results), results
+            compiled = [p for r in results for p in r["phases"] if p in COMPILING]
+            found = sorted({*compiled, *(m for r in results for m in r["heavy"])})
+            cells = " ".join(f"{v:7.3f}" for v in [*parts, best["total"], best["cpu"]])
+            print(f"{name:<18} {cells} {best['gc2']:6.3f}  {', '.join(found) or '-'}")
 
 
 if __name__ == "__main__":
