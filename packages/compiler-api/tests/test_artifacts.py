@@ -25,8 +25,10 @@ from ember.compiler.settings import section
 
 MODELS_DIR = str(Path(models.__file__).resolve().parent.parent)
 
-# Runs in a fresh process: load the pack, compile and call each model once, compare with
-# eager (outputs and parameter gradients), report what was compiled and how long it took.
+# Runs in a fresh process: load the pack, compile and call each model once, run a backward
+# pass, then compare with eager (outputs and parameter gradients); report what was compiled,
+# how long it took and which HEAVY modules the compiled calls had imported by then (before
+# the comparisons: torch.testing imports sympy itself).
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
@@ -45,12 +47,10 @@ CHILD = textwrap.dedent(
             return [o]
         return [v for x in (o.values() if isinstance(o, dict) else o) for v in leaves(x)]
 
-    keep = []
+    runs = []
     for name in names:
         model, args = ZOO[name].make()
-        reference, _ = ZOO[name].make()
         opt = ember.compiler.compile(model, backend=backend)
-        keep.append(opt)  # a pack holds the entries of compiled objects still alive
         torch.manual_seed(1)
         t = time.perf_counter()
         got = opt(*args)
@@ -59,16 +59,20 @@ CHILD = textwrap.dedent(
         out.setdefault("dynamo", "torch._dynamo" in sys.modules)
         translator = ("ember.capture.translate", "ember.capture.tracer")
         out.setdefault("translator", [m for m in translator if m in sys.modules])
+        sum(x.float().sum() for x in leaves(got)).backward()
+        runs.append((name, model, args, got, opt))  # (a pack holds the entries of live ones)
+        out[name] = {"first": first, "prebuilt": len(opt.stats.prebuilt),
+                     "graphs": opt.stats.graphs}
+    out["heavy"] = [m for m in os.environ["HEAVY"].split(",") if m in sys.modules]
+    for name, model, args, got, opt in runs:
+        reference, _ = ZOO[name].make()
         torch.manual_seed(1)
         want = reference(*args)
         for a, b in zip(leaves(got), leaves(want), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        sum(x.float().sum() for x in leaves(got)).backward()
         sum(x.float().sum() for x in leaves(want)).backward()
         for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
-        out[name] = {"first": first, "prebuilt": len(opt.stats.prebuilt),
-                     "graphs": opt.stats.graphs}
     phases = ember.compiler.compile_times().phases
     out["phases"] = {k: v[0] for k, v in phases.items()}
     if os.environ.get("SAVE_TO"):  # the saving process: pack what it compiled
@@ -78,6 +82,29 @@ CHILD = textwrap.dedent(
     """
 )
 
+# What running compiled graphs never needs: tracing, symbolic shapes, lowering, printing.
+HEAVY = (
+    "sympy",
+    "networkx",
+    "torch._dynamo",
+    "torch.fx.experimental.symbolic_shapes",
+    "ember.capture.translate",
+    "ember.capture.tracer",
+    "ember.capture.calls",
+    "ember.aotgraph.trace",
+    "ember.aotgraph.symbolic",
+    "ember.aotgraph.api",
+    "ember.aotgraph.store",
+    "ember.inductor.compile",
+    "ember.inductor.lowering",
+    "ember.inductor.scheduler",
+    "ember.inductor.codegen_cpp",
+    "ember.inductor.codegen_triton",
+)
+# ...except what ember.inductor.wrapper imports at its top for its code generator: ``bind``,
+# which runs the kernels, is there too (test_inductor_runtime_imports_no_code_generator)
+WRAPPER_IMPORTS = ("sympy", "ember.inductor.scheduler")
+
 # the phases that are compiling (a pack's entries only rebuild their checks and load kernels)
 COMPILE_PHASES = ("capture", "backend", "aot trace", "partition", "lowering", "scheduling",
                   "codegen", "C++ build")  # fmt: skip
@@ -86,6 +113,7 @@ COMPILE_PHASES = ("capture", "backend", "aot trace", "partition", "lowering", "s
 def child(backend: str, pack: str, names: list[str], **env: str) -> dict:
     """Run CHILD in a fresh process with an empty disk cache of its own."""
     environ = {**os.environ, "EMBER_CACHE_DIR": tempfile.mkdtemp(prefix="ember-pack-"), **env}
+    environ["HEAVY"] = ",".join(HEAVY)
     environ["PYTHONPATH"] = os.pathsep.join([MODELS_DIR, environ.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, backend, pack, *names],
@@ -135,6 +163,35 @@ def test_fresh_process_runs_the_pack_without_compiling(backend, names, tmp_path)
     # import, load and first call never import capture's translator, nor torch._dynamo (the
     # kernels' own modules are imported by the first call: ``import ember.compiler`` is lazy)
     assert result["translator"] == [] and result["dynamo"] is False, result["new_modules"]
+    # nor, with the backward passes, anything that traces, lowers or prints code (the
+    # comparisons with eager come after: torch.testing imports sympy)
+    allowed = WRAPPER_IMPORTS if backend == "inductor" else ()
+    assert [m for m in result["heavy"] if m not in allowed] == [], result["heavy"]
+
+
+def _imported(code: str) -> list[str]:
+    """Which of HEAVY a fresh interpreter that runs ``code`` has imported."""
+    watch = f"import json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    proc = subprocess.run([sys.executable, "-c", f"{code}\n{watch}"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_aotgraph_runtime_imports_no_tracer():
+    """A pack's runtimes (and the signatures and tangent uses they hold) need torch only."""
+    assert _imported("import ember.aotgraph.runtime, ember.aotgraph.tangents") == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ember.inductor.wrapper imports sympy and the scheduler for its code generator; "
+    "bind (the runtime half) moves to a light module next (docs/performance.md)",
+)
+def test_inductor_runtime_imports_no_code_generator():
+    """Reading an inductor graph back from its record (``ember.inductor.compiled``) needs
+    the wrapper's ``bind`` and the kernel cache, not the lowering or the printers."""
+    assert _imported("import ember.inductor.compiled") == []
 
 
 def test_environment_variable_loads_the_pack(tmp_path):

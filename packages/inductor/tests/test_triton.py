@@ -182,7 +182,7 @@ def test_asking_for_triton_without_it_is_an_error(monkeypatch: pytest.MonkeyPatc
 def test_a_kernel_triton_cannot_build_runs_the_graph_eagerly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import ember.inductor.compile as compile_module
+    import ember.inductor.check as check_module
 
     class CompilationError(Exception):  # as Triton raises it
         __module__ = "triton.compiler.errors"
@@ -194,7 +194,7 @@ def test_a_kernel_triton_cannot_build_runs_the_graph_eagerly(
     fn = lambda x: (x.exp() + 1, x.sum(1))  # noqa: E731
     compiled = compile_graph(make_fx(fn)(x), [x], OPTIONS)
     compiled._kernels = dict.fromkeys(compiled._kernels, broken)
-    monkeypatch.setattr(compile_module, "enabled", lambda: False)  # as outside the tests
+    monkeypatch.setattr(check_module, "enabled", lambda: False)  # as outside the tests
     with pytest.warns(UserWarning, match="failed to build, running eagerly"):
         got = compiled(x)
     for g, w in zip(got, fn(x), strict=True):

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
-from ember.aotgraph.symbolic import MAX_REMEMBERED, ShapeCheck, resolve
+from ember.aotgraph.signature import Output, Signature
 from ember.aotgraph.tangents import TangentUse, without_undefined
-from ember.aotgraph.trace import Output, Signature
+
+if TYPE_CHECKING:  # sympy and symbolic_shapes: imported by graphs with symbolic sizes only
+    from ember.aotgraph.symbolic import ShapeCheck
 
 __all__ = ["CompiledFunction", "Runtime"]
 
@@ -52,6 +54,9 @@ class Runtime:
     tangent_use: TangentUse | None = None
     # the backward graph before compiling: pruned for undefined tangents (see backward_for)
     backward_graph: torch.fx.GraphModule | None = None
+    # or how to make it when first needed (a portable pack reads it back only then: most
+    # backward passes never prune, and making a GraphModule generates and compiles its code)
+    read_backward_graph: Callable[[], torch.fx.GraphModule] | None = None
     # symbolic sizes: what the trace assumed of them, and how to read them from the inputs
     shapes: ShapeCheck | None = None
     # (input, how far eager moves its version counter) for each input written in place
@@ -118,13 +123,28 @@ class Runtime:
         the formulas only they reach (:func:`~ember.aotgraph.tangents.without_undefined`),
         run as aten ops, not compiled: a rare case (an output no gradient reaches)."""
         assert self.backward is not None
-        if not missing or self.backward_graph is None:
+        if not missing or (graph := self.backward_fx()) is None:
             return self.backward
         found = self.pruned.get(missing)
         if found is None:
             n = len(self.signature.grad_outputs)
-            found = self.pruned[missing] = without_undefined(self.backward_graph, n, missing)
+            found = self.pruned[missing] = without_undefined(graph, n, missing)
         return found
+
+    def backward_fx(self) -> torch.fx.GraphModule | None:
+        """The backward graph before compiling (None where it is not kept), made by
+        ``read_backward_graph`` on the first call that needs it.
+
+        >>> gm = torch.fx.symbolic_trace(lambda x: x * 2)
+        >>> from ember.aotgraph.trace import Lifted, analyze
+        >>> sig = analyze(Lifted.of(gm, [torch.ones(2)]), [torch.ones(2)], grad=False)
+        >>> rt = Runtime(sig, (), gm, read_backward_graph=lambda: gm)
+        >>> rt.backward_graph is None, rt.backward_fx() is gm, rt.backward_graph is gm
+        (True, True, True)
+        """
+        if self.backward_graph is None and self.read_backward_graph is not None:
+            object.__setattr__(self, "backward_graph", self.read_backward_graph())
+        return self.backward_graph
 
     def _run_replaying(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
         """:meth:`_run`, and what else eager's in-place ops did to the inputs: the flags
@@ -257,6 +277,8 @@ def _symbolic_assembler(
 ) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
     """``assemble`` where views of inputs or outputs have symbolic layouts: resolved with
     each call's sizes, remembered per sizes (sympy takes about 10 us a view)."""
+    from ember.aotgraph.symbolic import MAX_REMEMBERED, resolve  # made by a symbolic trace
+
     known: dict[tuple[int, ...], Signature] = {}
 
     def run(inputs: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:

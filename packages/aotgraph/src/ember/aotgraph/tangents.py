@@ -30,8 +30,6 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph.symbolic import evaluate
-
 __all__ = ["TangentUse", "tangent_reads", "without_undefined"]
 
 
@@ -183,6 +181,8 @@ def _zeros(
     device: torch.device,
     sizes: dict[Any, int] | None = None,
 ) -> torch.Tensor:
-    if sizes is not None:  # symbolic: this call's sizes
+    if sizes is not None:  # symbolic: this call's sizes (sympy: imported by such graphs only)
+        from ember.aotgraph.symbolic import evaluate
+
         size = tuple(evaluate(s, sizes) for s in size)
     return torch.zeros(size, dtype=dtype, device=device)

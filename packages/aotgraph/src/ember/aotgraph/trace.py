@@ -56,6 +56,7 @@ from ember.aotgraph.eager_checks import (
 )
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 from ember.aotgraph.rng_order import draw_in_memory_order
+from ember.aotgraph.signature import Output, Signature, TensorMeta, _offset
 from ember.aotgraph.symbolic import GraphSymbols, graph_symbols, is_symbolic
 
 __all__ = [
@@ -72,89 +73,6 @@ __all__ = [
 
 aten = torch.ops.aten
 Table = dict[Any, Callable[..., Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class TensorMeta:
-    """Size, stride, storage offset, dtype and device of a traced tensor.
-
-    >>> TensorMeta.of(torch.zeros(2, 3).t())
-    TensorMeta(size=(3, 2), stride=(1, 3), offset=0, dtype=torch.float32, device=device(type='cpu'))
-    """
-
-    size: tuple[int, ...]  # SymInts too, in a graph with symbolic sizes (as stride, offset)
-    stride: tuple[int, ...]
-    offset: int
-    dtype: torch.dtype
-    device: torch.device
-
-    @staticmethod
-    def of(t: torch.Tensor) -> TensorMeta:
-        # sizes, strides and offset stay SymInts where they are: int() would fix them
-        return TensorMeta(tuple(t.shape), tuple(t.stride()), _offset(t), t.dtype, t.device)
-
-    def key(self) -> tuple[Any, ...]:
-        """The fields with sympy expressions for SymInts: compared without adding guards."""
-        layout = tuple(map(_expr, (*self.size, *self.stride, self.offset)))
-        return (len(self.size), layout, self.dtype, self.device)
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """Where one flat output of the compiled function comes from.
-
-    ``kind`` is ``"graph"`` (output ``index`` of the compiled graph), ``"input"``
-    (tensor input ``index`` itself), ``"alias"`` (a view of tensor input ``index``
-    with ``meta``'s size and stride, at ``meta.offset`` elements past the input's own
-    storage offset), ``"view"`` (the same, of graph output ``index``), ``"same"`` (the
-    very object of flat output ``index``: eager returned one tensor twice, as
-    ``x.double()`` of a float64 ``x`` does) or ``"constant"`` (``value``).
-    ``creation``: how eager's view was made, where autograd refuses to write it in
-    place: ``"MULTI_OUTPUT_NODE"`` (one of several views one op made: ``chunk``,
-    ``split``, ``unbind``) or ``"NO_GRAD_MODE"`` (made under ``no_grad`` from a tensor
-    that requires grad); ``""`` otherwise.
-
-    >>> Output("constant", value=None)
-    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, creation='')
-    """
-
-    kind: str
-    index: int = -1
-    requires_grad: bool = False
-    meta: TensorMeta | None = None
-    value: Any = None
-    creation: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Signature:
-    """What :func:`analyze` learned about a function from one fake run.
-
-    >>> x = torch.randn(2, requires_grad=True)
-    >>> sig = analyze(Lifted.of(torch.fx.symbolic_trace(lambda x: (x * 2, x)), [x]), [x], grad=True)
-    >>> sig.graph_outputs, sig.grad_outputs, sig.grad_inputs, sig.training
-    ((0,), (0,), (0,), True)
-    """
-
-    outputs: tuple[Output, ...]  # one per flat output leaf, in order
-    out_spec: pytree.TreeSpec  # how the flat outputs nest (tuple, list, single tensor)
-    graph_outputs: tuple[int, ...]  # for each graph output, its position among the leaves
-    grad_outputs: tuple[int, ...]  # graph outputs that take a tangent (they require grad)
-    grad_inputs: tuple[int, ...]  # tensor inputs that get a gradient (graph input indices)
-    training: bool  # traced with autograd (joint graph) rather than forward only
-    # per input: how far eager's in-place ops move its version counter (0 for floats)
-    versions: tuple[int, ...] = ()
-    # per graph output: the first graph output sharing its storage in eager (itself if none)
-    out_storage: tuple[int, ...] = ()
-    # (input, its size, stride and offset after the call) for inputs whose metadata eager's
-    # in-place ops change (t_, unsqueeze_, resize_, as_strided_)
-    restrided: tuple[tuple[int, TensorMeta], ...] = ()
-    # inputs the graph gets a copy of (grown past their storage, or written while requiring
-    # grad): their final values are the last graph outputs, copied back by the runtime
-    replaced: tuple[int, ...] = ()
-    # inputs the function calls requires_grad_() on: the runtime sets the flag before the
-    # graph runs (the gradient formulas traced only count what follows the call)
-    grad_set: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,10 +169,6 @@ class Lifted:
         for pos, t in zip(self.input_positions, tensors[:n], strict=True):
             args[pos] = t
         return nodemeta.call_module(self.module, args, self.names, tensors[n:])
-
-
-def _expr(value: Any) -> Any:
-    return value.node.expr if isinstance(value, torch.SymInt) else value
 
 
 class Specialized(Exception):
@@ -382,12 +296,6 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     made = _creation(leaf)  # eager refuses in-place writes to it too
     return Output("graph", graph_index, grad, TensorMeta.of(leaf), creation=made)
-
-
-def _offset(t: torch.Tensor) -> Any:
-    """A storage offset: an int, or a SymInt left symbolic (``int()`` would add a guard)."""
-    offset = t.storage_offset()
-    return offset if isinstance(offset, torch.SymInt) else int(offset)
 
 
 _REFUSED = ("MULTI_OUTPUT_NODE", "NO_GRAD_MODE")  # creations autograd refuses to write

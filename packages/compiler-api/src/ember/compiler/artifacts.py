@@ -65,8 +65,8 @@ from ember.compiler.artifacts_codec import (
     encode_guard,
 )
 from ember.compiler.configuration import config
-from ember.guards import CompiledGuards, FrameSpec, GuardSet
-from ember.guards.codegen import build_fetch
+from ember.guards import CompiledGuards, FrameSpec, GuardSet, Source
+from ember.guards.codegen import CheckEmitter
 from ember.inductor import cache as inductor_cache
 
 __all__ = ["ArtifactsWarning", "LoadReport", "SaveReport", "load_artifacts", "save_artifacts"]
@@ -245,7 +245,7 @@ def _finish_kernels(obj: Any, seen: set[int], depth: int = 0) -> None:
     """Build and load the C++ kernels of every inductor graph inside ``obj`` not called yet
     (a backward graph before any backward pass): its graph record is written then, so the
     pack holds it and the new process does not lower it again."""
-    from ember.inductor.compile import CompiledGraph
+    from ember.inductor.compiled import CompiledGraph
 
     if obj is None or depth > 8 or id(obj) in seen:
         return
@@ -407,7 +407,7 @@ class _Builder:
         spec = FrameSpec.from_function(frame.function)
         args = frame.args
         try:
-            fetch = lambda s: build_fetch(s, spec)(*args)  # noqa: E731
+            fetch = _fetch_reresolved(self.entry["guards"], spec, args)
             guards = GuardSet(g for d in self.entry["guards"] for g in decode_guard(d, fetch))
             checked = guards.compile(spec)
         except Exception as e:  # an object the pack names is not there: not this entry
@@ -420,6 +420,24 @@ class _Builder:
         except Exception as e:  # bytecode for other free variables, a corrupt entry
             log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)
             return None
+
+
+def _fetch_reresolved(
+    guards: list[dict[str, Any]], spec: FrameSpec, args: tuple[Any, ...]
+) -> Callable[[Source], Any]:
+    """The frame's objects at the sources of the identity guards the pack re-resolves
+    (``self.layers[0]``), fetched by one generated function (a model has dozens: one compile,
+    not one each); raises, as that function does, if one is not there."""
+    wanted = [d["source"] for d in guards if isinstance(d["expected"], dict)
+              and "reresolve" in d["expected"]]  # fmt: skip
+    sources = list(dict.fromkeys(decode(source) for source in wanted))
+    if not sources:
+        nothing: dict[Source, Any] = {}
+        return nothing.__getitem__
+    em = CheckEmitter(spec)
+    names = [em.value(source) for source in sources]
+    fetch = em.make(em.render("fetch_packed", [*em.lines, f"return ({', '.join(names)},)"]))
+    return dict(zip(sources, fetch(*args), strict=True)).__getitem__
 
 
 def _code(text: str, frame: Frame) -> types.CodeType:

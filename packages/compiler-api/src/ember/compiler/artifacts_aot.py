@@ -37,8 +37,9 @@ from ember.compiler.wrap import _CountedOutputs
 if TYPE_CHECKING:
     from ember.aotgraph.runtime import Runtime
 
-# aotgraph's tracer and inductor's compiler are imported where a pack is saved or an inductor
-# graph is read back, not here: ``import ember.compiler`` imports this module.
+# aotgraph's tracer and inductor's compiler are imported where a pack is saved, and the light
+# modules that run compiled graphs (aotgraph.runtime, inductor.compiled) where one is read
+# back, not here: ``import ember.compiler`` imports this module.
 
 __all__ = ["PackedAOT", "pack_compiled"]
 
@@ -48,7 +49,7 @@ JSON = Any
 def _graph_fn(fn: Any) -> JSON:
     """One compiled graph of a runtime."""
     from ember.inductor import graph_cache
-    from ember.inductor.compile import CompiledGraph
+    from ember.inductor.compiled import CompiledGraph
 
     if isinstance(fn, CompiledGraph):
         if fn._kernels is not None or fn.record is None:
@@ -68,7 +69,7 @@ def _runtime(rt: Runtime | None) -> JSON:
         return None
     if rt.merge is not None or rt.shapes is not None:
         raise Unpackable("a runtime for inputs sharing storage or for symbolic sizes")
-    graph = rt.backward_graph
+    graph = rt.backward_fx()
     return {
         "signature": encode(rt.signature),
         "mutated": list(rt.mutated),
@@ -110,15 +111,15 @@ def pack_compiled(compiled: Any) -> JSON:
 def _load_fn(data: JSON) -> Callable[..., Any]:
     if "graph" in data:
         return decode_graph(data["graph"])
-    from ember.inductor.compile import CompiledGraph, _Run
+    from ember.inductor.compiled import _Run, from_record
 
     holder = torch.nn.Module()  # the constants the wrapper reads from its graph
     for path, value in data["attrs"].items():
         set_attribute(holder, path, decode(value))
-    found = CompiledGraph.from_record(holder, data["inductor"], _Run(trace=False))  # type: ignore[arg-type]
+    found = from_record(holder, data["inductor"], _Run(trace=False))  # type: ignore[arg-type]
     if found is None:
         raise ValueError("its kernel library is missing or corrupt")
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _load_runtime(data: JSON) -> Runtime | None:
@@ -126,7 +127,7 @@ def _load_runtime(data: JSON) -> Runtime | None:
         return None
     from ember.aotgraph.runtime import Runtime
 
-    graph = data["backward_graph"]
+    graph = data["backward_graph"]  # read back only if a backward pass prunes it
     return Runtime(
         decode(data["signature"]),
         tuple(data["mutated"]),
@@ -135,19 +136,21 @@ def _load_runtime(data: JSON) -> Runtime | None:
         tuple(data["clone_saved"]),
         tuple(data["number_saved"]),
         tangent_use=decode(data["tangent_use"]),
-        backward_graph=None if graph is None else decode_graph(graph),
+        read_backward_graph=None if graph is None else lambda: decode_graph(graph),
     )
 
 
 class PackedAOT:
-    """A packed ``AOTCompiled``: its runtimes are read back on the first call; a call they do
-    not serve compiles the captured graph with ``build`` (the backend) from then on."""
+    """A packed ``AOTCompiled``: each runtime (training, inference) is read back by the first
+    call that needs it; a call they do not serve compiles the captured graph with ``build``
+    (the backend) from then on."""
 
     __slots__ = ("build", "constants", "data", "delegate", "graph", "runtimes")
 
     def __init__(self, data: JSON, graph: JSON, build: Callable[..., Any]) -> None:
         self.data, self.graph, self.build = data, graph, build
-        self.runtimes: tuple[Runtime | None, Runtime | None] | None = None
+        # "training" / "inference" -> its runtime, read back by the first call that needs it
+        self.runtimes: dict[str, Runtime | None] = {}
         self.delegate: Callable[..., Any] | None = None
         # the inputs compiled in as constants: (position, value) (checked on every call)
         self.constants = [(i, decode(value)) for i, value in data["constants"]]
@@ -164,18 +167,18 @@ class PackedAOT:
     def __call__(self, *args: Any) -> Any:
         if self.delegate is not None:
             return self.delegate(*args)
-        if self.runtimes is None:
-            try:
-                self.runtimes = (_load_runtime(self.data["training"]),
-                                 _load_runtime(self.data["inference"]))  # fmt: skip
-            except Exception:  # a library gone or corrupt since the load: compile
-                self.runtimes = (None, None)
         inputs = [args[i] for i in self.data["positions"]]
         grad = torch.is_grad_enabled() and (
             self.data["sets_grad"]
             or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         )
-        runtime = self.runtimes[0] if grad else self.runtimes[1]
+        path = "training" if grad else "inference"
+        if path not in self.runtimes:
+            try:
+                self.runtimes[path] = _load_runtime(self.data[path])
+            except Exception:  # a library gone or corrupt since the load: compile
+                self.runtimes[path] = None
+        runtime = self.runtimes[path]
         if runtime is None or not self._serves(args):
             self.delegate = self.build(decode_graph(self.graph), list(args))
             return self.delegate(*args)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import functools
 import importlib
 import io
 import types
@@ -186,13 +187,20 @@ def _load_tensor(text: str) -> torch.Tensor:
     return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)  # type: ignore[no-any-return]
 
 
-def _make_dataclass(path: str, fields: dict[str, JSON], ctx: _Context) -> Any:
+@functools.cache
+def _dataclass_of(path: str) -> tuple[Any, frozenset[str]]:
+    """The ember dataclass ``path`` names and its ``__init__`` fields (a pack's guards
+    rebuild hundreds of sources and specs of a few classes)."""
     module, qualname = path.split(":")
     if not module.startswith(_DATACLASS_MODULES):
         raise ValueError(f"pack names a class outside ember: {path}")
     cls = resolve(module, qualname)
+    return cls, frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
+
+def _make_dataclass(path: str, fields: dict[str, JSON], ctx: _Context) -> Any:
+    cls, init = _dataclass_of(path)
     values = {k: decode(v, ctx) for k, v in fields.items()}
-    init = {f.name for f in dataclasses.fields(cls) if f.init}
     obj = cls(**{k: v for k, v in values.items() if k in init})
     for k, v in values.items():
         if k not in init:

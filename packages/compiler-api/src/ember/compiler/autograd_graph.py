@@ -280,7 +280,7 @@ class _Parts:
         return tuple((attr, self._value(getattr(n, attr))) for attr in _saved_attrs(type(n)))
 
     def _python(self, n: Node) -> tuple[Any, ...]:
-        from ember.aotgraph.runtime import CompiledFunction  # not at import: it loads sympy
+        from ember.aotgraph.runtime import CompiledFunction  # where an AOT node is met
 
         cls = n._forward_cls
         ctx = {k: v for k, v in vars(n).items() if k not in VOLATILE_CTX}
@@ -330,7 +330,7 @@ class _Parts:
 def fx_backward(rt: Any) -> torch.fx.GraphModule | None:
     """The aten-level FX graph behind a Runtime's compiled backward (the inductor backend
     keeps it as ``.gm``; aotgraph keeps ``backward_graph`` for some), or None."""
-    for graph in (getattr(rt.backward, "gm", None), rt.backward_graph):
+    for graph in (getattr(rt.backward, "gm", None), rt.backward_fx()):
         if isinstance(graph, torch.fx.GraphModule):
             return graph
     return None

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ember.inductor.cache import CompileError, CompileOptions, cache_dir
-    from ember.inductor.compile import CompiledGraph, compile_graph, decompositions, subclass_input
+    from ember.inductor.compile import compile_graph, decompositions, subclass_input
+    from ember.inductor.compiled import CompiledGraph
     from ember.inductor.lowering import LOWERINGS, lower_graph
 
 __version__ = "0.1.0"
@@ -52,7 +53,7 @@ _LAZY = {
     "CompileError": "ember.inductor.cache",
     "CompileOptions": "ember.inductor.cache",
     "cache_dir": "ember.inductor.cache",
-    "CompiledGraph": "ember.inductor.compile",
+    "CompiledGraph": "ember.inductor.compiled",
     "compile_graph": "ember.inductor.compile",
     "decompositions": "ember.inductor.compile",
     "subclass_input": "ember.inductor.compile",

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
-import json
 import operator
-import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,15 +38,15 @@ from ember.inductor import (
     triton_cache,
     wrapper_triton,
 )
-from ember.inductor.check import check, enabled
+from ember.inductor.check import enabled
 from ember.inductor.codegen_cpp import translation_unit
 from ember.inductor.codegen_triton import Unsupported
+from ember.inductor.compiled import CompiledGraph, _Run, from_record
 from ember.inductor.eager_kernels import unless_lacking
 from ember.inductor.knobs import Knobs, knobs
 from ember.inductor.lowering import Fallback, lower_graph
 from ember.inductor.rewrite import simplify
 from ember.inductor.scheduler import Kernel, Schedule, eliminate_dead, schedule
-from ember.inductor.wrapper import bind, wrapper_source
 
 __all__ = ["CompiledGraph", "compile_graph", "decompositions", "subclass_input"]
 
@@ -251,164 +246,6 @@ def _output_metas(gm: torch.fx.GraphModule) -> list[Any]:
     ]
 
 
-def _trace_dir() -> Path | None:
-    now = settings.section.get()
-    if not now.trace:
-        return None
-    root = Path(now.trace_dir)
-    for n in itertools.count():
-        path = root / f"graph{n:03d}"
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            continue
-    raise AssertionError("unreachable")
-
-
-class _Run:
-    """One compilation: phase times and, when tracing, the files of the trace folder."""
-
-    def __init__(self, trace: bool = True) -> None:
-        self.trace = _trace_dir() if trace else None
-        self.times: dict[str, float] = {}
-
-    def phase(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        start = time.perf_counter()
-        out = fn(*args)
-        self.times[name] = time.perf_counter() - start
-        if enabled() and name in CHECKED:
-            check(out)
-        self.write(f"{len(self.times):02d}_{name}.txt", out)
-        return out
-
-    def write(self, name: str, content: Any) -> None:
-        if self.trace is not None:
-            text = content.code if isinstance(content, torch.fx.GraphModule) else str(content)
-            (self.trace / name).write_text(text)
-
-
-CHECKED = {"lower", "eliminate_dead", "simplify"}
-
-
-class CompiledGraph:
-    """The callable ``compile_graph`` returns; it waits for the C++ build on its first call.
-
-    ``schedule`` and ``source`` show what was generated; both are None when the graph came
-    from the graph cache (see :mod:`ember.inductor.graph_cache`)."""
-
-    def __init__(self, gm: torch.fx.GraphModule, run: _Run, spec: Any) -> None:
-        self.gm, self._run, self._spec = gm, run, spec
-        self._rebuild = _rebuilder(spec)
-        self.schedule: Schedule | None = None
-        self.source: str | None = None
-        self.kernel_args: dict[str, list[str]] = {}
-        self.wrapper = ""
-        self.cache_hit: bool | None = None  # the kernels' library came from the disk cache
-        self._build: Future[tuple[Path, str, bool]] | None = None
-        self._call: Callable[..., Any] | None = None
-        self._record: tuple[str, torch.fx.GraphModule] | None = None  # graph key, original gm
-        self.target: wrapper_triton.Target | None = None  # the printer and device chosen
-        self._kernels: dict[str, Callable[..., Any]] | None = None  # Triton launchers
-        self.record: dict[str, Any] | None = None  # its graph-cache record (portable packs)
-
-    def __call__(self, *args: Any) -> Any:
-        if self._call is None:
-            self._call = self._finish()
-            if self._kernels is not None:  # Triton builds each kernel on its first launch
-                out = self._first_triton_call(args)
-                return out if self._rebuild is None else self._rebuild(out)
-        out = self._call(*args)
-        return out if self._rebuild is None else self._rebuild(out)
-
-    def _first_triton_call(self, args: tuple[Any, ...]) -> Any:
-        """The first call of Triton kernels; a kernel Triton fails to build (its errors come
-        from the ``triton`` package) runs the graph as aten calls from then on (tests: it
-        raises)."""
-        assert self._call is not None
-        try:
-            return self._call(*args)
-        except Exception as e:
-            if not type(e).__module__.startswith("triton") or enabled():
-                raise
-            warnings.warn(
-                f"ember.inductor: a Triton kernel failed to build, running eagerly: {e!r}",
-                stacklevel=3,
-            )
-            gm = self.gm
-            self._call = lambda *a: tuple(pytree.tree_leaves(gm(*a)))  # flat, as the wrapper's
-            return self._call(*args)
-
-    def _finish(self) -> Callable[..., Any]:
-        start = time.perf_counter()
-        lib, so_key = None, None
-        if self._build is not None:
-            try:
-                path, command, self.cache_hit = self._build.result()
-            except cache.CompileError as e:
-                warnings.warn(
-                    f"ember.inductor: C++ build failed, running eagerly: {e}", stacklevel=3
-                )
-                return self.gm.forward
-            self._run.write(
-                "compile_command.txt", f"{command}\n# cache hit: {self.cache_hit}\n# {path}\n"
-            )
-            lib, so_key = cache.load(path), path.parent.name
-        assert self.schedule is not None
-        if self._kernels is None:  # C++ kernels take data pointers
-            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args)
-        else:  # Triton launchers take the tensors
-            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args, tensors=True)
-        device = None if self.target is None else self.target.device
-        call = bind(self.wrapper, consts, self.kernel_args, lib, self._kernels, device)
-        self._run.times["build_and_load"] = time.perf_counter() - start
-        self._run.write("06_wrapper.py", self.wrapper)
-        self._run.write("times.json", json.dumps(self._run.times, indent=1))
-        if self._record is not None:
-            self._save(so_key, consts)
-        return call
-
-    def _save(self, so_key: str | None, consts: dict[str, Any]) -> None:
-        assert self._record is not None
-        key, original = self._record
-        paths = graph_cache.tensor_paths(original)
-        try:
-            record = {
-                "wrapper": self.wrapper,
-                "kernel_args": self.kernel_args,
-                "so": so_key,
-                "module": triton_cache.module_of(self),  # the Triton module (else None)
-                "consts": {n: graph_cache.encode(v, paths) for n, v in consts.items()},
-                "spec": None if self._spec is None else pytree.treespec_dumps(self._spec),
-            }
-        except (graph_cache.Unencodable, TypeError, NotImplementedError):
-            return
-        self.record = record
-        graph_cache.save(key, record)
-
-    @staticmethod
-    def from_record(gm: torch.fx.GraphModule, record: dict[str, Any], run: _Run) -> Any:
-        """A ready callable from a graph-cache record, or None if its parts are gone."""
-        lib = None
-        so_key = record["so"]
-        if so_key is not None:
-            entry = cache.cache_dir() / so_key[:2] / so_key
-            if not cache.valid(entry, so_key):
-                return None
-            lib = cache.load(entry / "kernels.so")
-        try:
-            consts = {n: graph_cache.decode(v, gm) for n, v in record["consts"].items()}
-        except (graph_cache.Unencodable, AttributeError):
-            return None
-        spec = None if record["spec"] is None else pytree.treespec_loads(record["spec"])
-        compiled = CompiledGraph(gm, run, spec)
-        compiled.kernel_args, compiled.wrapper = record["kernel_args"], record["wrapper"]
-        compiled.cache_hit, compiled.record = True, record
-        compiled._call = bind(record["wrapper"], consts, record["kernel_args"], lib)
-        run.write("06_wrapper.py", compiled.wrapper + "\n# from the graph cache\n")
-        return compiled
-
-
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
@@ -443,9 +280,9 @@ def compile_graph(
     run.write("00_input_graph.txt", gm)
     key = _graph_key(gm, example_inputs, compile_options, opts)
     record = graph_cache.load(key) if key is not None else None
-    if record is not None and (hit := CompiledGraph.from_record(gm, record, run)) is not None:
+    if record is not None and (hit := from_record(gm, record, run)) is not None:
         log.LOG.debug("graph cache hit: %s (no lowering, no code generated)", key)
-        return hit  # type: ignore[no-any-return]
+        return hit
     original = gm
     try:
         lowered, source, args = _generate(run, gm, example_inputs, opts, compile_options)
@@ -519,8 +356,8 @@ def _compile_triton(
         options = cache.CompileOptions.resolve(opts)  # (read by C++ autotuning only)
         key = triton_cache.graph_key(_graph_key(gm, example_inputs, options, opts), target)
         record = graph_cache.load(key) if key is not None else None
-        if record is not None and (hit := triton_cache.from_record(gm, record, run, target)):
-            return hit  # type: ignore[no-any-return]
+        if record is not None and (hit := from_record(gm, record, run, target)):
+            return hit
         try:
             with_target = {**opts, "target": target}
             lowered, source, args = _generate(run, gm, example_inputs, with_target, options)
@@ -727,31 +564,6 @@ def _autotuned(
     text = source(choice.knobs)
     _, lowered, args = made[text]
     return lowered, text, args
-
-
-def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:
-    """How to turn the wrapper's flat tuple into the graph's output (None: it already is)."""
-    if spec is None:
-        return None
-    if spec.is_leaf():  # the graph returns one tensor, not a container
-        return operator.itemgetter(0)
-    flat = all(child.num_leaves == 1 and child.is_leaf() for child in spec.children())
-    if flat and spec.type is tuple:
-        return None
-    if flat and issubclass(spec.type, list):  # fx's immutable_list too: callers get a list
-        return list
-    return lambda out: _plain(pytree.tree_unflatten(list(out), spec))
-
-
-def _plain(tree: Any) -> Any:
-    """fx's immutable containers (from the output node's arguments) as list and dict."""
-    if isinstance(tree, list):
-        return [_plain(t) for t in tree]
-    if isinstance(tree, tuple) and type(tree) is tuple:
-        return tuple(_plain(t) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _plain(v) for k, v in tree.items()}
-    return tree
 
 
 def _out_spec(gm: torch.fx.GraphModule) -> Any:

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph.store import read_record, write_record
 from ember.inductor.cache import CompileOptions, cache_dir
 from ember.inductor.wrapper import FAST_CALLS
 
@@ -186,9 +185,13 @@ def _path(key: str) -> Path:
 
 def load(key: str) -> dict[str, Any] | None:
     """The record for ``key``, or None (missing, unreadable or not ours)."""
+    from ember.aotgraph.store import read_record  # (aotgraph's tracer: a compile's)
+
     return read_record(_path(key), key)
 
 
 def save(key: str, record: dict[str, Any]) -> None:
     """Write ``record`` atomically (temporary file, then rename)."""
+    from ember.aotgraph.store import write_record
+
     write_record(_path(key), key, record)

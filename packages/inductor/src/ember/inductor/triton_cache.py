@@ -9,6 +9,7 @@ interprets, so a record made under the interpreter never serves a GPU and one ma
 triton 3.9 never serves 3.10. Triton keeps its own builds (``TRITON_CACHE_DIR``): a warm
 process does no lowering and no printing, and Triton loads each kernel's build on its first
 launch. A record whose module is gone or lacks a launcher misses, and the graph compiles.
+Records of both printers are read back by :func:`ember.inductor.compiled.from_record`.
 
 >>> from ember.inductor.wrapper_triton import Target
 >>> graph_key(None, Target("triton", "cpu", "")) is None  # graph_cache=False: no record
@@ -18,17 +19,13 @@ True
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from typing import Any
 
 import torch.fx
-from torch.utils import _pytree as pytree
 
-from ember.inductor import graph_cache
-from ember.inductor.wrapper import bind
-from ember.inductor.wrapper_triton import Target, _interpreting, _triton, load_module, module_key
+from ember.inductor.wrapper_triton import Target, _interpreting, _triton, module_key
 
-__all__ = ["from_record", "graph_key", "module_of"]
+__all__ = ["graph_key", "module_of"]
 
 
 def graph_key(key: str | None, target: Target) -> str | None:
@@ -46,35 +43,3 @@ def module_of(compiled: Any) -> str | None:
     if compiled.target is None or compiled.source is None:
         return None
     return module_key(compiled.source)
-
-
-def from_record(gm: torch.fx.GraphModule, record: dict[str, Any], run: Any, target: Target) -> Any:
-    """A ready ``CompiledGraph`` from a graph-cache record, or None if its parts are gone.
-    Its first call goes through ``CompiledGraph._first_triton_call`` (a kernel Triton fails
-    to build then runs the graph as aten calls), as a fresh compile's does."""
-    from ember.inductor.compile import CompiledGraph
-
-    module = record.get("module")
-    kernels = None if module is None else load_module(module, list(record["kernel_args"]))
-    if kernels is None:
-        return None
-    try:
-        consts = {n: graph_cache.decode(v, gm) for n, v in record["consts"].items()}
-    except (graph_cache.Unencodable, AttributeError):
-        return None
-    spec = None if record["spec"] is None else pytree.treespec_loads(record["spec"])
-    compiled = CompiledGraph(gm, run, spec)
-    compiled.kernel_args, compiled.wrapper = record["kernel_args"], record["wrapper"]
-    compiled.cache_hit, compiled.target, compiled._kernels = True, target, kernels
-    call = bind(record["wrapper"], consts, record["kernel_args"], None, kernels, target.device)
-    compiled._call = _first_call(compiled, call)
-    run.write("06_wrapper.py", compiled.wrapper + "\n# from the graph cache\n")
-    return compiled
-
-
-def _first_call(compiled: Any, call: Callable[..., Any]) -> Callable[..., Any]:
-    def first(*args: Any) -> Any:
-        compiled._call = call  # from now on, the wrapper itself
-        return compiled._first_triton_call(args)
-
-    return first
