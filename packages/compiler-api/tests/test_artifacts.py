@@ -101,9 +101,6 @@ HEAVY = (
     "ember.inductor.codegen_cpp",
     "ember.inductor.codegen_triton",
 )
-# ...except what ember.inductor.wrapper imports at its top for its code generator: ``bind``,
-# which runs the kernels, is there too (test_inductor_runtime_imports_no_code_generator)
-WRAPPER_IMPORTS = ("sympy", "ember.inductor.scheduler")
 
 # the phases that are compiling (a pack's entries only rebuild their checks and load kernels)
 COMPILE_PHASES = ("capture", "backend", "aot trace", "partition", "lowering", "scheduling",
@@ -165,8 +162,7 @@ def test_fresh_process_runs_the_pack_without_compiling(backend, names, tmp_path)
     assert result["translator"] == [] and result["dynamo"] is False, result["new_modules"]
     # nor, with the backward passes, anything that traces, lowers or prints code (the
     # comparisons with eager come after: torch.testing imports sympy)
-    allowed = WRAPPER_IMPORTS if backend == "inductor" else ()
-    assert [m for m in result["heavy"] if m not in allowed] == [], result["heavy"]
+    assert result["heavy"] == [], result["heavy"]
 
 
 def _imported(code: str) -> list[str]:
@@ -183,14 +179,10 @@ def test_aotgraph_runtime_imports_no_tracer():
     assert _imported("import ember.aotgraph.runtime, ember.aotgraph.tangents") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ember.inductor.wrapper imports sympy and the scheduler for its code generator; "
-    "bind (the runtime half) moves to a light module next (docs/performance.md)",
-)
 def test_inductor_runtime_imports_no_code_generator():
     """Reading an inductor graph back from its record (``ember.inductor.compiled``) needs
-    the wrapper's ``bind`` and the kernel cache, not the lowering or the printers."""
+    the wrapper's ``bind`` (``wrapper_bind``) and the kernel cache, not the lowering or the
+    printers."""
     assert _imported("import ember.inductor.compiled") == []
 
 

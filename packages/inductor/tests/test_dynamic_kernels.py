@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ember.inductor import compile_graph, decompositions, wrapper
+from ember.inductor import compile_graph, decompositions, wrapper_bind
 from ember.inductor.ir import I
 from ember.inductor.reshape import reshape_index
 from ember.inductor.scheduler import Kernel
@@ -136,13 +136,13 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The sizes of every tensor the wrappers bound while the test runs copy into another
     layout (``_restride``)."""
     seen: list[tuple[int, ...]] = []
-    real = wrapper._restride
+    real = wrapper_bind._restride
 
     def counted(t: T, sizes: Any, strides: Any) -> T:
         seen.append(tuple(t.shape))
         return real(t, sizes, strides)
 
-    monkeypatch.setattr(wrapper, "_restride", counted)
+    monkeypatch.setattr(wrapper_bind, "_restride", counted)
     return seen
 
 

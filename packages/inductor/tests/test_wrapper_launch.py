@@ -14,7 +14,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.aotgraph.hints import mark_input_updates
-from ember.inductor import compile_graph, settings, wrapper, wrapper_launch
+from ember.inductor import compile_graph, settings, wrapper_bind, wrapper_launch
 from ember.inductor.cache import build, load
 
 T = torch.Tensor
@@ -178,13 +178,13 @@ def test_changed_storage_strides_and_values_give_eagers_result(
     xs[7].mul_(3)  # new values, a new version
     check()
     copies: list[tuple[int, ...]] = []
-    real = wrapper._restride
+    real = wrapper_bind._restride
 
     def counted(t: T, sizes: Any, strides: Any) -> T:
         copies.append(tuple(t.stride()))
         return real(t, sizes, strides)
 
-    monkeypatch.setattr(wrapper, "_restride", counted)
+    monkeypatch.setattr(wrapper_bind, "_restride", counted)
     xs[2] = torch.randn(xs[2].shape[1], 8).t()  # other strides: copied into the layout
     xs[9] = xs[9][:, :]  # a view of the same memory and strides: no copy
     check()

@@ -27,7 +27,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ember.inductor import cache, graph_cache, settings
-from ember.inductor.wrapper import bind
+from ember.inductor.wrapper_bind import bind
 
 if TYPE_CHECKING:
     from ember.inductor import wrapper_triton

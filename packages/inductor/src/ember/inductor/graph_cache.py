@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 from ember.inductor.cache import CompileOptions, cache_dir
-from ember.inductor.wrapper import FAST_CALLS
+from ember.inductor.wrapper_bind import FAST_CALLS
 
 __all__ = ["Unencodable", "decode", "encode", "graph_key", "load", "save"]
 

@@ -24,70 +24,29 @@ its tensors (:mod:`ember.inductor.wrapper_launch`).
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import operator
-import os
-from collections.abc import Callable
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
-from torch.utils import _pytree as pytree
 
-from ember.inductor import wrapper_launch
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
 from ember.inductor.scheduler import Kernel, Schedule, may_alias
 from ember.inductor.symbolic import FloatSize, hint, is_static, pyexpr, pytuple
 
+# The runtime half (binding the source to the kernels, and what the source calls) lives in
+# wrapper_bind, which imports neither sympy nor the scheduler: a graph read back from the
+# graph cache or a portable pack runs with that module alone. Re-exported here.
+from ember.inductor.wrapper_bind import (  # noqa: F401 (the names wrapper tests and callers use)
+    FAST_CALLS,
+    _check_index,
+    _check_span,
+    _on_device,
+    _restride,
+    bind,
+)
+
 __all__ = ["bind", "wrapper_source"]
-
-
-_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
-
-
-def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
-    """Raise eager's error if an index in ``t`` is outside ``[0, size)``."""
-    if t.numel() and not bool(((t >= 0) & (t < size)).all()):
-        bad = int(t[(t < 0) | (t >= size)].flatten()[0])
-        raise _ERRORS[error](message.format(index=bad, size=size))
-
-
-def _check_span(low: int, high: int, size: int, error: str, message: str) -> None:
-    """Raise eager's error if indices ``low`` to ``high`` (an ``arange``) leave ``[0, size)``."""
-    for bad in (low, high):
-        if not 0 <= bad < size:
-            raise _ERRORS[error](message.format(index=bad, size=size))
-
-
-def _take(pool: list[Any]) -> Any:
-    """A set of buffers from ``pool``, or None (one ``list.pop``: atomic, so threads calling
-    the same wrapper never take the same set, nor fail on a pool another emptied)."""
-    try:
-        return pool.pop()
-    except IndexError:
-        return None
-
-
-def _restride_all(
-    tensors: tuple[torch.Tensor, ...],
-    sizes: tuple[tuple[int, ...], ...],
-    strides: tuple[tuple[int, ...], ...],
-) -> tuple[torch.Tensor, ...]:
-    """``tensors``, each in the layout the kernels were generated for (a copy where its
-    strides are other)."""
-    return tuple(
-        t if t.stride() == want else _restride(t, size, want)
-        for t, size, want in zip(tensors, sizes, strides, strict=True)
-    )
-
-
-def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
-    """``t`` copied into the layout the kernels were generated for."""
-    if tuple(t.shape) != sizes:
-        raise ValueError(f"compiled for size {list(sizes)}, called with {list(t.shape)}")
-    out = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
-    return out.copy_(t)
 
 
 class _Source:
@@ -481,101 +440,3 @@ def _single(step: Extern) -> bool:
     return (
         schema is not None and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
     )
-
-
-def _leaves(result: Any) -> list[Any]:
-    return [t for t in pytree.tree_leaves(result) if t is not None]
-
-
-aten = torch.ops.aten
-
-# aten overloads whose torch.* function is the same call, with generated argument parsing
-# rather than the schema-driven path of OpOverload (addmm 8.4 -> 5.7 us, mm 5.3 -> 3.7 us)
-FAST_CALLS: dict[Any, Callable[..., Any]] = {
-    aten.mm.default: torch.mm,
-    aten.addmm.default: torch.addmm,
-    aten.bmm.default: torch.bmm,
-    aten.baddbmm.default: torch.baddbmm,
-}
-
-
-def _callable(value: Any) -> Any:
-    """A wrapper constant as called: an OpOverload's own C++ entry point (its ``__call__`` is
-    a Python frame around it)."""
-    return value._op if isinstance(value, torch._ops.OpOverload) else value
-
-
-# a number argument's dtype (``truediv:float64``) -> how ctypes passes it
-CTYPES: dict[str, Any] = {
-    "float64": ctypes.c_double,
-    "int64": ctypes.c_int64,
-    "bool": ctypes.c_bool,
-}
-
-
-# The wrappers' file name: inside this package's folder, so that a frame hook skipping
-# ember's own code (capture's) never compiles a wrapper run inside a compiled function (a
-# backward pass that torch.autograd.grad starts there).
-WRAPPER_FILENAME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<wrapper>")
-
-
-def bind(
-    source: str,
-    consts: dict[str, Any],
-    kernel_args: dict[str, list[str]],
-    lib: ctypes.CDLL | None,
-    kernels: dict[str, Callable[..., Any]] | None = None,
-    device: str | None = None,
-) -> Callable[..., Any]:
-    """Compile wrapper ``source`` against loaded kernels and its constants; return ``call``.
-    ``kernels``: the kernels as Python callables (Triton launchers) instead of ``lib``'s;
-    ``device``: where buffers are allocated (default: CPU)."""
-    empty = torch.empty_strided
-    if device is not None and device != "cpu":
-        empty = functools.partial(torch.empty_strided, device=device)
-    env: dict[str, Any] = {
-        "_empty": empty,
-        "_as_strided": torch.as_strided,
-        "_restride": _restride,
-        "_restride_all": _restride_all,
-        "_strides_differ": wrapper_launch.strides_check(),
-        "_take": _take,
-        "_check_index": _check_index,
-        "_check_span": _check_span,
-        "_leaves": _leaves,
-        "_pool": [],  # sets of intermediate buffers free for the next call
-        **{name: _callable(value) for name, value in consts.items()},
-    }
-    env.update(kernels or {})
-    if kernels is None and kernel_args:
-        assert lib is not None
-        fns = {}
-        for name, args in kernel_args.items():
-            fn = getattr(lib, name)
-            fn.argtypes = [CTYPES[a.split(":")[1]] if ":" in a else ctypes.c_void_p for a in args]
-            fn.restype = None
-            fns[name] = fn
-        env["_launch"], entries = wrapper_launch.kernel_entries(lib, fns, kernel_args)
-        env.update(entries)
-        if env["_launch"] is wrapper_launch.py_launch:  # no C++ launcher: the ctypes calls
-            source = wrapper_launch.inline_launches(source)
-    exec(compile(source, WRAPPER_FILENAME, "exec"), env)
-    call: Callable[..., Any] = env["call"]
-    if kernels is not None and device is not None and device.startswith("cuda"):
-        return _on_device(call, torch.device(device))
-    return call
-
-
-def _on_device(call: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
-    """``call`` with ``device`` current while it runs: Triton launches on the current CUDA
-    device, which need not be the one the inputs live on (``cuda:1`` inputs while
-    ``cuda:0`` is current)."""
-    index = 0 if device.index is None else device.index
-
-    def on_device(*args: Any) -> Any:
-        if torch.cuda.current_device() == index:
-            return call(*args)
-        with torch.cuda.device(index):
-            return call(*args)
-
-    return on_device
