@@ -45,6 +45,8 @@ from torch._prims_common import infer_size
 from torch._subclasses.fake_impls import _compute_stride
 from torch.utils import _pytree as pytree
 
+from ember.inductor.freezing_conv import PACKED_CONV
+
 __all__ = ["MAX_RESTORED", "channels_last_convolutions"]
 
 aten = torch.ops.aten
@@ -63,8 +65,11 @@ DENSE_INPUTS = {aten.native_group_norm.default: (0,)}
 
 
 def _conv2d(node: torch.fx.Node) -> bool:
-    """A 2-d, non-transposed convolution on CPU tensors of a type oneDNN takes."""
-    if node.target is not aten.convolution.default or len(node.args) < 7 or node.args[6]:
+    """A 2-d, non-transposed convolution on CPU tensors of a type oneDNN takes (``aten``'s,
+    or the call on a weight packed by freezing, :mod:`ember.inductor.freezing_conv`)."""
+    if PACKED_CONV is not None and node.target is PACKED_CONV:
+        pass
+    elif node.target is not aten.convolution.default or len(node.args) < 7 or node.args[6]:
         return False
     vals = [getattr(a, "meta", {}).get("val") for a in node.args[:2]]
     return all(
