@@ -107,6 +107,22 @@ def test_a_view_the_new_strides_forbid_reads_a_contiguous_copy() -> None:
     torch.testing.assert_close(compiled(*inputs), merged_channels(*inputs), rtol=1e-4, atol=1e-5)
 
 
+def skip_cat(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """diffusers' up block: the activation and a skip connection, concatenated on channels."""
+    skip = F.conv2d(x, w1, padding=1)
+    h = F.conv2d(torch.relu(skip), w2, padding=1)
+    return F.conv2d(torch.cat([h + 1, skip], dim=1), w2.repeat(1, 2, 1, 1), padding=1)
+
+
+def test_a_channel_cat_of_nhwc_tensors_runs_as_aten_copy() -> None:
+    inputs = [torch.randn(2, 8, 6, 6), torch.randn(8, 8, 3, 3), torch.randn(8, 8, 3, 3)]
+    gm = channels_last_convolutions(traced(skip_cat, *inputs))
+    targets = [n.target for n in gm.graph.nodes]
+    assert aten.concat.default in targets and aten.cat.default not in targets
+    compiled = compile_graph(traced(skip_cat, *inputs), inputs)
+    torch.testing.assert_close(compiled(*inputs), skip_cat(*inputs), rtol=1e-4, atol=1e-4)
+
+
 def test_a_graph_returning_its_activations_is_left_alone() -> None:
     # a training forward returns what its backward reads: copying each back does not pay
     def activations(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:

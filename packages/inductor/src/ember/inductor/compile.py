@@ -576,7 +576,7 @@ def _lower(
     """The decomposed graph and its loop-IR program, simplified (the ``lowering`` phase)."""
     with timing.TIMES.timed("lowering"):
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
-        if channels_last:
+        if channels_last and layout_conv.applies(gm):  # (a trace file only where it may)
             gm = run.phase("layout", layout_conv.channels_last_convolutions, gm)  # NHWC convs
         lower = functools.partial(lower_graph, fused_random=fused_random)
         prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
