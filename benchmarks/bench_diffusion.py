@@ -18,8 +18,7 @@ time for each configuration (where ember's and torch's steps differ).
 
 Configurations: ``eager``; ``ember`` (``ember.compiler.compile(backend="inductor")``);
 ``torch`` (``torch.compile(backend="inductor")``); a ``+freezing`` suffix compiles
-with ``options={"freezing": True}`` (ember) or ``torch._inductor.config.freezing``
-(torch: set only around its calls, which compile on the first); ``ember+nchw`` keeps
+with ``options={"freezing": True}`` (ember and torch alike); ``ember+nchw`` keeps
 the convolutions on eager's layout (``options={"inductor.conv_channels_last": False}``).
 """
 
@@ -48,17 +47,10 @@ def _ember(program: Any, extras: set[str]) -> Any:
 
 
 def _torch(program: Any, extras: set[str]) -> Any:
-    import torch._inductor.config as tconfig
-
-    compiled = torch.compile(program, backend="inductor")
-    if "freezing" not in extras:
-        return compiled
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with tconfig.patch(freezing=True):  # read when the graph is compiled
-            return compiled(*args, **kwargs)
-
-    return call
+    # an options dict makes a backend of its own: dynamo does not serve this program from
+    # the entry another configuration compiled for the same code
+    options = {"freezing": "freezing" in extras}
+    return torch.compile(program, backend="inductor", options=options)
 
 
 MAKERS: dict[str, Callable[[Any, set[str]], Any]] = {
