@@ -71,9 +71,9 @@ DENSE_INPUTS = {aten.native_group_norm.default: (0,)}
 def _conv2d(node: torch.fx.Node) -> bool:
     """A 2-d, non-transposed convolution on CPU tensors of a type oneDNN takes (``aten``'s,
     or the call on a weight packed by freezing, :mod:`ember.inductor.freezing_conv`)."""
-    if PACKED_CONV is not None and node.target is PACKED_CONV:
-        pass
-    elif node.target is not aten.convolution.default or len(node.args) < 7 or node.args[6]:
+    packed = PACKED_CONV is not None and node.target is PACKED_CONV
+    aten_conv = node.target is aten.convolution.default and len(node.args) >= 7
+    if not (packed or (aten_conv and not node.args[6])):  # args[6]: transposed
         return False
     vals = [getattr(a, "meta", {}).get("val") for a in node.args[:2]]
     return all(
