@@ -32,6 +32,7 @@ from ember.inductor import (
     decomp_norm,
     freezing,
     graph_cache,
+    layout_conv,
     log,
     settings,
     timing,
@@ -257,7 +258,8 @@ def compile_graph(
     CUDA inputs get Triton kernels, CPU inputs C++ (or Triton's interpreter under
     ``cpu_backend="triton"``; see docs/inductor.md, "Triton").
     ``options`` override the settings of the same names (``cxx``, ``cflags``,
-    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``, ``cpu_backend``)
+    ``graph_cache``, ``fallback_random``, ``max_autotune``, ``freezing``, ``cpu_backend``,
+    ``conv_channels_last``)
     for this graph; their meanings are in :class:`~ember.inductor.settings.InductorSettings`. Under
     ``freezing`` the graph must be an inference graph (no gradient is taken through it).
 
@@ -320,7 +322,8 @@ def _generate(
     if (node := _data_dependent(gm)) is not None:
         raise Fallback(f"{node}: an unbacked size (mark_unbacked, or from data: nonzero, masking)")
     fused_random = not opts["fallback_random"]
-    decomposed, prog = _lower(run, gm, example_inputs, fused_random)  # -> simplified loop IR
+    nhwc = opts.get("conv_channels_last", True)
+    decomposed, prog = _lower(run, gm, example_inputs, fused_random, nhwc)  # -> loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
         updates = input_updates(gm, example_inputs)  # mutated inputs: written in place
         sched = run.phase("schedule", schedule, prog, updates)  # fusion, memory plan
@@ -332,7 +335,7 @@ def _generate(
     lowered = _Lowered(decomposed, sched, prog.out_spec)
     tunable = prog.size_vars is None  # symbolic sizes: a choice would fit one example only
     if opts["max_autotune"] and tunable and any(isinstance(s, Kernel) for s in sched.steps):
-        tuning = _Tuning(gm, example_inputs, fused_random, compile_options, target)
+        tuning = _Tuning(gm, example_inputs, fused_random, compile_options, target, nhwc)
         return _autotuned(run, tuning, lowered)
     return lowered, source, args
 
@@ -401,11 +404,17 @@ def _log_generated(run: _Run, sched: Any, source: str) -> None:
 
 
 def _lower(
-    run: _Run, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fused_random: bool
+    run: _Run,
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    fused_random: bool,
+    channels_last: bool = True,
 ) -> tuple[torch.fx.GraphModule, Any]:
     """The decomposed graph and its loop-IR program, simplified (the ``lowering`` phase)."""
     with timing.TIMES.timed("lowering"):
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
+        if channels_last and layout_conv.applies(gm):  # (a trace file only where it may)
+            gm = run.phase("layout", layout_conv.channels_last_convolutions, gm)  # NHWC convs
         lower = functools.partial(lower_graph, fused_random=fused_random)
         prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
         prog.out_spec = _out_spec(gm)
@@ -447,6 +456,7 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
         "max_autotune": now.max_autotune,
         "freezing": now.freezing,
         "cpu_backend": now.cpu_backend,
+        "conv_channels_last": now.conv_channels_last,
     } | (options or {})
 
 
@@ -467,6 +477,8 @@ def _graph_key(
         key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
     if opts.get("max_autotune"):
         key = hashlib.sha256(f"{key} max_autotune".encode()).hexdigest()
+    if not opts.get("conv_channels_last", True):
+        key = hashlib.sha256(f"{key} no conv_channels_last".encode()).hexdigest()
     if updates := input_updates(gm, example_inputs):  # kernels that write into inputs
         key = hashlib.sha256(f"{key} updates {sorted(updates.items())}".encode()).hexdigest()
     return key
@@ -517,6 +529,7 @@ class _Tuning:
     fused_random: bool
     options: cache.CompileOptions
     target: wrapper_triton.Target | None
+    channels_last: bool = True
 
 
 def _autotuned(
@@ -535,7 +548,11 @@ def _autotuned(
         with knobs(chosen):
             if chosen.lowering not in lowerings:
                 gm, prog = _lower(
-                    _Run(trace=False), tuning.original, tuning.example_inputs, tuning.fused_random
+                    _Run(trace=False),
+                    tuning.original,
+                    tuning.example_inputs,
+                    tuning.fused_random,
+                    tuning.channels_last,
                 )
                 updates = input_updates(tuning.original, tuning.example_inputs)
                 lowerings[chosen.lowering] = _Lowered(gm, schedule(prog, updates), prog.out_spec)

@@ -54,6 +54,7 @@ from torch.utils import _pytree as pytree
 
 from ember.aotgraph.hints import state_inputs
 from ember.inductor import check, log
+from ember.inductor.freezing_conv import prepack_conv
 
 __all__ = ["FreezePlan", "FrozenGraph", "freeze", "frozen_inputs"]
 
@@ -414,7 +415,7 @@ class FreezePlan:
     graph: torch.fx.GraphModule
     folded: int  # nodes that run once, in ``fold``, instead of on every call
     conv_affine: int = 0  # conv + per-channel affine chains folded (batch norm)
-    prepacked: int = 0  # matmul weights made contiguous once
+    prepacked: int = 0  # matmul weights made contiguous, conv weights packed, once
 
     @property
     def worth_it(self) -> bool:
@@ -530,7 +531,11 @@ def _fake_mode(gm: torch.fx.GraphModule) -> Any:
 
 
 def _layout(t: Any) -> tuple[Any, ...]:
-    return (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else (type(t),)
+    if not isinstance(t, torch.Tensor):
+        return (type(t),)
+    if t.layout is not torch.strided:  # a packed oneDNN weight has no strides
+        return (t.shape, t.layout, t.dtype, t.device)
+    return (t.shape, t.stride(), t.dtype, t.device)
 
 
 class FrozenGraph:
@@ -673,6 +678,7 @@ def _plan(
     frozen_nodes = {nodes[i] for i in frozen}
     conv = fold_conv_affine(work, frozen_nodes)  # eval batch norm -> conv weight, bias
     packed = prepack_matmul(work, frozen_nodes)  # w.t() -> contiguous, where it pays
+    packed += prepack_conv(work, frozen_nodes)  # conv weight -> oneDNN's layout, once
     work.eliminate_dead_code()
     plan = split(gm, work, frozen)  # constants -> fold; the rest -> graph
     plan = dataclasses.replace(plan, conv_affine=conv, prepacked=packed)

@@ -46,6 +46,8 @@ def _package_hash() -> str:
 
 
 def _meta(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.layout is not torch.strided:
+        raise Unencodable(f"a {t.layout} input")  # (a weight packed by freezing)
     if isinstance(t, torch.Tensor):
         return [list(t.shape), list(t.stride()), str(t.dtype), t.device.type]
     if isinstance(t, float | torch.SymFloat):  # kernels take it as an argument: any value

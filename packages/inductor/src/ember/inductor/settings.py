@@ -75,6 +75,12 @@ class InductorSettings:
         "with cudagraphs: return copies of a replay's outputs, which the next replay would"
         " overwrite (default: the outputs themselves, an error to use once overwritten)",
     )
+    conv_channels_last: bool = setting(
+        True,
+        "graphs with 2-d convolutions on the CPU run them on channels-last activations, as"
+        " oneDNN computes them (ember.inductor.layout_conv); outputs keep eager's strides",
+        env="EMBER_CONV_CHANNELS_LAST",
+    )
     cpu_backend: str = setting(
         "cpp",
         "the printer for graphs of CPU tensors: 'cpp', or 'triton' (Triton's interpreter,"
