@@ -49,6 +49,7 @@ HEAVY = (
     "ember.aotgraph.trace",
     "ember.aotgraph.symbolic",
     "ember.aotgraph.api",
+    "ember.aotgraph.store",
     "ember.inductor.compile",
     "ember.inductor.lowering",
     "ember.inductor.scheduler",

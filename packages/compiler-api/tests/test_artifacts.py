@@ -16,6 +16,7 @@ from pathlib import Path
 import models
 import pytest
 import torch
+from bench_pack import COMPILING, HEAVY  # what running compiled graphs never needs (benchmarks/)
 from models import ZOO
 
 import ember.compiler
@@ -82,30 +83,6 @@ CHILD = textwrap.dedent(
     """
 )
 
-# What running compiled graphs never needs: tracing, symbolic shapes, lowering, printing.
-HEAVY = (
-    "sympy",
-    "networkx",
-    "torch._dynamo",
-    "torch.fx.experimental.symbolic_shapes",
-    "ember.capture.translate",
-    "ember.capture.tracer",
-    "ember.capture.calls",
-    "ember.aotgraph.trace",
-    "ember.aotgraph.symbolic",
-    "ember.aotgraph.api",
-    "ember.aotgraph.store",
-    "ember.inductor.compile",
-    "ember.inductor.lowering",
-    "ember.inductor.scheduler",
-    "ember.inductor.codegen_cpp",
-    "ember.inductor.codegen_triton",
-)
-
-# the phases that are compiling (a pack's entries only rebuild their checks and load kernels)
-COMPILE_PHASES = ("capture", "backend", "aot trace", "partition", "lowering", "scheduling",
-                  "codegen", "C++ build")  # fmt: skip
-
 
 def child(backend: str, pack: str, names: list[str], **env: str) -> dict:
     """Run CHILD in a fresh process with an empty disk cache of its own."""
@@ -156,7 +133,7 @@ def test_fresh_process_runs_the_pack_without_compiling(backend, names, tmp_path)
     assert result["loaded"] is True
     for name in names:  # each frame served from the pack, none translated
         assert result[name]["prebuilt"] == 1 and result[name]["graphs"] == 0, (name, result)
-    assert not [p for p in COMPILE_PHASES if result["phases"].get(p)], result["phases"]
+    assert not [p for p in COMPILING if result["phases"].get(p)], result["phases"]
     # import, load and first call never import capture's translator, nor torch._dynamo (the
     # kernels' own modules are imported by the first call: ``import ember.compiler`` is lazy)
     assert result["translator"] == [] and result["dynamo"] is False, result["new_modules"]

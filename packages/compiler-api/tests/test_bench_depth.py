@@ -7,23 +7,17 @@ configuration, pooled runs keep each point's least value), never how fast anythi
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from models.hf import missing
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="module")
 def bench_depth() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_depth
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    import bench_depth  # benchmarks/ is on sys.path (the root conftest)
+
     return bench_depth
 
 

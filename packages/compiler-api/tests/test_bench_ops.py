@@ -6,24 +6,16 @@ were lowered, coverage bookkeeping), never how fast anything was.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import ember.inductor
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="module")
 def bench_ops():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_ops
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    import bench_ops  # benchmarks/ is on sys.path (the root conftest)
+
     return bench_ops
 
 

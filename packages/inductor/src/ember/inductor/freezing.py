@@ -522,7 +522,16 @@ def _copy_of(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
     return out
 
 
-def _fake_mode(gm: torch.fx.GraphModule) -> Any:
+def fake_mode_of(gm: torch.fx.GraphModule) -> Any:
+    """The fake mode of ``gm``'s traced values (the first ``meta["val"]`` that has one), or
+    None for a graph traced without fake tensors.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> fake_mode_of(make_fx(torch.sin)(torch.randn(2))) is not None  # make_fx records vals
+    True
+    >>> fake_mode_of(torch.fx.symbolic_trace(torch.nn.ReLU())) is None
+    True
+    """
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         if isinstance(val, torch._subclasses.FakeTensor):
@@ -700,7 +709,7 @@ def _fake_constants(
     """Give the constants' placeholders fake values (static shapes) in the graph's fake mode:
     the folded node's own where it has the constant's layout (most do: making a fake costs
     about 2 ms), else one made from the constant."""
-    mode = _fake_mode(original)
+    mode = fake_mode_of(original)
     if mode is None:
         return
     placeholders = list(graph.graph.find_nodes(op="placeholder"))

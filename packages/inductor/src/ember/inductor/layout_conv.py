@@ -49,6 +49,7 @@ from torch._subclasses.fake_impls import _compute_stride
 from torch.utils import _pytree as pytree
 
 from ember.inductor import check, log
+from ember.inductor.freezing import fake_mode_of
 from ember.inductor.freezing_conv import PACKED_CONV
 
 __all__ = ["MAX_RESTORED", "applies", "channels_last_convolutions"]
@@ -104,14 +105,6 @@ def applies(gm: torch.fx.GraphModule) -> bool:
         ):
             return False
     return any(_conv2d(n) for n in nodes)
-
-
-def _mode(gm: torch.fx.GraphModule) -> Any:
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch._subclasses.FakeTensor):
-            return val.fake_mode
-    return None
 
 
 def _layout_format(t: torch.Tensor) -> torch.memory_format | None:
@@ -231,7 +224,7 @@ def _views(t: torch.Tensor, size: Any) -> bool:
 def channels_last_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` with its 2-d CPU convolutions on channels-last activations (a new module), or
     ``gm`` itself where that does not apply or does not pay (see the module's docstring)."""
-    mode = _mode(gm)
+    mode = fake_mode_of(gm)
     if mode is None or not applies(gm):
         return gm
     rewrite = _Rewrite(gm, mode)
