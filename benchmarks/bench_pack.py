@@ -61,11 +61,17 @@ HEAVY = (
 COMPILING = ("capture", "backend", "aot trace", "partition", "lowering", "scheduling",
              "codegen", "C++ build")  # fmt: skip
 
-BUILD = textwrap.dedent(
-    """
-    import sys, torch, ember.compiler
+
+def build_pack(backend: str, names: list[str], path: str | Path) -> Any:
+    """Compile and call each named zoo model once in this process, then pack what was
+    compiled with ``ember.compiler.save_artifacts`` (returns its report). The compiled
+    models stay alive until the pack is written: a pack holds the entries of live ones.
+    compiler-api's pack tests build their packs with it too."""
+    import torch
     from models import ZOO
-    backend, path, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+    import ember.compiler
+
     keep = []
     for name in names:
         model, args = ZOO[name].make()
@@ -73,7 +79,15 @@ BUILD = textwrap.dedent(
         torch.manual_seed(1)
         opt(*args)
         keep.append(opt)
-    saved = ember.compiler.save_artifacts(path)
+    return ember.compiler.save_artifacts(path)
+
+
+BUILD = textwrap.dedent(
+    """
+    import sys
+    from bench_pack import build_pack
+    backend, path, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+    saved = build_pack(backend, names, path)
     assert saved.entries == len(names) and not saved.left_out, saved
     """
 )

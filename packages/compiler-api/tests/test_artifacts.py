@@ -16,7 +16,9 @@ from pathlib import Path
 import models
 import pytest
 import torch
-from bench_pack import COMPILING, HEAVY  # what running compiled graphs never needs (benchmarks/)
+
+# benchmarks/bench_pack.py: what running compiled graphs never needs, and how a pack is built
+from bench_pack import COMPILING, HEAVY, build_pack
 from models import ZOO
 
 import ember.compiler
@@ -101,14 +103,7 @@ def child(backend: str, pack: str, names: list[str], **env: str) -> dict:
 def save(backend: str, names: list[str], path: Path) -> ember.compiler.SaveReport:
     """Compile and call each model once in this process, then pack what was compiled."""
     ember.compiler.reset()
-    keep = []
-    for name in names:
-        model, args = ZOO[name].make()
-        opt = ember.compiler.compile(model, backend=backend)
-        torch.manual_seed(1)
-        opt(*args)
-        keep.append(opt)
-    return ember.compiler.save_artifacts(path)
+    return build_pack(backend, names, path)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -98,13 +97,6 @@ def test_random_graph_matches_eager(
 def test_random_graph_matches_eager_on_triton(
     program: tuple[list[tuple[int, int, int, int]], tuple[int, int], bool],
 ) -> None:
-    """The same graphs through the Triton printer, under its interpreter (issue 20)."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"  # read per kernel (a fixture cannot serve @given)
-    try:
-        _check(program, {"cpu_backend": "triton", "graph_cache": False})
-    finally:
-        if before is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+    """The same graphs through the Triton printer, under its interpreter (issue 20; the
+    conftest's autouse fixture sets TRITON_INTERPRET once for all of the test's examples)."""
+    _check(program, {"cpu_backend": "triton", "graph_cache": False})
