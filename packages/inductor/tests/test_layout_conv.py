@@ -150,3 +150,21 @@ def test_graphs_without_2d_convolutions_or_with_a_backward_are_left_alone() -> N
     gm = make_fx(grad, tracing_mode="fake")(x, w)
     assert aten.convolution_backward.default in [n.target for n in gm.graph.nodes]
     assert channels_last_convolutions(gm) is gm
+
+
+def test_a_graph_traced_on_real_tensors_mixes_fake_modes() -> None:
+    """``make_fx`` on real tensors gives each value a fake mode of its own: the rewrite
+    recomputes values in one mode (it failed with "Mixing fake modes" on a decomposed graph)."""
+    from ember.inductor import decompositions
+
+    inputs = block_inputs()
+    with torch.no_grad():
+        gm = make_fx(resnet_block, decomposition_table=decompositions())(*inputs)
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "call_function"]
+    modes = {id(v.fake_mode) for v in vals if isinstance(v, torch.Tensor)}
+    assert len(modes) > 1
+    new = channels_last_convolutions(gm)
+    assert new is not gm and all(
+        n.args[0].meta["val"].is_contiguous(memory_format=CL) for n in convs(new)
+    )
+    torch.testing.assert_close(compile_graph(gm, inputs)(*inputs), resnet_block(*inputs))

@@ -46,6 +46,7 @@ import torch
 import torch.fx
 from torch._prims_common import infer_size
 from torch._subclasses.fake_impls import _compute_stride
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from ember.inductor import check, log
@@ -131,11 +132,20 @@ class _Rewrite:
         return node
 
     def fake(self, node: torch.fx.Node) -> Any:
-        args, kwargs = pytree.tree_map_only(
-            torch.fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs)
-        )
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, self.val, (node.args, node.kwargs))
         with self.mode:
             return node.target(*args, **kwargs)  # type: ignore[operator]
+
+    def val(self, node: torch.fx.Node) -> Any:
+        """``node``'s fake value in this rewrite's mode. A graph traced by ``make_fx`` on real
+        tensors holds values of many fake modes (one per value), which one op cannot mix."""
+        val = node.meta["val"]
+        if isinstance(val, FakeTensor) and val.fake_mode is not self.mode:
+            with self.mode:
+                return torch.empty_strided(
+                    val.shape, val.stride(), dtype=val.dtype, device=val.device
+                )
+        return val
 
     def clone(self, node: torch.fx.Node, fmt: torch.memory_format) -> torch.fx.Node:
         return self.call(aten.clone.default, (node,), {"memory_format": fmt})
