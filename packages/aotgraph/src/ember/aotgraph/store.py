@@ -49,9 +49,7 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import sys
-import tempfile
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +62,7 @@ import torch.utils._pytree as pytree
 
 from ember.aotgraph import check, serialize, settings
 from ember.aotgraph.partition import Partition
+from ember.aotgraph.records import read_record, write_record
 from ember.aotgraph.serialize import JSON, Unencodable, encode_value
 from ember.aotgraph.trace import Lifted, Output, Signature, Specialized, TensorMeta
 
@@ -336,44 +335,6 @@ def _path(key: str) -> Path:
     return cache_dir() / key[:2] / f"{key}.json"
 
 
-# Every record this process read or wrote (its and ember.inductor's graph records), in
-# order: what ``ember.compiler.save_artifacts`` packs so that a new process finds them.
-TOUCHED: dict[Path, None] = {}
-
-
-def read_record(path: Path, key: str) -> dict[str, Any] | None:
-    """The JSON record at ``path`` if it is one and names ``key`` inside, else None.
-
-    Shared with ember.inductor's graph cache: a record that is missing, unreadable, or
-    written for another key (a foreign or truncated file) is never used.
-
-    >>> read_record(Path("/nonexistent/record.json"), "0" * 64) is None
-    True
-    """
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("key") != key:
-        return None
-    TOUCHED[path] = None
-    return record
-
-
-def write_record(path: Path, key: str, record: dict[str, Any]) -> None:
-    """Write ``record`` with ``key`` inside to ``path`` atomically (a temporary file, then a
-    rename); a cache folder that cannot be written is not an error."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({**record, "key": key}, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except OSError:
-        return
-    TOUCHED[path] = None
-
-
 def load(key: str) -> dict[str, Any] | None:
     """The record for ``key``, or None (missing, unreadable, or with another key inside).
 
@@ -386,6 +347,7 @@ def load(key: str) -> dict[str, Any] | None:
 def save(key: str, record: dict[str, Any]) -> None:
     """Write ``record`` for ``key`` (see :func:`write_record`).
 
+    >>> import os
     >>> key = os.urandom(32).hex()
     >>> save(key, {"specialized": True})
     >>> load(key)
@@ -559,6 +521,7 @@ def cached(key: str | None, trace: Callable[[], Traced]) -> Traced:
     """``trace()``'s result: from the record for ``key`` if there is a good one, else traced
     and saved (``key`` None: traced, not saved).
 
+    >>> import os
     >>> key, calls = os.urandom(32).hex(), []
     >>> def trace():
     ...     calls.append(1)

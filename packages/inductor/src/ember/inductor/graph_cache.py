@@ -187,13 +187,13 @@ def _path(key: str) -> Path:
 
 def load(key: str) -> dict[str, Any] | None:
     """The record for ``key``, or None (missing, unreadable or not ours)."""
-    from ember.aotgraph.store import read_record  # (aotgraph's tracer: a compile's)
+    from ember.aotgraph.records import read_record  # (light: json and files)
 
     return read_record(_path(key), key)
 
 
 def save(key: str, record: dict[str, Any]) -> None:
     """Write ``record`` atomically (temporary file, then rename)."""
-    from ember.aotgraph.store import write_record
+    from ember.aotgraph.records import write_record
 
     write_record(_path(key), key, record)
