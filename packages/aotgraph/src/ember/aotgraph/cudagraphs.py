@@ -289,6 +289,9 @@ class CUDAGraphed:
 
     def _record(self, args: Sequence[Any]) -> _Record | None:
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        settle = getattr(self.fn, "wait_compiled", None)
+        if settle is not None:  # kernels still building on a worker (ember.inductor's
+            settle()  # background builds): the recording must hold them, not aten calls
         inputs, copies, borrowed = list(args), [], []
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):

@@ -184,7 +184,7 @@ _LOADED: dict[Path, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
 
-_IN_FLIGHT: set[Future[tuple[Path, str, bool]]] = set()
+_IN_FLIGHT: set[Future[Any]] = set()
 
 
 def build_async(
@@ -192,19 +192,26 @@ def build_async(
 ) -> Future[tuple[Path, str, bool]]:
     """:func:`build` on the compile pool."""
     future = _POOL.submit(build, source, options)
-    with _LOCK:
-        _IN_FLIGHT.add(future)
-    future.add_done_callback(_landed)
+    track(future)
     return future
 
 
-def _landed(future: Future[tuple[Path, str, bool]]) -> None:
+def track(future: Future[Any]) -> None:
+    """Count ``future`` among the builds :func:`wait_for_builds` waits for (C++ builds, and
+    Triton kernels built in the background: :mod:`ember.inductor.background`)."""
+    with _LOCK:
+        _IN_FLIGHT.add(future)
+    future.add_done_callback(_landed)
+
+
+def _landed(future: Future[Any]) -> None:
     with _LOCK:
         _IN_FLIGHT.discard(future)
 
 
 def wait_for_builds() -> None:
-    """Wait until every C++ build submitted so far has finished (or failed).
+    """Wait until every build submitted so far has finished (or failed): C++ libraries,
+    and Triton kernels built in the background (time kernels only after this).
 
     ``ember.compiler.reset()`` calls it before it forgets the compile times: a build still
     queued on the pool (a backward graph nobody ran yet) would otherwise start, and be

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from ember.aotgraph import hints
 from ember.inductor import (
     autotune,
+    background,
     cache,
     decomp_norm,
     freezing,
@@ -359,7 +360,9 @@ def _compile_triton(
         options = cache.CompileOptions.resolve(opts)  # (read by C++ autotuning only)
         key = triton_cache.graph_key(_graph_key(gm, example_inputs, options, opts), target)
         record = graph_cache.load(key) if key is not None else None
+        in_background = _in_background(gm, target, opts["background_compile"])
         if record is not None and (hit := from_record(gm, record, run, target)):
+            hit.in_background = in_background
             return hit
         try:
             with_target = {**opts, "target": target}
@@ -374,6 +377,7 @@ def _compile_triton(
             compiled.schedule, compiled.source, compiled.kernel_args = lowered.sched, source, args
             compiled.target, compiled._kernels = target, kernels
             compiled._record = None if key is None else (key, gm)
+            compiled.in_background = in_background
             return compiled
     run.write("target.txt", f"{target}\nfell back: {reason}\n")
     if target.device == "cpu":
@@ -381,6 +385,17 @@ def _compile_triton(
         return None
     warnings.warn(f"ember.inductor: running the graph eagerly: {reason}", stacklevel=3)
     return gm.forward
+
+
+def _in_background(gm: torch.fx.GraphModule, target: wrapper_triton.Target, mode: str) -> bool:
+    """Whether the graph's Triton kernels may build on a worker while its first calls run
+    as aten calls (:mod:`ember.inductor.background`); the log says why not."""
+    refusal = background.refusal(gm, target.device, mode)
+    if refusal is None and settings.section.get().cudagraphs:
+        refusal = "CUDA graphs record the kernels (mode='reduce-overhead')"
+    if refusal is not None:
+        log.LOG.info("kernels build on the first call: %s", refusal)
+    return refusal is None
 
 
 def _data_dependent(gm: torch.fx.GraphModule) -> str | None:
@@ -450,14 +465,20 @@ def subclass_input(example_inputs: Sequence[Any]) -> type | None:
 def _options(options: dict[str, Any] | None) -> dict[str, Any]:
     """The settings ``compile_graph`` reads, under this graph's backend ``options``."""
     now = settings.section.get()
-    return {
+    opts = {
         "graph_cache": now.graph_cache,
         "fallback_random": now.fallback_random,
         "max_autotune": now.max_autotune,
         "freezing": now.freezing,
         "cpu_backend": now.cpu_backend,
         "conv_channels_last": now.conv_channels_last,
+        "background_compile": now.background_compile,
     } | (options or {})
+    if opts["background_compile"] not in background.MODES:
+        raise ValueError(
+            f"background_compile={opts['background_compile']!r}: choose one of {background.MODES}"
+        )
+    return opts
 
 
 def _graph_key(

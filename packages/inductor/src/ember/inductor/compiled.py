@@ -26,7 +26,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ember.inductor import cache, graph_cache, settings
+from ember.inductor import background, cache, graph_cache, settings
 from ember.inductor.wrapper_bind import bind
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ class CompiledGraph:
         self.target: wrapper_triton.Target | None = None  # the printer and device chosen
         self._kernels: dict[str, Callable[..., Any]] | None = None  # Triton launchers
         self.record: dict[str, Any] | None = None  # its graph-cache record (portable packs)
+        self.in_background = False  # Triton: kernels build on a worker (ember.inductor.background)
+        self._pending: Future[None] | None = None  # that build, while it runs
+        self._built: Callable[..., Any] | None = None  # the wrapper it builds kernels for
 
     def __call__(self, *args: Any) -> Any:
         if self._call is None:
@@ -110,24 +113,62 @@ class CompiledGraph:
         return out if self._rebuild is None else self._rebuild(out)
 
     def _first_triton_call(self, args: tuple[Any, ...]) -> Any:
-        """The first call of Triton kernels; a kernel Triton fails to build (its errors come
-        from the ``triton`` package) runs the graph as aten calls from then on (tests: it
-        raises)."""
+        """The first call of Triton kernels, which builds them: on a worker while this call
+        and the next run as aten calls (:mod:`ember.inductor.background`), or here. A kernel
+        Triton fails to build (its errors come from the ``triton`` package) runs the graph
+        as aten calls from then on (tests: it raises)."""
         assert self._call is not None
+        if self.in_background and self.target is not None and not background.capturing():
+            self._pending = background.start(self._call, args, self.target.device)
+            self._built, self._call = self._call, self._while_building
+            return self._eager(*args)
         try:
             return self._call(*args)
         except Exception as e:
-            from ember.inductor.check import enabled
-
-            if not type(e).__module__.startswith("triton") or enabled():
-                raise
-            warnings.warn(
-                f"ember.inductor: a Triton kernel failed to build, running eagerly: {e!r}",
-                stacklevel=3,
-            )
-            gm = self.gm
-            self._call = lambda *a: tuple(pytree.tree_leaves(gm(*a)))  # flat, as the wrapper's
+            self._give_up(e)
             return self._call(*args)
+
+    def _give_up(self, e: Exception) -> None:
+        """After a failed build: aten calls from now on if Triton failed, else raise (a bug
+        of ours; and in tests, always)."""
+        from ember.inductor.check import enabled
+
+        if not type(e).__module__.startswith("triton") or enabled():
+            raise e
+        warnings.warn(
+            f"ember.inductor: a Triton kernel failed to build, running eagerly: {e!r}",
+            stacklevel=4,
+        )
+        self._call = self._eager
+
+    def _eager(self, *args: Any) -> tuple[Any, ...]:
+        """The graph as aten calls, its outputs flat as the wrapper's."""
+        return tuple(pytree.tree_leaves(self.gm(*args)))
+
+    def _while_building(self, *args: Any) -> Any:
+        """A call while the kernels build on a worker: aten calls, unless the build is done
+        or a CUDA graph is being recorded (then it waits: a recording holds the kernels)."""
+        pending = self._pending
+        if pending is not None and not pending.done() and not background.capturing():
+            return self._eager(*args)
+        self.wait_compiled()  # (None: another thread has handed over already)
+        call = self._call
+        assert call is not None
+        return call(*args)
+
+    def wait_compiled(self) -> None:
+        """Wait for kernels building in the background; from then on calls launch them (or,
+        if the build failed, run as aten calls). ``ember.aotgraph.cudagraphs`` calls it
+        before it records a graph."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        assert self._built is not None
+        self._call = self._built  # the wrapper, its kernels built
+        try:
+            pending.result()
+        except Exception as e:
+            self._give_up(e)
 
     def _finish(self) -> Callable[..., Any]:
         from ember.inductor.wrapper import wrapper_source  # a fresh compile's (the printers')

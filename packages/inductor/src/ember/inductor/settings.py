@@ -88,6 +88,13 @@ class InductorSettings:
         " always get Triton",
         env="EMBER_CPU_BACKEND",
     )
+    background_compile: str = setting(
+        "cuda",
+        "Triton kernels build on a worker thread while the graph's first calls run as aten"
+        " calls (ember.inductor.background): 'cuda' (CUDA graphs), 'off', or 'always' (also"
+        " Triton's interpreter on the CPU, for tests)",
+        env="EMBER_BACKGROUND_COMPILE",
+    )
     pure_launch: bool = setting(
         False,
         "wrappers check strides and launch C++ kernels through Python (map and ctypes), not"
