@@ -22,9 +22,12 @@ graph's per-call cost, not a whole compiled call's.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -137,6 +140,7 @@ def small_cases() -> list[tuple[str, Callable[..., Any], list[T]]]:
 
 def per_call(fn: Callable[[], Any], calls: int = 20 * ITERS) -> float:
     """Milliseconds of wall time per call of a loop of calls (launch overhead included)."""
+    wait_for_builds()
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -153,6 +157,7 @@ def per_call(fn: Callable[[], Any], calls: int = 20 * ITERS) -> float:
 def host_per_call(fn: Callable[[], Any], calls: int = 100) -> float:
     """Milliseconds of host time per call, the device left to catch up afterwards: the
     launch side's cost alone (a graph replay's Python layer, or the kernel launches)."""
+    wait_for_builds()
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
@@ -164,8 +169,6 @@ def host_per_call(fn: Callable[[], Any], calls: int = 100) -> float:
 
 def reduce_overhead(compile_graph: Any) -> tuple[list[dict[str, Any]], bool]:
     """The reduce-overhead table's rows, and whether a replayed graph gave a wrong answer."""
-    import functools
-
     from ember.aotgraph.cudagraphs import cudagraphify
 
     rows, wrong = [], False
@@ -216,7 +219,9 @@ def ro_table(rows: list[dict[str, Any]]) -> str:
 
 
 def steady(fn: Callable[[], Any]) -> float:
-    """Median milliseconds of one call, after warm-up (CUDA events around each call)."""
+    """Median milliseconds of one call, after warm-up (CUDA events around each call), once
+    every kernel has been built (ember's background builds)."""
+    wait_for_builds()
     for _ in range(3):
         fn()
     times = []
@@ -230,14 +235,39 @@ def steady(fn: Callable[[], Any]) -> float:
     return statistics.median(times)
 
 
-def fresh_caches() -> None:
-    for var in ("TRITON_CACHE_DIR", "EMBER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+CACHES = ("TRITON_CACHE_DIR", "EMBER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def fresh_caches() -> dict[str, str]:
+    """New empty cache folders in the environment; returns them."""
+    for var in CACHES:
         os.environ[var] = tempfile.mkdtemp(prefix=var.lower() + "_")
+    return {var: os.environ[var] for var in CACHES}
 
 
 def cold(build: Callable[[], Callable[[], Any]]) -> tuple[Callable[[], Any], float]:
     """The callable ``build`` makes, and seconds to make it and finish its first call."""
     fresh_caches()
+    return timed_first_call(build)
+
+
+def wait_for_builds() -> None:
+    """Wait for ember's kernels still building in the background (none where it is off)."""
+    from ember.inductor.cache import wait_for_builds as wait
+
+    wait()
+
+
+def built() -> float:
+    """Seconds until every kernel building in the background is built and the device idle:
+    the wait between a first call answered with aten calls and the kernels taking over."""
+    start = time.perf_counter()
+    wait_for_builds()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def timed_first_call(build: Callable[[], Callable[[], Any]]) -> tuple[Callable[[], Any], float]:
     start = time.perf_counter()
     call = build()
     call()
@@ -260,12 +290,15 @@ def check_one(
     row: dict[str, Any] = {"graph": name}
     gm = make_fx(fn)(*inputs)
     ember, row["ember cold s"] = cold(lambda: _ember(compile_graph, gm, inputs))
+    row["ember ready s"] = row["ember cold s"] + built()
+    row["ember caches"] = {var: os.environ[var] for var in CACHES}  # for the warm compile
     # evidence that the cold compile filled the fresh Triton cache (kernels were built)
     row["triton cache files"] = sum(len(f) for _, _, f in os.walk(os.environ["TRITON_CACHE_DIR"]))
     compiled = ember.func  # type: ignore[attr-defined]
     target = getattr(compiled, "target", None)
     row["printer"] = target.printer if target is not None else "eager (fell back)"
     want = fn(*inputs)
+    wait_for_builds()  # the kernels' numbers, not the aten calls' of a first call
     err = max_error(ember(), want)
     scale = max(w.float().abs().max().item() for w in _leaves(want))
     row["max abs err"] = err
@@ -275,6 +308,7 @@ def check_one(
     try:
         torch._dynamo.reset()
         tc, row["torch cold s"] = cold(lambda: _torch_compiled(fn, inputs))
+        row["torch caches"] = {var: os.environ[var] for var in CACHES}
         row["torch ms"] = steady(tc)
     except Exception as e:  # torch.compile's problem, not ember's: reported, not fatal
         row["torch cold s"], row["torch ms"] = float("nan"), float("nan")
@@ -282,22 +316,21 @@ def check_one(
     return row
 
 
-def _ember(compile_graph: Any, gm: torch.fx.GraphModule, inputs: list[T]) -> Callable[[], Any]:
-    import functools
-
-    compiled = compile_graph(gm, inputs, {"graph_cache": False})
+def _ember(
+    compile_graph: Any, gm: torch.fx.GraphModule, inputs: list[T], options: Any = None
+) -> Callable[[], Any]:
+    compiled = compile_graph(gm, inputs, options)  # None: the defaults, graph cache on
     return functools.partial(compiled, *inputs)
 
 
 def _torch_compiled(fn: Callable[..., Any], inputs: list[T]) -> Callable[[], Any]:
-    import functools
-
     return functools.partial(torch.compile(fn, backend="inductor"), *inputs)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     cols = ["graph", "printer", "max abs err", "ok", "eager ms", "ember ms", "torch ms",
-            "ember cold s", "torch cold s"]  # fmt: skip
+            "ember cold s", "ember ready s", "torch cold s", "ember warm s",
+            "ember warm ready s", "torch warm s"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " | ", "|" + "---|" * len(cols)]
     for row in rows:
         cells = []
@@ -311,12 +344,188 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     geo = _geomean([r["torch ms"] / r["ember ms"] for r in rows if r.get("ember ms")])
     lines.append(f"\ngeomean speed ember vs torch.compile: {geo:.2f}x (>1: ember faster)")
+    pairs = [("ember cold s", "torch cold s"), ("ember ready s", "torch cold s"),
+             ("ember warm s", "torch warm s"), ("ember warm ready s", "torch warm s")]  # fmt: skip
+    for ember_col, torch_col in pairs:
+        ratio = _geomean([r[ember_col] / r[torch_col] for r in rows
+                          if r.get(ember_col) and r.get(torch_col)])  # fmt: skip
+        lines.append(f"geomean {ember_col} / {torch_col}: {ratio:.2f}x")
     return "\n".join(lines)
 
 
 def _geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x == x and x > 0]
     return float(torch.tensor(xs).log().mean().exp()) if xs else float("nan")
+
+
+# ---- warm compile: a fresh process over the cache folders the cold compiles filled -------
+
+
+def warm(rows: list[dict[str, Any]]) -> None:
+    """Adds "ember warm s" and "torch warm s" to ``rows``: compile and first call in a new
+    process whose cache folders are the ones each cold compile filled (ember's graph and
+    Triton caches; torch's FX graph, autotune and Triton caches)."""
+    todo = [
+        {"graph": r["graph"], "ember": r["ember caches"], "torch": r.get("torch caches")}
+        for r in rows
+        if "ember caches" in r
+    ]
+    fd, path = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(todo, f)
+    child = [sys.executable, os.path.abspath(__file__), "--warm-child", path]
+    out = subprocess.run(child, capture_output=True, text=True, timeout=600, check=False)
+    by_name = {r["graph"]: r for r in rows}
+    for line in out.stdout.splitlines():
+        if line.startswith("WARM "):
+            found = json.loads(line[5:])
+            by_name[found.pop("graph")].update(found)
+    if out.returncode:
+        print(f"warm child failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+
+
+def warm_child(path: str) -> int:
+    """The child of :func:`warm`: one untimed compile through each compiler first (module
+    imports, CUDA context), then each graph's compile and first call, timed."""
+    with open(path) as f:
+        todo = json.load(f)
+    compile_graph = import_ember()
+    graphs = {name: (fn, inputs) for name, fn, inputs, _ in cases()}
+    x = torch.randn(8, 8, device="cuda")
+    fresh_caches()
+    compile_graph(make_fx(torch.sin)(x), [x], {"graph_cache": False})(x)
+    torch.compile(torch.cos)(x)
+    for item in todo:
+        fn, inputs = graphs[item["graph"]]
+        gm = make_fx(fn)(*inputs)  # capture's stand-in, outside the timing as in the cold run
+        os.environ.update(item["ember"])
+        found = {"graph": item["graph"]}
+        build = functools.partial(_ember, compile_graph, gm, inputs)
+        found["ember warm s"] = timed_first_call(build)[1]
+        found["ember warm ready s"] = found["ember warm s"] + built()
+        if item["torch"]:
+            os.environ.update(item["torch"])
+            torch._dynamo.reset()
+            found["torch warm s"] = timed_first_call(
+                functools.partial(_torch_compiled, fn, inputs)
+            )[1]
+        print("WARM " + json.dumps(found), flush=True)
+    return 0
+
+
+# ---- max-autotune: block sizes, warps, and the matmul template against the extern --------
+
+AUTOTUNED = ("pointwise 4096x4096", "softmax 4096x1024", "layer_norm 4096x1024",
+             "mlp 512x1024x4096", "softmax 256x32768 (looped)")  # fmt: skip
+
+
+def autotune_rows(compile_graph: Any, torch_ms: dict[str, float]) -> list[dict[str, Any]]:
+    """ember's default graph against its ``max_autotune`` choice (timed on this GPU); for the
+    MLP also the Triton matmul template forced, against aten's extern matmul."""
+    from ember.inductor.knobs import Knobs, knobs
+
+    rows = []
+    for name, fn, inputs, tol in cases():
+        if name not in AUTOTUNED:
+            continue
+        row: dict[str, Any] = {"graph": name}
+        gm = make_fx(fn)(*inputs)
+        want = fn(*inputs)
+        scale = max(1.0, *(w.float().abs().max().item() for w in _leaves(want)))
+        fresh_caches()
+        options = {"graph_cache": False, "max_autotune": True}
+        build = functools.partial(_ember, compile_graph, gm, inputs, options)
+        tuned, row["autotune s"] = timed_first_call(build)
+        wait_for_builds()  # (the kernels' numbers, not a first call's aten calls)
+        row["ok"] = max_error(tuned(), want) <= tol * scale
+        row["kept"] = "template" if "tl.dot(" in tuned.func.source else "-"
+        default = compile_graph(gm, inputs, {"graph_cache": False})
+        row["default ms"] = steady(functools.partial(default, *inputs))
+        row["tuned ms"] = steady(tuned)
+        if name.startswith("mlp"):
+            with knobs(Knobs(matmul="template")):
+                template = compile_graph(gm, inputs, {"graph_cache": False})
+            template(*inputs)
+            wait_for_builds()
+            row["ok"] &= max_error(template(*inputs), want) <= tol * scale
+            row["template ms"] = steady(functools.partial(template, *inputs))
+        row["torch ms"] = torch_ms.get(name, float("nan"))
+        rows.append(row)
+        print(f"autotune {name}: {'PASS' if row['ok'] else 'FAIL'} {row}", flush=True)
+    return rows
+
+
+def autotune_table(rows: list[dict[str, Any]]) -> str:
+    cols = ["graph", "ok", "kept", "default ms", "tuned ms", "template ms", "torch ms",
+            "autotune s"]  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = [
+            ("PASS" if v else "FAIL") if isinstance(v, bool) else
+            f"{v:.3f}" if isinstance(v, float) else str(v)
+            for v in (row.get(c, "") for c in cols)
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    ratio = _geomean([r["torch ms"] / r["tuned ms"] for r in rows])
+    lines.append(f"\ngeomean speed ember max-autotune vs torch.compile default: {ratio:.2f}x")
+    return "\n".join(lines)
+
+
+# ---- where a cold compile's time goes ----------------------------------------------------
+
+
+def profile_cold(compile_graph: Any) -> None:
+    """cProfile of a cold compile and first call (fresh cache folders), then of a warm one
+    (the same folders), each in a fresh process after one untimed compile of another graph:
+    which of lowering, code generation, Triton's compiler, its launcher build and ptxas the
+    seconds go to."""
+    fresh_caches()
+    for kind in ("cold", "warm"):
+        child = [sys.executable, os.path.abspath(__file__), "--profile-child", kind]
+        out = subprocess.run(
+            child, capture_output=True, text=True, timeout=300, check=False, env=os.environ
+        )
+        print(out.stdout[-12000:], out.stderr[-3000:] if out.returncode else "")
+
+
+def profile_child(kind: str) -> int:
+    import cProfile
+    import pstats
+
+    compile_graph = import_ember()
+    caches = {var: os.environ[var] for var in CACHES}
+    x = torch.randn(8, 8, device="cuda")
+    fresh_caches()  # the untimed compile: imports, CUDA context, Triton's start-up
+    compile_graph(make_fx(torch.sin)(x), [x], {"graph_cache": False})(x)
+    os.environ.update(caches)
+    name, fn, inputs, _ = cases()[1]
+    gm = make_fx(fn)(*inputs)
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    compiled = compile_graph(gm, inputs, {"background_compile": "off"})  # (profiled here)
+    compiled(*inputs)
+    torch.cuda.synchronize()
+    prof.disable()
+    print(f"== {kind} compile and first call: {name}, {time.perf_counter() - start:.3f} s")
+    run = getattr(compiled, "_run", None)
+    if run is not None:
+        print("phases: " + ", ".join(f"{k} {v:.3f}" for k, v in run.times.items()))
+    stats = pstats.Stats(prof)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(12)
+    return 0
+
+
+def section(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None after printing its traceback: one part's failure leaves the
+    others' numbers."""
+    try:
+        return fn(*args)
+    except Exception:
+        traceback.print_exc()
+        print(f"FAIL: {fn.__name__} raised")
+        return None
 
 
 def main() -> int:
@@ -335,13 +544,28 @@ def main() -> int:
         wrong |= not row["ok"]
         rows.append(row)
         print(f"{name}: {'PASS' if row['ok'] else 'FAIL'} {row}", flush=True)
+    section(warm, rows)
     print()
     print(table(rows))
-    ro_rows, ro_wrong = reduce_overhead(compile_graph)
-    print()
-    print(ro_table(ro_rows))
-    return 1 if wrong or ro_wrong else 0
+    ro = section(reduce_overhead, compile_graph)
+    if ro is not None:
+        print()
+        print(ro_table(ro[0]))
+    wrong |= ro is None or ro[1]
+    torch_ms = {r["graph"]: r.get("torch ms", float("nan")) for r in rows}
+    at_rows = section(autotune_rows, compile_graph, torch_ms)
+    if at_rows is not None:
+        print()
+        print(autotune_table(at_rows))
+    wrong |= at_rows is None or not all(r["ok"] for r in at_rows)
+    if "--profile" in sys.argv:
+        section(profile_cold, compile_graph)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
+    if "--profile-child" in sys.argv:
+        sys.exit(profile_child(sys.argv[sys.argv.index("--profile-child") + 1]))
+    if "--warm-child" in sys.argv:
+        sys.exit(warm_child(sys.argv[sys.argv.index("--warm-child") + 1]))
     sys.exit(main())

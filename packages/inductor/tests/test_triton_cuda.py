@@ -34,7 +34,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 T = torch.Tensor
-OPTIONS = {"graph_cache": False}
+# kernels built on the first call: these tests check the kernels' numbers from the first
+# call on (background builds have their own test below)
+OPTIONS = {"graph_cache": False, "background_compile": "off"}
 
 
 def _compiled(fn: Callable[..., Any], inputs: Sequence[T], mode: str) -> Any:
@@ -114,7 +116,8 @@ def test_triton_graphs_replay_from_cuda_graphs() -> None:
     from ember.aotgraph.cudagraphs import Pool, cudagraph_compiler
 
     def kernels(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        return compile_graph(gm, inputs, OPTIONS)
+        # background builds on (the default): the record waits for the kernels
+        return compile_graph(gm, inputs, {"graph_cache": False})
 
     def loss(x: T, w: T, b: T) -> T:
         return F.layer_norm(F.gelu(x @ w.t() + b), (256,)).square().mean()
@@ -215,3 +218,129 @@ def test_inputs_on_another_gpu_launch_there() -> None:
         out = compiled(x)
     torch.testing.assert_close(out, fn(x))
     assert all(t.device == x.device for t in out)
+
+
+def _cuda_zoo(name: str) -> tuple[torch.nn.Module, list[T]]:
+    from models import ZOO
+
+    model, args = ZOO[name].make()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0  # random masks are the generator's business, not the compiler's
+    return model.cuda(), [a.cuda() for a in args]
+
+
+ZOO_NAMES = [
+    "mlp",
+    "cnn-eval",
+    "cnn-train",
+    "transformer-block",
+    "gpt",
+    "rnn",
+    "moduledict",
+    "helpers",
+]
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_forward_on_the_gpu(name: str) -> None:
+    """Each zoo model's inference graph on CUDA tensors: Triton kernels and aten's externs
+    (convolutions, matmuls) against eager."""
+    model, args = _cuda_zoo(name)
+    with torch.no_grad():
+        gm = make_fx(model, decomposition_table=decompositions())(*args)
+        compiled = compile_graph(gm, list(args), OPTIONS)
+        assert compiled.target is not None and compiled.target.printer == "triton"
+        torch.testing.assert_close(compiled(*args), model(*args), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn-train", "transformer-block", "gpt", "helpers"])
+def test_zoo_backward_on_the_gpu(name: str) -> None:
+    """A zoo model's loss and parameter gradients as one graph on CUDA, against eager."""
+    from torch.func import functional_call
+
+    model, args = _cuda_zoo(name)
+    params = dict(model.named_parameters())
+    names = list(params)
+
+    def step(*flat: T) -> tuple[T, ...]:
+        ps = dict(zip(names, flat[: len(names)], strict=True))
+        out = functional_call(model, ps, flat[len(names) :])
+        loss = sum(o.float().pow(2).mean() for o in torch.utils._pytree.tree_leaves(out))
+        return (loss, *torch.autograd.grad(loss, list(ps.values())))
+
+    inputs = [p.detach().requires_grad_() for p in params.values()] + list(args)
+    gm = make_fx(step, decomposition_table=decompositions())(*inputs)
+    compiled = compile_graph(gm, [t.detach() for t in inputs], OPTIONS)
+    assert compiled.target is not None and compiled.target.printer == "triton"
+    got = compiled(*[t.detach() for t in inputs])
+    torch.testing.assert_close(got, step(*inputs), atol=1e-4, rtol=1e-3)
+
+
+def test_max_autotune_on_the_gpu(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mode='max-autotune' times every candidate on the GPU for real: the graph it keeps gives
+    eager's numbers, and the choice is on disk (a second compile times nothing)."""
+    import json
+
+    from ember.inductor import autotune
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x = torch.randn(512, 3000, device="cuda")
+    fn = lambda x: torch.softmax(x * 2, -1) + x.sum(0)  # noqa: E731
+    options = {**OPTIONS, "max_autotune": True}
+    compiled = compile_graph(make_fx(fn)(x), [x], options)
+    torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-3)
+    records = list((tmp_path / "inductor" / "autotune").glob("*.json"))
+    assert records and all(json.loads(r.read_text())["trials"] for r in records)
+
+    def no_timing(call: Any) -> float:
+        raise AssertionError("timed again: the choice on disk was not used")
+
+    monkeypatch.setattr(autotune, "seconds_per_call", no_timing)
+    assert compile_graph(make_fx(fn)(x), [x], options).source == compiled.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matmul_template_on_the_gpu(dtype: torch.dtype) -> None:
+    """The Triton matmul template (tl.dot, its epilogue fused) compiled for the GPU: a linear
+    with a transposed weight, gelu and a residual, against eager."""
+    from ember.inductor.knobs import Knobs, knobs
+
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b)) + x[:, :96]  # noqa: E731
+    g = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [
+        torch.randn(s, device="cuda", generator=g).to(dtype) * 0.1
+        for s in [(300, 128), (96, 128), (96,)]
+    ]
+    with knobs(Knobs(matmul="template")):
+        compiled = compile_graph(make_fx(fn)(*inputs), inputs, OPTIONS)
+    assert "tl.dot(" in compiled.source
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.float16 else {"atol": 1e-4, "rtol": 1e-4}
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **tol)
+
+
+def test_kernels_build_in_the_background_on_the_gpu() -> None:
+    """The default for CUDA graphs: the first call runs as aten calls while a worker builds
+    the kernels on the caller's stream; after wait_for_builds the kernels serve, and a graph
+    recorded by ember.aotgraph.cudagraphs right after the first call holds the kernels."""
+    from ember.aotgraph.cudagraphs import cudagraphify
+    from ember.inductor.cache import wait_for_builds
+
+    fn = lambda x: torch.softmax(x * 2, -1) + x.sum(0)  # noqa: E731
+    x = torch.randn(512, 3000, device="cuda")
+    compiled = compile_graph(make_fx(fn)(x), [x], {"graph_cache": False})
+    assert compiled.in_background
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-3)
+    wait_for_builds()
+    assert compiled._pending is None or compiled._pending.done()
+    torch.testing.assert_close(compiled(x * 2), fn(x * 2), atol=1e-4, rtol=1e-3)
+    assert compiled._call is compiled._built
+    again = compile_graph(make_fx(fn)(x), [x], {"graph_cache": False})
+    replayed = cudagraphify(again)
+    for _ in range(3):  # warm-up (aten calls, the build starts), record (waits), replay
+        out = replayed(x)
+    assert replayed.replays >= 1 and not replayed.fallback
+    torch.testing.assert_close(out, fn(x), atol=1e-4, rtol=1e-3)
+    assert again._call is again._built
