@@ -394,6 +394,7 @@ def warm_child(path: str) -> int:
     x = torch.randn(8, 8, device="cuda")
     fresh_caches()
     compile_graph(make_fx(torch.sin)(x), [x], {"graph_cache": False})(x)
+    wait_for_builds()
     torch.compile(torch.cos)(x)
     for item in todo:
         fn, inputs = graphs[item["graph"]]
@@ -497,6 +498,7 @@ def profile_child(kind: str) -> int:
     x = torch.randn(8, 8, device="cuda")
     fresh_caches()  # the untimed compile: imports, CUDA context, Triton's start-up
     compile_graph(make_fx(torch.sin)(x), [x], {"graph_cache": False})(x)
+    wait_for_builds()
     os.environ.update(caches)
     name, fn, inputs, _ = cases()[1]
     gm = make_fx(fn)(*inputs)
