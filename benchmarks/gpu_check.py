@@ -363,54 +363,56 @@ def _geomean(xs: list[float]) -> float:
 
 def warm(rows: list[dict[str, Any]]) -> None:
     """Adds "ember warm s" and "torch warm s" to ``rows``: compile and first call in a new
-    process whose cache folders are the ones each cold compile filled (ember's graph and
-    Triton caches; torch's FX graph, autotune and Triton caches)."""
-    todo = [
-        {"graph": r["graph"], "ember": r["ember caches"], "torch": r.get("torch caches")}
-        for r in rows
-        if "ember caches" in r
-    ]
-    fd, path = tempfile.mkstemp(suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(todo, f)
-    child = [sys.executable, os.path.abspath(__file__), "--warm-child", path]
-    out = subprocess.run(child, capture_output=True, text=True, timeout=600, check=False)
-    by_name = {r["graph"]: r for r in rows}
-    for line in out.stdout.splitlines():
-        if line.startswith("WARM "):
-            found = json.loads(line[5:])
-            by_name[found.pop("graph")].update(found)
-    if out.returncode:
-        print(f"warm child failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    process per graph, started with the cache folders its cold compile filled (ember's graph
+    and Triton caches; torch's FX graph, autotune and Triton caches), as a user's next run."""
+    for row in rows:
+        if "ember caches" not in row:
+            continue
+        item = {
+            "graph": row["graph"],
+            "ember": row["ember caches"],
+            "torch": row.get("torch caches"),
+        }
+        fd, path = tempfile.mkstemp(suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(item, f)
+        child = [sys.executable, os.path.abspath(__file__), "--warm-child", path]
+        env = {**os.environ, **item["ember"]}
+        out = subprocess.run(
+            child, capture_output=True, text=True, timeout=300, check=False, env=env
+        )
+        for line in out.stdout.splitlines():
+            if line.startswith("WARM "):
+                row.update(json.loads(line[5:]))
+        if out.returncode:
+            print(
+                f"warm child failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+            )
 
 
 def warm_child(path: str) -> int:
-    """The child of :func:`warm`: one untimed compile through each compiler first (module
-    imports, CUDA context), then each graph's compile and first call, timed."""
+    """The child of :func:`warm`: one untimed compile of another graph through each compiler
+    first (module imports, CUDA context), then the graph's compile and first call through
+    each, timed, each over its cold compile's cache folders."""
     with open(path) as f:
-        todo = json.load(f)
+        item = json.load(f)
     compile_graph = import_ember()
-    graphs = {name: (fn, inputs) for name, fn, inputs, _ in cases()}
-    x = torch.randn(8, 8, device="cuda")
-    fresh_caches()
+    fn, inputs = next((f, i) for name, f, i, _ in cases() if name == item["graph"])
+    gm = make_fx(fn)(*inputs)  # capture's stand-in, outside the timing as in the cold run
+    x = torch.randn(8, 8, device="cuda")  # (the folders stay as the process started)
     compile_graph(make_fx(torch.sin)(x), [x], {"graph_cache": False})(x)
     wait_for_builds()
     torch.compile(torch.cos)(x)
-    for item in todo:
-        fn, inputs = graphs[item["graph"]]
-        gm = make_fx(fn)(*inputs)  # capture's stand-in, outside the timing as in the cold run
-        os.environ.update(item["ember"])
-        found = {"graph": item["graph"]}
-        build = functools.partial(_ember, compile_graph, gm, inputs)
-        found["ember warm s"] = timed_first_call(build)[1]
-        found["ember warm ready s"] = found["ember warm s"] + built()
-        if item["torch"]:
-            os.environ.update(item["torch"])
-            torch._dynamo.reset()
-            found["torch warm s"] = timed_first_call(
-                functools.partial(_torch_compiled, fn, inputs)
-            )[1]
-        print("WARM " + json.dumps(found), flush=True)
+    found: dict[str, float] = {}
+    found["ember warm s"] = timed_first_call(functools.partial(_ember, compile_graph, gm, inputs))[
+        1
+    ]
+    found["ember warm ready s"] = found["ember warm s"] + built()
+    if item["torch"]:
+        os.environ.update(item["torch"])
+        torch._dynamo.reset()
+        found["torch warm s"] = timed_first_call(functools.partial(_torch_compiled, fn, inputs))[1]
+    print("WARM " + json.dumps(found), flush=True)
     return 0
 
 
