@@ -408,8 +408,9 @@ def warm_child(path: str) -> int:
     build = functools.partial(_ember, compile_graph, gm, inputs, sync)
     found["ember warm s"] = timed_first_call(build)[1]
     if item["torch"]:
-        # torch's untimed compile only now: its first compile starts a pool of compile
-        # workers, whose start-up took ember's warm start from 0.017 s to 0.09-0.20 s
+        # torch's untimed compile only now: after it, ember's warm start measured 0.09-0.20 s
+        # against 0.017 s without it (H200; the start-up of torch's pool of compile workers
+        # is the likely cause, not confirmed)
         os.environ.update(item["torch"])
         torch.compile(torch.cos)(x)
         torch._dynamo.reset()
