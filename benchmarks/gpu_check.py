@@ -10,7 +10,8 @@ itself) and run on CUDA tensors. From the repository root:
 Prints the versions, one line per graph while it runs, and a markdown table. Exits 1 if a
 compiled graph gives a wrong answer, 2 if ember does not import here (with the reason).
 Each cold compile runs with fresh TRITON_CACHE_DIR, EMBER_CACHE_DIR and
-TORCHINDUCTOR_CACHE_DIR folders. ``--quick`` runs fewer timing iterations.
+TORCHINDUCTOR_CACHE_DIR folders. ``--quick`` runs fewer timing iterations;
+``--compile-only`` checks correctness and times cold and warm compiles only.
 
 A second table times ``reduce-overhead`` on small graphs, where kernel launches are the
 cost: wall time per call (a loop of calls, then one synchronisation) for eager, ember's
@@ -41,6 +42,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 T = torch.Tensor
 ITERS = 10 if "--quick" in sys.argv else 50
+COMPILE_ONLY = "--compile-only" in sys.argv  # correctness, cold and warm compile; no timing
 
 
 def versions() -> None:
@@ -303,13 +305,15 @@ def check_one(
     scale = max(w.float().abs().max().item() for w in _leaves(want))
     row["max abs err"] = err
     row["ok"] = err <= tol * max(1.0, scale)
-    row["eager ms"] = steady(lambda: fn(*inputs))
-    row["ember ms"] = steady(ember)
+    if not COMPILE_ONLY:
+        row["eager ms"] = steady(lambda: fn(*inputs))
+        row["ember ms"] = steady(ember)
     try:
         torch._dynamo.reset()
         tc, row["torch cold s"] = cold(lambda: _torch_compiled(fn, inputs))
         row["torch caches"] = {var: os.environ[var] for var in CACHES}
-        row["torch ms"] = steady(tc)
+        if not COMPILE_ONLY:
+            row["torch ms"] = steady(tc)
     except Exception as e:  # torch.compile's problem, not ember's: reported, not fatal
         row["torch cold s"], row["torch ms"] = float("nan"), float("nan")
         print(f"  torch.compile failed on {name}: {e!r}")
@@ -342,7 +346,9 @@ def table(rows: list[dict[str, Any]]) -> str:
                 v = f"{v:.3g}" if "err" in c else f"{v:.3f}"
             cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
-    geo = _geomean([r["torch ms"] / r["ember ms"] for r in rows if r.get("ember ms")])
+    geo = _geomean(
+        [r["torch ms"] / r["ember ms"] for r in rows if r.get("ember ms") and r.get("torch ms")]
+    )
     lines.append(f"\ngeomean speed ember vs torch.compile: {geo:.2f}x (>1: ember faster)")
     pairs = [("ember cold s", "torch cold s"), ("ember ready s", "torch cold s"),
              ("ember warm s", "torch warm s")]  # fmt: skip
@@ -554,6 +560,8 @@ def main() -> int:
     section(warm, rows)
     print()
     print(table(rows))
+    if COMPILE_ONLY:
+        return 1 if wrong else 0
     ro = section(reduce_overhead, compile_graph)
     if ro is not None:
         print()
