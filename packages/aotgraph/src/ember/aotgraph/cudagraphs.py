@@ -325,10 +325,14 @@ class CUDAGraphed:
         for i, address in record.borrowed:
             if args[i].data_ptr() != address:  # not the pool's tensor it was recorded with
                 return self.fn(*args)
+        intos, sources = [], []
         for i, into, span in record.copies:
             a = args[i]
             if a.data_ptr() != into.data_ptr():
-                into.copy_(_flat(a) if span else a)
+                intos.append(into)
+                sources.append(_flat(a) if span else a)
+        if intos:  # one call, and one kernel per dtype, for every input that moved
+            torch._foreach_copy_(intos, sources)
         if not self.pool.release(record):  # an output's memory is still in use
             self.held += 1
             return self.fn(*args)
