@@ -46,7 +46,15 @@ from ember.aotgraph.settings import cache_root
 from ember.inductor import cache
 from ember.inductor.knobs import Knobs
 
-__all__ = ["Choice", "candidates", "choose", "combined", "triton_candidates"]
+__all__ = [
+    "Choice",
+    "PerKernel",
+    "candidates",
+    "choose",
+    "combined",
+    "fastest_per_kernel",
+    "triton_candidates",
+]
 
 
 def candidates(threads: int | None = None) -> tuple[Knobs, ...]:
@@ -103,12 +111,42 @@ def combined(trials: Sequence[tuple[Knobs, float]]) -> Knobs:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """What autotuning chose for one graph, and what it measured (seconds per call)."""
+    """What autotuning chose for one graph, and what it measured (seconds per call);
+    ``per_kernel``: kernels that run under knobs of their own (Triton)."""
 
     knobs: Knobs
     trials: tuple[tuple[Knobs, float], ...]
     cached: bool = False  # read from the disk record, not timed now
     why_not: str = ""  # set when the graph was not timed
+    per_kernel: tuple[tuple[str, Knobs], ...] = ()
+
+
+@dataclass(frozen=True)
+class PerKernel:
+    """How to choose knobs kernel by kernel (the Triton printer): ``times(source, inputs)``
+    gives the seconds each kernel of one run took, ``mixed(knobs, per_kernel)`` the source
+    with those kernels under their own knobs and the rest under ``knobs``."""
+
+    times: Callable[[str, list[Any]], dict[str, float]]
+    mixed: Callable[[Knobs, dict[str, Knobs]], str]
+
+
+def fastest_per_kernel(
+    best: Knobs, kernel_times: Sequence[tuple[Knobs, dict[str, float]]]
+) -> dict[str, Knobs]:
+    """For each kernel, the knobs of the trial that ran it fastest, where that is not ``best``.
+
+    >>> mix = fastest_per_kernel(Knobs(), [(Knobs(), {"k0": 2.0, "k1": 1.0}),
+    ...                                     (Knobs(block=256), {"k0": 1.0, "k1": 3.0})])
+    >>> {name: k.block for name, k in mix.items()}
+    {'k0': 256}
+    """
+    fastest: dict[str, tuple[float, Knobs]] = {}
+    for chosen, times in kernel_times:
+        for name, seconds in times.items():
+            if name not in fastest or seconds < fastest[name][0]:
+                fastest[name] = (seconds, chosen)
+    return {name: k for name, (_, k) in fastest.items() if k != best}
 
 
 def choose(
@@ -116,12 +154,15 @@ def choose(
     inputs: Sequence[Any],
     prepare: Callable[[str, list[Any]], Callable[[], Any]],
     trials: Sequence[Knobs] | None = None,
+    per_kernel: PerKernel | None = None,
 ) -> Choice:
     """The fastest of ``trials`` (default :func:`candidates`) and their :func:`combined`
     winners: ``sources(knobs)`` is the code under a choice, ``prepare(source, inputs)`` a
     function that runs it once on ``inputs``. The distinct sources are timed in turns, best
     of :data:`ROUNDS`, so that a machine busy with other work slows them alike; on a GPU
-    each call waits for the device."""
+    each call waits for the device. With ``per_kernel``, each kernel then gets the knobs
+    of the trial (of the winner's lowering) that ran it fastest, and that mix is kept if
+    the whole graph runs faster under it."""
     default = sources(Knobs())
     if any(isinstance(t, torch.Tensor) and not t.dtype.is_floating_point
            and t.dtype is not torch.bool for t in inputs):  # fmt: skip
@@ -131,13 +172,16 @@ def choose(
         return stored
     try:
         real = [_random_like(t) for t in inputs]
-        return _timed(path, default, sources, real, prepare, trials or candidates())
+        choice = _timed(default, sources, real, prepare, trials or candidates())
+        if per_kernel is not None:
+            choice = _per_kernel(choice, sources, real, prepare, per_kernel)
+        _store(path, choice)
+        return choice
     except Exception as e:  # a trial that fails must not fail the graph: keep the defaults
         return Choice(Knobs(), (), why_not=f"timing failed: {type(e).__name__}: {e}")
 
 
 def _timed(
-    path: Any,
     default: str,
     sources: Callable[[Knobs], str],
     real: list[Any],
@@ -162,9 +206,34 @@ def _timed(
     time_all(trials)
     time_all([combined(list(tried.items()))])  # the winners of each knob together
     best = min(tried.items(), key=lambda trial: trial[1])[0]
-    choice = Choice(best, tuple(tried.items()))
-    _store(path, choice)
-    return choice
+    return Choice(best, tuple(tried.items()))
+
+
+def _per_kernel(
+    choice: Choice,
+    sources: Callable[[Knobs], str],
+    real: list[Any],
+    prepare: Callable[[str, list[Any]], Callable[[], Any]],
+    per_kernel: PerKernel,
+) -> Choice:
+    """``choice`` with kernels under the knobs that ran each fastest, if the graph then
+    runs faster than under ``choice.knobs`` alone (timed in turns against it)."""
+    best = choice.knobs
+    same = [k for k, _ in choice.trials if k.lowering == best.lowering]  # same kernels
+    kernel_times = [(k, per_kernel.times(sources(k), real)) for k in same]
+    mapping = fastest_per_kernel(best, kernel_times)
+    if not mapping:
+        return choice
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in real):
+        prepare = _waiting(prepare)
+    calls = [prepare(sources(best), real), prepare(per_kernel.mixed(best, mapping), real)]
+    seconds = [float("inf")] * 2
+    for _ in range(ROUNDS):
+        for i, call in enumerate(calls):
+            seconds[i] = min(seconds[i], seconds_per_call(call))
+    if seconds[1] >= seconds[0]:
+        return choice
+    return replace(choice, per_kernel=tuple(sorted(mapping.items())))
 
 
 def _waiting(
@@ -212,13 +281,18 @@ def _load(path: Any) -> Choice | None:
     try:
         record = json.loads(path.read_text())
         trials = tuple((Knobs(**k), s) for k, s in record["trials"])
-        return Choice(Knobs(**record["knobs"]), trials, cached=True)
+        mixed = tuple((name, Knobs(**k)) for name, k in record.get("per_kernel", []))
+        return Choice(Knobs(**record["knobs"]), trials, cached=True, per_kernel=mixed)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _store(path: Any, choice: Choice) -> None:
-    record = {"knobs": asdict(choice.knobs), "trials": [(asdict(k), s) for k, s in choice.trials]}
+    record = {
+        "knobs": asdict(choice.knobs),
+        "trials": [(asdict(k), s) for k, s in choice.trials],
+        "per_kernel": [(name, asdict(k)) for name, k in choice.per_kernel],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
@@ -227,6 +301,47 @@ def _store(path: Any, choice: Choice) -> None:
 
 
 ROUNDS = 5  # turns over the candidates; each candidate's best turn counts
+
+
+def timed_launcher(
+    launch: Callable[..., Any], name: str, spent: dict[str, list[Any]], cuda: bool
+) -> Callable[..., Any]:
+    """``launch`` noting into ``spent[name]`` how long each call took: CUDA events around
+    it on a GPU (read by :func:`kernel_seconds` once the device is done), else seconds."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            out = launch(*args, **kwargs)
+            end.record()
+            spent.setdefault(name, []).append((start, end))
+            return out
+        begin = time.perf_counter()
+        out = launch(*args, **kwargs)
+        spent.setdefault(name, []).append(time.perf_counter() - begin)
+        return out
+
+    return timed
+
+
+def kernel_seconds(
+    call: Callable[[], Any], spent: dict[str, list[Any]], cuda: bool
+) -> dict[str, float]:
+    """Seconds each kernel took in one run of ``call`` (whose launchers note into ``spent``:
+    :func:`timed_launcher`), best of :data:`ROUNDS` runs after one that builds them."""
+    call()
+    best: dict[str, float] = {}
+    for _ in range(ROUNDS):
+        spent.clear()
+        call()
+        if cuda:
+            torch.cuda.synchronize()
+        for name, marks in spent.items():
+            took = sum(m[0].elapsed_time(m[1]) / 1e3 if cuda else m for m in marks)
+            best[name] = min(best.get(name, float("inf")), took)
+    return best
 
 
 def seconds_per_call(call: Callable[[], Any], budget: float = 0.02) -> float:

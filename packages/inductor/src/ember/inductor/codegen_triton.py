@@ -43,8 +43,10 @@ def launch_kernel0(x_1, buf0):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +65,7 @@ from ember.inductor.codegen_cpp import scalar_arg
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.index_print import IndexSyntax, print_index
 from ember.inductor.ir import Expr, Layout, Ref, map_indices, walk
-from ember.inductor.knobs import KNOBS
+from ember.inductor.knobs import KNOBS, Knobs, knobs
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 from ember.inductor.symbolic import Unsupported as SizeUnsupported
@@ -307,18 +309,25 @@ def _ordered(e: sympy.Expr) -> list[sympy.Expr]:
 # ---- the module (its fixed text: triton_prelude) ----------------------------------------
 
 
-def module_source(sched: Schedule, interpret: bool) -> tuple[str, dict[str, list[str]]]:
+def module_source(
+    sched: Schedule, interpret: bool, per_kernel: Mapping[str, Knobs] | None = None
+) -> tuple[str, dict[str, list[str]]]:
     """The Triton module of ``sched`` and each kernel's arguments (as ``codegen_cpp`` gives
     them). Beside each ``@triton.jit`` kernel ``kernelN`` the module has ``launch_kernelN``,
     which the wrapper calls with the tensors: the kernel on its grid (nothing for a kernel
-    over no points). ``interpret``: for Triton's interpreter (CPU tensors)."""
+    over no points). ``interpret``: for Triton's interpreter (CPU tensors). ``per_kernel``:
+    kernels written under knobs of their own (max_autotune's choice per kernel; their
+    ``lowering`` must be the current one's)."""
     parts = [HEADER + ("" if interpret else LIBDEVICE_IMPORT) + HELPERS]
     parts += [INTERPRETER_MATH] if interpret else []
     args: dict[str, list[str]] = {}
+    per_kernel = per_kernel or {}
     for step in sched.steps:
         if isinstance(step, Kernel):
-            w = _KernelWriter(sched, step, interpret)
-            text = w.write()  # a symbolic kernel: a 32-bit twin, chosen at launch
+            own = per_kernel.get(step.name)
+            with knobs(own) if own is not None else contextlib.nullcontext():
+                w = _KernelWriter(sched, step, interpret)
+                text = w.write()  # a symbolic kernel: a 32-bit twin, chosen at launch
             parts.append(triton_index32.with_narrow(text, w) if w.wide else text)
             args[step.name] = w.args
     if any("_ember_rand" in part for part in parts[1:]):  # (fused_random): the generator

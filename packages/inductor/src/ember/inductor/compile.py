@@ -595,11 +595,38 @@ def _autotuned(
             trial.target, trial._kernels = target, wrapper_triton.load(text, lowered.sched)
         return functools.partial(trial, *inputs)
 
-    trials = None if target is None else autotune.triton_candidates()
+    def mixed(chosen: Knobs, per_kernel: dict[str, Knobs]) -> str:
+        source(chosen)  # (its lowering, made once)
+        assert target is not None
+        lowered = lowerings[chosen.lowering]
+        with knobs(chosen):
+            text, args = wrapper_triton.codegen(lowered.sched, target, per_kernel)
+        made.setdefault(text, (chosen, lowered, args))
+        return text
+
+    def kernel_times(text: str, inputs: list[Any]) -> dict[str, float]:
+        _, lowered, args = made[text]
+        spent: dict[str, list[Any]] = {}
+        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+        launchers = wrapper_triton.load(text, lowered.sched)
+        trial = CompiledGraph(lowered.gm, _Run(trace=False), lowered.spec)
+        trial.schedule, trial.source, trial.kernel_args = lowered.sched, text, args
+        trial.target = target
+        trial._kernels = {
+            name: autotune.timed_launcher(fn, name, spent, cuda) for name, fn in launchers.items()
+        }
+        return autotune.kernel_seconds(functools.partial(trial, *inputs), spent, cuda)
+
+    trials, per_kernel = None, None
+    if target is not None:
+        trials = autotune.triton_candidates()
+        per_kernel = autotune.PerKernel(kernel_times, mixed)
     with timing.TIMES.timed("autotune"):
-        choice = autotune.choose(source, tuning.example_inputs, prepare, trials)
+        choice = autotune.choose(source, tuning.example_inputs, prepare, trials, per_kernel)
     run.write("07_autotune.txt", choice)
     text = source(choice.knobs)
+    if choice.per_kernel:
+        text = mixed(choice.knobs, dict(choice.per_kernel))
     _, lowered, args = made[text]
     return lowered, text, args
 

@@ -22,7 +22,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +32,7 @@ import torch
 
 from ember.inductor import cache
 from ember.inductor.codegen_triton import module_source
+from ember.inductor.knobs import Knobs
 from ember.inductor.scheduler import Kernel, Schedule
 
 __all__ = ["CPU_BACKENDS", "Target", "choose", "codegen", "load", "load_module", "module_key"]
@@ -99,12 +100,17 @@ def _interpreting(triton: ModuleType) -> bool:
     return bool(triton.knobs.runtime.interpret) and standard
 
 
-def codegen(sched: Schedule, target: Target) -> tuple[str, dict[str, list[str]]]:
-    """The Triton module of ``sched`` for ``target`` and each kernel's arguments; raises
+def codegen(
+    sched: Schedule, target: Target, per_kernel: Mapping[str, Knobs] | None = None
+) -> tuple[str, dict[str, list[str]]]:
+    """The Triton module of ``sched`` for ``target`` and each kernel's arguments (``per_kernel``:
+    kernels under knobs of their own); raises
     :class:`~ember.inductor.codegen_triton.Unsupported` for what the printer cannot write."""
     triton = _triton()
     interpret = triton is not None and _interpreting(triton)
-    return module_source(sched, interpret=interpret or target.device == "cpu")
+    return module_source(
+        sched, interpret=interpret or target.device == "cpu", per_kernel=per_kernel
+    )
 
 
 def load(source: str, sched: Schedule) -> dict[str, Callable[..., Any]]:
