@@ -202,17 +202,26 @@ def reduce_overhead(compile_graph: Any) -> tuple[list[dict[str, Any]], bool]:
     return rows, wrong
 
 
-def ro_table(rows: list[dict[str, Any]]) -> str:
-    cols = ["graph", "ok", "fallback", "eager ms", "ember ms", "ember graph ms", "torch graph ms",
-            "ember host ms", "torch host ms"]  # fmt: skip
+def markdown(
+    rows: list[dict[str, Any]], cols: list[str], number: str, per_col: dict[str, str] | None = None
+) -> list[str]:
+    """The lines of a markdown table of ``rows``: booleans as PASS/FAIL, floats formatted with
+    ``number`` (or ``per_col[col]``), missing cells empty."""
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         cells = [
             ("PASS" if v else "FAIL") if isinstance(v, bool) else
-            f"{v:.4f}" if isinstance(v, float) else str(v)
-            for v in (row.get(c, "") for c in cols)
+            (per_col or {}).get(c, number).format(v) if isinstance(v, float) else str(v)
+            for c, v in ((c, row.get(c, "")) for c in cols)
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def ro_table(rows: list[dict[str, Any]]) -> str:
+    cols = ["graph", "ok", "fallback", "eager ms", "ember ms", "ember graph ms", "torch graph ms",
+            "ember host ms", "torch host ms"]  # fmt: skip
+    lines = markdown(rows, cols, "{:.4f}")
     ratio = _geomean([r["ember graph ms"] / r["torch graph ms"] for r in rows])
     lines.append(f"\ngeomean per-call time ember graph / torch reduce-overhead: {ratio:.2f}x")
     return "\n".join(lines)
@@ -336,17 +345,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     cols = ["graph", "printer", "max abs err", "ok", "eager ms", "ember ms", "torch ms",
             "ember cold s", "ember ready s", "torch cold s", "ember warm s",
             "torch warm s"]  # fmt: skip
-    lines = ["| " + " | ".join(cols) + " | ", "|" + "---|" * len(cols)]
-    for row in rows:
-        cells = []
-        for c in cols:
-            v = row.get(c, "")
-            if isinstance(v, bool):
-                v = "PASS" if v else "FAIL"
-            elif isinstance(v, float):
-                v = f"{v:.3g}" if "err" in c else f"{v:.3f}"
-            cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = markdown(rows, cols, "{:.3f}", {"max abs err": "{:.3g}"})
     geo = _geomean(
         [r["torch ms"] / r["ember ms"] for r in rows if r.get("ember ms") and r.get("torch ms")]
     )
@@ -471,14 +470,7 @@ def autotune_rows(compile_graph: Any, torch_ms: dict[str, float]) -> list[dict[s
 def autotune_table(rows: list[dict[str, Any]]) -> str:
     cols = ["graph", "ok", "kept", "default ms", "tuned ms", "template ms", "torch ms",
             "autotune s"]  # fmt: skip
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in rows:
-        cells = [
-            ("PASS" if v else "FAIL") if isinstance(v, bool) else
-            f"{v:.3f}" if isinstance(v, float) else str(v)
-            for v in (row.get(c, "") for c in cols)
-        ]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = markdown(rows, cols, "{:.3f}")
     ratio = _geomean([r["torch ms"] / r["tuned ms"] for r in rows])
     lines.append(f"\ngeomean speed ember max-autotune vs torch.compile default: {ratio:.2f}x")
     return "\n".join(lines)
