@@ -47,10 +47,14 @@ COMPILE_ONLY = "--compile-only" in sys.argv  # correctness, cold and warm compil
 
 
 def versions() -> None:
-    import triton
+    try:
+        import triton
 
+        version = triton.__version__
+    except ImportError:
+        version = "not installed"
     print(f"python {platform.python_version()}, torch {torch.__version__}", end=", ")
-    print(f"triton {triton.__version__}")
+    print(f"triton {version}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})")
 
