@@ -67,6 +67,7 @@ from ember.aotgraph.serialize import JSON, Unencodable, encode_value
 from ember.aotgraph.trace import Lifted, Output, Signature, Specialized, TensorMeta
 
 __all__ = [
+    "TOUCHED",
     "Traced",
     "cache_dir",
     "cached",
