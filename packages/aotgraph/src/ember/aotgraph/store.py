@@ -62,7 +62,7 @@ import torch.utils._pytree as pytree
 
 from ember.aotgraph import check, serialize, settings
 from ember.aotgraph.partition import Partition
-from ember.aotgraph.records import read_record, write_record
+from ember.aotgraph.records import TOUCHED, read_record, write_record
 from ember.aotgraph.serialize import JSON, Unencodable, encode_value
 from ember.aotgraph.trace import Lifted, Output, Signature, Specialized, TensorMeta
 
