@@ -38,7 +38,11 @@ _set = torch._C._autograd._unsafe_set_version_counter  # sets the shared counter
 
 @dataclass(frozen=True, slots=True)
 class Versions:
-    """Which inputs a call writes (``bumped``: input, how far eager moves its counter)."""
+    """Which inputs a call writes (``bumped``: input, how far eager moves its counter).
+
+    >>> Versions.of(((0, 1), (2, 2))).take(["a", "b", "c"]), Versions.of(((1, 1),)).deltas
+    (('a', 'c'), (1,))
+    """
 
     bumped: tuple[tuple[int, int], ...]
     take: Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
@@ -68,7 +72,14 @@ class Versions:
 
 
 class Reading:
-    """The counters of a call's written inputs before it ran."""
+    """The counters of a call's written inputs before it ran.
+
+    >>> x = torch.zeros(1)
+    >>> reading = Versions.of(((0, 3),)).read([x]); reading.before
+    [0]
+    >>> reading.advance(); x._version
+    3
+    """
 
     __slots__ = ("before", "deltas", "tensors")
 
