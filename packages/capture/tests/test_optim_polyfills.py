@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.optim.optimizer import _stack_if_compiling
 
 from ember.capture import hook, polyfills
 from ember.capture.frame_compiler import FrameCompiler
@@ -118,3 +119,39 @@ def test_an_init_group_wrapped_by_torchs_compiler_is_traced_itself() -> None:
     assert polyfills.lookup(wrapper) is torch.optim.SGD._init_group
     wrapper._torchdynamo_orig_callable = _sgd_step  # type: ignore[attr-defined]
     assert polyfills.lookup(wrapper) is None
+
+
+def _adamw_step(opt: torch.optim.Optimizer) -> None:
+    opt.step()
+
+
+def test_foreach_adamw_step_sizes_stay_a_list_not_a_stack() -> None:
+    # torch stacks the per-parameter step sizes while compiling (for its _foreach_addcdiv_):
+    # a cat of 0-d values between the inductor backend's kernels. ember's foreach loops
+    # take the list as it is: no stack in the graph, the same update.
+    def params() -> list[torch.nn.Parameter]:
+        torch.manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2, 2))]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        return ps
+
+    assert polyfills.lookup(_stack_if_compiling)([1.0, 2.0]) == [1.0, 2.0]
+    want, mine = params(), params()
+    eager = torch.optim.AdamW(want, lr=0.1, foreach=True)
+    opt = torch.optim.AdamW(mine, lr=0.1, foreach=True)
+    eager.step(), opt.step()  # the first step makes the state (lazily, eagerly)
+    compiler = FrameCompiler(
+        lambda gm, inputs: gm.forward, "eager", entry_codes=(_adamw_step.__code__,)
+    )
+    with hook.intercepting(compiler):
+        _adamw_step(opt)
+    eager.step()
+    (compiled,) = compiler.stats.compiled
+    targets = {n.target for n in compiled.graph.graph.nodes}
+    assert not targets & {torch.stack, torch.cat}, compiled.graph.code
+    assert not compiler.stats.breaks and not compiler.stats.failures
+    for a, b in zip(mine, want, strict=True):
+        torch.testing.assert_close(a, b)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(opt.state[a][key], eager.state[b][key])

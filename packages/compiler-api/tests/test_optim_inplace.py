@@ -79,3 +79,37 @@ def test_step_writes_in_place_with_eager_versions(
     moved_ref = [t._version - v for t, v in zip(_tensors(ref, ref_opt), ref_versions, strict=True)]
     moved = [t._version - v for t, v in zip(_tensors(mine, my_opt), my_versions, strict=True)]
     assert moved == moved_ref and all(m > 0 for m in moved)
+
+
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "single"])
+def test_parameters_changed_between_compiled_steps_as_in_eager(foreach: bool) -> None:
+    # between steps: an in-place update, a storage swapped by set_(), a counter moved; the
+    # compiled steps after them give eager's parameters, state and counters, and a loss
+    # computed before a step fails backward() after it, as eager's does
+    ref, mine = list(_model().parameters()), list(_model().parameters())
+    ref_opt = torch.optim.AdamW(ref, lr=0.1, foreach=foreach)
+    my_opt = torch.optim.AdamW(mine, lr=0.1, foreach=foreach)
+    step = ember.compiler.compile(my_opt.step, backend="inductor")
+    for k in range(2):
+        _set_grads(ref, k), _set_grads(mine, k)
+        ref_opt.step()
+        step()
+    for ps in (ref, mine):
+        with torch.no_grad():
+            ps[0].mul_(0.5)
+            ps[1].set_(ps[1].detach() * 2)  # other memory under the same parameter
+        torch.autograd.graph.increment_version(ps[2])
+    for k in range(2, 2 + STEPS):
+        _set_grads(ref, k), _set_grads(mine, k)
+        ref_opt.step()
+        step()
+    for a, b in zip(_tensors(ref, ref_opt), _tensors(mine, my_opt), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    assert [t._version for t in _tensors(mine, my_opt)] == [
+        t._version for t in _tensors(ref, ref_opt)
+    ]
+    for ps, run in ((ref, ref_opt.step), (mine, step)):
+        loss = sum((p * p).sum() for p in ps)  # mul saves each parameter
+        run()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()  # type: ignore[union-attr]

@@ -26,6 +26,7 @@ OPTIMIZERS: list[tuple[str, dict[str, Any]]] = [
     ("RMSprop", {"lr": 0.01}),
     ("RMSprop", {"lr": 0.01, "momentum": 0.9, "centered": True}),
     ("Adagrad", {"lr": 0.1}),
+    ("NAdam", {"lr": 0.1}),  # (stacks two lists of step sizes while compiling, as Adam one)
 ]
 IDS = [f"{name}-{'-'.join(map(str, kw.values()))}" for name, kw in OPTIMIZERS]
 STEPS = 3

@@ -32,6 +32,7 @@ import torch.utils._pytree as pytree
 from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
 from ember.aotgraph.signature import Output, Signature
 from ember.aotgraph.tangents import TangentUse, without_undefined
+from ember.aotgraph.versions import Versions, version_of
 
 if TYPE_CHECKING:  # sympy and symbolic_shapes: imported by graphs with symbolic sizes only
     from ember.aotgraph.symbolic import ShapeCheck
@@ -61,6 +62,7 @@ class Runtime:
     shapes: ShapeCheck | None = None
     # (input, how far eager moves its version counter) for each input written in place
     bumped: tuple[tuple[int, int], ...] = field(init=False)
+    versions: Versions = field(init=False)  # reads and moves the counters of ``bumped``
     # graph outputs to copy (they share storage where eager's do not): found on the first call
     clone: list[tuple[int, ...]] = field(init=False)
     plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
@@ -82,6 +84,7 @@ class Runtime:
         object.__setattr__(self, "non_differentiable", no_grad)
         object.__setattr__(self, "assemble", assembler(sig, self.shapes))
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
+        object.__setattr__(self, "versions", Versions.of(self.bumped))
         object.__setattr__(self, "clone", [])
         object.__setattr__(self, "pruned", {})
         replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
@@ -152,12 +155,12 @@ class Runtime:
         sig = self.signature
         for i in sig.grad_set:  # the function's requires_grad_() calls
             inputs[i].requires_grad_()
-        start = [_version(inputs[i]) for i, _ in self.bumped]
+        versions = self.versions.read(inputs)
         outs = self._run(inputs if self.merge is None else self.merge.inputs(inputs))
         if sig.restrided or sig.replaced:  # replaced inputs' values: the last graph outputs
             n = len(sig.graph_outputs)
             restride(inputs, sig.restrided, sig.replaced, outs[n - len(sig.replaced) : n])
-        set_versions(inputs, self.bumped, start)
+        versions.advance()
         return outs
 
     def _run(self, inputs: list[torch.Tensor]) -> Sequence[Any]:
@@ -181,34 +184,6 @@ class Runtime:
             n = len(self.signature.graph_outputs)
             write_back(inputs, self.mutated, outs[n : n + len(self.mutated)])
         return outs
-
-
-def _version(t: torch.Tensor) -> int:
-    return 0 if t.is_inference() else t._version
-
-
-def set_versions(
-    inputs: Sequence[torch.Tensor], bumped: Sequence[tuple[int, int]], start: Sequence[int]
-) -> None:
-    """Move the version counter of each written input as far as eager's in-place ops did
-    (write-back copies once per input, where eager may write twice, or through a view).
-
-    >>> x = torch.zeros(2)
-    >>> x.add_(1); _ = x.mul_(2)  # what eager does: two in-place ops
-    tensor([1., 1.])
-    >>> y = torch.zeros(2)
-    >>> _ = y.copy_(x)  # what the runtime does: one copy
-    >>> set_versions([y], [(0, 2)], [0]); (x._version, y._version)
-    (2, 2)
-    """
-    tensors, versions = [], []
-    for (i, delta), before in zip(bumped, start, strict=True):
-        t = inputs[i]
-        if not t.is_inference() and t._version != before + delta:
-            tensors.append(t)
-            versions.append(before + delta)
-    if tensors:  # one call for all (an optimizer step writes hundreds: 0.16 -> 0.04 ms)
-        torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
 
 
 def write_back(
@@ -370,7 +345,7 @@ class CompiledFunction(torch.autograd.Function):
         # ``detach`` keeps the data and the version counter and drops the link to the base.
         ctx.save_for_backward(*(t.detach() if t._is_view() else t for t in saved))
         if rt.own_checks:  # see _apply_unchecked
-            ctx.versions = [_version(t) for t in saved]
+            ctx.versions = [version_of(t) for t in saved]
         ctx.runtime = rt
         if rt.tangent_use is not None:  # an undefined gradient is None in backward, not zeros
             ctx.set_materialize_grads(False)
@@ -461,11 +436,11 @@ def check_versions(
     positions = [k for k in range(len(saved) + len(numbers)) if k not in numbers]
     wanted = set(needed)
     for t, k, before in zip(saved, positions, versions, strict=True):
-        if k in wanted and _version(t) != before:
+        if k in wanted and version_of(t) != before:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by "
                 f"an inplace operation: [{t.type()} {list(t.shape)}], saved by a compiled "
-                f"graph, is at version {_version(t)}; expected version {before} instead"
+                f"graph, is at version {version_of(t)}; expected version {before} instead"
             )
 
 

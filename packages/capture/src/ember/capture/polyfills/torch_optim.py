@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.utils._foreach_utils as _foreach_utils
 from torch.optim.lr_scheduler import LRScheduler
-from torch.optim.optimizer import _use_grad_for_differentiable
+from torch.optim.optimizer import _stack_if_compiling, _use_grad_for_differentiable
 
 from ember.capture.polyfills import closure_polyfill, polyfill
 
@@ -89,3 +89,13 @@ def fused_devices() -> list[str]:
 @polyfill(_foreach_utils._get_foreach_kernels_supported_devices)
 def foreach_devices() -> list[str]:
     return list(_FOREACH_DEVICES)
+
+
+@polyfill(_stack_if_compiling)
+def stack_if_compiling(x: list[Any]) -> list[Any]:
+    """``_stack_if_compiling``: the list as it is. torch stacks the per-parameter step sizes
+    while compiling because its ``_foreach_addcdiv_`` takes them as a tensor, not a list of
+    0-d tensors; ember's ``_foreach_*`` are loops (``torch_foreach``) that take the list
+    item by item. Stacked, the step sizes were a ``cat`` of hundreds of 0-d values between
+    two kernels of the inductor backend: the update could not fuse across it."""
+    return x
