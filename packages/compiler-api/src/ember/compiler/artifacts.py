@@ -73,8 +73,8 @@ __all__ = ["ArtifactsWarning", "LoadReport", "SaveReport", "load_artifacts", "sa
 
 log = logging.getLogger("ember.compiler.artifacts")
 
-MAGIC = b"EMBERPACK 2\n"
-FORMAT = 2
+MAGIC = b"EMBERPACK 3\n"
+FORMAT = 3
 
 
 class ArtifactsWarning(UserWarning):
@@ -277,15 +277,24 @@ def _cache_files() -> Iterator[tuple[str, bytes]]:
 def save_artifacts(path: str | os.PathLike[str]) -> SaveReport:
     """Write what this process compiled into one file at ``path`` (see the module doc)."""
     frames, left_out = _frames()  # first: it builds the kernels not built yet
-    files, blobs, offset = [], [], 0
-    for rel, data in _cache_files():  # each compressed alone: one already there is not read
+    blobs: list[bytes] = []
+
+    def put(data: bytes) -> dict[str, int]:
+        """Compress ``data`` on its own; where it lies after the index."""
         blob = zlib.compress(data, 1)
-        digest = hashlib.sha256(data).hexdigest()
-        files.append({"path": rel, "size": len(data), "sha256": digest, "at": offset,
-                      "length": len(blob)})  # fmt: skip
+        where = {"at": sum(map(len, blobs)), "length": len(blob)}
         blobs.append(blob)
-        offset += len(blob)
-    meta = zlib.compress(json.dumps({"frames": frames, "files": files}).encode(), 1)
+        return where
+
+    # each frame's entries apart: a process reads (decompresses, parses) only those of the
+    # frames it runs, not the whole program's (a pack of the zoo: 8 models)
+    index = [{"code": frame["code"], "name": frame["name"], "entries": len(frame["entries"]),
+              **put(json.dumps(frame["entries"]).encode())} for frame in frames]  # fmt: skip
+    files = []
+    for rel, data in _cache_files():  # each compressed alone: one already there is not read
+        digest = hashlib.sha256(data).hexdigest()
+        files.append({"path": rel, "size": len(data), "sha256": digest, **put(data)})
+    meta = zlib.compress(json.dumps({"frames": index, "files": files}).encode(), 1)
     body = len(meta).to_bytes(8, "little") + meta + b"".join(blobs)
     key = pack_key()
     secret = _secret()
@@ -301,7 +310,7 @@ def save_artifacts(path: str | os.PathLike[str]) -> SaveReport:
     with os.fdopen(fd, "wb") as f:
         f.write(MAGIC + json.dumps(header).encode() + b"\n" + body)
     os.replace(tmp, target)
-    count = sum(len(f["entries"]) for f in frames)
+    count = sum(frame["entries"] for frame in index)
     return SaveReport(str(target), count, len(files), tuple(left_out))
 
 
@@ -381,44 +390,66 @@ def load_artifacts(path: str | os.PathLike[str]) -> LoadReport:
         _, body = _read(Path(path))
         size = int.from_bytes(body[:8], "little")
         data = json.loads(zlib.decompress(body[8 : 8 + size]))
-        files = _install(data["files"], body[8 + size :])
-    except (_Refused, ValueError, KeyError, zlib.error, OSError) as e:
+        blobs = body[8 + size :]
+        files = _install(data["files"], blobs)
+        frames = []
+        for f in data["frames"]:
+            blob = blobs[f["at"] : f["at"] + f["length"]]
+            frames.append((f["code"], int(f["entries"]), _PackedFrame(f["name"], blob)))
+    except (_Refused, ValueError, KeyError, TypeError, zlib.error, OSError) as e:
         reason = f"ember pack {os.fspath(path)!r} ignored: {e}"
         warnings.warn(reason, ArtifactsWarning, stacklevel=2)
         return LoadReport(False, reason)
-    count = 0
-    for frame in data["frames"]:
-        for entry in frame["entries"]:
-            prebuilt.register(frame["code"], _Builder(frame["name"], entry))
-            count += 1
-    return LoadReport(True, "", count, files)
+    for code, count, packed in frames:
+        for index in range(count):
+            prebuilt.register(code, _Builder(packed, index))
+    return LoadReport(True, "", sum(count for _, count, _ in frames), files)
+
+
+class _PackedFrame:
+    """A code object's packed entries, decompressed and parsed when a frame of that code
+    first asks for them (the pack's checksum already covered their bytes)."""
+
+    __slots__ = ("_blob", "_entries", "name")
+
+    def __init__(self, name: str, blob: bytes) -> None:
+        self.name, self._blob = name, blob
+        self._entries: list[dict[str, Any]] | None = None
+
+    def entry(self, index: int) -> dict[str, Any]:
+        if self._entries is None:
+            self._entries = json.loads(zlib.decompress(self._blob))
+            self._blob = b""
+        return self._entries[index]
 
 
 @dataclass(frozen=True, slots=True)
 class _Builder:
     """One packed entry, built for a frame of its code (see ``ember.capture.prebuilt``)."""
 
-    name: str
-    entry: dict[str, Any]
+    frame: _PackedFrame
+    index: int
 
     def __call__(
         self, frame: Frame, build: Callable[..., Any]
     ) -> tuple[CompiledGuards, Any] | None:
+        name = self.frame.name
         spec = FrameSpec.from_function(frame.function)
         args = frame.args
         try:
-            fetch = _fetch_reresolved(self.entry["guards"], spec, args)
-            guards = GuardSet(g for d in self.entry["guards"] for g in decode_guard(d, fetch))
+            entry = self.frame.entry(self.index)
+            fetch = _fetch_reresolved(entry["guards"], spec, args)
+            guards = GuardSet(g for d in entry["guards"] for g in decode_guard(d, fetch))
             checked = guards.compile(spec)
         except Exception as e:  # an object the pack names is not there: not this entry
-            log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)
+            log.info("packed entry of %s not used: %s: %s", name, type(e).__name__, e)
             return None
         if not checked.check(*args):
             return None
         try:
-            return checked, _FUNCTIONS[self.entry["kind"]](self.entry, frame, build)
+            return checked, _FUNCTIONS[entry["kind"]](entry, frame, build)
         except Exception as e:  # bytecode for other free variables, a corrupt entry
-            log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)
+            log.info("packed entry of %s not used: %s: %s", name, type(e).__name__, e)
             return None
 
 
