@@ -65,8 +65,8 @@ from ember.compiler.artifacts_codec import (
     encode_guard,
 )
 from ember.compiler.configuration import config
-from ember.guards import CompiledGuards, FrameSpec, GuardSet, Source
-from ember.guards.codegen import CheckEmitter
+from ember.guards import CompiledGuards, FrameSpec, GuardKind, GuardSet, Source, WeakIdentity
+from ember.guards.codegen import CheckEmitter, build_check, compiled_source, precompiled
 from ember.inductor import cache as inductor_cache
 
 __all__ = ["ArtifactsWarning", "LoadReport", "SaveReport", "load_artifacts", "save_artifacts"]
@@ -152,11 +152,35 @@ def _entry(code: types.CodeType, fn: Any, checked: CompiledGuards) -> dict[str, 
     guards = [encode_guard(g) for g in checked.guards.guards]
     if not isinstance(fn, types.FunctionType):
         raise Unpackable(f"an entry running a {type(fn).__name__}")
+    try:
+        codes = _guard_codes(guards, checked)
+    except Exception as e:  # only a speed-up: the loading process compiles them instead
+        log.info("guard code of an entry not packed: %s: %s", type(e).__name__, e)
+        codes = {}
+    head = {"guards": guards, "codes": codes}
     if GRAPH_ATTRIBUTE in fn.__dict__:
-        return {"kind": "graph", "guards": guards, **_pack_replacement(fn)}
+        return {"kind": "graph", **head, **_pack_replacement(fn)}
     if fn.__code__.co_code == code.co_code:
-        return {"kind": "native", "guards": guards}  # no tensor work: runs as it is
-    return {"kind": "break", "guards": guards, **_pack_break(fn)}
+        return {"kind": "native", **head}  # no tensor work: runs as it is
+    return {"kind": "break", **head, **_pack_break(fn)}
+
+
+def _guard_codes(guards: list[dict[str, Any]], checked: CompiledGuards) -> dict[str, str]:
+    """The compiled code of the functions a loading process generates for this entry: the
+    check of the guards it decodes (pins included) and the fetch of its re-resolved objects,
+    by the digest of their source (``ember.guards.codegen.precompiled``). Made here from the
+    same guards, read back with this process's objects, so the source is the same text."""
+    objects = {g.source: g.expected.get() if isinstance(g.expected, WeakIdentity) else g.expected
+               for g in checked.guards.guards if g.kind is GuardKind.ID_MATCH}  # fmt: skip
+    frame = checked.frame
+    guards = json.loads(json.dumps(guards))  # as the loader reads them: each value a new object
+    rebuilt = GuardSet(g for d in guards for g in decode_guard(d, objects.__getitem__))
+    texts = [build_check(rebuilt.guards, frame)[0]]
+    fetch = _fetch_source(guards, frame)
+    if fetch is not None:
+        texts.append(fetch[2])
+    return {digest: _b64(marshal.dumps(code))
+            for digest, code in map(lambda text: compiled_source(text, frame), texts)}  # fmt: skip
 
 
 def _b64(data: bytes) -> str:
@@ -438,9 +462,11 @@ class _Builder:
         args = frame.args
         try:
             entry = self.frame.entry(self.index)
-            fetch = _fetch_reresolved(entry["guards"], spec, args)
-            guards = GuardSet(g for d in entry["guards"] for g in decode_guard(d, fetch))
-            checked = guards.compile(spec)
+            codes = {k: marshal.loads(base64.b64decode(v)) for k, v in entry["codes"].items()}
+            with precompiled(codes):  # the check and fetch the saving process compiled
+                fetch = _fetch_reresolved(entry["guards"], spec, args)
+                guards = GuardSet(g for d in entry["guards"] for g in decode_guard(d, fetch))
+                checked = guards.compile(spec)
         except Exception as e:  # an object the pack names is not there: not this entry
             log.info("packed entry of %s not used: %s: %s", name, type(e).__name__, e)
             return None
@@ -453,22 +479,33 @@ class _Builder:
             return None
 
 
+def _fetch_source(
+    guards: list[dict[str, Any]], spec: FrameSpec
+) -> tuple[list[Source], CheckEmitter, str] | None:
+    """The sources of the identity guards the pack re-resolves, and the emitter and source
+    of the one function that fetches them all; None if there are none."""
+    wanted = [d["source"] for d in guards if isinstance(d["expected"], dict)
+              and "reresolve" in d["expected"]]  # fmt: skip
+    sources = list(dict.fromkeys(decode(source) for source in wanted))
+    if not sources:
+        return None
+    em = CheckEmitter(spec)
+    names = [em.value(source) for source in sources]
+    return sources, em, em.render("fetch_packed", [*em.lines, f"return ({', '.join(names)},)"])
+
+
 def _fetch_reresolved(
     guards: list[dict[str, Any]], spec: FrameSpec, args: tuple[Any, ...]
 ) -> Callable[[Source], Any]:
     """The frame's objects at the sources of the identity guards the pack re-resolves
     (``self.layers[0]``), fetched by one generated function (a model has dozens: one compile,
     not one each); raises, as that function does, if one is not there."""
-    wanted = [d["source"] for d in guards if isinstance(d["expected"], dict)
-              and "reresolve" in d["expected"]]  # fmt: skip
-    sources = list(dict.fromkeys(decode(source) for source in wanted))
-    if not sources:
+    found = _fetch_source(guards, spec)
+    if found is None:
         nothing: dict[Source, Any] = {}
         return nothing.__getitem__
-    em = CheckEmitter(spec)
-    names = [em.value(source) for source in sources]
-    fetch = em.make(em.render("fetch_packed", [*em.lines, f"return ({', '.join(names)},)"]))
-    return dict(zip(sources, fetch(*args), strict=True)).__getitem__
+    sources, em, text = found
+    return dict(zip(sources, em.make(text)(*args), strict=True)).__getitem__
 
 
 def _code(text: str, frame: Frame) -> types.CodeType:
