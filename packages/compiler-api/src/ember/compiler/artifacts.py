@@ -170,8 +170,11 @@ def _guard_codes(guards: list[dict[str, Any]], checked: CompiledGuards) -> dict[
     check of the guards it decodes (pins included) and the fetch of its re-resolved objects,
     by the digest of their source (``ember.guards.codegen.precompiled``). Made here from the
     same guards, read back with this process's objects, so the source is the same text."""
-    objects = {g.source: g.expected.get() if isinstance(g.expected, WeakIdentity) else g.expected
-               for g in checked.guards.guards if g.kind is GuardKind.ID_MATCH}  # fmt: skip
+    objects = {
+        g.source: g.expected.get() if isinstance(g.expected, WeakIdentity) else g.expected
+        for g in checked.guards.guards
+        if g.kind is GuardKind.ID_MATCH
+    }
     frame = checked.frame
     guards = json.loads(json.dumps(guards))  # as the loader reads them: each value a new object
     rebuilt = GuardSet(g for d in guards for g in decode_guard(d, objects.__getitem__))
@@ -179,8 +182,11 @@ def _guard_codes(guards: list[dict[str, Any]], checked: CompiledGuards) -> dict[
     fetch = _fetch_source(guards, frame)
     if fetch is not None:
         texts.append(fetch[2])
-    return {digest: _b64(marshal.dumps(code))
-            for digest, code in map(lambda text: compiled_source(text, frame), texts)}  # fmt: skip
+    codes = {}
+    for text in texts:
+        digest, code = compiled_source(text, frame)
+        codes[digest] = _b64(marshal.dumps(code))
+    return codes
 
 
 def _b64(data: bytes) -> str:
@@ -302,18 +308,23 @@ def save_artifacts(path: str | os.PathLike[str]) -> SaveReport:
     """Write what this process compiled into one file at ``path`` (see the module doc)."""
     frames, left_out = _frames()  # first: it builds the kernels not built yet
     blobs: list[bytes] = []
+    offset = 0
 
     def put(data: bytes) -> dict[str, int]:
         """Compress ``data`` on its own; where it lies after the index."""
+        nonlocal offset
         blob = zlib.compress(data, 1)
-        where = {"at": sum(map(len, blobs)), "length": len(blob)}
         blobs.append(blob)
-        return where
+        offset += len(blob)
+        return {"at": offset - len(blob), "length": len(blob)}
 
     # each frame's entries apart: a process reads (decompresses, parses) only those of the
     # frames it runs, not the whole program's (a pack of the zoo: 8 models)
-    index = [{"code": frame["code"], "name": frame["name"], "entries": len(frame["entries"]),
-              **put(json.dumps(frame["entries"]).encode())} for frame in frames]  # fmt: skip
+    index = []
+    for frame in frames:
+        entries = json.dumps(frame["entries"]).encode()
+        index.append({"code": frame["code"], "name": frame["name"],
+                      "entries": len(frame["entries"]), **put(entries)})  # fmt: skip
     files = []
     for rel, data in _cache_files():  # each compressed alone: one already there is not read
         digest = hashlib.sha256(data).hexdigest()
