@@ -177,6 +177,33 @@ def test_a_frame_the_pack_does_not_fit_compiles_as_usual(tmp_path):
     assert opt.stats.graphs == 1 and opt.stats.prebuilt == []
 
 
+def test_a_packed_entry_runs_the_guard_code_the_saving_process_compiled(tmp_path, monkeypatch):
+    """The loader emits each entry's check (and the fetch of its re-resolved objects) from the
+    packed guards, and finds the same text compiled in the pack: nothing is compiled again."""
+    from ember.guards import codegen
+
+    pack = tmp_path / "cnn.ember"
+    save("aot_eager", ["cnn-eval"], pack)
+    ember.compiler.reset()
+    compiled: list[str] = []
+
+    def counted(source, filename, *args, **kwargs):
+        compiled.append(filename)
+        return compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(codegen, "compile", counted, raising=False)
+    assert ember.compiler.load_artifacts(pack).entries == 1
+    model, args = ZOO["cnn-eval"].make()
+    opt = ember.compiler.compile(model, backend="aot_eager")
+    torch.testing.assert_close(opt(*args), model(*args))
+    assert opt.stats.prebuilt and opt.stats.graphs == 0
+    assert compiled == []
+    # the guards still check: another batch size is not served this entry
+    wider = torch.randn(3, *args[0].shape[1:])
+    torch.testing.assert_close(opt(wider), model(wider))
+    assert opt.stats.graphs == 1 and compiled  # (that compile's check is compiled here)
+
+
 def broken(x, k):
     y = x.sin() * k
     ember.compiler.graph_break()

@@ -37,6 +37,32 @@ def test_import_ember_compiler_imports_no_tracing_machinery():
     assert got == [], got
 
 
+# debugging tools a run that does not ask for them never needs (a pack's warm start pays
+# ~8 ms of CPU for importing them)
+TOOLS = (
+    "ember.compiler.profiler",
+    "ember.compiler.replay_record",
+    "ember.compiler.repro",
+    "ember.compiler.repro_script",
+    "ember.compiler.minifier",
+)
+
+
+def test_debugging_tools_are_imported_where_used():
+    got = run(
+        "import json, sys, torch, ember.compiler\n"
+        "f = ember.compiler.compile(lambda x: x + 1, backend='eager')\n"
+        "f(torch.ones(2))\n"
+        f"before = [m for m in {TOOLS!r} if m in sys.modules]\n"
+        "from ember.compiler.profiler import CompilationProfiler\n"
+        "from ember.compiler.replay_record import replay\n"
+        "from ember.compiler.repro import AccuracyError\n"
+        "print(json.dumps([before, ember.compiler.CompilationProfiler is CompilationProfiler,\n"
+        "    ember.compiler.replay is replay, ember.compiler.AccuracyError is AccuracyError]))"
+    )
+    assert got == [[], True, True, True], got
+
+
 PACKAGES = ["ember.compiler", "ember.capture", "ember.aotgraph", "ember.inductor"]
 
 

@@ -59,11 +59,8 @@ from ember.compiler.logs import apply_environment as _apply_log_environment
 from ember.compiler.logs import set_logs
 from ember.compiler.phases import CompileTimes, compile_times
 from ember.compiler.phases import clear as _clear_times
-from ember.compiler.profiler import CompilationProfiler, ProfileReport
-from ember.compiler.replay_record import ReplayRecord, replay
 from ember.compiler.reporting import clear as _clear_report
 from ember.compiler.reporting import count_calls, report
-from ember.compiler.repro import AccuracyError
 from ember.compiler.repro_settings import ReproSettings
 from ember.compiler.stances import RecompileError, get_stance, set_stance
 from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
@@ -71,6 +68,9 @@ from ember.compiler.wrap import CompiledFunction, OptimizedModule, compile
 if TYPE_CHECKING:
     from ember.capture.calls import allow_in_graph, disallow_in_graph
     from ember.compiler.autograd_compiled import CompiledAutogradStats, compiled_autograd
+    from ember.compiler.profiler import CompilationProfiler, ProfileReport
+    from ember.compiler.replay_record import ReplayRecord, replay
+    from ember.compiler.repro import AccuracyError
 
 __version__ = "0.1.0"
 __all__ = [
@@ -150,13 +150,20 @@ def reset() -> None:
         autograd.reset()
 
 
-# Names whose modules import capture's translator (and sympy): imported on first use, so that
-# ``import ember.compiler`` and a loaded pack's first call do not pay for them.
+# Names whose modules import capture's translator (and sympy), or are debugging tools that a
+# run which does not ask for them never needs (the profiler, replay records, the repro tools
+# and their minifier): imported on first use, so that ``import ember.compiler`` and a loaded
+# pack's first call do not pay for them.
 _LAZY = {
     "allow_in_graph": "ember.capture.calls",
     "disallow_in_graph": "ember.capture.calls",
     "compiled_autograd": "ember.compiler.autograd_compiled",  # (its module: ember.aotgraph's
     "CompiledAutogradStats": "ember.compiler.autograd_compiled",  # runtime, sympy)
+    "CompilationProfiler": "ember.compiler.profiler",
+    "ProfileReport": "ember.compiler.profiler",
+    "ReplayRecord": "ember.compiler.replay_record",
+    "replay": "ember.compiler.replay_record",
+    "AccuracyError": "ember.compiler.repro",
 }
 # Hook registrations are watched from import on, so that compiled autograd's key sees every
 # hook of a graph built after it (autograd_graph.observe; a cheap wrapper of torch's methods).

@@ -65,16 +65,16 @@ from ember.compiler.artifacts_codec import (
     encode_guard,
 )
 from ember.compiler.configuration import config
-from ember.guards import CompiledGuards, FrameSpec, GuardSet, Source
-from ember.guards.codegen import CheckEmitter
+from ember.guards import CompiledGuards, FrameSpec, GuardKind, GuardSet, Source, WeakIdentity
+from ember.guards.codegen import CheckEmitter, build_check, compiled_source, precompiled
 from ember.inductor import cache as inductor_cache
 
 __all__ = ["ArtifactsWarning", "LoadReport", "SaveReport", "load_artifacts", "save_artifacts"]
 
 log = logging.getLogger("ember.compiler.artifacts")
 
-MAGIC = b"EMBERPACK 2\n"
-FORMAT = 2
+MAGIC = b"EMBERPACK 3\n"
+FORMAT = 3
 
 
 class ArtifactsWarning(UserWarning):
@@ -152,11 +152,41 @@ def _entry(code: types.CodeType, fn: Any, checked: CompiledGuards) -> dict[str, 
     guards = [encode_guard(g) for g in checked.guards.guards]
     if not isinstance(fn, types.FunctionType):
         raise Unpackable(f"an entry running a {type(fn).__name__}")
+    try:
+        codes = _guard_codes(guards, checked)
+    except Exception as e:  # only a speed-up: the loading process compiles them instead
+        log.info("guard code of an entry not packed: %s: %s", type(e).__name__, e)
+        codes = {}
+    head = {"guards": guards, "codes": codes}
     if GRAPH_ATTRIBUTE in fn.__dict__:
-        return {"kind": "graph", "guards": guards, **_pack_replacement(fn)}
+        return {"kind": "graph", **head, **_pack_replacement(fn)}
     if fn.__code__.co_code == code.co_code:
-        return {"kind": "native", "guards": guards}  # no tensor work: runs as it is
-    return {"kind": "break", "guards": guards, **_pack_break(fn)}
+        return {"kind": "native", **head}  # no tensor work: runs as it is
+    return {"kind": "break", **head, **_pack_break(fn)}
+
+
+def _guard_codes(guards: list[dict[str, Any]], checked: CompiledGuards) -> dict[str, str]:
+    """The compiled code of the functions a loading process generates for this entry: the
+    check of the guards it decodes (pins included) and the fetch of its re-resolved objects,
+    by the digest of their source (``ember.guards.codegen.precompiled``). Made here from the
+    same guards, read back with this process's objects, so the source is the same text."""
+    objects = {
+        g.source: g.expected.get() if isinstance(g.expected, WeakIdentity) else g.expected
+        for g in checked.guards.guards
+        if g.kind is GuardKind.ID_MATCH
+    }
+    frame = checked.frame
+    guards = json.loads(json.dumps(guards))  # as the loader reads them: each value a new object
+    rebuilt = GuardSet(g for d in guards for g in decode_guard(d, objects.__getitem__))
+    texts = [build_check(rebuilt.guards, frame)[0]]
+    fetch = _fetch_source(guards, frame)
+    if fetch is not None:
+        texts.append(fetch[2])
+    codes = {}
+    for text in texts:
+        digest, code = compiled_source(text, frame)
+        codes[digest] = _b64(marshal.dumps(code))
+    return codes
 
 
 def _b64(data: bytes) -> str:
@@ -277,15 +307,29 @@ def _cache_files() -> Iterator[tuple[str, bytes]]:
 def save_artifacts(path: str | os.PathLike[str]) -> SaveReport:
     """Write what this process compiled into one file at ``path`` (see the module doc)."""
     frames, left_out = _frames()  # first: it builds the kernels not built yet
-    files, blobs, offset = [], [], 0
-    for rel, data in _cache_files():  # each compressed alone: one already there is not read
+    blobs: list[bytes] = []
+    offset = 0
+
+    def put(data: bytes) -> dict[str, int]:
+        """Compress ``data`` on its own; where it lies after the index."""
+        nonlocal offset
         blob = zlib.compress(data, 1)
-        digest = hashlib.sha256(data).hexdigest()
-        files.append({"path": rel, "size": len(data), "sha256": digest, "at": offset,
-                      "length": len(blob)})  # fmt: skip
         blobs.append(blob)
         offset += len(blob)
-    meta = zlib.compress(json.dumps({"frames": frames, "files": files}).encode(), 1)
+        return {"at": offset - len(blob), "length": len(blob)}
+
+    # each frame's entries apart: a process reads (decompresses, parses) only those of the
+    # frames it runs, not the whole program's (a pack of the zoo: 8 models)
+    index = []
+    for frame in frames:
+        entries = json.dumps(frame["entries"]).encode()
+        index.append({"code": frame["code"], "name": frame["name"],
+                      "entries": len(frame["entries"]), **put(entries)})  # fmt: skip
+    files = []
+    for rel, data in _cache_files():  # each compressed alone: one already there is not read
+        digest = hashlib.sha256(data).hexdigest()
+        files.append({"path": rel, "size": len(data), "sha256": digest, **put(data)})
+    meta = zlib.compress(json.dumps({"frames": index, "files": files}).encode(), 1)
     body = len(meta).to_bytes(8, "little") + meta + b"".join(blobs)
     key = pack_key()
     secret = _secret()
@@ -301,7 +345,7 @@ def save_artifacts(path: str | os.PathLike[str]) -> SaveReport:
     with os.fdopen(fd, "wb") as f:
         f.write(MAGIC + json.dumps(header).encode() + b"\n" + body)
     os.replace(tmp, target)
-    count = sum(len(f["entries"]) for f in frames)
+    count = sum(frame["entries"] for frame in index)
     return SaveReport(str(target), count, len(files), tuple(left_out))
 
 
@@ -381,45 +425,84 @@ def load_artifacts(path: str | os.PathLike[str]) -> LoadReport:
         _, body = _read(Path(path))
         size = int.from_bytes(body[:8], "little")
         data = json.loads(zlib.decompress(body[8 : 8 + size]))
-        files = _install(data["files"], body[8 + size :])
-    except (_Refused, ValueError, KeyError, zlib.error, OSError) as e:
+        blobs = body[8 + size :]
+        files = _install(data["files"], blobs)
+        frames = []
+        for f in data["frames"]:
+            blob = blobs[f["at"] : f["at"] + f["length"]]
+            frames.append((f["code"], int(f["entries"]), _PackedFrame(f["name"], blob)))
+    except (_Refused, ValueError, KeyError, TypeError, zlib.error, OSError) as e:
         reason = f"ember pack {os.fspath(path)!r} ignored: {e}"
         warnings.warn(reason, ArtifactsWarning, stacklevel=2)
         return LoadReport(False, reason)
-    count = 0
-    for frame in data["frames"]:
-        for entry in frame["entries"]:
-            prebuilt.register(frame["code"], _Builder(frame["name"], entry))
-            count += 1
-    return LoadReport(True, "", count, files)
+    for code, count, packed in frames:
+        for index in range(count):
+            prebuilt.register(code, _Builder(packed, index))
+    return LoadReport(True, "", sum(count for _, count, _ in frames), files)
+
+
+class _PackedFrame:
+    """A code object's packed entries, decompressed and parsed when a frame of that code
+    first asks for them (the pack's checksum already covered their bytes)."""
+
+    __slots__ = ("_blob", "_entries", "name")
+
+    def __init__(self, name: str, blob: bytes) -> None:
+        self.name, self._blob = name, blob
+        self._entries: list[dict[str, Any]] | None = None
+
+    def entry(self, index: int) -> dict[str, Any]:
+        if self._entries is None:
+            self._entries = json.loads(zlib.decompress(self._blob))
+            self._blob = b""
+        return self._entries[index]
 
 
 @dataclass(frozen=True, slots=True)
 class _Builder:
     """One packed entry, built for a frame of its code (see ``ember.capture.prebuilt``)."""
 
-    name: str
-    entry: dict[str, Any]
+    frame: _PackedFrame
+    index: int
 
     def __call__(
         self, frame: Frame, build: Callable[..., Any]
     ) -> tuple[CompiledGuards, Any] | None:
+        name = self.frame.name
         spec = FrameSpec.from_function(frame.function)
         args = frame.args
         try:
-            fetch = _fetch_reresolved(self.entry["guards"], spec, args)
-            guards = GuardSet(g for d in self.entry["guards"] for g in decode_guard(d, fetch))
-            checked = guards.compile(spec)
+            entry = self.frame.entry(self.index)
+            codes = {k: marshal.loads(base64.b64decode(v)) for k, v in entry["codes"].items()}
+            with precompiled(codes):  # the check and fetch the saving process compiled
+                fetch = _fetch_reresolved(entry["guards"], spec, args)
+                guards = GuardSet(g for d in entry["guards"] for g in decode_guard(d, fetch))
+                checked = guards.compile(spec)
         except Exception as e:  # an object the pack names is not there: not this entry
-            log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)
+            log.info("packed entry of %s not used: %s: %s", name, type(e).__name__, e)
             return None
         if not checked.check(*args):
             return None
         try:
-            return checked, _FUNCTIONS[self.entry["kind"]](self.entry, frame, build)
+            return checked, _FUNCTIONS[entry["kind"]](entry, frame, build)
         except Exception as e:  # bytecode for other free variables, a corrupt entry
-            log.info("packed entry of %s not used: %s: %s", self.name, type(e).__name__, e)
+            log.info("packed entry of %s not used: %s: %s", name, type(e).__name__, e)
             return None
+
+
+def _fetch_source(
+    guards: list[dict[str, Any]], spec: FrameSpec
+) -> tuple[list[Source], CheckEmitter, str] | None:
+    """The sources of the identity guards the pack re-resolves, and the emitter and source
+    of the one function that fetches them all; None if there are none."""
+    wanted = [d["source"] for d in guards if isinstance(d["expected"], dict)
+              and "reresolve" in d["expected"]]  # fmt: skip
+    sources = list(dict.fromkeys(decode(source) for source in wanted))
+    if not sources:
+        return None
+    em = CheckEmitter(spec)
+    names = [em.value(source) for source in sources]
+    return sources, em, em.render("fetch_packed", [*em.lines, f"return ({', '.join(names)},)"])
 
 
 def _fetch_reresolved(
@@ -428,16 +511,12 @@ def _fetch_reresolved(
     """The frame's objects at the sources of the identity guards the pack re-resolves
     (``self.layers[0]``), fetched by one generated function (a model has dozens: one compile,
     not one each); raises, as that function does, if one is not there."""
-    wanted = [d["source"] for d in guards if isinstance(d["expected"], dict)
-              and "reresolve" in d["expected"]]  # fmt: skip
-    sources = list(dict.fromkeys(decode(source) for source in wanted))
-    if not sources:
+    found = _fetch_source(guards, spec)
+    if found is None:
         nothing: dict[Source, Any] = {}
         return nothing.__getitem__
-    em = CheckEmitter(spec)
-    names = [em.value(source) for source in sources]
-    fetch = em.make(em.render("fetch_packed", [*em.lines, f"return ({', '.join(names)},)"]))
-    return dict(zip(sources, fetch(*args), strict=True)).__getitem__
+    sources, em, text = found
+    return dict(zip(sources, em.make(text)(*args), strict=True)).__getitem__
 
 
 def _code(text: str, frame: Frame) -> types.CodeType:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -15,8 +16,7 @@ import torch
 from ember.capture import _eval_frame, hook
 from ember.capture.frame_compiler import FrameCompiler, Stats
 from ember.capture.shapes import Policy
-from ember.compiler import ddp, replay_record, reporting
-from ember.compiler import repro as repro_hooks
+from ember.compiler import ddp, reporting
 from ember.compiler.backends import (
     Backend,
     automatic_dynamic,
@@ -28,8 +28,6 @@ from ember.compiler.configuration import MODE_OPTIONS, config
 from ember.compiler.optimized import CompileSettings
 from ember.compiler.optimized import OptimizedModule as OptimizedModule  # re-exported
 from ember.compiler.phases import timed_backend
-from ember.compiler.profiler import CompilationProfiler
-from ember.compiler.repro_script import compiler_ref
 from ember.compiler.repro_settings import ReproSettings
 from ember.guards.state import BACKEND_VAR
 
@@ -390,11 +388,22 @@ def _compiler_maker(
     if isinstance(options, dict):  # the repro keys are ember's, not the backend's
         repro, options = repro.with_options(options)
     made = _configured(backend, mode, options)
-    fn = repro_hooks.instrument(made.backend, lambda: compiler_ref(backend, options), repro)
+    fn = made.backend
+    # the repro tools, the replay records and the profiler are imported only where they are
+    # used: ``import ember.compiler`` (a pack's warm start) does not pay for them
+    if repro.after is not None:
+        from ember.compiler import repro as repro_hooks
+        from ember.compiler.repro_script import compiler_ref
+
+        fn = repro_hooks.instrument(fn, lambda: compiler_ref(backend, options), repro)
     # compile_times() and the report see it; graphs captured inside DDP's forward are split
     observer = reporting.observe(timed_backend(ddp.split_backend(fn)))
-    # a profiler installs a frame compiler of its own (it compiles each code once)
-    make = backend.frame_compiler if isinstance(backend, CompilationProfiler) else FrameCompiler
+    # a profiler installs a frame compiler of its own (it compiles each code once); a
+    # CompilationProfiler's module is imported if ``backend`` is one
+    profiler = sys.modules.get("ember.compiler.profiler")
+    make = FrameCompiler
+    if profiler is not None and isinstance(backend, profiler.CompilationProfiler):
+        make = backend.frame_compiler
     scope = functools.partial(config.patch, made.settings) if made.settings else None
     policy = Policy(dynamic if supports_dynamic(backend) else False, automatic_dynamic(backend))
 
@@ -403,7 +412,10 @@ def _compiler_maker(
             observer, made.name, fullgraph=fullgraph, entry_codes=entry, scope=scope,
             dynamic=policy,
         )  # fmt: skip
-        replay_record.record_failures(compiler, backend, options, repro)
+        if repro.replay_record:
+            from ember.compiler import replay_record
+
+            replay_record.record_failures(compiler, backend, options, repro)
         return compiler
 
     return _Maker(made.name, new)

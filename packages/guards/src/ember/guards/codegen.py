@@ -1,7 +1,11 @@
 """Compile guards to Python source: one check function, one explainer.
 
 Both functions come from the same emitters (``KINDS`` and ``FETCHERS``), so
-the explainer finds exactly the guard that made the check fail. Each source
+the explainer finds exactly the guard that made the check fail. The explainer
+is built only when a check failed and someone asks why (it costs as much as the
+check to build); it reads globals as the check was built to, from the
+``resolved`` record the check's emitter left (see :meth:`CheckEmitter.global_`).
+Each source
 is fetched once, into a local, right before the first guard that needs it;
 guards run in the order of their :class:`~ember.guards.guardset.GuardSet`.
 Every exception (a missing attribute, a raising ``__eq__``) means False.
@@ -24,14 +28,84 @@ def __make():
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from types import CodeType
 from typing import Any
 
 from ember.guards.frame import FrameSpec
 from ember.guards.kinds import KINDS, Guard
 from ember.guards.sources import FETCHERS, Local, Source
 
-__all__ = ["CheckEmitter", "build_check", "build_explainer", "build_fetch"]
+__all__ = [
+    "CheckEmitter",
+    "build_check",
+    "build_explainer",
+    "build_fetch",
+    "compiled_source",
+    "precompiled",
+]
+
+# Code compiled from generated guard source by another process, by a digest of its file name
+# and source (see :func:`precompiled`): compile() is most of what a check costs to build
+# (2-4 ms for a model's 130-250 guards; emitting the source is a fraction of that).
+_PRECOMPILED: dict[str, CodeType] = {}
+
+
+def _filename(frame: FrameSpec) -> str:
+    return f"<ember guards for {frame.name}>"
+
+
+def _digest(filename: str, source: str) -> str:
+    return hashlib.sha256(f"{filename}\n{source}".encode()).hexdigest()
+
+
+def _code(source: str, frame: FrameSpec) -> CodeType:
+    filename = _filename(frame)
+    if _PRECOMPILED:
+        code = _PRECOMPILED.get(_digest(filename, source))
+        if code is not None:
+            return code
+    return compile(source, filename, "exec")
+
+
+def compiled_source(source: str, frame: FrameSpec) -> tuple[str, CodeType]:
+    """``(digest, code)``: generated guard ``source`` for ``frame`` compiled, and what names
+    exactly that source and file name, for :func:`precompiled` in another process.
+
+    >>> frame = FrameSpec("f", ("k",), {}, {})
+    >>> source, _ = build_check([], frame)
+    >>> digest, code = compiled_source(source, frame)
+    >>> len(digest), code.co_filename
+    (64, '<ember guards for f>')
+    """
+    return _digest(_filename(frame), source), _code(source, frame)
+
+
+@contextlib.contextmanager
+def precompiled(codes: dict[str, CodeType]) -> Iterator[None]:
+    """Inside the block, generated guard source whose digest (:func:`compiled_source`) is a
+    key of ``codes`` runs that code instead of being compiled. A portable pack carries the
+    code of its entries' checks: the source is still emitted from the guards and must be
+    the very text the code was compiled from (the digest says so), so only compiling is
+    saved. The code is trusted as the pack's other bytecode is.
+
+    >>> from ember.guards import Local, equals
+    >>> frame = FrameSpec("f", ("k",), {}, {})
+    >>> source, _ = build_check([equals(Local("k"), 3)], frame)
+    >>> codes = dict([compiled_source(source, frame)])  # where the pack is saved
+    >>> with precompiled(codes):  # where it is loaded: the same source, not compiled again
+    ...     _, check = build_check([equals(Local("k"), 3)], frame)
+    >>> check(3), check(4)
+    (True, False)
+    """
+    _PRECOMPILED.update(codes)
+    try:
+        yield
+    finally:
+        for digest in codes:
+            _PRECOMPILED.pop(digest, None)
 
 
 class CheckEmitter:
@@ -40,10 +114,16 @@ class CheckEmitter:
     >>> em = CheckEmitter(FrameSpec("f", ("x",), {"w": 1}, {}))
     >>> em.global_("w"), em.global_("len")
     ("G['w']", "(G['len'] if 'len' in G else B['len'])")
+    >>> em.resolved
+    {'w': True, 'len': False}
     """
 
-    def __init__(self, frame: FrameSpec) -> None:
+    def __init__(self, frame: FrameSpec, resolved: dict[str, bool] | None = None) -> None:
         self.frame = frame
+        # global name -> whether it was one when first emitted; shared between the check's
+        # emitter and those made later for the same frame (explainer, fetches), so that all
+        # read a name the way the check does though the module's globals changed since
+        self.resolved: dict[str, bool] = {} if resolved is None else resolved
         self.lines: list[str] = []
         self.names: dict[str, object] = {}
         self._bound: dict[int, str] = {}
@@ -76,9 +156,13 @@ class CheckEmitter:
 
     def global_(self, name: str) -> str:
         """``LOAD_GLOBAL`` semantics. A name that is a global now stays one: if
-        it is deleted the lookup raises and the check fails."""
+        it is deleted the lookup raises and the check fails. "Now" is when the
+        first emitter sharing ``resolved`` saw the name."""
         self.names.setdefault("G", self.frame.globals)
-        if name in self.frame.globals:
+        is_global = self.resolved.get(name)
+        if is_global is None:
+            is_global = self.resolved[name] = name in self.frame.globals
+        if is_global:
             return f"G[{name!r}]"
         self.names.setdefault("B", self.frame.builtins)
         return f"(G[{name!r}] if {name!r} in G else B[{name!r}])"
@@ -108,7 +192,7 @@ class CheckEmitter:
     def make(self, source: str) -> Callable[..., Any]:
         """Execute ``source`` and call ``__make`` with the bound objects."""
         namespace: dict[str, Any] = {}
-        exec(compile(source, f"<ember guards for {self.frame.name}>", "exec"), namespace)
+        exec(_code(source, self.frame), namespace)
         fn: Callable[..., Any] = namespace["__make"](**self.names)
         return fn
 
@@ -133,9 +217,12 @@ def _runs(guards: Sequence[Guard]) -> list[list[Guard]]:
     return runs
 
 
-def build_check(guards: Sequence[Guard], frame: FrameSpec) -> tuple[str, Callable[..., bool]]:
-    """The hot check: ``check(*frame_args) -> bool``, and its source."""
-    em = CheckEmitter(frame)
+def build_check(
+    guards: Sequence[Guard], frame: FrameSpec, resolved: dict[str, bool] | None = None
+) -> tuple[str, Callable[..., bool]]:
+    """The hot check: ``check(*frame_args) -> bool``, and its source. How it read each
+    global name goes into ``resolved`` (see :class:`CheckEmitter`)."""
+    em = CheckEmitter(frame, resolved)
     for run in _runs(guards):
         rule = KINDS[run[0].kind]
         test = rule.batch(run, em) if rule.batch and len(run) > 1 else rule.emit(run[0], em)
@@ -145,15 +232,18 @@ def build_check(guards: Sequence[Guard], frame: FrameSpec) -> tuple[str, Callabl
     return source, em.make(source)
 
 
-def build_explainer(guards: Sequence[Guard], frame: FrameSpec) -> Callable[..., Any]:
+def build_explainer(
+    guards: Sequence[Guard], frame: FrameSpec, resolved: dict[str, bool] | None = None
+) -> Callable[..., Any]:
     """``explain(*frame_args) -> (index of the first failing guard or -1, exception)``.
+    Pass the check's ``resolved`` so that it reads globals as the check does.
 
     >>> from ember.guards import FrameSpec, Local, equals
     >>> explain = build_explainer([equals(Local("k"), 3)], FrameSpec("f", ("k",), {}, {}))
     >>> explain(3), explain(4)
     ((-1, None), (0, None))
     """
-    em = CheckEmitter(frame)
+    em = CheckEmitter(frame, resolved)
     for index, guard in enumerate(guards):
         em.lines.append(f"i = {index}")
         test = KINDS[guard.kind].emit(guard, em)
@@ -168,7 +258,9 @@ def build_explainer(guards: Sequence[Guard], frame: FrameSpec) -> Callable[..., 
     return em.make(em.render(_fn_name(frame, "explain"), [*body, "return -1, None"]))
 
 
-def build_fetch(source: Source, frame: FrameSpec) -> Callable[..., Any]:
+def build_fetch(
+    source: Source, frame: FrameSpec, resolved: dict[str, bool] | None = None
+) -> Callable[..., Any]:
     """``fetch(*frame_args)`` returns ``source``'s value (raising if it cannot).
 
     >>> from ember.guards import Attr, FrameSpec, Local
@@ -176,6 +268,6 @@ def build_fetch(source: Source, frame: FrameSpec) -> Callable[..., Any]:
     >>> fetch(3)
     3
     """
-    em = CheckEmitter(frame)
+    em = CheckEmitter(frame, resolved)
     result = em.value(source)
     return em.make(em.render(_fn_name(frame, "fetch"), [*em.lines, f"return {result}"]))

@@ -101,8 +101,9 @@ class GuardSet:
             frame = FrameSpec.from_function(frame)
         log.artifact("guards", lambda: f"guards of {frame.name}: {self}")
         with TIMES.timed("guards"):
-            source, check = build_check(self.guards, frame)
-            return CompiledGuards(self, frame, check, source, build_explainer(self.guards, frame))
+            resolved: dict[str, bool] = {}
+            source, check = build_check(self.guards, frame, resolved)
+            return CompiledGuards(self, frame, check, source, resolved)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -112,7 +113,9 @@ class CompiledGuards:
     ``check(*args) -> bool`` is the hot function ``ember.capture`` stores in
     its per-code cache: ``args`` are the frame's argument slots in
     ``co_varnames`` order; it never raises an ``Exception``. ``source`` is its
-    Python source, for debugging.
+    Python source, for debugging. ``resolved`` records how the check read each
+    global name (see :class:`~ember.guards.codegen.CheckEmitter`): the explainer,
+    built on first use, reads them the same way.
 
     >>> from ember.guards import FrameSpec, Local, equals
     >>> compiled = GuardSet([equals(Local("k"), 1)]).compile(FrameSpec("f", ("k",), {}, {}))
@@ -124,8 +127,30 @@ class CompiledGuards:
     frame: FrameSpec
     check: Callable[..., bool]
     source: str
-    explainer: Callable[..., tuple[int, BaseException | None]]
-    _fetchers: dict[Source, Callable[..., Any]] = field(default_factory=dict, repr=False)
+    resolved: dict[str, bool] = field(default_factory=dict, repr=False)
+    _explainer: Callable[..., tuple[int, BaseException | None]] | None = field(
+        default=None, init=False, repr=False
+    )
+    _fetchers: dict[Source, Callable[..., Any]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    @property
+    def explainer(self) -> Callable[..., tuple[int, BaseException | None]]:
+        """``explain(*args) -> (index of the first failing guard or -1, exception)``,
+        built on first use: only a failed check, or a diagnostic, asks why (building it
+        costs about what the check cost; a cache hit never needs it).
+
+        >>> from ember.guards import FrameSpec, Local, equals
+        >>> compiled = GuardSet([equals(Local("k"), 1)]).compile(FrameSpec("f", ("k",), {}, {}))
+        >>> compiled.explainer(1), compiled.explainer(2)
+        ((-1, None), (0, None))
+        """
+        explain = self._explainer
+        if explain is None:  # two threads may both build it: either result is the same
+            explain = build_explainer(self.guards.guards, self.frame, self.resolved)
+            object.__setattr__(self, "_explainer", explain)
+        return explain
 
     def explain_failure(self, *args: object) -> str | None:
         """Which guard fails for these argument slots and why, or None if all pass.
@@ -152,5 +177,5 @@ class CompiledGuards:
     def _fetch(self, source: Source, args: tuple[object, ...]) -> Any:
         fetch = self._fetchers.get(source)
         if fetch is None:
-            fetch = self._fetchers[source] = build_fetch(source, self.frame)
+            fetch = self._fetchers[source] = build_fetch(source, self.frame, self.resolved)
         return fetch(*args)
