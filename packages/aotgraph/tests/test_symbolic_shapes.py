@@ -669,3 +669,21 @@ def test_a_miss_is_explained_and_logged(caplog: pytest.LogCaptureFixture) -> Non
         compiled(rand(10), 3)  # 3 does not divide 10: eager runs it, and raises
     messages = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
     assert len(messages) == 1 and "Mod" in messages[0], messages
+
+
+def _eval_dropout(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, 0.1, training=False) * 2 + torch.dropout(x, 0.0, True)
+
+
+def test_a_dropout_eager_skips_leaves_no_copy() -> None:
+    """Training off, or ``p == 0``: eager returns the input itself, and so does the graph
+    (torch's Python decomposition, which symbolic traces take, would copy it)."""
+    x = torch.randn(4, 3)
+    gm, example, _ = symbolic_graph(_eval_dropout, [x], {0: [0]})
+    compilers = Compilers([])
+    compiled = compilers.compile(gm, clone_args(example))
+    ((name, graph, _),) = compilers.seen
+    assert name == "inference" and "clone" not in graph.code, graph.code
+    for n in SIZES:
+        check_call(compiled, _eval_dropout, [torch.randn(n, 3)])
+    assert len(compilers.seen) == 1

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from ember.capture.fakepointwise import pointwise_result
 from ember.capture.fakeview import RESHAPES, contiguous_view
 from ember.capture.shapes import SYM_TYPES
 
@@ -96,10 +97,16 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     (True, 0, 1)
     """
 
+    pointwise_shortcut = True  # class-wide switch (tests and benchmarks compare both)
+
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         symbolic = self.shape_env is not None
         if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
             out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
+            if out is not None:
+                return out
+        if symbolic and self.pointwise_shortcut:
+            out = pointwise_result(self, func, args, kwargs or {})  # None: torch decides
             if out is not None:
                 return out
         if not (symbolic and self.cache_enabled and getattr(func, "is_view", False)):
