@@ -36,7 +36,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ember.capture.fakepointwise import pointwise_result
-from ember.capture.fakeview import RESHAPES, contiguous_view
+from ember.capture.fakeview import RESHAPES, SHAPE_VIEWS, contiguous_view, shape_view
 from ember.capture.shapes import SYM_TYPES
 
 __all__ = ["FakeMemo", "TracerFakeMode"]
@@ -103,6 +103,10 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
         symbolic = self.shape_env is not None
         if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
             out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
+            if out is not None:
+                return out
+        if symbolic and func in SHAPE_VIEWS:
+            out = shape_view(func, args, kwargs or {})  # None: torch's kernel decides
             if out is not None:
                 return out
         if symbolic and self.pointwise_shortcut:
