@@ -84,7 +84,10 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     (docs/performance.md). Other ops keep the cache: their repeats in the aot trace hit
     the entries capture made. The cache only memoises, so fakes and guards are the same.
     ``view``/``_unsafe_view`` of an input contiguous for every value of its symbols skip
-    torch's kernel too: :func:`ember.capture.fakeview.contiguous_view` makes the result.
+    torch's kernel too: :func:`ember.capture.fakeview.contiguous_view` makes the result;
+    so do ``unsqueeze``, whole-dimension slices and ``expand``
+    (:func:`ember.capture.fakeview.shape_view`), and pointwise ops of contiguous inputs
+    (:func:`ember.capture.fakepointwise.pointwise_result`), which then skip the cache.
 
     >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
     >>> mode = TracerFakeMode(shape_env=ShapeEnv())
@@ -92,7 +95,7 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     >>> with mode:
     ...     y = x.transpose(0, 1)  # a view: runs its meta kernel, nothing cached
     ...     n_view = len(mode.shape_env.fake_tensor_cache)
-    ...     z = x + 1  # not a view: cached as before
+    ...     z = x.softmax(0)  # neither a view nor pointwise: cached as before
     >>> y.shape == (x.shape[1], x.shape[0]), n_view, len(mode.shape_env.fake_tensor_cache)
     (True, 0, 1)
     """
