@@ -165,3 +165,48 @@ def test_other_inputs_go_to_torchs_kernel() -> None:
             torch.neg(flags)
     static = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.randn(3), static_shapes=True)
     assert pointwise_result(static.fake_mode, aten.relu.default, (static,), {}) is None
+
+
+prims = torch.ops.prims
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_reduction_prims_match_torchs_kernel(seed: int) -> None:
+    """prims' reductions (any input layout) and ``prims.div`` by a number: as torch's."""
+    rng = random.Random(seed)
+    taken = 0
+    for _ in range(30):
+        mode = TracerFakeMode(shape_env=ShapeEnv())
+        ndim = rng.randint(1, 4)
+        sizes = [rng.choice([1, 2, 3, 5]) for _ in range(ndim)]
+        real = torch.randn(sizes, dtype=rng.choice([torch.float32, torch.float64]))
+        transposed = ndim > 1 and rng.random() < 0.5
+        if transposed:
+            real = real.transpose(0, ndim - 1)
+        x = _fake(mode, real, [s > 1 and rng.random() < 0.7 for s in real.shape])
+        dims = sorted(rng.sample(range(ndim), rng.randint(1, ndim)))
+        func, args = rng.choice(
+            [
+                (prims.sum.default, (x, dims)),
+                (prims.amax.default, (x, dims)),
+                (prims.var.default, (x, dims, 1.0)),
+                (prims.div.default, (x, 3.0)),
+            ]
+        )
+        ref = _torch(mode, func, args, {})
+        with mode:
+            fast = pointwise_result(mode, func, args, {})
+        if not any(isinstance(n, torch.SymInt) for n in x.shape) or (
+            func is prims.div.default and transposed
+        ):
+            continue  # nothing symbolic, or not contiguous: torch's kernel (checked above)
+        assert fast is not None, (func, args)
+        taken += 1
+        assert _exprs(fast.shape) == _exprs(ref.shape)
+        assert _exprs(fast.stride()) == _exprs(ref.stride())
+        assert fast.dtype == ref.dtype
+    assert taken >= 10
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    x = _fake(mode, torch.randn(4, 6), [True, True])
+    for args in [(x, [2]), (x, [0, 0]), (x, [-1])]:  # out of range, repeated, not canonical
+        assert pointwise_result(mode, prims.sum.default, args, {}) is None

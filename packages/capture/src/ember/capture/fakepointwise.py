@@ -57,6 +57,22 @@ PLAIN_TYPES = frozenset({int, float, bool, complex, str, type(None), torch.dtype
 # The memory formats that keep a contiguous input's layout (others are torch's to decide).
 KEEPS_LAYOUT = frozenset({torch.preserve_format, torch.contiguous_format})
 
+prims = torch.ops.prims
+
+# Elementwise prims (no pointwise tag) that decompositions emit with one tensor and
+# numbers: ``prims.div(sum, 128.0)`` in torch's ``mean``. prims do not broadcast (they
+# reject tensors of other shapes), so these take exactly one tensor that is not 0-dim.
+ONE_TENSOR_PRIMS = frozenset({prims.div.default, prims.mul.default})
+# Reductions whose output is contiguous by construction (``_reduction_meta``: the input's
+# sizes minus the reduced dims, ``make_contiguous_strides_for``), whatever the input's
+# layout: op -> the argument position of its dims.
+REDUCTION_PRIMS = {
+    prims.sum.default: 1,
+    prims.amax.default: 1,
+    prims.amin.default: 1,
+    prims.var.default: 1,
+}
+
 # op -> whether it qualifies (see _qualifies); (op, argument types) -> the output dtype
 _QUALIFIES: dict[Any, bool] = {}
 _DTYPES: dict[Any, torch.dtype | None] = {}
@@ -67,6 +83,8 @@ def pointwise_result(
 ) -> torch.Tensor | None:
     """The output of the pointwise op ``func`` over fakes of ``mode``, made directly when
     its inputs allow (see the module docstring); None to let torch's kernel decide."""
+    if func in REDUCTION_PRIMS:
+        return _reduction(mode, func, args, kwargs)
     qualifies = _QUALIFIES.get(func)
     if qualifies is None:
         qualifies = _QUALIFIES[func] = _qualifies(func)
@@ -93,6 +111,8 @@ def pointwise_result(
             key.append((kind, value))
         else:
             return None  # a SymInt, a list, a real tensor, another layout, ...
+    if func in ONE_TENSOR_PRIMS and len(shaped) != 1:
+        return None
     sizes = _broadcast(shaped)
     if sizes is None:
         return None
@@ -133,8 +153,41 @@ def _broadcast(tensors: Sequence[FakeTensor]) -> list[Any] | None:
     return out
 
 
+def _reduction(
+    mode: Any, func: Any, args: Sequence[Any], kwargs: dict[str, Any]
+) -> torch.Tensor | None:
+    """A reduction prim's output: the input's sizes without the reduced dims, contiguous
+    (as torch's ``_reduction_meta`` makes it), the dtype from the probe."""
+    at = REDUCTION_PRIMS[func]
+    if len(args) <= at or type(args[0]) is not FakeTensor or not _plain(mode, args[0]):
+        return None
+    a, dims = args[0], args[at]
+    if a.constant is not None or any(type(v) not in PLAIN_TYPES for v in kwargs.values()):
+        return None
+    if any(type(v) not in PLAIN_TYPES for v in args[at + 1 :]):
+        return None
+    sizes = _values(a.shape)
+    ndim = a.dim()
+    if sizes is None or any(h == 0 for _, h in sizes) or all(type(e) is int for e, _ in sizes):
+        return None
+    if not isinstance(dims, list | tuple) or not all(type(d) is int for d in dims):
+        return None
+    if len(set(dims)) != len(dims) or not all(0 <= d < ndim for d in dims):
+        return None  # prims take canonical dims: anything else is torch's to reject
+    key = (func, a.dtype, ndim, tuple(dims), *((type(v), v) for v in args[at + 1 :]))
+    dtype = _dtype((*key, *sorted(kwargs.items())), func, args, kwargs)
+    if dtype is None:
+        return None
+    kept = [n for d, n in enumerate(a.shape) if d not in dims]
+    with in_kernel_invocation_manager(mode):
+        meta = torch.empty(kept, dtype=dtype, device="meta")
+    return FakeTensor(mode, meta, a.device)
+
+
 def _qualifies(func: Any) -> bool:
     """A functional pointwise aten op with one tensor result and no randomness."""
+    if func in ONE_TENSOR_PRIMS:
+        return True
     if not isinstance(func, torch._ops.OpOverload):
         return False
     tags = func.tags
@@ -193,6 +246,8 @@ def _dtype(
     except Exception:
         out = None  # torch's kernel raises the error for real
     ndim = max((a.dim() for a in probe_args if isinstance(a, torch.Tensor)), default=0)
+    if func in REDUCTION_PRIMS:
+        ndim -= len(args[REDUCTION_PRIMS[func]])
     ok = type(out) is torch.Tensor and out.device.type == "meta" and out.shape == (1,) * ndim
     dtype = out.dtype if ok and out is not None else None
     if len(_DTYPES) > 4096:
