@@ -204,3 +204,21 @@ def test_a_view_that_raises_leaves_the_cache_on() -> None:
     with mode, pytest.raises(RuntimeError):
         x.view(7, -1, 3)  # 4*s0*s1 elements never split into 7 x ? x 3 with a static 4
     assert mode.cache_enabled
+
+
+def test_contiguous_of_a_contiguous_symbolic_fake_is_itself() -> None:
+    """As eager's ``contiguous()``: the tensor itself, without asking torch (whose answer
+    costs ``SymNode`` arithmetic); a transposed one is copied by torch's kernel."""
+    from ember.capture.fakememo import FakeMemo, TracerFakeMode
+
+    mode, x = _symbolic(TracerFakeMode)
+    memo = FakeMemo()
+    with mode:
+        same = memo.call(mode, "call_method", "contiguous", (x,), {})
+        fmt = {"memory_format": torch.contiguous_format}
+        also = memo.call(mode, "call_method", "contiguous", (x,), fmt)
+        t = x.transpose(0, 1)
+        copied = memo.call(mode, "call_method", "contiguous", (t,), {})
+    assert same is x and also is x and copied is not t
+    assert copied.is_contiguous() and _layout(copied)[0][:3] == _layout(t)[0][:3]
+    assert not mode.shape_env.guards

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from ember.capture.fakepointwise import pointwise_result
+from ember.capture.fakepointwise import layout_of, pointwise_result
 from ember.capture.fakeview import RESHAPES, SHAPE_VIEWS, contiguous_view, shape_view
 from ember.capture.shapes import SYM_TYPES
 
@@ -178,6 +178,8 @@ class FakeMemo:
         """The result of the graph node ``kind``/``target`` over fake ``args`` (for a
         method, ``args[0]`` is the tensor), or the result remembered for a call with the
         same key; under ``mode``, the tracer's fake mode."""
+        if kind == "call_method" and target == "contiguous" and _contiguous_already(args, kwargs):
+            return args[0]  # as eager's contiguous() does, without asking in SymNode arithmetic
         fn = getattr(args[0], target) if kind == "call_method" else target
         call_args = args[1:] if kind == "call_method" else args
         key = _key(mode, kind, target, args, kwargs)
@@ -196,6 +198,21 @@ class FakeMemo:
             if result is not None:
                 self.entries[key] = result
         return out
+
+
+def _contiguous_already(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``args[0].contiguous(**kwargs)`` is ``args[0]`` itself for every value of its
+    symbols: a fake with a symbolic size whose strides are its sizes' contiguous strides
+    as expressions (``fakepointwise``'s test; torch asks ``is_contiguous`` in ``SymNode``
+    arithmetic, 30 operations a call)."""
+    x = args[0]
+    if len(args) != 1 or type(x) is not FakeTensor or x.fake_mode.shape_env is None:
+        return False
+    if kwargs and kwargs != {"memory_format": torch.contiguous_format}:
+        return False
+    if not any(isinstance(n, torch.SymInt) for n in x.shape):
+        return False
+    return x.layout is torch.strided and layout_of(x) is not None
 
 
 def _key(mode: Any, kind: str, target: Any, args: Any, kwargs: Any) -> Any:

@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ember.capture.fakeview import Value, _contiguous, _values
 
-__all__ = ["pointwise_result"]
+__all__ = ["layout_of", "pointwise_result"]
 
 # Argument values that decide nothing but the dtype (with the op), keyed by value.
 PLAIN_TYPES = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device})
@@ -136,7 +136,7 @@ def _broadcast(tensors: Sequence[FakeTensor]) -> list[Any] | None:
     out: list[Any] = [1] * ndim
     exprs: list[Any] = [1] * ndim
     for t in tensors:
-        layout = _layout(t)
+        layout = layout_of(t)
         if layout is None:
             return None
         skip = ndim - t.dim()  # sizes align on the right
@@ -214,9 +214,16 @@ def _plain(mode: Any, t: FakeTensor) -> bool:
     )
 
 
-def _layout(t: FakeTensor) -> list[Value] | None:
+def layout_of(t: FakeTensor) -> list[Value] | None:
     """``t``'s sizes as ``(expression, hint)`` when it is contiguous by its expressions
-    and no size is 0 (or may be: an unbacked size has no hint); else None."""
+    and no size is 0 (or may be: an unbacked size has no hint); else None.
+
+    >>> from torch._subclasses import FakeTensorMode
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> x = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.empty(4, 6))
+    >>> [str(e) for e, _ in layout_of(x)], [h for _, h in layout_of(x)], layout_of(x.mT)
+    (['s...', 's...'], [4, 6], None)
+    """
     sizes = _values(t.shape)
     if sizes is None or any(h == 0 or e == 0 for e, h in sizes):
         return None
