@@ -146,7 +146,7 @@ def mean_dim(
     >>> torch.allclose(mean_dim(x, [-1], True, fallback=ref), x.mean(-1, keepdim=True))
     True
     """
-    dims = [dim] if type(dim) is int else list(dim) if dim is not None else []
+    dims: list[Any] = [dim] if isinstance(dim, int) else list(dim) if dim is not None else []
     ndim = x.dim()
     plain = (
         dtype is None
