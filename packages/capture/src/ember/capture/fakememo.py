@@ -100,8 +100,6 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     (True, 0, 1)
     """
 
-    pointwise_shortcut = True  # class-wide switch (tests and benchmarks compare both)
-
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         symbolic = self.shape_env is not None
         if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
@@ -112,7 +110,7 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
             out = shape_view(func, args, kwargs or {})  # None: torch's kernel decides
             if out is not None:
                 return out
-        if symbolic and self.pointwise_shortcut:
+        if symbolic:
             out = pointwise_result(self, func, args, kwargs or {})  # None: torch decides
             if out is not None:
                 return out
