@@ -669,3 +669,47 @@ def test_a_miss_is_explained_and_logged(caplog: pytest.LogCaptureFixture) -> Non
         compiled(rand(10), 3)  # 3 does not divide 10: eager runs it, and raises
     messages = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
     assert len(messages) == 1 and "Mod" in messages[0], messages
+
+
+def _eval_dropout(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, 0.1, training=False) * 2 + torch.dropout(x, 0.0, True)
+
+
+def test_a_dropout_eager_skips_leaves_no_copy() -> None:
+    """Training off, or ``p == 0``: eager returns the input itself, and so does the graph
+    (torch's Python decomposition, which symbolic traces take, would copy it)."""
+    x = torch.randn(4, 3)
+    gm, example, _ = symbolic_graph(_eval_dropout, [x], {0: [0]})
+    compilers = Compilers([])
+    compiled = compilers.compile(gm, clone_args(example))
+    ((name, graph, _),) = compilers.seen
+    assert name == "inference" and "clone" not in graph.code, graph.code
+    for n in SIZES:
+        check_call(compiled, _eval_dropout, [torch.randn(n, 3)])
+    assert len(compilers.seen) == 1
+
+
+def _means(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (
+        x.mean(-1, keepdim=True),  # the lean decomposition: a static count
+        x.mean([0, 2]),
+        x.mean(1),  # over a symbolic size: torch's reference
+        x.half().mean(-1),  # float16: torch's reference
+    )
+
+
+def test_means_with_symbolic_sizes_decompose_as_eager_computes() -> None:
+    """A table decomposing ``aten.mean.dim`` (inductor's does) gets ember's lean version
+    in symbolic traces (``decompositions.mean_dim``), torch's reference where it falls
+    back: the same graph ops as the reference's, and eager's numbers."""
+    table = {torch.ops.aten.mean.dim: torch._decomp.decomposition_table[torch.ops.aten.mean.dim]}
+    x = torch.randn(4, 5, 6)
+    gm, example, _ = symbolic_graph(_means, [x], {0: [0, 1]})
+    compilers = Compilers([])
+    compiled = compilers.compile(gm, clone_args(example), decompositions=table)
+    ((_, graph, _),) = compilers.seen
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert "aten.mean.dim" not in targets and targets.count("prims.sum.default") == 4
+    for n in SIZES:
+        check_call(compiled, _means, [torch.randn(n, n + 1, 6)])
+    assert len(compilers.seen) == 1

@@ -136,3 +136,75 @@ def test_static_and_plain_modes_are_untouched() -> None:
     with FakeTensorMode() as mode:
         x = mode.from_tensor(real)
         assert fakeview.contiguous_view(x, [24]) is None  # no ShapeEnv: static sizes
+
+
+def _torch_op(mode: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    with mode:
+        return FakeTensorMode.dispatch(mode, func, (), args, {})
+
+
+def _shape_view_case(rng: random.Random, x: Any) -> tuple[Any, tuple[Any, ...]]:
+    """One of the shortcut's ops on ``x``: unsqueeze, a full slice, or an expand."""
+    kind = rng.choice(["unsqueeze", "slice", "expand"])
+    if kind == "unsqueeze":
+        return aten.unsqueeze.default, (x, rng.randint(-x.dim() - 1, x.dim()))
+    if kind == "slice":
+        end = rng.choice([fakeview.INT64_MAX, None])
+        return aten.slice.Tensor, (x, rng.randrange(x.dim()), rng.choice([0, None]), end)
+    lead = [rng.choice([2, 3])] * rng.randint(0, 2)
+    size = [
+        rng.choice([s, 5]) if isinstance(s, int) and s == 1 else rng.choice([s, -1])
+        for s in x.shape
+    ]
+    return aten.expand.default, (x, lead + size)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shape_views_match_torchs_kernel(seed: int) -> None:
+    rng = random.Random(seed)
+    taken = 0
+    for _ in range(40):
+        mode = TracerFakeMode(shape_env=ShapeEnv())
+        ndim = rng.randint(1, 4)
+        sizes = [rng.choice([1, 2, 3, 4, 6]) for _ in range(ndim)]
+        real = torch.randn(sizes)
+        if ndim > 1 and rng.random() < 0.4:  # a non-contiguous input: formulas hold too
+            real = real.transpose(0, ndim - 1)
+        x = _fake(mode, real, [rng.random() < 0.7 and s > 1 for s in real.shape])
+        func, args = _shape_view_case(rng, x)
+        ref = _torch_op(mode, func, args)
+        guards = len(mode.shape_env.guards)
+        with mode:
+            fast = fakeview.shape_view(func, args, {})
+        assert len(mode.shape_env.guards) == guards
+        symbolic = any(isinstance(n, torch.SymInt) for n in (*x.shape, *x.stride()))
+        if not symbolic:
+            assert fast is None
+            continue
+        assert fast is not None, (func, args)
+        taken += 1
+        assert _exprs(fast.shape) == _exprs(ref.shape)
+        assert _exprs(fast.stride()) == _exprs(ref.stride())
+        assert _exprs([fast.storage_offset()]) == _exprs([ref.storage_offset()])
+        assert fast.untyped_storage()._cdata == x.untyped_storage()._cdata
+        plain = [_hints(a) if isinstance(a, list) else a for a in args[1:]]
+        eager = func(real, *plain)
+        assert _hints(fast.shape) == tuple(eager.shape)
+        assert _hints(fast.stride()) == eager.stride()
+    assert taken >= 15
+
+
+def test_shape_views_leave_the_rest_to_torch() -> None:
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    x = _fake(mode, torch.randn(4, 6), [True, True])
+    for func, args in [
+        (aten.slice.Tensor, (x, 1, 1, fakeview.INT64_MAX)),  # not the whole dimension
+        (aten.slice.Tensor, (x, 0, 0, fakeview.INT64_MAX, 2)),  # a step
+        (aten.slice.Tensor, (x, 1, 0, x.shape[1])),  # an end torch compares
+        (aten.expand.default, (x, [x.shape[1], x.shape[1]])),  # s0 against s1
+        (aten.unsqueeze.default, (x, 3)),  # out of range: torch's error
+    ]:
+        assert fakeview.shape_view(func, args, {}) is None, (func, args)
+    with pytest.raises(IndexError):
+        with mode:
+            x.unsqueeze(3)

@@ -141,11 +141,46 @@ def interpreted(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """
 
     def run(*args: Any) -> Any:
-        interpreter = torch.fx.Interpreter(gm)
+        interpreter = _Interpreter(gm)
         interpreter.extra_traceback = False  # the op's own error, as the generated code raises
         return _plain(interpreter.run(*args))
 
     return run
+
+
+class _Interpreter(torch.fx.Interpreter):
+    """``torch.fx.Interpreter``, with a dropout that eager runs as the identity run so.
+
+    ``F.dropout(x, p, training=False)`` (and ``p == 0``) returns ``x`` itself in eager:
+    ATen's composite kernel does, and so does a static trace. A symbolic trace runs with
+    torch's Python dispatcher, which takes torch's Python decomposition of ``aten.dropout``
+    instead: ``x.clone()``, a copy per dropout in the graph (18 in hf-t5-infer) that the
+    static graph does not have."""
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        where = IDENTITY_DROPOUTS.get(target)
+        if where is not None and _identity_dropout(where, args, kwargs):
+            return args[0] if args else kwargs["input"]
+        return super().call_function(target, args, kwargs)
+
+
+# dropout functions -> (position, name, default) of their p and training arguments
+IDENTITY_DROPOUTS: dict[Any, tuple[tuple[int, str, Any], tuple[int, str, Any]]] = {
+    torch.nn.functional.dropout: ((1, "p", 0.5), (2, "training", True)),
+    torch.dropout: ((1, "p", None), (2, "train", None)),
+}
+
+
+def _identity_dropout(where: Any, args: Any, kwargs: Any) -> bool:
+    """Whether a dropout call with ``args``/``kwargs`` returns its input in eager (the
+    input a tensor, ``training`` false or ``p`` zero, both plain values)."""
+    (p_at, p_name, p_default), (t_at, t_name, t_default) = where
+    x = args[0] if args else kwargs.get("input")
+    p = args[p_at] if len(args) > p_at else kwargs.get(p_name, p_default)
+    train = args[t_at] if len(args) > t_at else kwargs.get(t_name, t_default)
+    if not isinstance(x, torch.Tensor) or type(train) is not bool:
+        return False
+    return not train or (type(p) in (int, float) and p == 0)
 
 
 def _plain(value: Any) -> Any:

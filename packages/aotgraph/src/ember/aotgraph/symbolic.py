@@ -52,6 +52,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ember.aotgraph import nodemeta
+from ember.aotgraph.decompositions import for_symbolic_sizes
 from ember.aotgraph.eager_checks import Unsupported
 from ember.aotgraph.log import LOG
 
@@ -398,9 +399,9 @@ def make_fx(
     >>> [n.meta["tensor_meta"].memory_format for n in gm.graph.nodes if n.op == "call_function"]
     [None]
     """
-    traced = nodemeta.make_fx(f, table, mode, **kw)
     if mode != "symbolic":
-        return traced
+        return nodemeta.make_fx(f, table, mode, **kw)
+    traced = nodemeta.make_fx(f, for_symbolic_sizes(table), mode, **kw)
 
     def run(*args: Any) -> torch.fx.GraphModule:
         with _without_memory_format():

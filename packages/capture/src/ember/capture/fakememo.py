@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from ember.capture.fakeview import RESHAPES, contiguous_view
+from ember.capture.fakepointwise import layout_of, pointwise_result
+from ember.capture.fakeview import RESHAPES, SHAPE_VIEWS, contiguous_view, shape_view
 from ember.capture.shapes import SYM_TYPES
 
 __all__ = ["FakeMemo", "TracerFakeMode"]
@@ -83,7 +84,10 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     (docs/performance.md). Other ops keep the cache: their repeats in the aot trace hit
     the entries capture made. The cache only memoises, so fakes and guards are the same.
     ``view``/``_unsafe_view`` of an input contiguous for every value of its symbols skip
-    torch's kernel too: :func:`ember.capture.fakeview.contiguous_view` makes the result.
+    torch's kernel too: :func:`ember.capture.fakeview.contiguous_view` makes the result;
+    so do ``unsqueeze``, whole-dimension slices and ``expand``
+    (:func:`ember.capture.fakeview.shape_view`), and pointwise ops of contiguous inputs
+    (:func:`ember.capture.fakepointwise.pointwise_result`), which then skip the cache.
 
     >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
     >>> mode = TracerFakeMode(shape_env=ShapeEnv())
@@ -91,7 +95,7 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
     >>> with mode:
     ...     y = x.transpose(0, 1)  # a view: runs its meta kernel, nothing cached
     ...     n_view = len(mode.shape_env.fake_tensor_cache)
-    ...     z = x + 1  # not a view: cached as before
+    ...     z = x.softmax(0)  # neither a view nor pointwise: cached as before
     >>> y.shape == (x.shape[1], x.shape[0]), n_view, len(mode.shape_env.fake_tensor_cache)
     (True, 0, 1)
     """
@@ -100,6 +104,14 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
         symbolic = self.shape_env is not None
         if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
             out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
+            if out is not None:
+                return out
+        if symbolic and func in SHAPE_VIEWS:
+            out = shape_view(func, args, kwargs or {})  # None: torch's kernel decides
+            if out is not None:
+                return out
+        if symbolic:
+            out = pointwise_result(self, func, args, kwargs or {})  # None: torch decides
             if out is not None:
                 return out
         if not (symbolic and self.cache_enabled and getattr(func, "is_view", False)):
@@ -164,6 +176,8 @@ class FakeMemo:
         """The result of the graph node ``kind``/``target`` over fake ``args`` (for a
         method, ``args[0]`` is the tensor), or the result remembered for a call with the
         same key; under ``mode``, the tracer's fake mode."""
+        if kind == "call_method" and target == "contiguous" and _contiguous_already(args, kwargs):
+            return args[0]  # as eager's contiguous() does, without asking in SymNode arithmetic
         fn = getattr(args[0], target) if kind == "call_method" else target
         call_args = args[1:] if kind == "call_method" else args
         key = _key(mode, kind, target, args, kwargs)
@@ -182,6 +196,21 @@ class FakeMemo:
             if result is not None:
                 self.entries[key] = result
         return out
+
+
+def _contiguous_already(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``args[0].contiguous(**kwargs)`` is ``args[0]`` itself for every value of its
+    symbols: a fake with a symbolic size whose strides are its sizes' contiguous strides
+    as expressions (``fakepointwise``'s test; torch asks ``is_contiguous`` in ``SymNode``
+    arithmetic, 30 operations a call)."""
+    x = args[0]
+    if len(args) != 1 or type(x) is not FakeTensor or x.fake_mode.shape_env is None:
+        return False
+    if kwargs and kwargs != {"memory_format": torch.contiguous_format}:
+        return False
+    if not any(isinstance(n, torch.SymInt) for n in x.shape):
+        return False
+    return x.layout is torch.strided and layout_of(x) is not None
 
 
 def _key(mode: Any, kind: str, target: Any, args: Any, kwargs: Any) -> Any:

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-__all__ = ["RESHAPES", "contiguous_view"]
+__all__ = ["RESHAPES", "SHAPE_VIEWS", "contiguous_view", "shape_view"]
 
 aten = torch.ops.aten
 
@@ -141,3 +141,104 @@ def _int(env: Any, value: Value, given: Any) -> Any:
     if isinstance(expr, int) or expr.is_Integer:
         return int(expr)
     return env.create_symintnode(expr, hint=hint)
+
+
+# -- views whose geometry is a formula of the input's (any layout) --------------------------
+
+INT64_MAX = 9223372036854775807  # a slice's "to the end" (``x[a:]``), as torch passes it
+
+
+def _unsqueeze(a: Any, dim: int) -> tuple[list[Any], list[Any]] | None:
+    """ATen's ``inferUnsqueezeGeometry``: a 1 at ``dim``, stride ``size * stride`` of the
+    dimension it goes before (1 at the end)."""
+    ndim = a.dim()
+    if type(dim) is not int or not -ndim - 1 <= dim <= ndim:
+        return None
+    dim = dim + ndim + 1 if dim < 0 else dim
+    sizes, strides = list(a.shape), list(a.stride())
+    stride = 1 if dim == ndim else sizes[dim] * strides[dim]
+    return [*sizes[:dim], 1, *sizes[dim:]], [*strides[:dim], stride, *strides[dim:]]
+
+
+def _full_slice(
+    a: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> tuple[list[Any], list[Any]] | None:
+    """``x[:]`` along ``dim`` (start 0, to the end, step 1): the input's own geometry."""
+    ndim = a.dim()
+    if type(dim) is not int or not -ndim <= dim < ndim or step != 1:
+        return None
+    if start not in (None, 0) or type(start) not in (int, type(None)):
+        return None
+    if end is not None and (type(end) is not int or end != INT64_MAX):
+        return None
+    return list(a.shape), list(a.stride())
+
+
+def _expand(a: Any, size: Sequence[Any], implicit: bool = False) -> Any:
+    """ATen's ``inferExpandGeometry`` where no size needs a comparison: a kept dimension
+    (``-1`` or the same expression) keeps its stride, a static 1 or a new leading
+    dimension gets stride 0."""
+    sizes, strides = list(a.shape), list(a.stride())
+    new = _values(size)
+    old = _values(sizes)
+    if new is None or old is None or len(new) < len(old):
+        return None
+    lead = len(new) - len(old)
+    out_sizes: list[Any] = []
+    out_strides: list[Any] = []
+    for k, (expr, _) in enumerate(new):
+        if k < lead:
+            if expr == -1 or _negative(expr):
+                return None
+            out_sizes.append(size[k])
+            out_strides.append(0)
+            continue
+        d = k - lead
+        if expr == -1 or expr == old[d][0]:
+            out_sizes.append(sizes[d])
+            out_strides.append(strides[d])
+        elif type(old[d][0]) is int and old[d][0] == 1 and not _negative(expr):
+            out_sizes.append(size[k])
+            out_strides.append(0)
+        else:
+            return None  # a size torch compares (and may guard on or reject)
+    return out_sizes, out_strides
+
+
+# view op -> the output's (sizes, strides) from its arguments, or None (torch decides)
+SHAPE_VIEWS: dict[Any, Any] = {
+    aten.unsqueeze.default: _unsqueeze,
+    aten.slice.Tensor: _full_slice,
+    aten.expand.default: _expand,
+}
+
+
+def shape_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The view ``func(*args, **kwargs)`` of a fake with symbolic sizes as one
+    ``as_strided``, for the ops of :data:`SHAPE_VIEWS` where their geometry is a formula
+    of the input's (ATen's, with no size compared); None to let torch's kernel decide.
+
+    >>> from torch._subclasses import FakeTensorMode
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> mode = FakeTensorMode(shape_env=ShapeEnv())
+    >>> x = mode.from_tensor(torch.empty(4, 6))
+    >>> with mode:
+    ...     y = shape_view(aten.unsqueeze.default, (x, 1), {})
+    ...     z = shape_view(aten.expand.default, (y, [x.shape[0], 3, -1]), {})
+    >>> [str(n) for n in y.shape], y.stride()[1] == x.stride()[0], z.stride()[1]
+    (['s...', '1', 's...'], True, 0)
+    """
+    a = args[0] if args else None
+    if type(a) is not FakeTensor or a.constant is not None or a.layout is not torch.strided:
+        return None
+    layout = (*a.shape, *a.stride(), a.storage_offset())
+    if not any(isinstance(n, torch.SymInt) for n in layout):
+        return None  # static: torch's kernel is quick
+    try:
+        geometry = SHAPE_VIEWS[func](*args, **kwargs)
+    except TypeError:  # arguments this formula does not take: torch's kernel
+        return None
+    if geometry is None:
+        return None
+    sizes, strides = geometry
+    return aten.as_strided.default(a, sizes, strides, a.storage_offset())  # type: ignore[no-any-return]
