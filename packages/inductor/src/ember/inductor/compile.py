@@ -595,9 +595,32 @@ def _autotuned(
             trial.target, trial._kernels = target, wrapper_triton.load(text, lowered.sched)
         return functools.partial(trial, *inputs)
 
+    trials, per_kernel = None, None
+    if target is not None:
+        trials = autotune.triton_candidates()
+        per_kernel = _per_kernel(target, source, lowerings, made)
+    with timing.TIMES.timed("autotune"):
+        choice = autotune.choose(source, tuning.example_inputs, prepare, trials, per_kernel)
+    run.write("07_autotune.txt", choice)
+    text = source(choice.knobs)
+    if choice.per_kernel:
+        assert per_kernel is not None
+        text = per_kernel.mixed(choice.knobs, dict(choice.per_kernel))
+    _, lowered, args = made[text]
+    return lowered, text, args
+
+
+def _per_kernel(
+    target: wrapper_triton.Target,
+    source: Callable[[Knobs], str],
+    lowerings: dict[Any, _Lowered],
+    made: dict[str, tuple[Knobs, _Lowered, dict[str, list[str]]]],
+) -> autotune.PerKernel:
+    """How :func:`_autotuned` times a Triton module's kernels one by one, and writes a module
+    whose kernels each take knobs of their own (``made``: each source's parts)."""
+
     def mixed(chosen: Knobs, per_kernel: dict[str, Knobs]) -> str:
         source(chosen)  # (its lowering, made once)
-        assert target is not None
         lowered = lowerings[chosen.lowering]
         with knobs(chosen):
             text, args = wrapper_triton.codegen(lowered.sched, target, per_kernel)
@@ -617,18 +640,7 @@ def _autotuned(
         }
         return autotune.kernel_seconds(functools.partial(trial, *inputs), spent, cuda)
 
-    trials, per_kernel = None, None
-    if target is not None:
-        trials = autotune.triton_candidates()
-        per_kernel = autotune.PerKernel(kernel_times, mixed)
-    with timing.TIMES.timed("autotune"):
-        choice = autotune.choose(source, tuning.example_inputs, prepare, trials, per_kernel)
-    run.write("07_autotune.txt", choice)
-    text = source(choice.knobs)
-    if choice.per_kernel:
-        text = mixed(choice.knobs, dict(choice.per_kernel))
-    _, lowered, args = made[text]
-    return lowered, text, args
+    return autotune.PerKernel(kernel_times, mixed)
 
 
 def _out_spec(gm: torch.fx.GraphModule) -> Any:
