@@ -5,7 +5,6 @@ its errors) for the rest."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -70,15 +69,10 @@ DTYPES = [torch.float32, torch.float16, torch.int64, torch.int32]
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_ops_match_torchs_kernel_and_eager(seed: int) -> None:
-    rng = random.Random(seed)
+def test_ops_match_torchs_kernel_and_eager(seed: int, random_cases: Any) -> None:
     taken = 0
-    for _ in range(40):
-        mode = TracerFakeMode(shape_env=ShapeEnv())
-        ndim = rng.randint(1, 4)
-        sizes = [rng.choice([2, 3, 4, 6, 8]) for _ in range(ndim)]
-        if rng.random() < 0.3:
-            sizes[rng.randrange(ndim)] = 1
+    for rng, mode, sizes in random_cases(seed, 40, [2, 3, 4, 6, 8], one=0.3):
+        ndim = len(sizes)
         dynamic = [rng.random() < 0.7 and s > 1 for s in sizes]
         if not any(dynamic):
             if max(sizes) == 1:
@@ -171,14 +165,11 @@ prims = torch.ops.prims
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_reduction_prims_match_torchs_kernel(seed: int) -> None:
+def test_reduction_prims_match_torchs_kernel(seed: int, random_cases: Any) -> None:
     """prims' reductions (any input layout) and ``prims.div`` by a number: as torch's."""
-    rng = random.Random(seed)
     taken = 0
-    for _ in range(30):
-        mode = TracerFakeMode(shape_env=ShapeEnv())
-        ndim = rng.randint(1, 4)
-        sizes = [rng.choice([1, 2, 3, 5]) for _ in range(ndim)]
+    for rng, mode, sizes in random_cases(seed, 30, [1, 2, 3, 5]):
+        ndim = len(sizes)
         real = torch.randn(sizes, dtype=rng.choice([torch.float32, torch.float64]))
         transposed = ndim > 1 and rng.random() < 0.5
         if transposed:

@@ -62,15 +62,9 @@ def _targets(rng: random.Random, x: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_views_match_torchs_kernel_and_eager(seed: int) -> None:
-    rng = random.Random(seed)
+def test_views_match_torchs_kernel_and_eager(seed: int, random_cases: Any) -> None:
     taken = 0
-    for _ in range(40):
-        mode = TracerFakeMode(shape_env=ShapeEnv())
-        ndim = rng.randint(1, 4)
-        sizes = [rng.choice([2, 3, 4, 6, 8]) for _ in range(ndim)]
-        if rng.random() < 0.3:
-            sizes[rng.randrange(ndim)] = 1
+    for rng, mode, sizes in random_cases(seed, 40, [2, 3, 4, 6, 8], one=0.3):
         real = torch.randn(sizes)
         x = _fake(mode, real, [rng.random() < 0.6 and s > 1 for s in sizes])
         shape = _targets(rng, x)
@@ -160,13 +154,10 @@ def _shape_view_case(rng: random.Random, x: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_shape_views_match_torchs_kernel(seed: int) -> None:
-    rng = random.Random(seed)
+def test_shape_views_match_torchs_kernel(seed: int, random_cases: Any) -> None:
     taken = 0
-    for _ in range(40):
-        mode = TracerFakeMode(shape_env=ShapeEnv())
-        ndim = rng.randint(1, 4)
-        sizes = [rng.choice([1, 2, 3, 4, 6]) for _ in range(ndim)]
+    for rng, mode, sizes in random_cases(seed, 40, [1, 2, 3, 4, 6]):
+        ndim = len(sizes)
         real = torch.randn(sizes)
         if ndim > 1 and rng.random() < 0.4:  # a non-contiguous input: formulas hold too
             real = real.transpose(0, ndim - 1)
