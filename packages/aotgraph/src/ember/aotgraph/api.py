@@ -337,6 +337,13 @@ class AOTCompiled:
         saved = traced.clone_saved, traced.number_saved
         use = TangentUse.of(part.backward, bw_inputs[len(bw_inputs) - len(sig.grad_outputs) :])
         graph = part.backward if use is not None else None
+        bw_compiler = self.settings.bw_compiler
+
+        def compile_pruned(pruned: torch.fx.GraphModule) -> Callable[..., Any]:
+            _log_graph("backward (undefined gradients pruned)", pruned)
+            with log.graph(2, 2, "backward, pruned"):
+                return bw_compiler(pruned, bw_inputs)
+
         return Runtime(
             sig,
             traced.mutated,
@@ -346,6 +353,7 @@ class AOTCompiled:
             merge=merge,
             tangent_use=use,
             backward_graph=graph,
+            compile_pruned=compile_pruned,
             shapes=shapes,
         )
 

@@ -58,6 +58,9 @@ class Runtime:
     # or how to make it when first needed (a portable pack reads it back only then: most
     # backward passes never prune, and making a GraphModule generates and compiles its code)
     read_backward_graph: Callable[[], torch.fx.GraphModule] | None = None
+    # compiles a pruned backward graph as the backward was (the caller's backward compiler,
+    # the backward's example inputs); None: pruned graphs run as aten ops
+    compile_pruned: Callable[[torch.fx.GraphModule], Callable[..., Any]] | None = None
     # symbolic sizes: what the trace assumed of them, and how to read them from the inputs
     shapes: ShapeCheck | None = None
     # (input, how far eager moves its version counter) for each input written in place
@@ -124,14 +127,19 @@ class Runtime:
     def backward_for(self, missing: frozenset[int]) -> Callable[..., Sequence[Any]]:
         """The backward graph for a pass whose tangents ``missing`` are undefined: without
         the formulas only they reach (:func:`~ember.aotgraph.tangents.without_undefined`),
-        run as aten ops, not compiled: a rare case (an output no gradient reaches)."""
+        compiled on the first such pass by ``compile_pruned`` (or run as aten ops where there
+        is none). Common in real models: a seq2seq model returns its encoder's last state
+        beside the logits, and a loss on the logits leaves that output's gradient undefined
+        on every step (T5's training step ran its whole backward as aten calls before)."""
         assert self.backward is not None
         if not missing or (graph := self.backward_fx()) is None:
             return self.backward
         found = self.pruned.get(missing)
         if found is None:
-            n = len(self.signature.grad_outputs)
-            found = self.pruned[missing] = without_undefined(graph, n, missing)
+            pruned = without_undefined(graph, len(self.signature.grad_outputs), missing)
+            compile_pruned = self.compile_pruned
+            found = pruned if compile_pruned is None else compile_pruned(pruned)
+            self.pruned[missing] = found
         return found
 
     def backward_fx(self) -> torch.fx.GraphModule | None:
