@@ -41,6 +41,7 @@ from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
 from ember.inductor.loops import split_inner, without_unit_loops
 from ember.inductor.ops import WELFORD, Op, Reduce
+from ember.inductor.piecewise import pieces
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
 from ember.inductor.symbolic import hint
 
@@ -435,9 +436,16 @@ class _KernelWriter(TiledLoops):
         else:
             self.pointwise(st, depth)
 
-    def pointwise(self, st: Stage, depth: int) -> None:
+    def pointwise(self, st: Stage, depth: int, whole: bool = True) -> None:
         if st.inner and math.prod(st.inner) == 1:  # per outer point, like a reduction's result
             st = without_unit_loops(st)
+        cut = whole and self._pieces(st)
+        if cut:  # a cat or pad: each piece of the innermost loop copies one input
+            for lo, piece in cut:
+                self.emit(f"{{  // {Y[len(st.inner) - 1]} from {lo}", depth)
+                self.pointwise(piece, depth + 1, whole=False)
+                self.emit("}", depth)
+            return
         parallel = not self.kernel.outer and self.parallel and bool(st.inner)
         nest = split_inner(st, dict(zip(X, self.kernel.outer, strict=False)))
         vars_, ranges = (nest.vars, nest.ranges) if nest else (Y[: len(st.inner)], st.inner)
@@ -482,6 +490,13 @@ class _KernelWriter(TiledLoops):
             self.emit(line, depth)
         for d in range(depth - 1, depth - 1 - len(ranges), -1):
             self.emit("}", d)
+
+    def _pieces(self, st: Stage) -> list[tuple[int, Stage]] | None:
+        """The stage cut into pieces (:mod:`ember.inductor.piecewise`), where nothing else
+        reads its loop variables: not for values kept in scratch arrays or locals."""
+        if any(s.local or s.name in self.scratch for s in st.stores):
+            return None
+        return pieces(st, dict(zip(X, self.kernel.outer, strict=False)))
 
     def hoist(
         self, st: Stage, loops: list[sympy.Symbol], ranges: tuple[int, ...], memo: dict[Expr, str]
