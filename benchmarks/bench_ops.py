@@ -223,6 +223,7 @@ INDEXING = _cases(
     ("cat_rows", "torch.cat([x, y])", ("x", "y")),
     ("cat_cols", "torch.cat([x, y], 1)", ("x", "y")),
     ("pad", "F.pad(x, (1, 1, 1, 1))"),
+    ("slice_scatter", "torch.slice_scatter(x, y[:, :512], 1, 256, 768)", ("x", "y")),
     ("gather", "torch.gather(x, 1, idx)", ("x", "idx")),
     ("index_select", "x.index_select(0, rows)", ("x", "rows")),
     ("embedding", "F.embedding(ids, table)", ("ids", "table")),

@@ -16,7 +16,7 @@ from ember.inductor import compile_graph
 from ember.inductor.ir import Expr, const
 from ember.inductor.ops import Op
 from ember.inductor.piecewise import MAX_PIECES, pieces
-from ember.inductor.scheduler import Stage, Store, Y
+from ember.inductor.scheduler import Extern, Stage, Store, Y
 
 
 def _compiled(f, *inputs):
@@ -151,3 +151,60 @@ def test_too_many_pieces_stay_one_loop():
         cond = Expr(Op.LT, torch.bool, (_index(Y[0]), const(k, torch.int64)))
         body = Expr(Op.WHERE, torch.float32, (cond, body, const(float(k), torch.float32)))
     assert pieces(Stage((20,), (Store("out", body, Y[0]),)), {}) is None
+
+
+SCATTERS = [  # (input shape, dim, start, end, step)
+    ((2, 4, 6, 32), 3, 16, None, 1),  # rotate_half's backward: the upper half
+    ((2, 4, 6, 32), -1, 0, 16, 1),
+    ((5, 7), 0, 1, 4, 1),  # an outer dimension
+    ((5, 7), 1, -3, None, 1),
+    ((5, 7), 1, 2, 100, 1),  # end past the size
+    ((5, 7), 1, 4, 4, 1),  # an empty slice
+    ((5, 8), 1, 1, 7, 2),  # a step: the aten call
+]
+
+
+@pytest.mark.parametrize(("shape", "dim", "start", "end", "step"), SCATTERS, ids=str)
+def test_slice_scatter_gives_eagers_values(shape, dim, start, end, step):
+    x = torch.randn(shape)
+    src = torch.randn(x[(slice(None),) * (dim % x.ndim) + (slice(start, end, step),)].shape)
+
+    def f(x, src):
+        return torch.slice_scatter(x * 2, src + 1, dim, start, end, step) - 1
+
+    compiled = _compiled(f, x, src)
+    torch.testing.assert_close(compiled(x, src), f(x, src), rtol=0, atol=0)
+    externs = [s for s in compiled.schedule.steps if isinstance(s, Extern)]
+    assert bool(externs) == (step != 1)
+
+
+def test_rotate_halfs_backward_is_one_kernel_of_two_copies():
+    g = torch.randn(2, 4, 64, 32)
+
+    def f(g):
+        z = torch.zeros(2, 4, 64, 32)
+        upper = torch.slice_scatter(z, -g[..., :16], 3, 16, None)
+        return upper + torch.slice_scatter(z, g[..., 16:], 3, 0, 16)
+
+    compiled = _compiled(f, g)
+    torch.testing.assert_close(compiled(g), f(g), rtol=0, atol=0)
+    assert not [s for s in compiled.schedule.steps if isinstance(s, Extern)]
+    text = _kernel(compiled, "arg0_1")
+    assert text.count("y0 from") == 2 and " ? " not in text
+
+
+def test_a_rows_clamp_is_computed_once_before_the_loop():
+    """A 2-d pad clamps the row index (an outer loop) inside the loads: computed before the
+    inner loop, the loads are contiguous (gcc made gathers of them, 7x slower than eager)."""
+    x = torch.randn(64, 48)
+
+    def f(x):
+        return F.pad(x, (1, 1, 1, 1))
+
+    compiled = _compiled(f, x)
+    torch.testing.assert_close(compiled(x), f(x), rtol=0, atol=0)
+    text = _kernel(compiled, "x_1")
+    for loop in text.split("#pragma omp simd")[1:]:
+        body = loop.split("}", 1)[0]
+        assert "std::min" not in body and "std::max" not in body, body
+    assert "const int64_t t" in text

@@ -26,6 +26,7 @@ import abc
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import sympy  # type: ignore[import-untyped]
@@ -39,7 +40,7 @@ from ember.inductor.cpp_prelude import PRELUDE
 from ember.inductor.index_print import IndexSyntax, print_index
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
-from ember.inductor.loops import split_inner, without_unit_loops
+from ember.inductor.loops import replace_indices, split_inner, stage_indices, without_unit_loops
 from ember.inductor.ops import WELFORD, Op, Reduce
 from ember.inductor.piecewise import pieces
 from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, X, Y
@@ -449,7 +450,7 @@ class _KernelWriter(TiledLoops):
         parallel = not self.kernel.outer and self.parallel and bool(st.inner)
         nest = split_inner(st, dict(zip(X, self.kernel.outer, strict=False)))
         vars_, ranges = (nest.vars, nest.ranges) if nest else (Y[: len(st.inner)], st.inner)
-        st = nest.stage if nest else st
+        st = self.fixed_clamps(nest.stage if nest else st, vars_, depth)
         memo: dict[Expr, str] = {}
         for line in self.hoist(st, vars_, ranges, memo):
             self.emit(line, depth)
@@ -498,6 +499,24 @@ class _KernelWriter(TiledLoops):
             return None
         return pieces(st, dict(zip(X, self.kernel.outer, strict=False)))
 
+    def fixed_clamps(self, st: Stage, loops: Sequence[sympy.Symbol], depth: int) -> Stage:
+        """``st`` with each ``Min``/``Max``/``floor``/``Mod`` of its indices that the stage's
+        loops do not vary computed once before them, into a named ``int64_t``. In the loop,
+        ``x[y0 + 1024*std::min<int64_t>(1023, std::max<int64_t>(0, x0 - 1))]`` (a pad's
+        row) is a gather to gcc; ``x[y0 + 1024*t3]`` a contiguous load: 1.58 ms against
+        0.22 for a 1024x1024 pad."""
+        inner = set(loops)
+        found: dict[sympy.Expr, sympy.Symbol] = {}
+        for index in stage_indices(st):
+            for atom in index.atoms(sympy.Min, sympy.Max, sympy.floor, sympy.Mod):
+                if not atom.free_symbols & inner and atom not in found:
+                    found[atom] = sympy.Symbol(self.p.fresh(), integer=True)
+        if not found or not inner:
+            return st
+        for atom, name in found.items():
+            self.emit(f"const int64_t {name} = {self.p.index(atom)};", depth)
+        return replace_indices(st, lambda i: i.xreplace(found))
+
     def hoist(
         self, st: Stage, loops: list[sympy.Symbol], ranges: tuple[int, ...], memo: dict[Expr, str]
     ) -> list[str]:
@@ -528,7 +547,7 @@ class _KernelWriter(TiledLoops):
         rest = tuple(s for s in st.stores if s.reduce not in WELFORD)
         if not rest:
             return
-        st = dataclasses.replace(st, stores=rest)
+        st = self.fixed_clamps(dataclasses.replace(st, stores=rest), Y[: len(st.inner)], depth)
         inits, combines = [], []
         memo: dict[Expr, str] = {}
         for line in self.hoist(st, Y[: len(st.inner)], st.inner, memo):

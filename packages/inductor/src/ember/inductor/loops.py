@@ -31,7 +31,7 @@ from ember.inductor.ir import Expr, map_indices, walk
 from ember.inductor.ops import Op
 from ember.inductor.scheduler import Stage, Y
 
-__all__ = ["Nest", "split_inner", "without_unit_loops"]
+__all__ = ["Nest", "replace_indices", "split_inner", "stage_indices", "without_unit_loops"]
 
 MIN_INNERMOST = 4  # a smaller innermost loop is not worth its own level
 
@@ -47,7 +47,15 @@ class Nest:
     stage: Stage
 
 
-def _indices(st: Stage) -> list[sympy.Expr]:
+def stage_indices(st: Stage) -> list[sympy.Expr]:
+    """Every index of ``st``: its stores', then those of the loads and index values read.
+
+    >>> import torch
+    >>> from ember.inductor.scheduler import Store
+    >>> body = Expr(Op.LOAD, torch.float32, (), ("x", 2 * Y[0], ()))
+    >>> stage_indices(Stage((4,), (Store("out", body, Y[0]),)))
+    [y0, 2*y0]
+    """
     out = [s.index for s in st.stores]
     for s in st.stores:
         out += [e.arg[1] if e.op is Op.LOAD else e.arg for e in _leaves(s.body)]
@@ -89,7 +97,7 @@ def split_inner(st: Stage, bounds: dict[sympy.Symbol, int]) -> Nest | None:
     ``bounds``: the ranges of the outer loop variables, for index simplification."""
     if not all(isinstance(n, int) for n in st.inner):
         return None  # symbolic sizes: cut points are not known (divisions stay in indices)
-    indices = _indices(st)
+    indices = stage_indices(st)
     vars_: list[sympy.Symbol] = []
     ranges: list[int] = []
     defs: dict[sympy.Symbol, sympy.Expr] = {}
@@ -116,9 +124,9 @@ def split_inner(st: Stage, bounds: dict[sympy.Symbol, int]) -> Nest | None:
     def fix(index: sympy.Expr) -> sympy.Expr:
         return simplify_index(sympy.expand(index.xreplace(defs)), known)
 
-    stage = _replace_indices(st, fix)
+    stage = replace_indices(st, fix)
     innermost = vars_[-1]
-    for index in _indices(stage):
+    for index in stage_indices(stage):
         if any(innermost in a.free_symbols for a in index.atoms(sympy.floor, sympy.Mod)):
             return None  # the innermost loop still divides: no better than before
     return _merge(Nest(vars_, tuple(ranges), defs, stage))
@@ -128,7 +136,7 @@ def without_unit_loops(st: Stage) -> Stage:
     """A stage over one point (``inner`` all 1s) with its loop variables set to 0: it runs
     without loops, so the values it keeps in variables are seen by the stages after it."""
     zero = {y: sympy.Integer(0) for y in Y[: len(st.inner)]}
-    return dataclasses.replace(_replace_indices(st, _substitution(zero)), inner=())
+    return dataclasses.replace(replace_indices(st, _substitution(zero)), inner=())
 
 
 def _merge(nest: Nest) -> Nest:
@@ -137,12 +145,12 @@ def _merge(nest: Nest) -> Nest:
     k = 0
     while k + 1 < len(vars_):
         a, b, n = vars_[k], vars_[k + 1], ranges[k + 1]
-        indices = _indices(stage) + list(defs.values())
+        indices = stage_indices(stage) + list(defs.values())
         if not all(_as_one(index, a, b, n) for index in indices):
             k += 1
             continue
         sub = {a: sympy.Integer(0)}  # n*a + b -> b, the merged loop's variable
-        stage = _replace_indices(stage, _substitution(sub))
+        stage = replace_indices(stage, _substitution(sub))
         defs = {y: v.xreplace(sub) for y, v in defs.items()}
         del vars_[k]
         ranges[k : k + 2] = [ranges[k] * n]
@@ -164,7 +172,16 @@ def _substitution(sub: dict[sympy.Symbol, sympy.Expr]) -> Callable[[sympy.Expr],
     return apply
 
 
-def _replace_indices(st: Stage, fix: Callable[[sympy.Expr], sympy.Expr]) -> Stage:
+def replace_indices(st: Stage, fix: Callable[[sympy.Expr], sympy.Expr]) -> Stage:
+    """``st`` with every index (stores, loads, index values) passed through ``fix``.
+
+    >>> import torch
+    >>> from ember.inductor.scheduler import Store
+    >>> body = Expr(Op.LOAD, torch.float32, (), ("x", Y[0], ()))
+    >>> st = replace_indices(Stage((4,), (Store("out", body, Y[0]),)), lambda i: i + 1)
+    >>> str(st.stores[0])
+    'out[y0 + 1] = x[y0 + 1]'
+    """
     stores = tuple(
         dataclasses.replace(s, body=map_indices(s.body, fix), index=fix(s.index)) for s in st.stores
     )

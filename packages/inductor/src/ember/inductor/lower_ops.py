@@ -791,4 +791,4 @@ def prims_where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
     return where(ctx, cond, a, b)
 
 
-from ember.inductor import lower_resize  # noqa: E402, F401  (registers; a module of its own)
+from ember.inductor import lower_resize, lower_scatter  # noqa: E402, F401  (register; own modules)

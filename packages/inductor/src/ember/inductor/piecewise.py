@@ -60,13 +60,22 @@ def _sides(e: Expr) -> tuple[Op, sympy.Expr, int] | None:
         return None
     left, right = e.args
     op = e.op
-    if left.op is Op.CONST and right.op is Op.INDEX:
+    if _integer(left) is not None and right.op is Op.INDEX:
         left, right, op = right, left, _FLIP[op]
-    if left.op is not Op.INDEX or right.op is not Op.CONST or isinstance(right.arg, bool):
+    k = _integer(right)
+    if left.op is not Op.INDEX or k is None:
         return None
-    if not isinstance(right.arg, int):
-        return None
-    return op, left.arg, right.arg
+    return op, left.arg, k
+
+
+def _integer(e: Expr) -> int | None:
+    """The value of an integer constant, or of an index that is one (before simplify folds
+    it into a constant)."""
+    if e.op is Op.CONST and isinstance(e.arg, int) and not isinstance(e.arg, bool):
+        return e.arg
+    if e.op is Op.INDEX and e.arg.is_Integer:
+        return int(e.arg)
+    return None
 
 
 def _cuts(st: Stage, y: sympy.Symbol, n: int) -> list[int]:
