@@ -184,3 +184,31 @@ def test_two_folded_sums_in_one_column_kernel_match_eager() -> None:
     for got, want in zip(compiled(x), f(x), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert compiled.source.count("_fold = 0;") >= 4  # declared and reset, per stage
+
+
+def test_a_norms_weight_gradient_runs_in_strips_beside_its_row_kernel():
+    """An RMS norm's backward: the weight gradient sums over the 128 tokens (a column sum);
+    the input gradient reduces each token's 128 channels (a row sum). Equal lengths must not
+    put them in one kernel: there each column was summed alone down a strided loop, and a
+    per-token value read along the tokens (``rsqrt[y]``) does not stop the strips."""
+    from ember.inductor.codegen_tiles import column_kernel
+    from ember.inductor.scheduler import Kernel
+
+    g, x, r, w = (
+        torch.randn(2, 64, 128),
+        torch.randn(2, 64, 128),
+        torch.rand(2, 64, 1),
+        torch.randn(128),
+    )
+
+    def f(g: T, x: T, r: T, w: T) -> tuple[T, T]:
+        wgrad = (g * (x * r)).sum((0, 1))
+        rows = (g * w * x).sum(-1, keepdim=True)
+        return wgrad, g * w * r + rows * x * r.pow(3) / 128
+
+    compiled = _compile(f, g, x, r, w)
+    for got, want in zip(compiled(g, x, r, w), f(g, x, r, w), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    kernels = [s for s in compiled.schedule.steps if isinstance(s, Kernel)]
+    sums = [k for k in kernels if any(s.reduce for st in k.stages for s in st.stores)]
+    assert any(column_kernel(k) for k in sums), compiled.schedule

@@ -208,3 +208,20 @@ def test_a_rows_clamp_is_computed_once_before_the_loop():
         body = loop.split("}", 1)[0]
         assert "std::min" not in body and "std::max" not in body, body
     assert "const int64_t t" in text
+
+
+def test_rotary_over_heads_cuts_each_heads_half():
+    """Llama's rotary on [batch, tokens, heads*dim] viewed per head: the select compares
+    ``Mod(y0, 32)``; cut after the loop is split per head, each half is a copy."""
+
+    def f(q, cos, sin):
+        q = q.view(2, 8, 4, 32).transpose(1, 2)
+        x1, x2 = q[..., :16], q[..., 16:]
+        return (q * cos + torch.cat((-x2, x1), dim=-1) * sin).transpose(1, 2).reshape(2, 8, 128)
+
+    q, cos, sin = torch.randn(2, 8, 128), torch.randn(8, 32), torch.randn(8, 32)
+    compiled = _compiled(f, q, cos, sin)
+    torch.testing.assert_close(compiled(q, cos, sin), f(q, cos, sin))
+    text = _kernel(compiled, "arg0_1")
+    assert "std::min" not in text and " ? " not in text
+    assert text.count("y1 from") == 2

@@ -443,7 +443,7 @@ class _KernelWriter(TiledLoops):
         cut = whole and self._pieces(st)
         if cut:  # a cat or pad: each piece of the innermost loop copies one input
             for lo, piece in cut:
-                self.emit(f"{{  // {Y[len(st.inner) - 1]} from {lo}", depth)
+                self.emit(f"{{  // {Y[len(piece.inner) - 1]} from {lo}", depth)
                 self.pointwise(piece, depth + 1, whole=False)
                 self.emit("}", depth)
             return
@@ -497,7 +497,13 @@ class _KernelWriter(TiledLoops):
         reads its loop variables: not for values kept in scratch arrays or locals."""
         if any(s.local or s.name in self.scratch for s in st.stores):
             return None
-        return pieces(st, dict(zip(X, self.kernel.outer, strict=False)))
+        bounds = dict(zip(X, self.kernel.outer, strict=False))
+        nest = split_inner(st, bounds)
+        if nest is not None:  # cut where the digits' comparisons change: a slice per head
+            rename = dict(zip(nest.vars, Y, strict=False))
+            flat = replace_indices(nest.stage, lambda i: i.xreplace(rename))
+            st = Stage(nest.ranges, flat.stores)
+        return pieces(st, bounds)
 
     def fixed_clamps(self, st: Stage, loops: Sequence[sympy.Symbol], depth: int) -> Stage:
         """``st`` with each ``Min``/``Max``/``floor``/``Mod`` of its indices that the stage's

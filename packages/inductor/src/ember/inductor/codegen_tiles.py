@@ -329,7 +329,8 @@ def column_kernel(kernel: Kernel) -> bool:
             yk = Y[len(st.inner) - 1]
             for e in walk(s.body):
                 if e.op is Op.LOAD and yk in e.arg[1].free_symbols:
-                    if e.args or e.arg[1].coeff(yk) == 1:
+                    along = e.arg[1].coeff(yk) == 1 and xk in e.arg[1].free_symbols
+                    if e.args or along:
                         return False  # the inner loop already runs along memory
                     column |= e.arg[1].coeff(xk) == 1
     return column

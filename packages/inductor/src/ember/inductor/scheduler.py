@@ -378,10 +378,39 @@ def _join(node: Pointwise | Reduction, out: Layout, kernel: _Open) -> bool:
     if k is None:
         return False
     store, inner = _store(node, out, k, kernel.outer), _inner(node, k)
-    if not _fits(kernel, store, inner):
+    if not _fits(kernel, store, inner) or not _same_kind(kernel, store, inner):
         return False
     _add(kernel, store, inner)
     return True
+
+
+def _same_kind(kernel: _Open, store: Store, inner: tuple[int, ...]) -> bool:
+    """A column reduction (its inner loop strided, the kernel's last outer loop contiguous:
+    a norm's weight gradient, summed over the tokens) shares a kernel only with other column
+    reductions, which run in strips across the columns (``codegen_tiles``). Joined to a row
+    kernel whose outer loop merely has the same length (128 tokens, 128 channels), each
+    column was summed alone down a strided loop: 50-65 us for a Llama norm's backward, where
+    the strips take a third of that."""
+    if not inner:
+        return True  # per outer point: fits either kind
+    n = len(kernel.outer)
+    col = _column(store, n, len(inner))
+    return all(
+        col == _column(s, n, len(st.inner)) for st in kernel.stages if st.inner for s in st.stores
+    )
+
+
+def _column(store: Store, n_outer: int, n_inner: int) -> bool:
+    """``store`` reduces along a strided inner loop, reading the last outer loop contiguously."""
+    if store.reduce is None or not n_outer or not n_inner:
+        return False
+    xk, yk, column = X[n_outer - 1], Y[n_inner - 1], False
+    for e in walk(store.body):
+        if e.op is Op.LOAD and yk in e.arg[1].free_symbols:
+            if e.args or (e.arg[1].coeff(yk) == 1 and xk in e.arg[1].free_symbols):
+                return False  # (a per-row value, the same for every column, does not count)
+            column |= e.arg[1].coeff(xk) == 1
+    return column
 
 
 def _late_host(
