@@ -45,7 +45,7 @@ from torch._guards import GuardSource, SLoc, Source
 from torch._subclasses import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph import nodemeta, symbolic
+from ember.aotgraph import nodemeta, opmemo, symbolic
 from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
 from ember.aotgraph.cleanup import eliminate_common_subexpressions, lift_mutations, strip_detach
 from ember.aotgraph.eager_checks import (
@@ -683,7 +683,7 @@ def trace_forward(
     """
     mode = _fake_mode(inputs)
     primals = _fakes(mode, inputs)
-    with torch.no_grad():
+    with torch.no_grad(), opmemo.if_enabled():  # repeated layers: each op traced once
         gm = _trace(_graph_outputs(fn, sig), primals, table)
     _unspecialized(mode)
     n_outs = len(sig.graph_outputs)
