@@ -21,7 +21,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from ember.aotgraph import aot_compile, opmemo, settings
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.onepass import trace_inference
-from ember.aotgraph.trace import Lifted, analyze, trace_forward
+from ember.aotgraph.trace import Lifted, analyze, trace_forward, trace_joint
 
 aten = torch.ops.aten
 # with layer norm decomposed (into ten ops), as the inductor's table does
@@ -100,13 +100,18 @@ def watched() -> Iterator[list[opmemo.Memo]]:
         opmemo.memoized = plain  # type: ignore[assignment]
 
 
-META = ("stack_trace", "nn_module_stack", "custom", "original_aten", "seq_nr", "torch_fn")
+META = (
+    "stack_trace", "nn_module_stack", "custom", "original_aten", "seq_nr", "torch_fn",
+    "partitioner_tag", "fwd_nn_module_stack", "fwd_source_fn_stack", "eager_input_vals",
+)  # fmt: skip
 
 
 def described(gm: torch.fx.GraphModule) -> list[Any]:
     """Each node: its text, its value's layout, which earlier value's storage it shares, and
     the metadata keys and values the trace sets."""
     out, storages = [], {}
+    # autograd's sequence numbers count on across traces: compared from the first node's
+    first = next(iter(gm.graph.nodes)).meta.get("seq_nr", 0)
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         layout = None
@@ -118,6 +123,8 @@ def described(gm: torch.fx.GraphModule) -> list[Any]:
                 val.requires_grad, val._is_view(), shares,
             )  # fmt: skip
         meta = {k: str(node.meta.get(k)) for k in META}
+        if "seq_nr" in node.meta:
+            meta["seq_nr"] = str(node.meta["seq_nr"] - first)
         origin = node.meta.get("from_node")
         meta["from_node"] = str([source.name for source in origin]) if origin else ""
         tensor_meta = node.meta.get("tensor_meta")
@@ -264,6 +271,32 @@ def test_trace_forward_uses_it_and_the_setting_turns_it_off():
             plain = trace_forward(lifted, flat, sig, TABLE)
     assert len(memos) == 1 and memos[0].hits > 0
     assert described(graph.gm) == described(plain.gm)
+
+
+def test_a_joint_trace_is_node_for_node_as_without_the_memo():
+    torch.manual_seed(0)
+    gm = annotated(Stack(3).train())
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    lifted = Lifted.of(gm, [x])
+    flat = lifted.flat_inputs([x])
+    sig = analyze(lifted, flat, grad=True)
+    with settings.section.patch(trace_memo=False):
+        plain = trace_joint(lifted, flat, sig, TABLE)
+    with watched() as memos:
+        joint = trace_joint(lifted, flat, sig, TABLE)
+    assert memos[0].hits > 0
+    assert joint.gm.code == plain.gm.code
+    assert described(joint.gm) == described(plain.gm)
+    assert (joint.mutated, joint.num_grads) == (plain.mutated, plain.num_grads)
+    f = aot_compile(gm, [x], fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g, cache=False)
+    want = gm(x)
+    got = f(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    grads = torch.autograd.grad(sum(o.sum() for o in got), [x, *gm.parameters()])
+    expected = torch.autograd.grad(sum(o.sum() for o in want), [x, *gm.parameters()])
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_the_hook_is_removed_after_the_trace():

@@ -660,7 +660,7 @@ def trace_joint(
     # input written elsewhere does not stop the others being separated (f(a, b, a[1])
     # writing b: a's gradient took c's too).
     separate = unwritten_sharing(primals, sig.versions)
-    with torch.enable_grad():
+    with torch.enable_grad(), opmemo.if_enabled():  # autograd runs above the memo's level
         joint_fn = _joint_function(fn, sig, len(primals), separate)
         gm = _trace(joint_fn, [*primals, *tangents], table)
     _unspecialized(mode)
