@@ -35,8 +35,8 @@ class AotSettings:
     )
     trace_memo: bool = setting(
         True,
-        "trace each aten op once per argument layout in inference traces and stamp its nodes"
-        " for the repeats (repeated layers; ember.aotgraph.opmemo)",
+        "trace each aten op once per argument layout (static sizes) and stamp its recorded"
+        " nodes for the repeats: repeated layers traced once (ember.aotgraph.opmemo)",
         env="EMBER_AOT_TRACE_MEMO",
     )
     check: bool = setting(
