@@ -262,6 +262,8 @@ def _key(mode: Any, func: Any, args: Any, kwargs: Any) -> tuple[Any, list[Any]]:
         id(mode.decomposition_table),
         mode.pre_dispatch,
         torch.is_grad_enabled(),
+        torch.get_default_dtype(),  # a decomposition's factory calls may read these two
+        torch.are_deterministic_algorithms_enabled(),
         torch._C._dispatch_tls_local_include_set().raw_repr(),
         torch._C._dispatch_tls_local_exclude_set().raw_repr(),
     )
