@@ -233,6 +233,30 @@ def test_random_ops_are_traced_each_time():
     assert not any(key[0] is aten.rand_like.default for key in memos[0].entries)
 
 
+FAKE_CALLS: list[int] = []
+
+
+@torch.library.custom_op("ember_test_opmemo::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@scale.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    FAKE_CALLS.append(1)  # user code: it runs for every call, as without the memo
+    return torch.empty_like(x)
+
+
+def test_custom_ops_run_their_fake_kernel_each_time():
+    gm = torch.fx.symbolic_trace(lambda x: scale(scale(x).sin().sin()) + scale(x))
+    x = torch.randn(3)
+    FAKE_CALLS.clear()
+    with watched() as memos:
+        _, graph = traced(gm, [x], memo=True)
+    assert len(FAKE_CALLS) == 3 and memos[0].hits == 1  # the second sin only
+    assert graph.gm.code == traced(gm, [x], memo=False)[1].gm.code
+
+
 def test_symbolic_sizes_are_traced_as_before():
     gm = annotated(nn.Sequential(Block(8), Block(8)).eval())
     x = torch.randn(2, 5, 8)

@@ -21,7 +21,8 @@ argument its size, stride, storage offset, dtype, device, ``requires_grad``, whe
 a view, its storage's size, and which earlier argument it is (the same tensor, the same
 graph node) or shares storage with; plus the decomposition table and the dispatch state.
 What is not memoized (the op runs as before): random, data-dependent and mutating ops,
-arguments that are not fake tensors of this trace, symbolic sizes, constants tracked for
+ops outside ``aten`` and ``prims`` (a custom op's fake kernel is user code), arguments
+that are not fake tensors of this trace, symbolic sizes, constants tracked for
 propagation, and any op whose recording is not plain (nodes that are not aten calls or
 their tuple items, references to graph nodes other than the arguments').
 
@@ -76,6 +77,8 @@ _REFUSED_TAGS = (
     torch.Tag.dynamic_output_shape,
     torch.Tag.inplace_view,
 )
+# torch's own ops (a custom op's fake kernel may count its calls, or raise on data)
+_NAMESPACES = frozenset({"aten", "prims"})
 # ops that make tracked constants (torch.tensor)
 _CONSTANTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 # argument values keyed by value (type, value): immutable, hashable, compared exactly
@@ -228,6 +231,8 @@ def _key(mode: Any, func: Any, args: Any, kwargs: Any) -> tuple[Any, list[Any]]:
     """The op's key and its tensor arguments in order; raises _NotMemoized."""
     if not isinstance(func, torch._ops.OpOverload) or func._schema.is_mutable:
         raise _NotMemoized
+    if func.namespace not in _NAMESPACES:
+        raise _NotMemoized  # a custom op's fake kernel is the user's: it runs each time
     if func in _CONSTANTS or mode.emulate_precision_casts:
         raise _NotMemoized
     if any(tag in func.tags for tag in _REFUSED_TAGS):
@@ -341,8 +346,8 @@ def _record(
         return out, None
     try:
         return out, _entry(tracer, made, inputs, out, delta, last)
-    except _NotMemoized:
-        return out, None
+    except Exception:  # _NotMemoized, or a recording this module does not understand: the
+        return out, None  # op ran as before either way; only its repeats are not stamped
 
 
 def _entry(
@@ -384,6 +389,8 @@ def _entry(
             continue
         target = m.target
         if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+            raise _NotMemoized
+        if target.namespace not in _NAMESPACES:
             raise _NotMemoized
         if any(tag in target.tags for tag in _REFUSED_TAGS):
             raise _NotMemoized
