@@ -18,6 +18,8 @@ each configuration, and the ratio of ember's slope to torch's.
 Configurations:
 
 - ``ember``: ``ember.compiler.compile(model)``, no annotation;
+- ``ember-nomemo``: the same with aotgraph's per-op trace memo off (the ``trace_memo``
+  setting), to measure what it saves;
 - ``torch``: ``torch.compile(model)``;
 - ``torch-nested``: ``torch.compile(model)`` with the layer's class marked by
   ``torch.compiler.nested_compile_region`` (the user names the repeated region:
@@ -29,7 +31,9 @@ folders). With ``--repeats N`` every (configuration, depth) runs N times,
 interleaved, and the smallest cold time is kept (best of N: the noise of a
 shared machine only ever adds). Besides wall seconds, each process reports
 its CPU seconds (its own and those of the children it waited for, the C++
-compiler runs), minus a steady call's.
+compiler runs), minus a steady call's; ember's also the thread CPU seconds
+of each compile phase of its first call (capture, aot trace, lowering, ...),
+tabled per depth with their slopes.
 
 >>> fit([(2, 1.0), (6, 3.0), (12, 6.0)])  # seconds per layer, seconds at depth 0
 (0.5, 0.0)
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import resource
@@ -102,6 +107,12 @@ def _ember(net: Any, depth: int) -> Any:
     return ember.compiler.compile(net)
 
 
+def _ember_nomemo(net: Any, depth: int) -> Any:
+    """ember with aotgraph's per-op trace memo off (``trace_memo``), for comparison."""
+    os.environ["EMBER_AOT_TRACE_MEMO"] = "0"
+    return _ember(net, depth)
+
+
 def _torch(net: Any, depth: int) -> Any:
     import torch
 
@@ -118,6 +129,7 @@ def _torch_nested(net: Any, depth: int) -> Any:
 
 WRAP: dict[str, Callable[[Any, int], Any]] = {
     "ember": _ember,
+    "ember-nomemo": _ember_nomemo,
     "torch": _torch,
     "torch-nested": _torch_nested,
 }
@@ -155,9 +167,64 @@ def descendants_cpu() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def thread_phases() -> dict[str, float]:
+    """From now on, sum the thread CPU seconds of each of ember's compile phases (the blocks
+    its packages time with ``Recorder.timed``) into the returned dict, by phase name. A
+    phase timed inside another counts in both ("backend" holds "aot trace")."""
+    import ember.aotgraph.timing
+    import ember.guards.timing
+
+    spent: dict[str, float] = {}
+    for cls in {ember.guards.timing.Recorder, ember.aotgraph.timing.Recorder}:
+        plain = cls.timed
+
+        def timed(self: Any, phase: str, plain: Any = plain) -> Any:
+            return _thread_timed(plain(self, phase), phase, spent)
+
+        cls.timed = timed  # type: ignore[method-assign]
+    return spent
+
+
+def collections_timed() -> dict[str, float]:
+    """From now on, count the garbage collector's runs and their thread CPU seconds in the
+    returned dict: ``full`` and ``full_s`` for generation 2, ``young`` and ``young_s``."""
+    out = {"full": 0.0, "full_s": 0.0, "young": 0.0, "young_s": 0.0}
+    start = [0.0]
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            start[0] = time.thread_time()
+            return
+        kind = "full" if info["generation"] == 2 else "young"
+        out[kind] += 1
+        out[kind + "_s"] += time.thread_time() - start[0]
+
+    gc.callbacks.append(note)
+    return out
+
+
+class _thread_timed:
+    """``block``, with the thread CPU time spent in it added to ``spent[phase]``."""
+
+    def __init__(self, block: Any, phase: str, spent: dict[str, float]) -> None:
+        self.block, self.phase, self.spent = block, phase, spent
+
+    def __enter__(self) -> Any:
+        self.start = time.thread_time()
+        return self.block.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        took = time.thread_time() - self.start
+        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + took
+        return self.block.__exit__(*exc)
+
+
 def child(config: str, model: str, depth: int, mode: str) -> dict[str, Any]:
     """Time the first call (import, wrap, capture, compile, one run) and steady calls."""
     import torch
+
+    spent = thread_phases() if config.startswith("ember") else {}
+    collected = collections_timed()
 
     net, inputs = build(model, depth)
     net.train(mode == "train")
@@ -173,6 +240,7 @@ def child(config: str, model: str, depth: int, mode: str) -> dict[str, Any]:
     compiled = WRAP[config](net, depth)
     step(compiled)
     first_wall, first_cpu = time.perf_counter() - wall0, cpu() - cpu0
+    gc.callbacks.clear()  # the first call's collections only
     walls, cpus = [], []
     for _ in range(STEADY_CALLS):
         w, c = time.perf_counter(), cpu()
@@ -186,11 +254,13 @@ def child(config: str, model: str, depth: int, mode: str) -> dict[str, Any]:
         "cold_s": max(0.0, first_wall - steady_wall),
         "cold_cpu_s": max(0.0, first_cpu - steady_cpu),
     }
-    if config == "ember":
+    if config.startswith("ember"):
         import ember.compiler
 
         times = ember.compiler.compile_times()
         out["phases"] = {phase: times[phase][1] for phase in times}
+        out["thread_phases"] = dict(spent)  # the first call's: steady calls compile nothing
+        out["gc"] = dict(collected)
     return out
 
 
@@ -309,14 +379,54 @@ def markdown(result: dict[str, Any]) -> str:
                 f"slope ratio ember / {other}: {mine / theirs:.3f} (CPU; target <= 0.1 against"
                 " torch)"
             )
+    for config in configs:
+        if config.startswith("ember"):
+            lines += phase_table(result, config)
     return "\n".join(lines)
+
+
+def phase_table(result: dict[str, Any], config: str) -> list[str]:
+    """An ember configuration's compile phases: thread CPU s per depth (the least of each
+    point's processes) and per added layer."""
+    by_depth = result["runs"].get(config, {})
+    least: dict[str, dict[int, float]] = {}
+    for depth, procs in by_depth.items():
+        for proc in procs:
+            for phase, took in proc.get("thread_phases", {}).items():
+                row = least.setdefault(phase, {})
+                row[int(depth)] = min(row.get(int(depth), took), took)
+    for depth, procs in by_depth.items():
+        for proc in procs:
+            for kind in ("full", "full_s"):
+                took = proc.get("gc", {}).get(kind)
+                if took is not None:
+                    row = least.setdefault(f"gc: {kind}", {})
+                    row[int(depth)] = min(row.get(int(depth), took), took)
+    if not least:
+        return []
+    depths = sorted({d for row in least.values() for d in row})
+    lines = [
+        "",
+        f"{config}'s phases, thread CPU s of the first call (a phase inside another counts in"
+        " both):",
+        "",
+        "| phase | " + " | ".join(map(str, depths)) + " | s/layer |",
+        "|---|" + "---:|" * (len(depths) + 1),
+    ]
+    for phase, row in sorted(least.items(), key=lambda kv: -max(kv[1].values())):
+        cells = " | ".join(f"{row[d]:.3f}" if d in row else "-" for d in depths)
+        slope = fit(sorted(row.items()))[0] if len(row) > 1 else None
+        lines.append(f"| {phase} | {cells} | {'-' if slope is None else f'{slope:.4f}'} |")
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2", help="a name in models.hf.HF_MODELS")
     parser.add_argument("--depths", default="2,6,12,24", help="comma-separated layer counts")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="ember,torch,torch-nested")
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help="ember,ember-nomemo,torch,torch-nested"
+    )
     parser.add_argument("--mode", default="infer", choices=("infer", "train"))
     parser.add_argument("--repeats", type=int, default=1, help="processes per point (best kept)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")

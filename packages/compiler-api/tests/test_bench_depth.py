@@ -32,8 +32,11 @@ def test_sweep_times_each_depth_in_a_fresh_process(bench_depth: Any, tmp_path: P
     for (proc,) in points.values():
         assert proc["cold_cpu_s"] > 0 and proc["cold_s"] > 0, proc
         assert proc["phases"]["lowering"] > 0 and proc["phases"]["C++ build"] > 0
+        assert proc["thread_phases"]["aot trace"] > 0 and proc["thread_phases"]["capture"] > 0
+        assert proc["gc"]["young"] > 0
     report = bench_depth.markdown(bench_depth.merged([result]))
     assert "| s/layer |" in report and "| 2 |" in report
+    assert "ember's phases, thread CPU s" in report and "| aot trace |" in report
 
 
 def test_pooled_runs_keep_each_points_least_value(bench_depth: Any) -> None:
@@ -52,3 +55,17 @@ def test_pooled_runs_keep_each_points_least_value(bench_depth: Any) -> None:
     report = bench_depth.markdown(pooled)
     assert "ember 2, torch 1" in report
     assert f"slope ratio ember / torch: {slopes['ember'] / 5.0:.3f}" in report
+
+
+def test_the_phase_table_keeps_each_points_least_and_fits_a_slope(bench_depth: Any) -> None:
+    def proc(aot: float) -> dict[str, Any]:
+        return {"cold_s": 1.0, "cold_cpu_s": 1.0, "thread_phases": {"aot trace": aot},
+                "gc": {"full": 0.0, "full_s": 0.0, "young": 3.0, "young_s": 0.01}}  # fmt: skip
+
+    result = {
+        "meta": {"model": "gpt2", "mode": "infer", "threads": 1},
+        "runs": {"ember": {2: [proc(0.3), proc(0.2)], 12: [proc(0.7)]}},
+    }
+    lines = bench_depth.phase_table(result, "ember")
+    assert "| aot trace | 0.200 | 0.700 | 0.0500 |" in lines
+    assert "| gc: full | 0.000 | 0.000 | 0.0000 |" in lines

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ember.aotgraph import opmemo
 from ember.aotgraph.trace import (
     JointGraph,
     Observed,
@@ -97,7 +98,7 @@ def trace_without_grad(
     [<OpOverload(op='aten.cos', overload='default')>]
     """
     mode = _fake_mode(inputs)
-    with torch.no_grad():
+    with torch.no_grad(), opmemo.if_enabled():  # repeated layers: each op traced once
         gm = _trace(fn, _fakes(mode, inputs), table)
     _unspecialized(mode)
     return gm

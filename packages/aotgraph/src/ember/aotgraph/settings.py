@@ -33,6 +33,12 @@ class AotSettings:
         " $XDG_CACHE_HOME/ember, else ~/.cache/ember",
         env="EMBER_CACHE_DIR",
     )
+    trace_memo: bool = setting(
+        True,
+        "trace each aten op once per argument layout (static sizes) and stamp its recorded"
+        " nodes for the repeats: repeated layers traced once (ember.aotgraph.opmemo)",
+        env="EMBER_AOT_TRACE_MEMO",
+    )
     check: bool = setting(
         False,
         "run the checkers after each pass (graphs, loop IR, caches; slow; tests set it)",

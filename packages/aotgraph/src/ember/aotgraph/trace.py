@@ -45,7 +45,7 @@ from torch._guards import GuardSource, SLoc, Source
 from torch._subclasses import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from ember.aotgraph import nodemeta, symbolic
+from ember.aotgraph import nodemeta, opmemo, symbolic
 from ember.aotgraph.aliasing import storage_groups, unwritten_sharing, viewed_input
 from ember.aotgraph.cleanup import eliminate_common_subexpressions, lift_mutations, strip_detach
 from ember.aotgraph.eager_checks import (
@@ -660,7 +660,7 @@ def trace_joint(
     # input written elsewhere does not stop the others being separated (f(a, b, a[1])
     # writing b: a's gradient took c's too).
     separate = unwritten_sharing(primals, sig.versions)
-    with torch.enable_grad():
+    with torch.enable_grad(), opmemo.if_enabled():  # autograd runs above the memo's level
         joint_fn = _joint_function(fn, sig, len(primals), separate)
         gm = _trace(joint_fn, [*primals, *tangents], table)
     _unspecialized(mode)
@@ -683,7 +683,7 @@ def trace_forward(
     """
     mode = _fake_mode(inputs)
     primals = _fakes(mode, inputs)
-    with torch.no_grad():
+    with torch.no_grad(), opmemo.if_enabled():  # repeated layers: each op traced once
         gm = _trace(_graph_outputs(fn, sig), primals, table)
     _unspecialized(mode)
     n_outs = len(sig.graph_outputs)
