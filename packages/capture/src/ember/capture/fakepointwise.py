@@ -51,6 +51,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ember.capture.fakeops import SHORTCUTS
 from ember.capture.fakestrides import contiguous_in_order, elementwise_order
 from ember.capture.fakeview import Value, _contiguous, _values
 
@@ -87,6 +88,9 @@ def pointwise_result(
 ) -> torch.Tensor | None:
     """The output of the pointwise op ``func`` over fakes of ``mode``, made directly when
     its inputs allow (see the module docstring); None to let torch's kernel decide."""
+    shortcut = SHORTCUTS.get(func)
+    if shortcut is not None:  # a non-pointwise op with a formula for its layout (fakeops)
+        return shortcut(mode, args, kwargs)  # type: ignore[no-any-return]
     if func in REDUCTION_PRIMS:
         return _reduction(mode, func, args, kwargs)
     qualifies = _QUALIFIES.get(func)
