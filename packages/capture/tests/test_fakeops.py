@@ -83,9 +83,7 @@ def test_attention_matches_torchs_kernel(seed: int, random_cases: Any) -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_index_embedding_arange_and_casts_match_torchs_kernel(
-    seed: int, random_cases: Any
-) -> None:
+def test_index_embedding_arange_and_casts_match_torchs_kernel(seed: int, random_cases: Any) -> None:
     taken = 0
     for rng, mode, sizes in random_cases(seed, 30, [2, 3, 5], one=0.2):
         dynamic = [s > 1 and rng.random() < 0.7 for s in sizes]
@@ -154,3 +152,38 @@ def test_the_mode_uses_them_and_the_rest_goes_to_torch() -> None:
     ]
     for func, args, kwargs in cases:
         assert SHORTCUTS[func](mode, args, kwargs) is None, (func, args)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_mean_and_constructors_match_torchs_kernel(seed: int, random_cases: Any) -> None:
+    taken = 0
+    for rng, mode, sizes in random_cases(seed, 30, [2, 3, 5], one=0.2):
+        dynamic = [s > 1 and rng.random() < 0.7 for s in sizes]
+        real = torch.randn(sizes, dtype=rng.choice([torch.float32, torch.float64]))
+        x = _fake(mode, real, dynamic)
+        ndim = len(sizes)
+        if rng.random() < 0.5:
+            dims = rng.sample(range(ndim), rng.randint(1, ndim))
+            dims = [d - ndim if rng.random() < 0.3 else d for d in dims]
+            keepdim = rng.random() < 0.5
+            args: tuple[Any, ...] = (x, dims, keepdim)
+            func, kwargs, eager = aten.mean.dim, {}, real.mean(dims, keepdim)
+        else:
+            perm = list(range(ndim))
+            rng.shuffle(perm)
+            strides = x.permute(perm).contiguous().stride()
+            real_strides = real.permute(perm).contiguous().stride()
+            device = rng.choice([None, torch.device("cpu")])
+            args, kwargs = (list(x.shape), [strides[perm.index(d)] for d in range(ndim)]), {}
+            if device is not None:
+                kwargs["device"] = device
+            func = aten.empty_strided.default
+            eager = torch.empty_strided(sizes, [real_strides[perm.index(d)] for d in range(ndim)])
+        fast = _check(mode, func, args, kwargs, eager)
+        assert (fast is not None) == any(dynamic), (func, sizes, dynamic)
+        taken += fast is not None
+    assert taken >= 10
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    x = _fake(mode, torch.randn(4, 6), [True, True])
+    for args in [(x, [2]), (x, [0, 0]), (x.t(), [0]), (x, None)]:  # out of range, twice, ...
+        assert SHORTCUTS[aten.mean.dim](mode, args, {}) is None, args

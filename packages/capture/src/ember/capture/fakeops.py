@@ -209,6 +209,51 @@ def _to_copy(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return _empty(mode, list(x.shape), dtype, x.device)
 
 
+def _constructor(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``empty_strided`` / ``empty`` with symbolic sizes: torch's fake ``constructors``
+    implementation (the op on the meta device, wrapped) without its cache's rebuild."""
+    ints = [n for a in args if isinstance(a, list | tuple) for n in a]
+    if not any(isinstance(n, torch.SymInt) for n in ints) or _values(ints) is None:
+        return None
+    if set(kwargs) - {"dtype", "layout", "device", "pin_memory", "memory_format"}:
+        return None
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return None
+    if kwargs.get("memory_format") not in (None, torch.contiguous_format):
+        return None
+    device = kwargs.get("device") or torch.device("cpu")
+    if not isinstance(device, torch.device) or device.type == "meta":
+        return None
+    if not all(isinstance(a, list | tuple) for a in args):
+        return None
+    func = aten.empty_strided.default if len(args) == 2 else aten.empty.memory_format
+    with in_kernel_invocation_manager(mode):
+        meta = func(*args, **{**kwargs, "device": torch.device("meta")})
+    return FakeTensor(mode, meta, device)
+
+
+def _mean(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``mean.dim`` of a contiguous floating fake over listed dims: contiguous, the
+    reduced dims dropped or (``keepdim``) 1."""
+    from ember.capture.fakepointwise import layout_of
+
+    if not args or not _plain(mode, args[0]) or not _symbolic(args[0]) or kwargs:
+        return None
+    x, dims, keepdim = args[0], (args[1] if len(args) > 1 else None), False
+    if len(args) > 2:
+        keepdim = args[2]
+    if len(args) > 3 or type(keepdim) is not bool or not isinstance(dims, list | tuple):
+        return None
+    ndim = x.dim()
+    if not dims or not all(type(d) is int and -ndim <= d < ndim for d in dims):
+        return None
+    dims = sorted({d % ndim for d in dims})
+    if len(dims) != len(args[1]) or not x.dtype.is_floating_point or layout_of(x) is None:
+        return None
+    sizes = [1 if d in dims else n for d, n in enumerate(x.shape) if keepdim or d not in dims]
+    return _empty(mode, sizes, x.dtype, x.device)
+
+
 def _broadcast(tensors: Sequence[Any]) -> list[Any] | None:
     """The sizes ``tensors`` broadcast to where each dimension is one expression or the
     static 1 in every tensor that has it; None where sizes would be compared."""
@@ -242,4 +287,7 @@ SHORTCUTS: dict[Any, Shortcut] = {
     aten.arange.start: _arange,
     aten.arange.start_step: _arange,
     aten._to_copy.default: _to_copy,
+    aten.empty_strided.default: _constructor,
+    aten.empty.memory_format: _constructor,
+    aten.mean.dim: _mean,
 }

@@ -168,12 +168,12 @@ def _permuted(
                 exprs[k], out[k] = expr, t.shape[d]
             elif exprs[k] != expr:
                 return None
-    if any(type(e) is int and e <= 1 for e in exprs):
-        return None  # a size 1 (its stride is ambiguous) or 0: torch's kernel decides
-    if all(type(e) is int for e in exprs):
+    if all(type(e) is int for e in exprs) or 0 in exprs:
         return None
     if memory_format is torch.contiguous_format:
         return out, None  # clone(memory_format=contiguous_format): contiguous whatever the input
+    if any(type(e) is int and e <= 1 for e in exprs):
+        return None  # a size 1 (its stride is ambiguous): torch's kernel decides
     if ndim == 1:
         return out, None
     expanded = []
