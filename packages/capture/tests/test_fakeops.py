@@ -187,3 +187,63 @@ def test_mean_and_constructors_match_torchs_kernel(seed: int, random_cases: Any)
     x = _fake(mode, torch.randn(4, 6), [True, True])
     for args in [(x, [2]), (x, [0, 0]), (x.t(), [0]), (x, None)]:  # out of range, twice, ...
         assert SHORTCUTS[aten.mean.dim](mode, args, {}) is None, args
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cat_and_likes_match_torchs_kernel(seed: int, random_cases: Any) -> None:
+    taken = 0
+    for rng, mode, sizes in random_cases(seed, 30, [2, 3, 4, 6], one=0.15):
+        ndim = len(sizes)
+        dynamic = [s > 1 and rng.random() < 0.6 for s in sizes]
+        real = torch.randn(sizes)
+        x = _fake(mode, real, dynamic)
+        perm = list(range(ndim))
+        if rng.random() < 0.6:
+            rng.shuffle(perm)
+        if rng.random() < 0.6:  # a cat: the other input made from the same symbols
+            dim = rng.randrange(ndim) - (ndim if rng.random() < 0.3 else 0)
+            width = rng.choice([1, 2, 3])
+            other_sizes = [width if d == dim % ndim else n for d, n in enumerate(x.shape)]
+            with mode:
+                y = torch.empty([other_sizes[p] for p in perm]).permute(_inverse(perm))
+                xs = (
+                    x.permute(perm).contiguous().permute(_inverse(perm))
+                    if rng.random() < 0.5
+                    else x
+                )
+            real_y = torch.randn(_hints([other_sizes[p] for p in perm])).permute(_inverse(perm))
+            real_x = (
+                real.permute(perm).contiguous().permute(_inverse(perm)) if xs is not x else real
+            )
+            pair = [(xs, real_x), (y, real_y)]
+            if rng.random() < 0.5:
+                pair.reverse()
+            args: tuple[Any, ...] = ([p[0] for p in pair], dim)
+            func, kwargs, eager = aten.cat.default, {}, torch.cat([p[1] for p in pair], dim)
+        else:
+            func = rng.choice([aten.full_like.default, aten.zeros_like.default])
+            args = (x, 7) if func is aten.full_like.default else (x,)
+            kwargs = rng.choice([{}, {"dtype": torch.int64}])
+            eager = func(real, *args[1:], **kwargs)
+        fast = _check(mode, func, args, kwargs, eager)
+        taken += fast is not None
+    assert taken >= 15
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    out = [0] * len(perm)
+    for i, p in enumerate(perm):
+        out[p] = i
+    return out
+
+
+def test_rotary_cat_takes_the_shortcut() -> None:
+    """Llama's ``rotate_half``: ``cat((-x2, x1), -1)`` of halves of a transposed ``q``."""
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    h = _fake(mode, torch.randn(2, 5, 64), [True, True, False])
+    with mode:
+        q = h.view(h.shape[0], h.shape[1], 4, 16).transpose(1, 2)
+        x1, x2 = q[..., :8], q[..., 8:]
+        neg = -x2
+    fast = _check(mode, aten.cat.default, ([neg, x1], -1), {}, None)
+    assert fast is not None and not mode.shape_env.guards

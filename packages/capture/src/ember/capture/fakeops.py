@@ -254,6 +254,91 @@ def _mean(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return _empty(mode, sizes, x.dtype, x.device)
 
 
+def _like(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``full_like``/``zeros_like``/``ones_like``/``empty_like`` of a contiguous fake:
+    ``empty_like`` keeps a non-overlapping dense layout, here the contiguous one."""
+    from ember.capture.fakepointwise import layout_of
+
+    if not args or not _plain(mode, args[0]) or not _symbolic(args[0]) or len(args) > 2:
+        return None
+    x = args[0]
+    if len(args) == 2 and type(args[1]) not in (int, float, bool):
+        return None  # full_like's fill value: a number (a SymInt would be traced)
+    if set(kwargs) - {"dtype", "layout", "device", "pin_memory", "memory_format"}:
+        return None
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return None
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return None
+    if kwargs.get("device") not in (None, x.device) or layout_of(x) is None:
+        return None
+    dtype = kwargs.get("dtype") or x.dtype
+    return _empty(mode, list(x.shape), dtype, x.device) if isinstance(dtype, torch.dtype) else None
+
+
+def _cat(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``cat`` of fakes of one dtype and rank whose other sizes are the same expressions:
+    torch's reference concatenates, then clones to the first input's suggested memory
+    format, contiguous when its strides are provably not channels-last-like."""
+    if kwargs or not args or len(args) > 2 or not isinstance(args[0], list | tuple):
+        return None
+    tensors, dim = args[0], (args[1] if len(args) == 2 else 0)
+    if not tensors or not all(_plain(mode, t) for t in tensors) or type(dim) is not int:
+        return None
+    first = tensors[0]
+    ndim = first.dim()
+    if ndim == 0 or not -ndim <= dim < ndim or not _symbolic(*tensors):
+        return None
+    dim %= ndim
+    if any(t.dim() != ndim or t.dtype != first.dtype or t.device != first.device for t in tensors):
+        return None
+    exprs = [_values(t.shape) for t in tensors]
+    if any(e is None or any(x == 0 for x, _ in e) for e in exprs):
+        return None
+    if any(
+        [x for d, (x, _) in enumerate(e) if d != dim]
+        != [x for d, (x, _) in enumerate(exprs[0]) if d != dim]
+        for e in exprs
+    ):  # type: ignore[union-attr]
+        return None
+    if ndim in (4, 5) and not _not_channels_last(mode, first):
+        return None
+    total = first.shape[dim]
+    for t in tensors[1:]:
+        total = total + t.shape[dim]
+    sizes = [total if d == dim else n for d, n in enumerate(first.shape)]
+    return _empty(mode, sizes, first.dtype, first.device)
+
+
+def _not_channels_last(mode: Any, t: Any) -> bool:
+    """Whether torch's ``are_strides_like_channels_last_or_false`` is False for ``t`` for
+    every value of the symbols, reached without a guard: a static 0 channel stride, or a
+    stride provably below the running minimum of its walk (``[1, 3, 2, 0]`` for 4 dims)."""
+    from ember.capture.fakestrides import compare_or_none
+
+    sizes, strides = _values(t.shape), _values(t.stride())
+    if sizes is None or strides is None:
+        return False
+    if strides[1][0] == 0:
+        return True
+    lower = _lower(mode)
+    least: Any = 0
+    for d in [1, 3, 2, 0] if t.dim() == 4 else [1, 4, 3, 2, 0]:
+        stride = strides[d][0]
+        if least != 0:  # nothing is below 0 (strides and sizes here are never negative)
+            if stride == 0:
+                return True
+            order = compare_or_none(stride, least, lower)
+            if order == -1:
+                return True
+            if order is None:
+                return False  # torch would decide by the values (and guard)
+        if d == 0:
+            return False  # channels-last-like but for torch's last check: torch decides
+        least = stride * sizes[d][0]
+    return False
+
+
 def _broadcast(tensors: Sequence[Any]) -> list[Any] | None:
     """The sizes ``tensors`` broadcast to where each dimension is one expression or the
     static 1 in every tensor that has it; None where sizes would be compared."""
@@ -290,4 +375,9 @@ SHORTCUTS: dict[Any, Shortcut] = {
     aten.empty_strided.default: _constructor,
     aten.empty.memory_format: _constructor,
     aten.mean.dim: _mean,
+    aten.full_like.default: _like,
+    aten.zeros_like.default: _like,
+    aten.ones_like.default: _like,
+    aten.empty_like.default: _like,
+    aten.cat.default: _cat,
 }

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["contiguous_in_order", "elementwise_order"]
+__all__ = ["compare_or_none", "contiguous_in_order", "elementwise_order"]
 
 Bound = Callable[[Any], Any]  # a symbol -> its lower bound (None when unknown)
 
@@ -91,6 +91,22 @@ def contiguous_in_order(sizes: Sequence[Any], order: Sequence[int]) -> list[Any]
         out[d] = acc
         acc = acc * sizes[d]
     return out
+
+
+def compare_or_none(x: Any, y: Any, lower: Bound) -> int | None:
+    """-1, 0 or 1 as ``x < y``, ``x == y`` or ``x > y`` for every value of the symbols
+    (monomials over symbols at least 2, see the module docstring); None where that
+    depends on the values.
+
+    >>> import sympy
+    >>> s0 = sympy.Symbol("s0", positive=True, integer=True)
+    >>> compare_or_none(4 * s0, 4, {s0: 2}.get), compare_or_none(s0, 4, {s0: 2}.get)
+    (1, None)
+    """
+    try:
+        return _compare(x, y, lower)
+    except _Undecided:
+        return None
 
 
 def _should_swap(
