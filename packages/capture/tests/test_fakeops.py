@@ -247,3 +247,22 @@ def test_rotary_cat_takes_the_shortcut() -> None:
         neg = -x2
     fast = _check(mode, aten.cat.default, ([neg, x1], -1), {}, None)
     assert fast is not None and not mode.shape_env.guards
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_mm_matches_torchs_kernel(seed: int, random_cases: Any) -> None:
+    taken = 0
+    for rng, mode, _ in random_cases(seed, 20, [2]):
+        n, k, m = rng.choice([1, 3, 4]), rng.choice([2, 5]), rng.choice([3, 6])
+        real_a, real_b = torch.randn(n, k), torch.randn(k, m)
+        a = _fake(mode, real_a, [rng.random() < 0.6, rng.random() < 0.6])
+        with mode:  # b's rows: a's column size, the same expression
+            b = torch.empty(m, a.shape[1]).t() if rng.random() < 0.5 else torch.empty(a.shape[1], m)
+        fast = _check(mode, aten.mm.default, (a, b), {}, real_a @ real_b)
+        assert (fast is not None) == any(isinstance(x, torch.SymInt) for x in a.shape)
+        taken += fast is not None
+    assert taken >= 5
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    a = _fake(mode, torch.randn(4, 6), [True, True])
+    other = _fake(mode, torch.randn(5, 3), [True, False])  # s0 against s2: torch compares
+    assert SHORTCUTS[aten.mm.default](mode, (a, other), {}) is None

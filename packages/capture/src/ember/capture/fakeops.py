@@ -339,6 +339,22 @@ def _not_channels_last(mode: Any, t: Any) -> bool:
     return False
 
 
+def _mm(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``mm(a, b)`` whose reduction sizes are one expression: ``meta_mm``'s contiguous
+    ``(n, p)`` of ``a``'s dtype (its one check, ``m1 == m2``, holds as expressions)."""
+    if len(args) != 2 or kwargs or not all(_plain(mode, t) for t in args):
+        return None
+    a, b = args
+    if a.dim() != 2 or b.dim() != 2 or a.dtype != b.dtype or a.device != b.device:
+        return None
+    sizes_a, sizes_b = _values(a.shape), _values(b.shape)
+    if sizes_a is None or sizes_b is None or sizes_a[1][0] != sizes_b[0][0]:
+        return None
+    if not _symbolic(a, b) or not _nonzero(a) or not _nonzero(b):
+        return None
+    return _empty(mode, [a.shape[0], b.shape[1]], a.dtype, a.device)
+
+
 def _broadcast(tensors: Sequence[Any]) -> list[Any] | None:
     """The sizes ``tensors`` broadcast to where each dimension is one expression or the
     static 1 in every tensor that has it; None where sizes would be compared."""
@@ -380,4 +396,5 @@ SHORTCUTS: dict[Any, Shortcut] = {
     aten.ones_like.default: _like,
     aten.empty_like.default: _like,
     aten.cat.default: _cat,
+    aten.mm.default: _mm,
 }
