@@ -292,15 +292,14 @@ def _cat(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     dim %= ndim
     if any(t.dim() != ndim or t.dtype != first.dtype or t.device != first.device for t in tensors):
         return None
-    exprs = [_values(t.shape) for t in tensors]
-    if any(e is None or any(x == 0 for x, _ in e) for e in exprs):
-        return None
-    if any(
-        [x for d, (x, _) in enumerate(e) if d != dim]
-        != [x for d, (x, _) in enumerate(exprs[0]) if d != dim]
-        for e in exprs
-    ):  # type: ignore[union-attr]
-        return None
+    others = []  # each input's sizes but the concatenated one, as expressions
+    for t in tensors:
+        sizes = _values(t.shape)
+        if sizes is None or any(x == 0 for x, _ in sizes):
+            return None
+        others.append([x for d, (x, _) in enumerate(sizes) if d != dim])
+    if any(o != others[0] for o in others):
+        return None  # torch compares them (and may guard or raise)
     if ndim in (4, 5) and not _not_channels_last(mode, first):
         return None
     total = first.shape[dim]

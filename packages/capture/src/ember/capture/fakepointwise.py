@@ -17,10 +17,17 @@ their contiguous strides, for every value of the symbols: torch's ordering of th
 dimensions by stride finds them in order. :func:`pointwise_result` then makes it with
 one ``empty``; its dtype comes from running the op once on one-element meta tensors of
 the same dtypes and dims (type promotion depends on nothing else here), remembered per
-op and argument types. Anything else (other layouts, sizes that differ as expressions, a
-``SymInt`` argument, an in-place, random or multi-output op, a constant-valued fake that
-is not 0-dim, inputs on several devices, a probe that raises) returns None and torch's
-kernel runs, with its checks, errors and guards.
+op and argument types. Inputs of other layouts (a transposed ``q``, a permuted position
+bias, halves of a last dimension) get torch's own output strides: its ordering of the
+dimensions by the expanded inputs' strides, each comparison decided for every value of
+the symbols (:mod:`ember.capture.fakestrides`), where the output has no size 1 (whose
+stride torch's several paths set differently). Anything else (sizes that differ as
+expressions, a comparison that depends on the values, a ``SymInt`` argument, an in-place,
+random or multi-output op, a constant-valued fake that is not 0-dim, inputs on several
+devices, a probe that raises) returns None and torch's kernel runs, with its checks,
+errors and guards. :func:`pointwise_result` is also where ``TracerFakeMode`` asks for the
+few non-pointwise ops with a formula for their layout (:data:`ember.capture.fakeops.SHORTCUTS`:
+attention, indexing, ``cat``, ``mm``, constructors).
 
 >>> import torch
 >>> from torch._subclasses import FakeTensorMode
