@@ -8,8 +8,12 @@ first, then times one ``Prepared.step()`` (capture, aot trace, lowering, C++ bui
 run) with an empty ``EMBER_CACHE_DIR``, the ``inductor`` backend and one thread. Printed
 per workload: the best wall and process-CPU seconds of each (CPU includes the C++
 compiler's, which runs as a child process), their ratio dynamic/static, the capture and
-aot-trace phases (thread CPU seconds), and the binary ``SymNode``
-operations counted in each of those two phases: deterministic, unlike the times.
+aot-trace phases (thread CPU seconds), the binary ``SymNode``
+operations counted in each of those two phases (deterministic, unlike the times), and the
+seconds spent in full (generation 2) garbage collections during the call: one costs about
+0.2 s with torch and transformers loaded, and whether it falls inside the call depends on
+how much the compile allocated (hf-llama-infer's dynamic compile crosses CPython's
+threshold, its static one does not).
 ``--one WORKLOAD static|dynamic`` is the child run (prints one JSON line).
 """
 
@@ -84,6 +88,25 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _gc_seconds() -> list[float]:
+    """A list whose first item accumulates the thread CPU seconds of full collections
+    from now on (a ``gc`` callback)."""
+    import gc
+
+    spent = [0.0, 0.0]  # total, start of the running collection
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            spent[1] = time.thread_time()
+        else:
+            spent[0] += time.thread_time() - spent[1]
+
+    gc.callbacks.append(on_gc)
+    return spent
+
+
 def one(name: str, sizes: str) -> dict[str, Any]:
     """The child run: one first call, timed, in this (fresh) process."""
     import torch
@@ -103,6 +126,7 @@ def one(name: str, sizes: str) -> dict[str, Any]:
         lambda p: ember.compiler.compile(p, backend="inductor", dynamic=sizes == "dynamic")
     )
     ember.compiler.reset()
+    full_gc = _gc_seconds()
     cpu, thread, wall = _cpu(), time.thread_time(), time.perf_counter()
     prepared.step()
     wall, thread, cpu = time.perf_counter() - wall, time.thread_time() - thread, _cpu() - cpu
@@ -116,6 +140,7 @@ def one(name: str, sizes: str) -> dict[str, Any]:
         "wall capture": times["capture"][1],
         "wall aot": times["aot trace"][1],
         "ops": counts,
+        "gc": full_gc[0],
     }
 
 
@@ -154,7 +179,7 @@ def main() -> None:
         return
     print(f"load {os.getloadavg()}")
     head = "workload        static wall/cpu   dynamic wall/cpu  d/s wall  d/s cpu"
-    print(head + "  capture s/d    aot s/d      SymNode ops capture s/d, aot s/d")
+    print(head + "  capture s/d    aot s/d      SymNode ops capture s/d, aot s/d  gc s/d")
     trees: list[str | None] = list(args.trees.split(",")) if args.trees else [None]
     for name in args.workloads.split(","):
         best: dict[tuple[str | None, str], dict[str, Any]] = {}
@@ -173,7 +198,8 @@ def main() -> None:
                 f"{d['wall']:>6.2f}/{d['cpu']:<6.2f}"
                 f"  {d['wall'] / s['wall']:>7.2f}  {d['cpu'] / s['cpu']:>7.2f}"
                 f"  {s['capture']:.2f}/{d['capture']:.2f}  {s['aot']:.2f}/{d['aot']:.2f}"
-                f"   {ops[0]}/{ops[1]}, {ops[2]}/{ops[3]}",
+                f"   {ops[0]}/{ops[1]}, {ops[2]}/{ops[3]}"
+                f"  {s.get('gc', 0.0):.2f}/{d.get('gc', 0.0):.2f}",
                 flush=True,
             )
     print(f"load {os.getloadavg()}")

@@ -142,7 +142,7 @@ def test_other_inputs_go_to_torchs_kernel() -> None:
         empty = torch.empty(0, x.shape[1])
     cases: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = [
         (aten.add.Tensor, (x, other), {}),  # sizes that differ as expressions
-        (aten.relu.default, (t,), {}),  # not contiguous
+        (aten.relu.default, (t[:, :1],), {}),  # not contiguous, with a size 1
         (aten.add_.Tensor, (x, x), {}),  # in place
         (aten.add.Tensor, (x, x.shape[0]), {}),  # a SymInt argument
         (aten.clone.default, (x,), {"memory_format": torch.channels_last}),

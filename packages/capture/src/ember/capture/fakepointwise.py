@@ -17,10 +17,17 @@ their contiguous strides, for every value of the symbols: torch's ordering of th
 dimensions by stride finds them in order. :func:`pointwise_result` then makes it with
 one ``empty``; its dtype comes from running the op once on one-element meta tensors of
 the same dtypes and dims (type promotion depends on nothing else here), remembered per
-op and argument types. Anything else (other layouts, sizes that differ as expressions, a
-``SymInt`` argument, an in-place, random or multi-output op, a constant-valued fake that
-is not 0-dim, inputs on several devices, a probe that raises) returns None and torch's
-kernel runs, with its checks, errors and guards.
+op and argument types. Inputs of other layouts (a transposed ``q``, a permuted position
+bias, halves of a last dimension) get torch's own output strides: its ordering of the
+dimensions by the expanded inputs' strides, each comparison decided for every value of
+the symbols (:mod:`ember.capture.fakestrides`), where the output has no size 1 (whose
+stride torch's several paths set differently). Anything else (sizes that differ as
+expressions, a comparison that depends on the values, a ``SymInt`` argument, an in-place,
+random or multi-output op, a constant-valued fake that is not 0-dim, inputs on several
+devices, a probe that raises) returns None and torch's kernel runs, with its checks,
+errors and guards. :func:`pointwise_result` is also where ``TracerFakeMode`` asks for the
+few non-pointwise ops with a formula for their layout (:data:`ember.capture.fakeops.SHORTCUTS`:
+attention, indexing, ``cat``, ``mm``, constructors).
 
 >>> import torch
 >>> from torch._subclasses import FakeTensorMode
@@ -31,7 +38,10 @@ kernel runs, with its checks, errors and guards.
 >>> y = pointwise_result(mode, le, (x, 0), {})
 >>> y.shape == x.shape, y.stride() == x.stride(), y.dtype
 (True, True, torch.bool)
->>> pointwise_result(mode, le, (x.mT, 0), {}) is None  # not contiguous: torch decides
+>>> t = pointwise_result(mode, le, (x.mT, 0), {})  # permuted: torch's order of strides
+>>> t.stride() == x.mT.stride()
+True
+>>> pointwise_result(mode, le, (x[:, :1], 0), {}) is None  # a size 1: torch decides
 True
 >>> row = mode.from_tensor(torch.empty(1, 6, 8))  # s1, s2 again (equal sizes share one)
 >>> z = pointwise_result(mode, torch.ops.aten.add.Tensor, (row, x), {})
@@ -48,6 +58,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ember.capture.fakeops import SHORTCUTS
+from ember.capture.fakestrides import contiguous_in_order, elementwise_order
 from ember.capture.fakeview import Value, _contiguous, _values
 
 __all__ = ["layout_of", "pointwise_result"]
@@ -83,6 +95,9 @@ def pointwise_result(
 ) -> torch.Tensor | None:
     """The output of the pointwise op ``func`` over fakes of ``mode``, made directly when
     its inputs allow (see the module docstring); None to let torch's kernel decide."""
+    shortcut = SHORTCUTS.get(func)
+    if shortcut is not None:  # a non-pointwise op with a formula for its layout (fakeops)
+        return shortcut(mode, args, kwargs)  # type: ignore[no-any-return]
     if func in REDUCTION_PRIMS:
         return _reduction(mode, func, args, kwargs)
     qualifies = _QUALIFIES.get(func)
@@ -114,15 +129,79 @@ def pointwise_result(
     if func in ONE_TENSOR_PRIMS and len(shaped) != 1:
         return None
     sizes = _broadcast(shaped)
+    strides = None  # contiguous
     if sizes is None:
-        return None
+        if func in ONE_TENSOR_PRIMS or not shaped:
+            return None  # prims keep their input's strides: only the contiguous case here
+        layout = _permuted(mode, shaped, kwargs.get("memory_format"))
+        if layout is None:
+            return None
+        sizes, strides = layout
     key.extend(kwargs)
     dtype = _dtype(tuple(key), func, args, kwargs)
     if dtype is None:
         return None
     with in_kernel_invocation_manager(mode):
-        meta = torch.empty(sizes, dtype=dtype, device="meta")
+        if strides is None:
+            meta = torch.empty(sizes, dtype=dtype, device="meta")
+        else:
+            meta = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
     return FakeTensor(mode, meta, shaped[0].device)
+
+
+def _permuted(
+    mode: Any, tensors: Sequence[FakeTensor], memory_format: Any
+) -> tuple[list[Any], list[Any] | None] | None:
+    """The output sizes and strides (None: contiguous) of a pointwise op over ``tensors``
+    of any layout, as torch's kernel gives them (``fakestrides``), where the sizes
+    broadcast without a comparison, the output has no size 1 and every stride comparison
+    torch makes has one answer for all values of the symbols; else None."""
+    env = mode.shape_env
+    ndim = max(t.dim() for t in tensors)
+    out: list[Any] = [1] * ndim
+    exprs: list[Any] = [1] * ndim
+    per_tensor: list[tuple[list[Value], list[Value]]] = []
+    for t in tensors:
+        sizes, strides = _values(t.shape), _values(t.stride())
+        if sizes is None or strides is None:
+            return None
+        per_tensor.append((sizes, strides))
+        skip = ndim - t.dim()
+        for d, (expr, _) in enumerate(sizes):
+            k = skip + d
+            if expr == 1:
+                continue
+            if exprs[k] == 1:
+                exprs[k], out[k] = expr, t.shape[d]
+            elif exprs[k] != expr:
+                return None
+    if all(type(e) is int for e in exprs) or 0 in exprs:
+        return None
+    if memory_format is torch.contiguous_format:
+        return out, None  # clone(memory_format=contiguous_format): contiguous whatever the input
+    if any(type(e) is int and e <= 1 for e in exprs):
+        return None  # a size 1 (its stride is ambiguous): torch's kernel decides
+    if ndim == 1:
+        return out, None
+    expanded = []
+    for sizes, strides in per_tensor:
+        if [e for e, _ in sizes] == exprs:
+            expanded.append([e for e, _ in strides])
+            continue  # the full shape: torch does not expand it
+        skip = ndim - len(sizes)
+        row = [0] * skip
+        row += [0 if e == 1 else st for (e, _), (st, _) in zip(sizes, strides, strict=True)]
+        expanded.append(row)
+    ranges = env.var_to_range
+
+    def lower(symbol: Any) -> Any:
+        found = ranges.get(symbol)
+        return None if found is None else found.lower
+
+    order = elementwise_order(exprs, expanded, lower)
+    if order is None:
+        return None
+    return out, contiguous_in_order(out, order)
 
 
 def _broadcast(tensors: Sequence[FakeTensor]) -> list[Any] | None:
