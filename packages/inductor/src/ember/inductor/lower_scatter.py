@@ -19,6 +19,8 @@ buf0[2, 6] = WHERE(AND(GE((i1), (2)), LT((i1), (5))),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sympy  # type: ignore[import-untyped]
 import torch
 
@@ -54,7 +56,7 @@ def slice_scatter(
     if src.sizes[d] != hi - lo:
         raise Fallback("slice_scatter whose source does not fill the slice")
 
-    def loader(idx: list[sympy.Expr]) -> Expr:
+    def loader(idx: Sequence[sympy.Expr]) -> Expr:
         i = idx[d]
         inside = Expr(
             Op.AND,
