@@ -1,15 +1,21 @@
 """Helpers shared by capture's tests of its fake-tensor shortcuts (test_fakeview.py,
-test_fakepointwise.py): random cases over a fresh symbolic fake mode."""
+test_fakepointwise.py): random cases over a fresh symbolic fake mode. The folder is put on
+``sys.path`` for ``fakecheck`` (helpers the tests import; pytest's importlib mode adds no
+folder)."""
 
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ember.capture.fakememo import TracerFakeMode
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 Case = tuple[random.Random, TracerFakeMode, list[int]]
 RandomCases = Callable[..., Iterator[Case]]

@@ -8,31 +8,16 @@ from typing import Any
 
 import pytest
 import torch
-from torch._subclasses import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from fakecheck import exprs as _exprs
+from fakecheck import fake as _fake
+from fakecheck import hints as _hints
+from fakecheck import torch_result as _torch
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ember.capture.fakememo import TracerFakeMode
 from ember.capture.fakeops import SHORTCUTS
 
 aten = torch.ops.aten
-
-
-def _fake(mode: Any, real: torch.Tensor, dynamic: list[bool]) -> Any:
-    kinds = [DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic]
-    return mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=kinds))
-
-
-def _torch(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    with mode:
-        return FakeTensorMode.dispatch(mode, func, (), args, kwargs)
-
-
-def _exprs(values: Any) -> tuple[str, ...]:
-    return tuple(str(v.node.expr) if isinstance(v, torch.SymInt) else str(v) for v in values)
-
-
-def _hints(values: Any) -> tuple[int, ...]:
-    return tuple(int(v.node.hint) if isinstance(v, torch.SymInt) else int(v) for v in values)
 
 
 def _same(fast: Any, ref: Any, eager: Any) -> None:

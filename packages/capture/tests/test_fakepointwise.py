@@ -9,32 +9,17 @@ from typing import Any
 
 import pytest
 import torch
+from fakecheck import exprs as _exprs
+from fakecheck import fake as _fake
+from fakecheck import hints as _hints
+from fakecheck import torch_result as _torch
 from torch._subclasses import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ember.capture.fakememo import TracerFakeMode
 from ember.capture.fakepointwise import pointwise_result
 
 aten = torch.ops.aten
-
-
-def _fake(mode: Any, real: torch.Tensor, dynamic: list[bool]) -> Any:
-    kinds = [DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic]
-    return mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=kinds))
-
-
-def _torch(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """What torch's fake kernel makes of the op (TracerFakeMode's override bypassed)."""
-    with mode:
-        return FakeTensorMode.dispatch(mode, func, (), args, kwargs)
-
-
-def _exprs(values: Any) -> tuple[str, ...]:
-    return tuple(str(v.node.expr) if isinstance(v, torch.SymInt) else str(v) for v in values)
-
-
-def _hints(values: Any) -> tuple[int, ...]:
-    return tuple(int(v.node.hint) if isinstance(v, torch.SymInt) else int(v) for v in values)
 
 
 def _real(dtype: torch.dtype, sizes: list[int]) -> torch.Tensor:
