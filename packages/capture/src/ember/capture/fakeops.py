@@ -52,7 +52,7 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 from ember.capture.fakestrides import contiguous_in_order, elementwise_order
 from ember.capture.fakeview import _values
 
-__all__ = ["SHORTCUTS"]
+__all__ = ["SHORTCUTS", "broadcast_sizes"]
 
 aten = torch.ops.aten
 
@@ -357,25 +357,40 @@ def _mm(mode: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 def _broadcast(tensors: Sequence[Any]) -> list[Any] | None:
     """The sizes ``tensors`` broadcast to where each dimension is one expression or the
     static 1 in every tensor that has it; None where sizes would be compared."""
+    found = broadcast_sizes(tensors)
+    return None if found is None or 0 in found[1] else found[0]
+
+
+def broadcast_sizes(tensors: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """``(sizes, expressions, each tensor's (expression, value) sizes)`` of ``tensors``
+    broadcast, where each dimension is one expression or the static 1 in every tensor that
+    has it; None where sizes would be compared (two expressions in one dimension).
+
+    >>> from ember.capture.fakememo import TracerFakeMode
+    >>> mode = TracerFakeMode()
+    >>> a, b = mode.from_tensor(torch.zeros(3, 1)), mode.from_tensor(torch.zeros(4))
+    >>> broadcast_sizes([a, b])[:2]
+    ([3, 4], [3, 4])
+    """
     ndim = max(t.dim() for t in tensors)
     out: list[Any] = [1] * ndim
     exprs: list[Any] = [1] * ndim
+    each = []
     for t in tensors:
         sizes = _values(t.shape)
         if sizes is None:
             return None
+        each.append(sizes)
         skip = ndim - t.dim()
         for d, (expr, _) in enumerate(sizes):
             k = skip + d
-            if expr == 0:
-                return None
             if expr == 1:
                 continue
             if exprs[k] == 1:
                 exprs[k], out[k] = expr, t.shape[d]
             elif exprs[k] != expr:
                 return None
-    return out
+    return out, exprs, each
 
 
 # op -> its shortcut: the fake result, or None to let torch's kernel decide

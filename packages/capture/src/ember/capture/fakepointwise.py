@@ -58,7 +58,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ember.capture.fakeops import SHORTCUTS
+from ember.capture.fakeops import SHORTCUTS, broadcast_sizes
 from ember.capture.fakestrides import contiguous_in_order, elementwise_order
 from ember.capture.fakeview import Value, _contiguous, _values
 
@@ -157,24 +157,17 @@ def _permuted(
     broadcast without a comparison, the output has no size 1 and every stride comparison
     torch makes has one answer for all values of the symbols; else None."""
     env = mode.shape_env
-    ndim = max(t.dim() for t in tensors)
-    out: list[Any] = [1] * ndim
-    exprs: list[Any] = [1] * ndim
+    found = broadcast_sizes(tensors)
+    if found is None:
+        return None
+    out, exprs, each = found
+    ndim = len(out)
     per_tensor: list[tuple[list[Value], list[Value]]] = []
-    for t in tensors:
-        sizes, strides = _values(t.shape), _values(t.stride())
-        if sizes is None or strides is None:
+    for t, sizes in zip(tensors, each, strict=True):
+        strides = _values(t.stride())
+        if strides is None:
             return None
         per_tensor.append((sizes, strides))
-        skip = ndim - t.dim()
-        for d, (expr, _) in enumerate(sizes):
-            k = skip + d
-            if expr == 1:
-                continue
-            if exprs[k] == 1:
-                exprs[k], out[k] = expr, t.shape[d]
-            elif exprs[k] != expr:
-                return None
     if all(type(e) is int for e in exprs) or 0 in exprs:
         return None
     if memory_format is torch.contiguous_format:
