@@ -31,3 +31,11 @@ def exprs(values: Any) -> tuple[str, ...]:
 def hints(values: Any) -> tuple[int, ...]:
     """Sizes or strides at the example's values."""
     return tuple(int(v.node.hint) if isinstance(v, torch.SymInt) else int(v) for v in values)
+
+
+def inverse(perm: list[int]) -> list[int]:
+    """The permutation that undoes ``perm`` (``x.permute(perm).permute(inverse(perm))`` is x)."""
+    out = [0] * len(perm)
+    for i, p in enumerate(perm):
+        out[p] = i
+    return out

@@ -11,6 +11,7 @@ import torch
 from fakecheck import exprs as _exprs
 from fakecheck import fake as _fake
 from fakecheck import hints as _hints
+from fakecheck import inverse as _inverse
 from fakecheck import torch_result as _torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -213,13 +214,6 @@ def test_cat_and_likes_match_torchs_kernel(seed: int, random_cases: Any) -> None
         fast = _check(mode, func, args, kwargs, eager)
         taken += fast is not None
     assert taken >= 15
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    out = [0] * len(perm)
-    for i, p in enumerate(perm):
-        out[p] = i
-    return out
 
 
 def test_rotary_cat_takes_the_shortcut() -> None:

@@ -13,6 +13,7 @@ import torch
 from fakecheck import exprs as _exprs
 from fakecheck import fake as _fake
 from fakecheck import hints as _hints
+from fakecheck import inverse as _inverse
 from fakecheck import torch_result as _torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -121,13 +122,6 @@ def test_permuted_inputs_match_torchs_kernel_and_eager(seed: int, random_cases: 
         assert _hints(fast.shape) == tuple(eager.shape)
         assert _hints(fast.stride()) == eager.stride(), where
     assert taken >= 10
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    out = [0] * len(perm)
-    for i, p in enumerate(perm):
-        out[p] = i
-    return out
 
 
 def test_models_layouts_take_the_shortcut() -> None:

@@ -26,6 +26,7 @@ import torch
 
 from ember.inductor.ir import Expr
 from ember.inductor.lower_ops import _clamp, _index, cast
+from ember.inductor.lower_views import slice_start
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op
 
@@ -49,8 +50,8 @@ def slice_scatter(
     n = a.sizes[d]
     if not isinstance(n, int) or step != 1:
         raise Fallback("slice_scatter of a symbolic size or with a step")
-    lo = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
-    hi = n if end is None else min(max(end + n if end < 0 else end, lo), n)
+    lo = slice_start(start, n)
+    hi = max(slice_start(end, n), lo) if end is not None else n
     if hi <= lo:
         return a  # an empty slice: the input as it is
     if src.sizes[d] != hi - lo:

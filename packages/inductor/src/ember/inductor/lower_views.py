@@ -24,7 +24,7 @@ from ember.inductor.ir import Layout
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 from ember.inductor.reshape import flatten, reshape_index, unflatten
 
-__all__ = ["broadcast", "flatten", "unflatten"]
+__all__ = ["broadcast", "flatten", "slice_start", "unflatten"]
 
 aten = torch.ops.aten
 
@@ -52,6 +52,15 @@ def _window(ctx: Lowerer, v: Value, delta: int | None = 0) -> Value | None:
 
 def _dim(d: int, n: int) -> int:
     return d + n if d < 0 else d
+
+
+def slice_start(start: int | None, n: int) -> int:
+    """Where a slice of a dimension of size ``n`` starts, as Python clamps ``start``.
+
+    >>> slice_start(None, 5), slice_start(-2, 5), slice_start(9, 5), slice_start(-9, 5)
+    (0, 3, 5, 0)
+    """
+    return 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
 
 
 def _lazy(v: Value, sizes: Sequence[int], index: Any) -> Value:
@@ -113,7 +122,7 @@ def slice_(
 ) -> Value:
     d = _dim(dim, v.ndim)
     n = v.sizes[d]
-    lo = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
+    lo = slice_start(start, n)
     sizes = list(ctx.shape(ctx.meta))
 
     def index(idx: list[sympy.Expr]) -> list[sympy.Expr]:
