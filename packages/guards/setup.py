@@ -1,6 +1,7 @@
 """Build the accelerators of ember-guards; metadata lives in pyproject.toml.
 
-- ``_native`` (C, Python C API only): tensor, module, state and aliasing checks.
+- ``_native`` (C, Python C API only): tensor, module, state and aliasing checks, and
+  stamps (``_stamps.c``: which long-lived objects changed since the guards last passed).
   Required: ember-capture needs a C compiler too. The pure-Python twins in
   ``ember/guards/_accel.py`` remain for ``EMBER_GUARDS_PURE_PYTHON=1`` and as the
   reference the tests compare the native code against.
@@ -12,7 +13,11 @@
 
 from setuptools import Extension, setup
 
-extensions = [Extension("ember.guards._native", sources=["src/ember/guards/_native.c"])]
+extensions = [
+    Extension(
+        "ember.guards._native", sources=["src/ember/guards/_native.c", "src/ember/guards/_stamps.c"]
+    )
+]
 
 try:
     from torch.utils.cpp_extension import BuildExtension, CppExtension

@@ -45,6 +45,7 @@ from ember.capture.values import (
     is_frozen_dataclass,
     tuple_fields,
 )
+from ember.guards import sources
 
 # Tensor attributes that are static metadata of the (guarded) fake tensor.
 TENSOR_METADATA = frozenset(
@@ -212,7 +213,8 @@ def generic_attr(
 
         return call_value(fs, function_value(fs, getattr_fn, None), [v, Const(name)], {})
     if v.source is not None:  # the attribute must still be missing when this graph runs
-        fs.tracer.guards.equals(guarding.computed(hasattr, (v.source, name)), False)
+        found = hasattr if use_getattr else sources.has_generic_attribute
+        fs.tracer.guards.equals(guarding.computed(found, (v.source, name)), False)
     raise no_attribute(f"{cls.__name__} object", name)
 
 

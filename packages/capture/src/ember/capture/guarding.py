@@ -33,6 +33,7 @@ from ember.guards.sources import (
     Source,
     TensorAttr,
     TypeOf,
+    class_attribute,
 )
 
 
@@ -81,6 +82,12 @@ def module_child(base: Source, name: str, table: str) -> Source:
     raise ValueError(f"{table!r} is not a module table")
 
 
+def generic_attr(base: Source, name: str) -> Source:
+    """``object.__getattribute__(base, name)``, as a class's own ``__getattribute__`` reads
+    past itself (the check reads it so too, without running the override)."""
+    return sources.GenericAttr(base, name)
+
+
 def item(base: Source, key: Any) -> Source | None:
     """``base[key]``; None when the key is not an int or str (the value is then unguardable)."""
     if type(key) not in (int, str):
@@ -117,20 +124,6 @@ def computed(fn: Callable[..., Any], args: tuple[Any, ...]) -> Source:
     return sources.Computed(fn, args)
 
 
-def class_attribute(cls: type, name: str) -> Any:
-    """``name`` as the first class of ``cls.__mro__`` defining it holds it (None if none does).
-
-    >>> class C:
-    ...     k = 2
-    >>> class_attribute(C, "k"), class_attribute(C, "missing")
-    (2, None)
-    """
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
-
-
 def _data_descriptor(obj: Any) -> bool:
     return hasattr(type(obj), "__set__") or hasattr(type(obj), "__delete__")
 
@@ -152,6 +145,9 @@ _EXPRESSIONS: dict[type, Callable[[Any, Callable[[Any], str], str], str]] = {
     Global: lambda s, sub, g: f"{g}[{s.name!r}]",
     Cell: lambda s, sub, g: s.name,
     Attr: lambda s, sub, g: f"{sub(s.base)}.{s.name}",
+    sources.GenericAttr: lambda s, sub, g: (
+        f"{g[:-1]}B.object.__getattribute__({sub(s.base)}, {s.name!r})"
+    ),
     Item: lambda s, sub, g: f"{sub(s.base)}[{s.key!r}]",
     DictItem: lambda s, sub, g: f"{g[:-1]}B.dict.__getitem__({sub(s.base)}, {s.key!r})",
     ModuleChild: lambda s, sub, g: f"{sub(s.base)}.__dict__[{s.slot!r}][{s.name!r}]",

@@ -221,7 +221,7 @@ def _object_getattribute(fs: FrameState, args: Args, kwargs: Kwargs) -> Value:
     target, name = args[0], constant_of(fs, args[1])
     if isinstance(target, ObjV | ModuleV):
         real = target.obj if isinstance(target, ObjV) else target.module
-        src = guarding.attr(target.source, name) if target.source is not None else None
+        src = guarding.generic_attr(target.source, name) if target.source is not None else None
         return attrs.generic_attr(fs, target, real, name, src, use_getattr=False)
     if isinstance(target, InstanceV):
         return attrs.instance_attr(fs, target, name, use_getattr=False)

@@ -66,7 +66,7 @@ from ember.compiler.artifacts_codec import (
 )
 from ember.compiler.configuration import config
 from ember.guards import CompiledGuards, FrameSpec, GuardKind, GuardSet, Source, WeakIdentity
-from ember.guards.codegen import CheckEmitter, build_check, compiled_source, precompiled
+from ember.guards.codegen import CheckEmitter, compiled_source, precompiled
 from ember.inductor import cache as inductor_cache
 
 __all__ = ["ArtifactsWarning", "LoadReport", "SaveReport", "load_artifacts", "save_artifacts"]
@@ -178,7 +178,7 @@ def _guard_codes(guards: list[dict[str, Any]], checked: CompiledGuards) -> dict[
     frame = checked.frame
     guards = json.loads(json.dumps(guards))  # as the loader reads them: each value a new object
     rebuilt = GuardSet(g for d in guards for g in decode_guard(d, objects.__getitem__))
-    texts = [build_check(rebuilt.guards, frame)[0]]
+    texts = [rebuilt.compile(frame).source]  # as the loader compiles it (stamps and all)
     fetch = _fetch_source(guards, frame)
     if fetch is not None:
         texts.append(fetch[2])

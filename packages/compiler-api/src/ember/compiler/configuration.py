@@ -23,7 +23,7 @@ them. A value comes from, the later winning:
 >>> config.guards.cache_limit = 3
 Traceback (most recent call last):
 AttributeError: guards has no setting 'cache_limit'; its settings are \
-accumulated_cache_size_limit, cache_size_limit, no_cxx, pure_python
+accumulated_cache_size_limit, cache_size_limit, no_cxx, pure_python, stamps
 """
 
 from __future__ import annotations

@@ -378,6 +378,15 @@ setup(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* in _stamps.c */
+PyObject *stamps_pack(PyObject *, PyObject *const *, Py_ssize_t);
+PyObject *stamps_match(PyObject *, PyObject *);
+PyObject *stamps_hits(PyObject *, PyObject *);
+PyObject *stamps_failure(PyObject *, PyObject *);
+PyObject *dict_version(PyObject *, PyObject *);
+PyObject *type_version(PyObject *, PyObject *);
+PyObject *instance_dict(PyObject *, PyObject *);
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_O, "setup(TensorBase): resolve torch's getters."},
     {"tensor_match", (PyCFunction)(void (*)(void))tensor_match, METH_FASTCALL,
@@ -396,6 +405,14 @@ static PyMethodDef methods[] = {
      "size_at(tensor, dim) -> int: tensor.size(dim)"},
     {"stride_at", (PyCFunction)(void (*)(void))stride_at, METH_FASTCALL,
      "stride_at(tensor, dim) -> int: tensor.stride(dim)"},
+    {"stamps_pack", (PyCFunction)(void (*)(void))stamps_pack, METH_FASTCALL,
+     "stamps_pack(ops, keep) -> program, or None where stamps are not supported"},
+    {"stamps_match", stamps_match, METH_O, "stamps_match(program) -> bool (None: False)"},
+    {"stamps_hits", stamps_hits, METH_O, "stamps_hits(program) -> int"},
+    {"stamps_failure", stamps_failure, METH_O, "stamps_failure(program) -> int (-1: none)"},
+    {"dict_version", dict_version, METH_O, "dict_version(d) -> int"},
+    {"type_version", type_version, METH_O, "type_version(cls) -> int (0: none)"},
+    {"instance_dict", instance_dict, METH_O, "instance_dict(obj) -> dict or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -37,6 +37,7 @@ from typing import Any
 from ember.guards.frame import FrameSpec
 from ember.guards.kinds import KINDS, Guard
 from ember.guards.sources import FETCHERS, Local, Source
+from ember.guards.stamps import StampState, stamps_match
 
 __all__ = [
     "CheckEmitter",
@@ -218,17 +219,28 @@ def _runs(guards: Sequence[Guard]) -> list[list[Guard]]:
 
 
 def build_check(
-    guards: Sequence[Guard], frame: FrameSpec, resolved: dict[str, bool] | None = None
+    guards: Sequence[Guard],
+    frame: FrameSpec,
+    resolved: dict[str, bool] | None = None,
+    stamps: StampState | None = None,
 ) -> tuple[str, Callable[..., bool]]:
     """The hot check: ``check(*frame_args) -> bool``, and its source. How it read each
-    global name goes into ``resolved`` (see :class:`CheckEmitter`)."""
+    global name goes into ``resolved`` (see :class:`CheckEmitter`). With ``stamps``, it
+    first asks whether the stamp program still holds, and if so runs only the guards the
+    stamps leave (see :mod:`ember.guards.stamps`); after a full pass it records again."""
     em = CheckEmitter(frame, resolved)
     for run in _runs(guards):
         rule = KINDS[run[0].kind]
         test = rule.batch(run, em) if rule.batch and len(run) > 1 else rule.emit(run[0], em)
         em.lines.append(f"if not ({test}): return False")
-    body = ["try:", *_indent(em.lines), "except Exception:", "    return False", "return True"]
-    source = em.render(_fn_name(frame, "check"), body)
+    args = ", ".join(em.params)
+    fast, restamp = [], []
+    if stamps is not None:
+        slot = em.bind(stamps.slot)
+        fast = [f"if {em.bind(stamps_match)}({slot}[0]): return {slot}[1]({args})"]
+        restamp = [f"{em.bind(stamps.restamp)}({args})"]
+    body = ["try:", *_indent([*fast, *em.lines]), "except Exception:", "    return False"]
+    source = em.render(_fn_name(frame, "check"), [*body, *restamp, "return True"])
     return source, em.make(source)
 
 

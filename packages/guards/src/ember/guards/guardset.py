@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any
 
-from ember.guards import log
+from ember.guards import log, settings
 from ember.guards.codegen import build_check, build_explainer, build_fetch
 from ember.guards.frame import FrameSpec
 from ember.guards.kinds import KINDS, Guard
 from ember.guards.sources import Source
+from ember.guards.stamps import StampState, candidates
 from ember.guards.timing import TIMES
 
 __all__ = ["CompiledGuards", "GuardSet"]
@@ -102,8 +103,11 @@ class GuardSet:
         log.artifact("guards", lambda: f"guards of {frame.name}: {self}")
         with TIMES.timed("guards"):
             resolved: dict[str, bool] = {}
-            source, check = build_check(self.guards, frame, resolved)
-            return CompiledGuards(self, frame, check, source, resolved)
+            stamps = None
+            if settings.section.get().stamps and candidates(self.guards) >= StampState.MINIMUM:
+                stamps = StampState(self.guards, frame, resolved)
+            source, check = build_check(self.guards, frame, resolved, stamps)
+            return CompiledGuards(self, frame, check, source, resolved, stamps)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -115,7 +119,9 @@ class CompiledGuards:
     ``co_varnames`` order; it never raises an ``Exception``. ``source`` is its
     Python source, for debugging. ``resolved`` records how the check read each
     global name (see :class:`~ember.guards.codegen.CheckEmitter`): the explainer,
-    built on first use, reads them the same way.
+    built on first use, reads them the same way. ``stamps``, where the set has
+    enough guards on long-lived objects, is the state of the check's stamp program
+    (:mod:`ember.guards.stamps`).
 
     >>> from ember.guards import FrameSpec, Local, equals
     >>> compiled = GuardSet([equals(Local("k"), 1)]).compile(FrameSpec("f", ("k",), {}, {}))
@@ -128,6 +134,7 @@ class CompiledGuards:
     check: Callable[..., bool]
     source: str
     resolved: dict[str, bool] = field(default_factory=dict, repr=False)
+    stamps: StampState | None = field(default=None, repr=False)
     _explainer: Callable[..., tuple[int, BaseException | None]] | None = field(
         default=None, init=False, repr=False
     )

@@ -18,7 +18,7 @@ when the value is asked for, so a test's ``monkeypatch.setenv`` is seen), :meth:
 >>> section.patch(cache_limit=3)
 Traceback (most recent call last):
 KeyError: "guards has no setting 'cache_limit'; its settings are accumulated_cache_size_limit, \
-cache_size_limit, no_cxx, pure_python"
+cache_size_limit, no_cxx, pure_python, stamps"
 """
 
 from __future__ import annotations
@@ -189,6 +189,12 @@ class GuardsSettings:
         False,
         "tensor checks without the C++ accelerator (read at import)",
         env="EMBER_GUARDS_NO_CXX",
+    )
+    stamps: bool = setting(
+        True,
+        "checks skip the guards on long-lived objects (modules, functions, classes) while"
+        " CPython's dict versions and class tags say none of them changed",
+        env="EMBER_GUARD_STAMPS",
     )
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "Default",
     "DictItem",
     "Emitter",
+    "GenericAttr",
     "Global",
     "Item",
     "Local",
@@ -54,6 +55,8 @@ __all__ = [
     "TensorStride",
     "TorchState",
     "TypeOf",
+    "class_attribute",
+    "has_generic_attribute",
     "read_module_global",
 ]
 
@@ -177,6 +180,41 @@ class Attr(Source):
 
     def __str__(self) -> str:
         return f"{self.base}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class GenericAttr(Source):
+    """``object.__getattribute__(base, name)``: the instance's dict and its class's
+    attributes, past a ``__getattribute__`` of the class's own. A class whose override calls
+    up to object's (transformers' configs map a name, then do) is read here as its override
+    read it, without running the override again on every check.
+
+    >>> print(GenericAttr(Local("config"), "hidden_size"))
+    object.__getattribute__(config, 'hidden_size')
+    """
+
+    base: Source
+    name: str
+
+    def __str__(self) -> str:
+        return f"object.__getattribute__({self.base}, {self.name!r})"
+
+
+def has_generic_attribute(obj: object, name: str) -> bool:
+    """Whether ``object.__getattribute__(obj, name)`` finds something (``hasattr`` past the
+    class's own ``__getattribute__`` and ``__getattr__``).
+
+    >>> class C:
+    ...     def __getattr__(self, name):
+    ...         return 1
+    >>> hasattr(C(), "x"), has_generic_attribute(C(), "x")
+    (True, False)
+    """
+    try:
+        object.__getattribute__(obj, name)
+    except AttributeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +429,20 @@ def read_module_global(module: str, name: str) -> Any:
     return builtins.__dict__[name]
 
 
+def class_attribute(cls: type, name: str) -> Any:
+    """``name`` as the first class of ``cls.__mro__`` defining it holds it (None if none does).
+
+    >>> class C:
+    ...     k = 2
+    >>> class_attribute(C, "k"), class_attribute(C, "missing")
+    (2, None)
+    """
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Computed(Source):
     """``fn(*args)``, where each argument is a source or a constant: a number derived
@@ -459,6 +511,11 @@ def _fetch_cell(src: Cell, em: Emitter) -> str:
 @fetcher(Attr)
 def _fetch_attr(src: Attr, em: Emitter) -> str:
     return _getattr_code(em.value(src.base), src.name)
+
+
+@fetcher(GenericAttr)
+def _fetch_generic_attr(src: GenericAttr, em: Emitter) -> str:
+    return f"{em.bind(object.__getattribute__)}({em.value(src.base)}, {src.name!r})"
 
 
 @fetcher(TensorAttr)
