@@ -214,3 +214,42 @@ def test_updates_land_in_the_current_storage(impl: str) -> None:
 )
 def test_the_launcher_is_built_in_nox_sessions() -> None:
     assert wrapper_launch.NATIVE, "ember.inductor._launch was not built"
+
+
+OUT_OF_RANGE_CASES = {
+    "in range": (torch.tensor([[0, 5, 9]]), 10),
+    "too large": (torch.tensor([1, 10, 3]), 10),
+    "negative first": (torch.tensor([-1, 12, 3]), 10),
+    "int32": (torch.tensor([3, 4, 40], dtype=torch.int32), 10),
+    "empty": (torch.zeros(0, dtype=torch.long), 10),
+    "strided": (torch.arange(0, 40, 3)[::2], 10),  # not contiguous: asked of the twin
+    "uint8": (torch.tensor([1, 200], dtype=torch.uint8), 10),
+    "a subclass": (torch.nn.Parameter(torch.tensor([1, 20]), requires_grad=False), 10),
+}
+
+
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE_CASES))
+def test_out_of_range_answers_as_its_twin(case: str) -> None:
+    index, size = OUT_OF_RANGE_CASES[case]
+    want = wrapper_launch.py_out_of_range(index, size)
+    assert wrapper_launch.out_of_range(index, size) == want
+    if NATIVE is not None:
+        got = NATIVE.out_of_range(index, size)
+        assert got == want or (got is NotImplemented and case in ("strided", "uint8", "a subclass"))
+
+
+def test_an_embedding_index_out_of_range_raises_eagers_error() -> None:
+    weight = torch.randn(10, 4)
+
+    def f(w: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(i, w) * 2
+
+    gm = make_fx(f)(weight, torch.tensor([[1, 2]]))
+    call = compile_graph(gm, [weight, torch.tensor([[1, 2]])])
+    index = torch.tensor([[3, 9]])
+    torch.testing.assert_close(call(weight, index), f(weight, index))
+    for bad in (10, -11):  # eager wraps neither
+        with pytest.raises(IndexError, match="index out of range in self"):
+            f(weight, torch.tensor([[3, bad]]))
+        with pytest.raises(IndexError, match="index out of range in self"):
+            call(weight, torch.tensor([[3, bad]]))

@@ -32,8 +32,8 @@ _ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
     """Raise eager's error if an index in ``t`` is outside ``[0, size)``."""
-    if t.numel() and not bool(((t >= 0) & (t < size)).all()):
-        bad = int(t[(t < 0) | (t >= size)].flatten()[0])
+    bad = wrapper_launch.out_of_range(t, size)
+    if bad is not None:
         raise _ERRORS[error](message.format(index=bad, size=size))
 
 

@@ -46,7 +46,9 @@ __all__ = [
     "kernel_codes",
     "kernel_entries",
     "native",
+    "out_of_range",
     "py_launch",
+    "py_out_of_range",
     "py_strides_differ",
     "strides_check",
 ]
@@ -101,6 +103,28 @@ def py_strides_differ(tensors: tuple[Any, ...], strides: tuple[tuple[int, ...], 
     """Pure-Python twin of ``_launch.strides_differ``: whether some tensor's strides are not
     the tuple at its index in ``strides``."""
     return tuple(map(_stride, tensors)) != strides
+
+
+def py_out_of_range(index: Any, size: int) -> int | None:
+    """Pure-Python twin of ``_launch.out_of_range``: the first value of ``index`` outside
+    ``[0, size)``, or None.
+
+    >>> py_out_of_range(torch.tensor([0, 3, 7, -1]), 4), py_out_of_range(torch.arange(4), 4)
+    (7, None)
+    """
+    if not index.numel() or bool(((index >= 0) & (index < size)).all()):
+        return None
+    return int(index[(index < 0) | (index >= size)].flatten()[0])
+
+
+def out_of_range(index: Any, size: int) -> int | None:
+    """The first value of ``index`` outside ``[0, size)``, or None: one C++ pass over a
+    contiguous CPU index, :func:`py_out_of_range` for any other."""
+    if NATIVE:
+        found = _NATIVE.out_of_range(index, size)
+        if found is not NotImplemented:
+            return found  # type: ignore[no-any-return]
+    return py_out_of_range(index, size)
 
 
 def py_launch(kernel: Callable[..., None], tensors: tuple[Any, ...], *numbers: Any) -> None:
