@@ -346,17 +346,19 @@ def switches_grad_mode(graph: torch.fx.Graph) -> bool:
     return any(node.target is torch._C._set_grad_enabled for node in graph.nodes)
 
 
-def _call_lines(call: str, restore_grad_mode: bool) -> list[str]:
+def _call_lines(call: str, restore_grad_mode: bool, constants: list[Any]) -> list[str]:
     """``o = call``; with the grad mode put back if the graph raises, when it switches it."""
     if not restore_grad_mode:
         return [f"{PREFIX}o = {call}"]
-    torch_c = f"{PREFIX}B.__import__('torch')._C"
+    # constants, not an import per call (2-3 us each)
+    is_enabled = _const_ref(constants, torch._C.is_grad_enabled)
+    set_enabled = _const_ref(constants, torch._C._set_grad_enabled)
     return [
-        f"{PREFIX}m = {torch_c}.is_grad_enabled()",
+        f"{PREFIX}m = {is_enabled}()",
         "try:",
         f"    {PREFIX}o = {call}",
         "except BaseException:",
-        f"    {torch_c}._set_grad_enabled({PREFIX}m)",
+        f"    {set_enabled}({PREFIX}m)",
         "    raise",
     ]
 
@@ -402,7 +404,7 @@ def generate(
     if freevars:  # names the same free variables as the original, in the same order
         lines.append(f"        if False: ({', '.join(freevars)},)")
     call = f"{PREFIX}unhooked({PREFIX}compiled{', ' if inputs else ''}{inputs})"
-    body = _body_lines(_call_lines(call, restore_grad_mode), reads, writes, result)
+    body = _body_lines(_call_lines(call, restore_grad_mode, constants), reads, writes, result)
     lines += [f"        {line}" for line in body]
     lines.append(f"    return {PREFIX}fn")
     text = "\n".join(lines) + "\n"
