@@ -75,9 +75,12 @@ def _restride(t: torch.Tensor, sizes: tuple[int, ...], strides: tuple[int, ...])
 
 
 def _leaves(result: Any) -> list[Any]:
-    """An extern's tensors, in order (an SDPA's tuple of outputs: a flat tuple of tensors
-    and Nones is read as it is; pytree costs 10-20 us a call)."""
-    if type(result) is tuple and all(t is None or type(t) is torch.Tensor for t in result):
+    """An extern's tensors, in order (an SDPA's tuple of outputs, a split's list: a flat
+    tuple or list of tensors and Nones is read as it is; pytree costs 10-20 us a call)."""
+    kind = type(result)
+    if (kind is tuple or kind is list) and all(
+        t is None or type(t) is torch.Tensor for t in result
+    ):
         return [t for t in result if t is not None]
     return [t for t in pytree.tree_leaves(result) if t is not None]
 
