@@ -12,7 +12,7 @@ import operator
 import sys
 import types
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -182,15 +182,25 @@ def _computed_expression(s: Any, sub: Callable[[Any], str], g: str) -> str:
 
 
 def source_expression(
-    source: Source, *, globals_name: str, local: Callable[[str], str] = lambda name: name
+    source: Source,
+    *,
+    globals_name: str,
+    local: Callable[[str], str] = lambda name: name,
+    named: Mapping[Source, str] | None = None,
 ) -> str:
-    """Python code reaching ``source`` in a function with the frame's arguments and cells.
+    """Python code reaching ``source`` in a function with the frame's arguments and cells;
+    a source in ``named`` (itself or one it is reached through) is read from that name.
 
-    >>> source_expression(ModuleChild(Local("self"), "w", PARAMETERS), globals_name="G")
+    >>> w = ModuleChild(Local("self"), "w", PARAMETERS)
+    >>> source_expression(w, globals_name="G")
     "self.__dict__['_parameters']['w']"
+    >>> source_expression(Attr(w, "T"), globals_name="G", named={w: "t0"})
+    't0.T'
     """
 
     def sub(s: Any) -> str:
+        if named and not isinstance(s, tuple) and s in named:
+            return named[s]
         if isinstance(s, tuple):  # ("local", name): the name of an argument in the code
             return local(s[1])
         rule = _EXPRESSIONS.get(type(s))
