@@ -316,3 +316,22 @@ def test_random_changes_against_the_full_check() -> None:
         mismatches += stamped.check(m) is not want
     assert mismatches == 0
     assert fast > held // 2, (fast, held)  # the fast path ran on most calls that passed
+
+
+def test_a_change_during_the_walk_keeps_no_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk reads values after the check passed; one changed in between (by another
+    thread) must not be written into a program the next calls trust."""
+    m = Block()
+    stamped, full = _pair(_sources(m), _frame())
+    real = st._Walk.__init__
+
+    def changed_meanwhile(walk, *args):  # type: ignore[no-untyped-def]
+        m.eps = 1e-6  # after the check passed, before the walk reads anything
+        real(walk, *args)
+
+    assert stamped.check(m)  # first pass: nothing recorded
+    monkeypatch.setattr(st._Walk, "__init__", changed_meanwhile)
+    assert stamped.check(m)  # this call's check passed before the change
+    monkeypatch.setattr(st._Walk, "__init__", real)
+    assert stamped.stamps.slot[0] is None  # nothing kept: the check after the walk failed
+    assert stamped.check(m) is full.check(m) is False

@@ -241,7 +241,10 @@ def build_check(
         restamp = [f"{em.bind(stamps.restamp)}({args})"]
     body = ["try:", *_indent([*fast, *em.lines]), "except Exception:", "    return False"]
     source = em.render(_fn_name(frame, "check"), [*body, *restamp, "return True"])
-    return source, em.make(source)
+    check: Callable[..., bool] = em.make(source)
+    if stamps is not None:
+        stamps.check = check
+    return source, check
 
 
 def build_explainer(

@@ -27,24 +27,25 @@ compared by address only after the facts before it show it alive (a value of a d
 whose version did not change is the same live object), so a stamp keeps no model alive.
 
 >>> import torch
->>> from ember.guards import FrameSpec, GuardSet, Local, equals, id_match
+>>> from ember.guards import FrameSpec, Local, equals, id_match
+>>> from ember.guards.codegen import build_check
 >>> from ember.guards.sources import Attr
 >>> class Block(torch.nn.Module):
 ...     def __init__(self):
 ...         super().__init__()
 ...         self.eps = 1e-5
 >>> m = Block()
->>> guards = GuardSet([id_match(Local("m"), m)] +
-...                   [equals(Attr(Local("m"), "eps"), 1e-5)] * 1)
->>> state = StampState(guards.guards, FrameSpec("f", ("m",), {}, {}), {}, minimum=1)
->>> state.restamp(m); state.restamp(m)  # the first full pass records nothing
+>>> guards = [id_match(Local("m"), m), equals(Attr(Local("m"), "eps"), 1e-5)]
+>>> frame = FrameSpec("f", ("m",), {}, {})
+>>> state = StampState(guards, frame, {}, minimum=1)
+>>> check = build_check(guards, frame, {}, state)[1]
+>>> check(m), check(m), check(m)  # the second full pass records, the third runs on it
+(True, True, True)
 >>> [str(g.source) for g in state.stamped]
 ['m.eps']
->>> stamps_match(state.slot[0])
-True
 >>> m.eps = 1e-6
->>> stamps_match(state.slot[0])
-False
+>>> stamps_match(state.slot[0]), check(m)
+(False, False)
 """
 
 from __future__ import annotations
@@ -515,6 +516,9 @@ class StampState:
         self.facts: tuple[tuple[int, int, int | None, int], ...] = ()
         self.volatile: set[int] = set()  # ids of dicts read key by key
         self.restamps = self.hits = self.passes = 0
+        self.recording = False
+        #: the check this state belongs to (set by ``build_check``), rerun after each walk
+        self.check: Callable[..., bool] | None = None
         self.off = _native is None or _native.stamps_pack((), ()) is None
         self.pins = {
             g.source.name: g.expected.ref
@@ -526,17 +530,21 @@ class StampState:
 
     def restamp(self, *args: object) -> None:
         """After the full check passed on ``args``: record the program again."""
-        if self.off:
+        if self.off or self.recording:
             return
         if not self.passes:  # a check that passes once may never run again: no walk yet
             self.passes = 1
             return
+        self.recording = True
         try:
-            self._restamp(dict(zip(self.frame.arg_names, args, strict=True)))
+            self._restamp(args)
         except Exception:  # never fail a check that passed: run the full check from now on
             self._stop()
+        finally:
+            self.recording = False
 
-    def _restamp(self, args: dict[str, object]) -> None:
+    def _restamp(self, frame_args: tuple[object, ...]) -> None:
+        args = dict(zip(self.frame.arg_names, frame_args, strict=True))
         program = self.slot[0]
         if program is not None:
             self.hits += _native.stamps_hits(program)
@@ -562,8 +570,16 @@ class StampState:
             self.slot[0] = None  # a thread checking now runs the full check meanwhile
             self.slot[1] = self._build_rest([g for g in self.guards if id(g) not in ids])
             self.stamped = tuple(covered)
+        # The walk read the values as they are now, which need not be as the check saw them
+        # (another thread may have set one since). So the full check runs once more, and
+        # the program is kept only if it still holds after: its facts then show that
+        # nothing it covers changed from the walk to the end of that check.
+        program = walk.program()
+        self.slot[0] = None  # the check below runs in full
+        if self.check is None or not self.check(*frame_args) or not stamps_match(program):
+            return
         self.facts = tuple(walk.facts)
-        self.slot[0] = walk.program()
+        self.slot[0] = program
 
     def _build_rest(self, rest: list[Guard]) -> Callable[..., bool]:
         if self.build is None:
