@@ -165,11 +165,12 @@ class _Walk:
         return default if found is _MISSING else found
 
     def typed(self, obj: object, versioned: bool = True) -> type:
+        """``type(obj)``, and (``versioned``) that class's attributes as they are: the class's
+        tag is one fact however many objects share the class (a hundred ``Linear``s)."""
         cls = type(obj)
-        tag = _native.type_version(cls) if versioned else 0
-        if versioned and not tag:
-            raise Unstampable(f"{cls.__name__} has no version tag")
-        self.fact(TYPE, obj, cls, tag)
+        self.fact(TYPE, obj, cls)
+        if versioned:
+            self.class_version(cls)
         return cls
 
     def class_version(self, cls: object) -> None:
