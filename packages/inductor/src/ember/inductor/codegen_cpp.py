@@ -33,6 +33,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox, wrapper_launch
+from ember.inductor.codegen_accum import acc_type, row_partials
 from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
 from ember.inductor.codegen_welford import by_body
@@ -561,9 +562,9 @@ class _KernelWriter(TiledLoops):
         lines: list[str] = []
         flat = self.p.index(sympy.expand(Layout.contiguous(st.inner).index(Y[: len(st.inner)])))
         whole = not self.kernel.outer  # one result from all the kernel's elements
-        wide = whole or not _contiguous(st)  # a float sum in one chain: in double (_acc_type)
+        wide = whole or not _contiguous(st)  # a float sum in one chain: in double (acc_type)
         for s in st.stores:
-            acc_t = _acc_type(self.p.type(s.body.dtype), s, wide)
+            acc_t = acc_type(self.p.type(s.body.dtype), s, wide)
             init, combine = self.p.REDUCE[s.reduce]  # type: ignore[index]
             acc = f"{s.name}_acc"
             if s.reduce in (Reduce.ARGMAX, Reduce.ARGMIN):
@@ -582,28 +583,61 @@ class _KernelWriter(TiledLoops):
             o.format(acc=f"{s.name}_acc") for o, s in zip(omp, st.stores, strict=True) if o
         )
         vectorise = bool(st.inner) and all(omp)
-        parallel = vectorise and whole and self.parallel
-        n = len(st.inner)
-        inner_depth = depth
-        for k, line in enumerate(_loops(Y[:n], st.inner)):
-            # threads share the outer loops, lanes the innermost (contiguous) one
-            if parallel and k == 0:
-                collapse = f" collapse({n - 1})" if n > 2 else ""
-                simd = " simd" if n == 1 else ""
-                self.emit(f"#pragma omp parallel for{simd}{collapse}{self.threads} {clause}", depth)
-            if vectorise and k == n - 1 and not (parallel and n == 1):
-                self.emit(f"#pragma omp simd {clause}", inner_depth)
-            self.emit(line, inner_depth)
-            inner_depth += 1
-        for line in lines + combines:
-            self.emit(line, inner_depth)
-        for d in range(inner_depth - 1, depth - 1, -1):
-            self.emit("}", d)
+        rows = row_partials(st, wide, vectorise) if whole else set()
+        if rows:  # the innermost loop sums its row in float lanes, the row adds in double
+            combines = [
+                c.replace(f"{s.name}_acc", f"{s.name}_row") if s.name in rows else c
+                for c, s in zip(combines, st.stores, strict=True)
+            ]
+        simd_clause = " ".join(
+            o.format(acc=f"{s.name}_row" if s.name in rows else f"{s.name}_acc")
+            for o, s in zip(omp, st.stores, strict=True)
+            if o
+        )
+        clauses = (clause, simd_clause) if vectorise else None
+        self.reduce_loops(st, lines + combines, clauses, sorted(rows), whole, depth)
         for s in st.stores:
             if s.reduce in (Reduce.MAX, Reduce.MIN):
                 nan = f"std::numeric_limits<{self.p.type(s.body.dtype)}>::quiet_NaN()"
                 self.emit(f"if ({s.name}_acc_nan) {s.name}_acc = {nan};", depth)
             self.result(s, f"{s.name}_acc", depth)
+
+    def reduce_loops(
+        self,
+        st: Stage,
+        body: list[str],
+        clauses: tuple[str, str] | None,
+        rows: list[str],
+        whole: bool,
+        depth: int,
+    ) -> None:
+        """The loops of a reduction stage around ``body``: threads share the outer loops
+        of a reduction to one value, lanes the innermost (contiguous) one (``clauses``: the
+        omp reduction clauses of the threads and of the lanes; None: no vector lanes).
+        ``rows``: sums whose row adds up in a float ``_row`` before joining ``_acc``."""
+        parallel = clauses is not None and whole and self.parallel
+        n = len(st.inner)
+        inner_depth = depth
+        for k, line in enumerate(_loops(Y[:n], st.inner)):
+            if parallel and clauses is not None and k == 0:
+                collapse = f" collapse({n - 1})" if n > 2 else ""
+                simd = " simd" if n == 1 else ""
+                omp = f"#pragma omp parallel for{simd}{collapse}{self.threads} {clauses[0]}"
+                self.emit(omp, depth)
+            if k == n - 1:
+                for name in rows:
+                    self.emit(f"float {name}_row = 0;", inner_depth)
+            if clauses is not None and k == n - 1 and not (parallel and n == 1):
+                self.emit(f"#pragma omp simd {clauses[1]}", inner_depth)
+            self.emit(line, inner_depth)
+            inner_depth += 1
+        for line in body:
+            self.emit(line, inner_depth)
+        for d in range(inner_depth - 1, depth - 1, -1):
+            self.emit("}", d)
+            if d == inner_depth - 1:
+                for name in rows:
+                    self.emit(f"{name}_acc += {name}_row;", d)
 
     def result(self, s: Store, value: str, depth: int) -> None:
         """Store a reduction's ``value`` (of the body's dtype) as the buffer's dtype."""
@@ -727,13 +761,6 @@ def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
             elif s.local:
                 src = re.sub(rf"\b{s.name}\[[^\]]*\]", f"{s.name}_l", src)
     return src
-
-
-def _acc_type(t: str, s: Store, wide: bool) -> str:
-    """A reduction's accumulator type: a float sum of all elements, or in one serial chain
-    (strided rows: no vector lanes share it), in double: eager's cascade sum drifts far
-    less than one float accumulator (1e5 rows: 1.3e-3 from the exact sum against 6e-5)."""
-    return "double" if wide and s.reduce is Reduce.SUM and t == "float" else t
 
 
 def _calls(st: Stage, ops: frozenset[Op]) -> bool:

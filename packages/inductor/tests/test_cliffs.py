@@ -1,0 +1,91 @@
+"""Per-op cliffs below eager (issue 19, ``benchmarks/bench_ops.py``): each fix's results
+against eager, and the structural property that made it faster, so that it cannot come
+back unnoticed. docs/performance.md, "Per-op cliffs fixed", has the timings.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.inductor import compile_graph, decompositions, settings
+from ember.inductor.cpp_prelude import PRELUDE
+
+T = torch.Tensor
+
+
+def _compile(fn: Callable[..., Any], *args: T) -> Any:
+    gm = make_fx(fn, decomposition_table=decompositions())(*args)
+    with warnings.catch_warnings(), settings.section.patch(graph_cache=False):
+        warnings.simplefilter("ignore")  # a cached graph has no source
+        return compile_graph(gm, list(args), {"graph_cache": False})
+
+
+def _with_nans(x: T, every: int) -> T:
+    x = x.clone()
+    x.view(-1)[::every] = float("nan")
+    return x
+
+
+def _prelude_function(name: str) -> str:
+    match = re.search(rf"static inline \w+ {name}\(.*?\n(?=\S)", PRELUDE, re.S)
+    assert match is not None, name
+    return re.sub(r"//.*", "", match.group(0))  # the code, not its comments
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_min_of_mixed_layouts_propagate_nan_like_eager(dtype: torch.dtype) -> None:
+    # x.t() with a contiguous y runs in 16x16 tiles, a loop gcc does not vectorise
+    x = _with_nans(torch.randn(64, 96), 7).to(dtype).t()
+    y = _with_nans(torch.randn(96, 64), 5).to(dtype)
+
+    def f(x: T, y: T) -> tuple[T, ...]:
+        return torch.maximum(x, y), torch.minimum(x, y), x.clamp(-0.5, 0.5), y.clamp_min(0.1)
+
+    compiled = _compile(f, x, y)
+    for got, want in zip(compiled(x, y), f(x, y), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_max_min_and_the_bf16_rounding_are_selects_not_branches() -> None:
+    # a short circuit (`a > b || a != a`) or an early return is a branch where a loop is not
+    # vectorised, mispredicted on random data: 4x slower tiles (bench_ops maximum t 0.24x)
+    for name in ("ember_max", "ember_min", "ember_float_to_bf16"):
+        body = _prelude_function(name)
+        assert "||" not in body and "if (" not in body, body
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sum_of_everything_adds_rows_in_float_lanes_then_in_double(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(512, 1024) + 0.5).to(dtype)
+
+    def f(x: T) -> tuple[T, T]:
+        return x.sum(), x.mean()
+
+    compiled = _compile(f, x)
+    exact = x.double().sum()
+    for got, want in zip(compiled(x), f(x), strict=True):
+        torch.testing.assert_close(
+            got, want, rtol=8e-3 if dtype == torch.bfloat16 else 1e-5, atol=0
+        )
+    if dtype == torch.float32:  # no further from the exact sum than 2x eager's cascade
+        assert abs(compiled(x)[0].double() - exact) <= 2 * abs(x.sum().double() - exact) + 1e-3
+    # a double accumulator per element converts each and takes half the lanes: 2.4x slower
+    assert re.search(
+        r"float buf\d+_row = 0;\n\s*#pragma omp simd reduction\(\+:buf\d+_row\)", compiled.source
+    )
+    assert re.search(r"buf\d+_acc \+= buf\d+_row;", compiled.source)
+
+
+def test_long_rows_keep_the_double_accumulator() -> None:
+    x = torch.randn(2, 20000)  # rows longer than ROW_PARTIAL: each lane would add 2500 floats
+    compiled = _compile(lambda x: x.sum(), x)
+    torch.testing.assert_close(compiled(x), x.sum(), rtol=1e-5, atol=1e-4)
+    assert "_row" not in compiled.source
