@@ -163,6 +163,21 @@ def test_transposed_operands_of_a_tile_are_staged_and_match_eager(dtype: torch.d
     assert all(re.search(r"= \w+_tile\d\[x2\]\[y0\];", k) for k in kernels)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cat_of_a_transposed_input_stages_its_clamped_tile(dtype: torch.dtype) -> None:
+    x, y = torch.randn(64, 48).to(dtype).t(), torch.randn(48, 32).to(dtype)
+
+    def f(x: T, y: T) -> tuple[T, T]:
+        return torch.cat([x, y], 1), torch.cat([y, x], 1)
+
+    compiled = _compile(f, x, y)
+    for got, want in zip(compiled(x, y), f(x, y), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the copy reads x's rows through the cat's clamp (min(63, ...)) along memory: before,
+    # the tile read them 64 elements apart (cat_cols f32 t 0.45x eager)
+    assert re.search(r"_tile0\[x2\]\[y0\] = x_1\[.*std::min", compiled.source)
+
+
 def test_no_staging_without_a_transposed_load() -> None:
     x, y = torch.randn(64, 96), torch.randn(64, 96)
     compiled = _compile(lambda x, y: (x + y).exp(), x, y)

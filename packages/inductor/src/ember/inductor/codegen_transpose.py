@@ -61,8 +61,7 @@ TILE_MAX = 32  # tiles up to this side are staged (looporder makes 16x16 ones)
 def transposed_loads(kernel: Kernel) -> list[Expr]:
     """The loads of a tiled pointwise ``kernel`` that run across memory along its innermost
     loop ``y0`` and along it in the last outer loop (the tile's other side), in order of
-    appearance; empty if the kernel is not such a tile or has none. Only plain affine
-    indices qualify: a clamped one (``cat``, ``pad``) is cut into pieces instead."""
+    appearance; empty if the kernel is not such a tile or has none."""
     if len(kernel.stages) != 1 or not kernel.outer:
         return []
     st = kernel.stages[0]
@@ -78,9 +77,19 @@ def transposed_loads(kernel: Kernel) -> list[Expr]:
             if e.op is not Op.LOAD or e in found:
                 continue
             name, index, indirect = e.arg
-            if indirect or name in written or not index.is_polynomial(*index.free_symbols):
-                continue
-            along_y, along_x = sympy.diff(index, Y[0]), sympy.diff(index, x_last)
-            if along_x == 1 and along_y.is_Integer and along_y not in (0, 1):
+            if not indirect and name not in written and _transposed(index, x_last):
                 found.append(e)
     return found
+
+
+def _transposed(index: sympy.Expr, x_last: sympy.Symbol) -> bool:
+    """Whether ``index`` runs along memory in ``x_last`` (step 1, outside every clamp) and
+    not along ``y0``. A clamp of ``y0`` (a ``cat`` of a transposed input: the input's row
+    ``min(1023, y0 + 16*x1)``) stays in the copy's index: the copy runs over the same points
+    the loop would read, so it reads nothing the loop would not."""
+    clamps = index.atoms(sympy.Min, sympy.Max, sympy.floor, sympy.Mod)
+    if any(x_last in c.free_symbols for c in clamps) or sympy.diff(index, x_last) != 1:
+        return False
+    if Y[0] not in index.free_symbols:
+        return False
+    return bool(clamps) or sympy.diff(index, Y[0]) != 1
