@@ -19,7 +19,7 @@ convolutions and every op without a lowering run as aten calls.
 >>> torch.testing.assert_close(compiled(x, w), f(x, w))
 >>> for step in compiled.schedule.steps:  # mm runs in aten; gelu and sum are one kernel
 ...     print(str(step).splitlines()[0])
-buf0 = extern aten.mm.default(arg0_1, arg1_1)
+buf0 = extern aten.mm.default(x_1, w_1)
 kernel0 over [16]
 
 Set ``EMBER_INDUCTOR_TRACE=1`` to keep each graph's stages in a folder, and

@@ -22,22 +22,23 @@ bfloat16 in float.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox, wrapper_launch
+from ember.inductor.codegen_accum import acc_type, row_partials
 from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
+from ember.inductor.codegen_transpose import transposed_loads
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.cpp_prelude import PRELUDE
-from ember.inductor.index_print import IndexSyntax, print_index
+from ember.inductor.cpp_printer import CppPrinter, Printer, cindex
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
 from ember.inductor.loops import replace_indices, split_inner, stage_indices, without_unit_loops
@@ -49,231 +50,6 @@ from ember.inductor.symbolic import hint
 __all__ = ["PARALLEL_MIN_WORK", "CppPrinter", "Printer", "scalar_arg", "translation_unit"]
 
 
-class Printer(abc.ABC):
-    """A code printer driven by tables; subclasses override table entries."""
-
-    OPS: ClassVar[dict[Op, str]] = {}
-    TYPES: ClassVar[dict[torch.dtype, str]] = {}
-    MEMORY_TYPES: ClassVar[dict[torch.dtype, str]] = {}  # element types in memory, if different
-    LOADS: ClassVar[dict[torch.dtype, str]] = {}  # dtype -> format of a load from memory
-    CASTS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {}  # (from, to) -> format
-    REDUCE: ClassVar[dict[Reduce, tuple[str, str]]] = {}  # kind -> (identity, combine)
-    WELFORD_STEP: ClassVar[str] = ""  # update mean {m}, m2 {s} by {v} shifted by {k}
-    SCALAR: ClassVar[str] = "{0}"  # how a kernel names its run-time number argument
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def fresh(self) -> str:
-        self.count += 1
-        return f"t{self.count - 1}"
-
-    def type(self, dtype: torch.dtype) -> str:
-        return self.TYPES[dtype]
-
-    @abc.abstractmethod
-    def const(self, value: Any, dtype: torch.dtype) -> str:
-        """A literal of ``dtype``."""
-
-    @abc.abstractmethod
-    def index(self, e: sympy.Expr) -> str:
-        """A sympy index expression in the target language."""
-
-    def expr(self, e: Expr, memo: dict[Expr, str], lines: list[str]) -> str:
-        """Emit ``e`` (each distinct subexpression once) into ``lines``; return its name."""
-        name = memo.get(e)
-        if name is not None:
-            return name
-        args = [self.expr(a, memo, lines) for a in e.args]
-        if e.op is Op.CONST:
-            return self.const(e.arg, e.dtype)
-        if e.op is Op.SCALAR:
-            return self.SCALAR.format(e.arg)
-        if e.op is Op.LOAD:
-            src, index, indirect = e.arg
-            index = index.xreplace(
-                {s: sympy.Symbol(a) for s, a in zip(indirect, args, strict=True)}
-            )
-            code = self.LOADS.get(e.dtype, "{0}").format(f"{src}[{self.index(index)}]")
-        elif e.op is Op.INDEX:
-            code = self.index(e.arg)
-        elif e.op is Op.CAST:
-            fmt = self.CASTS.get((e.args[0].dtype, e.dtype), self.OPS[Op.CAST])
-            code = fmt.format(*args, T=self.type(e.dtype))
-        else:
-            code = self.OPS[e.op].format(*args, T=self.type(e.dtype))
-        name = self.fresh()
-        lines.append(f"{self.type(e.dtype)} {name} = {code};")
-        memo[e] = name
-        return name
-
-
-def _float(value: float, suffix: str) -> str:
-    if math.isnan(value):
-        return "NAN"
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "-INFINITY"
-    return f"{value!r}{suffix}"
-
-
-_OTHER = (
-    torch.float64,
-    torch.float16,
-    torch.bool,
-    torch.int8,
-    torch.uint8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-)
-
-
-class CppPrinter(Printer):
-    """C++17 with OpenMP; only ``<cmath>``, ``<cstdint>`` and ``<limits>``."""
-
-    OPS = {
-        Op.NEG: "(-{0})",
-        Op.ABS: "std::abs({0})",
-        Op.EXP: "ember_exp({0})",
-        Op.EXPM1: "ember_expm1({0})",
-        Op.LOG: "std::log({0})",
-        Op.LOG1P: "std::log1p({0})",
-        Op.SQRT: "std::sqrt({0})",
-        Op.RSQRT: "({T}(1) / std::sqrt({0}))",
-        Op.RECIPROCAL: "({T}(1) / {0})",
-        Op.SIN: "ember_sin({0})",
-        Op.COS: "ember_cos({0})",
-        Op.TANH: "ember_tanh({0})",
-        Op.SIGMOID: "ember_sigmoid({0})",
-        Op.ERF: "ember_erf({0})",
-        Op.FLOOR: "std::floor({0})",
-        Op.CEIL: "std::ceil({0})",
-        Op.TRUNC: "std::trunc({0})",
-        Op.NOT: "(!{0})",
-        Op.ISNAN: "({0} != {0})",
-        Op.RAND: "ember_rand({0}, {1})",
-        Op.RANDN: "ember_randn({0}, {1})",
-        Op.CAST: "static_cast<{T}>({0})",
-        Op.ADD: "({0} + {1})",
-        Op.SUB: "({0} - {1})",
-        Op.MUL: "({0} * {1})",
-        Op.DIV: "({0} / {1})",
-        Op.POW: "std::pow({0}, {1})",
-        Op.MAX: "ember_max({0}, {1})",
-        Op.MIN: "ember_min({0}, {1})",
-        Op.AND: "({0} && {1})",
-        Op.OR: "({0} || {1})",
-        Op.XOR: "({0} != {1})",
-        Op.EQ: "({0} == {1})",
-        Op.NE: "({0} != {1})",
-        Op.LT: "({0} < {1})",
-        Op.LE: "({0} <= {1})",
-        Op.GT: "({0} > {1})",
-        Op.GE: "({0} >= {1})",
-        Op.WHERE: "({0} ? {1} : {2})",
-    }
-    SCALAR = "s_{0}"  # apart from every C++ name (an fx node may be called ``exp``)
-    # a simd clause for loops calling vector math: the prelude makes it simdlen(16) where
-    # AVX-512 is, as gcc's cost model keeps 8 lanes (exp over 1M floats 0.47 -> 0.40 ms)
-    WIDE = " EMBER_WIDE"
-    WIDE_OPS = frozenset({Op.EXP, Op.EXPM1, Op.TANH, Op.SIGMOID, Op.ERF, Op.SIN, Op.COS})
-    # bool lives in memory as uint8_t: gcc vectorises byte loads, not bool loads
-    MEMORY_TYPES = {torch.bool: "uint8_t"}
-    LOADS = {torch.bool: "({0} != 0)"}
-    TYPES = {
-        torch.float32: "float",
-        torch.float64: "double",
-        torch.float16: "_Float16",
-        torch.bfloat16: "uint16_t",
-        torch.bool: "bool",
-        torch.int8: "int8_t",
-        torch.uint8: "uint8_t",
-        torch.int16: "int16_t",
-        torch.int32: "int32_t",
-        torch.int64: "int64_t",
-    }
-    # bf16 is raw bits in a uint16_t: every cast goes through float
-    CASTS = {
-        (torch.bfloat16, torch.float32): "ember_bf16_to_float({0})",
-        (torch.float32, torch.bfloat16): "ember_float_to_bf16({0})",
-        **{(torch.bfloat16, d): "static_cast<{T}>(ember_bf16_to_float({0}))" for d in _OTHER},
-        **{(d, torch.bfloat16): "ember_float_to_bf16(static_cast<float>({0}))" for d in _OTHER},
-        # a select, not a conversion of bool: gcc then vectorises loops that mix the mask
-        # with 64-bit lanes (a dropout mask from int64 random counters)
-        **{(torch.bool, d): "({0} ? {T}(1) : {T}(0))" for d in _OTHER if d != torch.bool},
-        (torch.bool, torch.float32): "({0} ? 1.0f : 0.0f)",
-    }
-    REDUCE = {
-        Reduce.SUM: ("0", "{acc} += {v};"),
-        Reduce.PROD: ("1", "{acc} *= {v};"),
-        # max/min track NaN in a flag, so the loop stays a plain (vectorisable) max/min
-        Reduce.MAX: (
-            "ember_lowest<{T}>()",
-            "{acc} = {v} > {acc} ? {v} : {acc}; {acc}_nan |= ({v} != {v});",
-        ),
-        Reduce.MIN: (
-            "ember_highest<{T}>()",
-            "{acc} = {v} < {acc} ? {v} : {acc}; {acc}_nan |= ({v} != {v});",
-        ),
-        Reduce.ANY: ("false", "{acc} = {acc} || {v};"),
-        Reduce.ALL: ("true", "{acc} = {acc} && {v};"),
-        Reduce.ARGMAX: (
-            "0",
-            "if ({v} > {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
-            "{{ {acc}_v = {v}; {acc} = {i}; }}",
-        ),
-        Reduce.ARGMIN: (
-            "0",
-            "if ({v} < {acc}_v || ({v} != {v} && {acc}_v == {acc}_v)) "
-            "{{ {acc}_v = {v}; {acc} = {i}; }}",
-        ),
-    }
-    # one point of a Welford lane: count already advanced, ``{r}`` its reciprocal
-    WELFORD_STEP = (
-        "{{ const {T} wv = {v} - {k}, wd = wv - {m}; {m} += wd * {r}; {s} += wd * (wv - {m}); }}"
-    )
-    OMP_REDUCE = {
-        Reduce.SUM: "reduction(+:{acc})",
-        Reduce.PROD: "reduction(*:{acc})",
-        Reduce.ANY: "reduction(||:{acc})",
-        Reduce.ALL: "reduction(&&:{acc})",
-        Reduce.MAX: "reduction(max:{acc}) reduction(|:{acc}_nan)",
-        Reduce.MIN: "reduction(min:{acc}) reduction(|:{acc}_nan)",
-    }
-
-    def const(self, value: Any, dtype: torch.dtype) -> str:
-        if dtype == torch.bool:
-            return "true" if value else "false"
-        if dtype == torch.float32:
-            return _float(float(value), "f")
-        if dtype == torch.bfloat16:  # raw bits in a uint16_t: a cast of 1.0 would be 0x0001
-            bits = int(torch.tensor(float(value), dtype=dtype).view(torch.int16).item()) & 0xFFFF
-            return f"static_cast<uint16_t>({bits:#06x})"
-        if dtype.is_floating_point:
-            return f"static_cast<{self.type(dtype)}>({_float(float(value), '')})"
-        return f"static_cast<{self.type(dtype)}>({int(value)}LL)"
-
-    def index(self, e: sympy.Expr) -> str:
-        return _cindex(e)
-
-
-_CPP_INDEX = IndexSyntax(
-    integer=lambda n: f"{n}LL" if abs(n) > 2**31 - 1 else str(n),
-    terms=lambda e: e.args,
-    product="({})",
-    floor_div="(({}) / {})",
-    mod="(({}) % {})",
-    minimum="std::min<int64_t>({}, {})",
-    maximum="std::max<int64_t>({}, {})",
-    unsupported=ValueError,
-)
-
-
-def _cindex(e: sympy.Expr) -> str:
-    """A non-negative sympy index as C++ int64 arithmetic."""
-    return print_index(e, _CPP_INDEX)
-
-
 def _loops(vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
     return [
         f"for (int64_t {v} = 0; v_lt; ++{v}) {{".replace("v_lt", f"{v} < {_bound(n)}")
@@ -283,7 +59,7 @@ def _loops(vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
 
 def _bound(n: Any) -> str:
     """A loop bound: an int, or a size expression over the kernel's size arguments."""
-    return str(n) if isinstance(n, int) else _cindex(sympy.sympify(n))
+    return str(n) if isinstance(n, int) else cindex(sympy.sympify(n))
 
 
 class _KernelWriter(TiledLoops):
@@ -315,12 +91,13 @@ class _KernelWriter(TiledLoops):
             self.parallel = parallel
         elif self.work is not None:  # (an OpenMP ``if`` clause)
             self.parallel = True
-            self.threads += f" if({_cindex(self.work)} >= {chosen.parallel_min_work})"
+            self.threads += f" if({cindex(self.work)} >= {chosen.parallel_min_work})"
         self.advance, self.n = "", ""  # a ranged kernel's odometer step and outer points
         self.reads: list[str] = []
         self.writes: list[str] = []
         self.scalars: dict[str, torch.dtype] = {}  # run-time numbers the kernel reads
         self.tiled = column_kernel(kernel)
+        self.staged: dict[Expr, str] = {}  # loads read from a local tile (stage_tiles)
         sv = sched.program.size_vars
         self.size_symbols = sorted(sv.sources, key=str) if sv is not None else []
         self.sizes: list[str] = []  # the size symbols the kernel reads, as int64 arguments
@@ -342,11 +119,18 @@ class _KernelWriter(TiledLoops):
                 [(str(x), _bound(n), 1) for x, n in zip(X, k.outer, strict=False)]
             )
         elif k.outer:
-            if self.parallel:
-                collapse = f" collapse({len(k.outer)})" if len(k.outer) > 1 else ""
+            staged = transposed_loads(k) if not self.tiled else []
+            loops = _loops(X[: len(k.outer)], k.outer)
+            shared = len(k.outer) - (1 if staged else 0)  # a staged tile's side: per thread
+            if self.parallel and shared:
+                collapse = f" collapse({shared})" if shared > 1 else ""
                 self.emit(f"#pragma omp parallel for{collapse}{self.threads}", depth)
-            for line in _loops(X[: len(k.outer)], k.outer):
+            for line in loops[:shared]:
                 self.emit(line, depth)
+                depth += 1
+            if staged:
+                self.stage_tiles(staged, k.outer[-1], depth)
+                self.emit(loops[-1], depth)
                 depth += 1
         for st in k.stages:
             for s in st.stores:
@@ -364,6 +148,23 @@ class _KernelWriter(TiledLoops):
     def bound(self, n: Any) -> str:
         return _bound(n)
 
+    def stage_tiles(self, loads: list[Expr], side: int, depth: int) -> None:
+        """Copy the tile of each transposed load into a local array along memory; the
+        stage then reads the array along its innermost loop (:mod:`codegen_transpose`)."""
+        x, y = X[len(self.kernel.outer) - 1], Y[0]
+        for k, e in enumerate(loads):
+            name, index, _ = e.arg
+            local = f"{name}_tile{k}"
+            self.emit(f"{self.p.type(e.dtype)} {local}[{side}][{side}];", depth)
+            load = self.p.LOADS.get(e.dtype, "{0}").format(f"{name}[{self.p.index(index)}]")
+            self.emit(_loops([y], (side,))[0], depth)
+            self.emit("#pragma omp simd", depth + 1)
+            self.emit(_loops([x], (side,))[0], depth + 1)
+            self.emit(f"{local}[{x}][{y}] = {load};", depth + 2)
+            self.emit("}", depth + 1)
+            self.emit("}", depth)
+            self.staged[e] = f"{local}[{x}][{y}]"
+
     def loop_lines(self, vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
         return _loops(vars_, ranges)
 
@@ -380,7 +181,7 @@ class _KernelWriter(TiledLoops):
     def body(self) -> str:
         """The function: its signature (size arguments: the symbols its lines name) and body."""
         text = "\n".join(self.lines)
-        work = _cindex(self.work) if self.ranged else ""  # the dispatcher reads it
+        work = cindex(self.work) if self.ranged else ""  # the dispatcher reads it
         names = [str(s) for s in self.size_symbols]
         self.sizes = [n for n in names if re.search(rf"\b{n}\b", text + work)]
         if not self.ranged:
@@ -475,6 +276,9 @@ class _KernelWriter(TiledLoops):
         for y, value in (nest.defs if nest else {}).items():  # for scratch-array indices
             self.emit(f"const int64_t {y} = {self.p.index(value)};", depth)
         lines: list[str] = []
+        for e, tile in self.staged.items():  # a statement: a select's operand is read always
+            memo[e] = self.p.fresh()
+            lines.append(f"{self.p.type(e.dtype)} {memo[e]} = {tile};")
         for s in st.stores:
             value = self.p.expr(s.body, memo, lines)
             buf = self.prog.buffers[s.name]
@@ -561,9 +365,9 @@ class _KernelWriter(TiledLoops):
         lines: list[str] = []
         flat = self.p.index(sympy.expand(Layout.contiguous(st.inner).index(Y[: len(st.inner)])))
         whole = not self.kernel.outer  # one result from all the kernel's elements
-        wide = whole or not _contiguous(st)  # a float sum in one chain: in double (_acc_type)
+        wide = whole or not _contiguous(st)  # a float sum in one chain: in double (acc_type)
         for s in st.stores:
-            acc_t = _acc_type(self.p.type(s.body.dtype), s, wide)
+            acc_t = acc_type(self.p.type(s.body.dtype), s, wide)
             init, combine = self.p.REDUCE[s.reduce]  # type: ignore[index]
             acc = f"{s.name}_acc"
             if s.reduce in (Reduce.ARGMAX, Reduce.ARGMIN):
@@ -582,28 +386,61 @@ class _KernelWriter(TiledLoops):
             o.format(acc=f"{s.name}_acc") for o, s in zip(omp, st.stores, strict=True) if o
         )
         vectorise = bool(st.inner) and all(omp)
-        parallel = vectorise and whole and self.parallel
-        n = len(st.inner)
-        inner_depth = depth
-        for k, line in enumerate(_loops(Y[:n], st.inner)):
-            # threads share the outer loops, lanes the innermost (contiguous) one
-            if parallel and k == 0:
-                collapse = f" collapse({n - 1})" if n > 2 else ""
-                simd = " simd" if n == 1 else ""
-                self.emit(f"#pragma omp parallel for{simd}{collapse}{self.threads} {clause}", depth)
-            if vectorise and k == n - 1 and not (parallel and n == 1):
-                self.emit(f"#pragma omp simd {clause}", inner_depth)
-            self.emit(line, inner_depth)
-            inner_depth += 1
-        for line in lines + combines:
-            self.emit(line, inner_depth)
-        for d in range(inner_depth - 1, depth - 1, -1):
-            self.emit("}", d)
+        rows = row_partials(st, wide, vectorise) if whole else set()
+        if rows:  # the innermost loop sums its row in float lanes, the row adds in double
+            combines = [
+                c.replace(f"{s.name}_acc", f"{s.name}_row") if s.name in rows else c
+                for c, s in zip(combines, st.stores, strict=True)
+            ]
+        simd_clause = " ".join(
+            o.format(acc=f"{s.name}_row" if s.name in rows else f"{s.name}_acc")
+            for o, s in zip(omp, st.stores, strict=True)
+            if o
+        )
+        clauses = (clause, simd_clause) if vectorise else None
+        self.reduce_loops(st, lines + combines, clauses, sorted(rows), whole, depth)
         for s in st.stores:
             if s.reduce in (Reduce.MAX, Reduce.MIN):
                 nan = f"std::numeric_limits<{self.p.type(s.body.dtype)}>::quiet_NaN()"
                 self.emit(f"if ({s.name}_acc_nan) {s.name}_acc = {nan};", depth)
             self.result(s, f"{s.name}_acc", depth)
+
+    def reduce_loops(
+        self,
+        st: Stage,
+        body: list[str],
+        clauses: tuple[str, str] | None,
+        rows: list[str],
+        whole: bool,
+        depth: int,
+    ) -> None:
+        """The loops of a reduction stage around ``body``: threads share the outer loops
+        of a reduction to one value, lanes the innermost (contiguous) one (``clauses``: the
+        omp reduction clauses of the threads and of the lanes; None: no vector lanes).
+        ``rows``: sums whose row adds up in a float ``_row`` before joining ``_acc``."""
+        parallel = clauses is not None and whole and self.parallel
+        n = len(st.inner)
+        inner_depth = depth
+        for k, line in enumerate(_loops(Y[:n], st.inner)):
+            if parallel and clauses is not None and k == 0:
+                collapse = f" collapse({n - 1})" if n > 2 else ""
+                simd = " simd" if n == 1 else ""
+                omp = f"#pragma omp parallel for{simd}{collapse}{self.threads} {clauses[0]}"
+                self.emit(omp, depth)
+            if k == n - 1:
+                for name in rows:
+                    self.emit(f"float {name}_row = 0;", inner_depth)
+            if clauses is not None and k == n - 1 and not (parallel and n == 1):
+                self.emit(f"#pragma omp simd {clauses[1]}", inner_depth)
+            self.emit(line, inner_depth)
+            inner_depth += 1
+        for line in body:
+            self.emit(line, inner_depth)
+        for d in range(inner_depth - 1, depth - 1, -1):
+            self.emit("}", d)
+            if d == inner_depth - 1:
+                for name in rows:
+                    self.emit(f"{name}_acc += {name}_row;", d)
 
     def result(self, s: Store, value: str, depth: int) -> None:
         """Store a reduction's ``value`` (of the body's dtype) as the buffer's dtype."""
@@ -667,7 +504,7 @@ def _kernel_source(sched: Schedule, kernel: Kernel, p: CppPrinter) -> tuple[str,
     call = f"({', '.join(names)});"
     limit = KNOBS.get().parallel_min_work
     choose = (
-        f"{serial.signature()}  if ({_cindex(w.work)} >= {limit}) {kernel.name}_p{call}\n"
+        f"{serial.signature()}  if ({cindex(w.work)} >= {limit}) {kernel.name}_p{call}\n"
         f"  else {kernel.name}_s{call}\n}}\n"
     )
     return "\n".join([*bodies, choose]), serial.args
@@ -729,13 +566,6 @@ def _resolve_locals(src: str, sched: Schedule, kernel: Kernel) -> str:
     return src
 
 
-def _acc_type(t: str, s: Store, wide: bool) -> str:
-    """A reduction's accumulator type: a float sum of all elements, or in one serial chain
-    (strided rows: no vector lanes share it), in double: eager's cascade sum drifts far
-    less than one float accumulator (1e5 rows: 1.3e-3 from the exact sum against 6e-5)."""
-    return "double" if wide and s.reduce is Reduce.SUM and t == "float" else t
-
-
 def _calls(st: Stage, ops: frozenset[Op]) -> bool:
     """Whether a store of the stage computes one of ``ops``."""
     return any(e.op in ops for s in st.stores for e in walk(s.body))
@@ -761,4 +591,4 @@ def _contiguous(st: Stage, yk: sympy.Symbol | None = None) -> bool:
 
 
 def _inner_flat(inner: tuple[int, ...]) -> str:
-    return _cindex(sympy.expand(Layout.contiguous(inner).index(Y[: len(inner)])))
+    return cindex(sympy.expand(Layout.contiguous(inner).index(Y[: len(inner)])))

@@ -112,8 +112,12 @@ static inline double ember_cos(double x) { return cos(x); }
 #else
 #define EMBER_WIDE
 #endif
-template <typename T> static inline T ember_max(T a, T b) { return (a > b || a != a) ? a : b; }  // NaN if either is
-template <typename T> static inline T ember_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// NaN if either is. Two selects on b, not `(a > b || a != a) ? a : b`: the short circuit is a
+// branch where gcc does not vectorise the loop (a 16x16 tile), mispredicted half the time on
+// random data (1M floats: 6.6 ms against 1.6 ms); `m = a > b ? a : b; a != a ? a : m` is a select
+// too, but clamp's max-then-min of it vectorises 2.7x slower (0.30 ms against 0.11 ms)
+template <typename T> static inline T ember_max(T a, T b) { const T m = b > a ? b : a; return b != b ? b : m; }
+template <typename T> static inline T ember_min(T a, T b) { const T m = b < a ? b : a; return b != b ? b : m; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
 template <typename T> static inline T ember_highest() { return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max(); }
 // Chan et al.'s parallel Welford step: (mean, m2, n) absorbs a partial result (mb, m2b, nb)
@@ -126,6 +130,9 @@ template <typename T> static inline void ember_welford_combine(T& mean, T& m2, i
 static inline float ember_bf16_to_float(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t ember_float_to_bf16(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
+  // (a select here instead, `f != f ? 0x7fc0 : r`, kept gcc from threading this test into a
+  // max's NaN select in scalar tile loops, but vectorised loops lost more: bf16 SiLU*y 0.77 ->
+  // 0.68x eager, clamp_min 1.18 -> 0.96; tiles vectorise since codegen_transpose)
   if (f != f) return 0x7fc0;
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }

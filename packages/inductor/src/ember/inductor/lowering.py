@@ -719,7 +719,13 @@ def lower_graph(
 
     ``fused_random``: lower random ops to counter-based numbers computed in the kernels
     (:mod:`ember.inductor.lower_random`); by default they run torch's kernels."""
-    from ember.inductor import lower_ops, lower_pow, lower_random, lower_views  # noqa: F401
+    from ember.inductor import (  # noqa: F401
+        lower_alone,
+        lower_ops,
+        lower_pow,
+        lower_random,
+        lower_views,
+    )
 
     sv = size_vars(gm, example_inputs)
     devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}

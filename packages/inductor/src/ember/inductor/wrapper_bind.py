@@ -31,7 +31,14 @@ _ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
 def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
-    """Raise eager's error if an index in ``t`` is outside ``[0, size)``."""
+    """Raise eager's error if an index in ``t`` is outside ``[0, size)``: one C++ pass over
+    a contiguous CPU index, else one ``aminmax`` (:func:`wrapper_launch.out_of_range`).
+
+    >>> _check_index(torch.tensor([[0, 3], [2, 1]]).t(), 4, "IndexError", "{index} of {size}")
+    >>> _check_index(torch.tensor([0, 4]), 4, "IndexError", "index {index} of {size}")
+    Traceback (most recent call last):
+    IndexError: index 4 of 4
+    """
     bad = wrapper_launch.out_of_range(t, size)
     if bad is not None:
         raise _ERRORS[error](message.format(index=bad, size=size))

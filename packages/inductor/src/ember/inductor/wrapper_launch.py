@@ -112,7 +112,15 @@ def py_out_of_range(index: Any, size: int) -> int | None:
     >>> py_out_of_range(torch.tensor([0, 3, 7, -1]), 4), py_out_of_range(torch.arange(4), 4)
     (7, None)
     """
-    if not index.numel() or bool(((index >= 0) & (index < size)).all()):
+    if not index.numel():
+        return None
+    # one aminmax in memory order, not ``((t >= 0) & (t < size)).all()``: four passes and two
+    # bool tensors took 1.6 ms for 1M int64 indices (aminmax 0.26 ms; along a transposed
+    # tensor's strides 2.5 ms)
+    strides = index.stride()
+    order = sorted(range(index.dim()), key=lambda d: strides[d], reverse=True)
+    low, high = torch.aminmax(index.permute(order))
+    if int(low) >= 0 and int(high) < size:
         return None
     return int(index[(index < 0) | (index >= size)].flatten()[0])
 

@@ -1,0 +1,92 @@
+"""Ops that run as their aten kernel when they stand alone, and in ember's kernels otherwise.
+
+Where eager's kernel for an op is faster than ember's code for it, and the op is all a
+kernel would do (its operand is already in memory, a graph input or an extern's result,
+and its result is only returned), ember calls the aten op (issue 19: "or fall back to
+aten where ember cannot beat it"). Where it fuses (a producer computed on the fly, or a
+consumer in the same kernel), it keeps its lowering: a fused chain saves whole passes over
+memory, which is worth more than the op's own speed. One table, each op with the reason.
+
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> from ember.inductor import compile_graph
+>>> x = torch.randn(8, 16)
+>>> alone = compile_graph(make_fx(torch.nn.functional.gelu)(x), [x])
+>>> fused = compile_graph(make_fx(lambda x: torch.nn.functional.gelu(x) * 2)(x), [x])
+>>> [type(s).__name__ for s in alone.schedule.steps]
+['Extern']
+>>> [type(s).__name__ for s in fused.schedule.steps]
+['Kernel']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.inductor.ir import Expr, const
+from ember.inductor.lower_ops import pointwise
+from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
+from ember.inductor.ops import Op
+
+__all__ = ["ATEN_ALONE", "alone"]
+
+aten = torch.ops.aten
+
+# op -> when its aten kernel beats ember's alone, and by how much (bench_ops.py, 1 thread)
+ATEN_ALONE: dict[Any, Callable[[dict[str, Any]], bool]] = {
+    # GELU with erf: eager's vectorised GELU uses a cheaper erf (Abramowitz-Stegun 7.1.26)
+    # than ember_erf's 2.4 ULP; alone, 1M values: ember 0.44x (bf16), 0.61x (f32). GELU
+    # with tanh stays ember's (1.8-2.6x eager).
+    aten.gelu.default: lambda kw: kw.get("approximate", "none") == "none",
+}
+
+
+def alone(ctx: Lowerer, operand: Value) -> bool:
+    """Whether the node being lowered is all its kernel would do: ``operand`` lies in
+    memory (a graph input or a realized value) and every user of the result is the
+    graph's output."""
+    node = ctx.node
+    return (
+        node is not None
+        and operand.ref is not None
+        and bool(node.users)
+        and all(u.op == "output" for u in node.users)
+    )
+
+
+def _gelu(x: Expr, approximate: str) -> Expr:
+    """GELU in the order of torch's decomposition (``x * 0.5 * (1 + erf(x / sqrt(2)))``)."""
+    f = x.dtype
+
+    def c(v: float) -> Expr:
+        return const(v, f)
+
+    def e(op: Op, *args: Expr) -> Expr:
+        return Expr(op, f, args)
+
+    half = e(Op.MUL, x, c(0.5))
+    if approximate == "tanh":
+        cube = e(Op.MUL, e(Op.MUL, x, x), x)
+        beta = 1.41421356237309504880 * 1.12837916709551257390 * 0.5  # torch's kBeta
+        inner = e(Op.MUL, c(beta), e(Op.ADD, x, e(Op.MUL, cube, c(0.044715))))
+        return e(Op.MUL, half, e(Op.ADD, e(Op.TANH, inner), c(1.0)))
+    alpha = 0.70710678118654752440  # torch's kAlpha, 1/sqrt(2)
+    return e(Op.MUL, half, e(Op.ADD, e(Op.ERF, e(Op.MUL, x, c(alpha))), c(1.0)))
+
+
+@lowering(aten.gelu.default)
+def gelu(ctx: Lowerer, x: Value, approximate: str = "none") -> Value:
+    """GELU in ember's kernels, or the aten op where :data:`ATEN_ALONE` says so."""
+    if not x.dtype.is_floating_point:
+        raise Fallback("gelu of integers: eager's error")
+    if ATEN_ALONE[aten.gelu.default]({"approximate": approximate}) and alone(ctx, x):
+        raise Fallback("gelu alone: eager's kernel is faster (ATEN_ALONE)")
+
+    def fn(a: Expr) -> Expr:
+        return _gelu(a, approximate)
+
+    fn.__name__ = "gelu"
+    return pointwise(ctx, fn, x)
