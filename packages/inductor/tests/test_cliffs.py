@@ -245,3 +245,17 @@ def test_the_gelu_kernel_matches_eager_in_float32() -> None:
     compiled = _compile(lambda x, y: (F.gelu(x) * y, F.gelu(x, approximate="tanh") * y), x, y)
     for got, want in zip(compiled(x, y), (F.gelu(x), F.gelu(x, approximate="tanh")), strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_float_product_of_everything_drifts_no_more_than_eagers(seed: int) -> None:
+    """1M factors near 1: one float accumulator per lane drifted 0.77% off the exact product
+    (eager 0.46%); accumulated in double, as a sum of everything is, it stays on it."""
+    torch.manual_seed(seed)
+    x = 1 + 1e-3 * torch.randn(1024, 1024)
+    out = _compile(lambda t: t.prod(), x)(x)
+    got = out[0] if isinstance(out, tuple | list) else out
+    exact = float(x.double().prod())
+    ours = abs(float(got) - exact) / exact
+    eagers = abs(float(x.prod()) - exact) / exact
+    assert ours <= 2 * eagers + 1e-6, (ours, eagers)
