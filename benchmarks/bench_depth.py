@@ -20,6 +20,8 @@ Configurations:
 - ``ember``: ``ember.compiler.compile(model)``, no annotation;
 - ``ember-nomemo``: the same with aotgraph's per-op trace memo off (the ``trace_memo``
   setting), to measure what it saves;
+- ``ember-nofreeze``: ember with capture's frozen heap during compiles off (the
+  ``freeze_heap`` setting, ``ember.capture.gcpause``), likewise;
 - ``torch``: ``torch.compile(model)``;
 - ``torch-nested``: ``torch.compile(model)`` with the layer's class marked by
   ``torch.compiler.nested_compile_region`` (the user names the repeated region:
@@ -113,6 +115,12 @@ def _ember_nomemo(net: Any, depth: int) -> Any:
     return _ember(net, depth)
 
 
+def _ember_nofreeze(net: Any, depth: int) -> Any:
+    """ember without capture's frozen heap during compiles (``freeze_heap``), for comparison."""
+    os.environ["EMBER_CAPTURE_FREEZE_HEAP"] = "0"
+    return _ember(net, depth)
+
+
 def _torch(net: Any, depth: int) -> Any:
     import torch
 
@@ -130,6 +138,7 @@ def _torch_nested(net: Any, depth: int) -> Any:
 WRAP: dict[str, Callable[[Any, int], Any]] = {
     "ember": _ember,
     "ember-nomemo": _ember_nomemo,
+    "ember-nofreeze": _ember_nofreeze,
     "torch": _torch,
     "torch-nested": _torch_nested,
 }

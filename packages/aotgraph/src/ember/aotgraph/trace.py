@@ -518,6 +518,13 @@ def _trace(f: Callable[..., Any], args: list[torch.Tensor], table: Table) -> tor
     """
     # symbolic sizes: traced as sym_size nodes and SymInt arguments, not as numbers
     mode: Literal["symbolic", "fake"] = "symbolic" if any(map(is_symbolic, args)) else "fake"
+    with nodemeta.code_later():  # its code is generated once, by _finish
+        return _trace_lazily(f, args, table, mode)
+
+
+def _trace_lazily(
+    f: Callable[..., Any], args: list[torch.Tensor], table: Table, mode: Literal["symbolic", "fake"]
+) -> torch.fx.GraphModule:
     aten_gm = symbolic.make_fx(f, table, mode)(*args)  # nodes keep their captured node's meta
     draw_in_memory_order(aten_gm)  # random fills of permuted tensors: eager's numbers
     check_mutations(aten_gm)  # writes eager refuses at run time, which fake tensors allow
@@ -701,5 +708,5 @@ def _finish(gm: torch.fx.GraphModule, n_primals: int, n_outs: int) -> tuple[int,
         name = f"primals_{i + 1}" if i < n_primals else f"tangents_{i - n_primals + 1}"
         node.name = node.target = name
     gm.graph.lint()
-    gm.recompile()
+    nodemeta.generate_code(gm)  # the trace's graph module made none (nodemeta.code_later)
     return mutated

@@ -44,6 +44,7 @@ import torch
 from ember.capture import (
     breaks,
     bytecode_311,
+    gcpause,
     hook,
     log,
     markers,
@@ -242,7 +243,8 @@ class FrameCompiler:
                 return Decision.SKIP_FOR_CALLBACK  # another thread failed it meanwhile
             if (eager := _STANCE_RULES[stance.current()](frame)) is not None:
                 return eager
-            with log.compiling(code_cache(frame.code).name):
+            # the heap from before the compile frozen: collections scan only what it makes
+            with log.compiling(code_cache(frame.code).name), gcpause.frozen_heap():
                 return self._on_miss(frame)
         except (FullGraphError, InternalError, stance.RecompileError, MarkedDynamicError):
             raise

@@ -49,6 +49,12 @@ class CaptureSettings:
         " of unbacked symbolic size instead of a graph break",
         env="EMBER_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS",
     )
+    freeze_heap: bool = setting(
+        True,
+        "while a frame compiles, the objects that existed before are frozen (gc.freeze), so"
+        " the full collections the compile starts scan only what it made (ember.capture.gcpause)",
+        env="EMBER_CAPTURE_FREEZE_HEAP",
+    )
 
 
 #: ember.capture's settings (``ember.compiler.config.capture``).

@@ -73,8 +73,9 @@ class SectionView(Generic[S]):
 
     >>> config.capture.verbose
     False
-    >>> sorted(config.capture.describe())
-    ['check', 'dynamic_output_shape_ops', 'scalar_outputs', 'suppress_errors', 'verbose']
+    >>> sorted(config.capture.describe())  # doctest: +NORMALIZE_WHITESPACE
+    ['check', 'dynamic_output_shape_ops', 'freeze_heap', 'scalar_outputs',
+     'suppress_errors', 'verbose']
     """
 
     __slots__ = ("_section",)
