@@ -226,6 +226,12 @@ def shared_reads(sources: list[Any], names: dict[str, str]) -> tuple[list[str], 
     return lines, named
 
 
+def _input_reads(sources: list[Any], names: dict[str, str]) -> tuple[list[str], str]:
+    """The statements reading the modules the graph inputs share, and the inputs' list."""
+    prefetch, named = shared_reads(sources, names)
+    return prefetch, ", ".join(source_expr(s, names, named) for s in sources)
+
+
 def _literal(value: Any) -> bool:
     if type(value) in (int, bool, str, type(None)):
         return True
@@ -419,8 +425,7 @@ def generate(
     names = {a: f"{PREFIX}a{i}" for i, a in enumerate(argument_names(code))}
     constants: list[Any] = []
     shared: set[int] = set()
-    prefetch, named = shared_reads(list(input_sources), names)
-    inputs = ", ".join(source_expr(s, names, named) for s in input_sources)
+    prefetch, inputs = _input_reads(list(input_sources), names)
     reads, writes = _effect_lines(effects or [], constants, shared, names)
     result = _part_expr(output, constants, shared, names)
     rebound = sorted({e[1] for e in effects or [] if e[0] == "cell"})
