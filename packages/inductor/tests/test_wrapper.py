@@ -46,3 +46,63 @@ def test_pooled_wrapper_is_thread_safe(in_threads: Any) -> None:
                 torch.testing.assert_close(got, want)
 
     in_threads(work)
+
+
+def test_intermediate_matmul_writes_into_a_pooled_buffer() -> None:
+    # h's matmul result is read by the next matmul only: it is written into the pool's
+    # buffer (``out=``) rather than allocated each call (page faults on fresh memory)
+    compiled, w, w2 = _compiled()
+    src = compiled.wrapper  # type: ignore[attr-defined]
+    pooled = src.split("= _bufs")[0].split("_bufs = _take(_pool) or _alloc()")[1]
+    mm_lines = [line for line in src.splitlines() if "out=" in line]
+    assert mm_lines and all(line.split(" = ")[0].strip() in pooled for line in mm_lines)
+    for _ in range(2):  # the pooled buffer serves the next call too
+        x = torch.randn(8, 16)
+        for g, want in zip(compiled(x, w, w2), _two_layers(x, w, w2), strict=True):  # type: ignore[operator]
+            torch.testing.assert_close(g, want)
+
+
+def test_intermediate_matmul_under_grad_still_gives_a_graph() -> None:
+    # called directly with grad on and an input requiring it, ``out=`` is refused: the
+    # wrapper takes a fresh result there, and the values are eager's
+    compiled, w, w2 = _compiled()
+    x = torch.randn(8, 16, requires_grad=True)
+    for g, want in zip(compiled(x, w, w2), _two_layers(x, w, w2), strict=True):  # type: ignore[operator]
+        torch.testing.assert_close(g.detach(), want.detach())
+
+
+def _embedding_grad(grad: T, idx: T) -> T:
+    # embedding's backward as its decomposition writes it: zeros, then index_put
+    return torch.zeros(10, 4).index_put((idx,), grad, accumulate=True) * 2
+
+
+def _zeros_kept(grad: T, idx: T) -> tuple[T, T]:
+    zeros = torch.zeros(10, 4) + 1
+    return zeros.index_put((idx,), grad, accumulate=True), zeros  # self read afterwards
+
+
+def _index_put_in_place(compiled: Any) -> bool:
+    """The schedule writes the index_put extern's result over its ``self``."""
+    lines = str(compiled.schedule).splitlines()
+    name = next(line.split(" = ")[0] for line in lines if "extern aten.index_put" in line)
+    placed = next((line for line in lines if line.startswith("in place: ")), "in place: ")
+    return any(p.startswith(f"{name}<-") for p in placed.removeprefix("in place: ").split(", "))
+
+
+def test_functional_extern_writes_a_dying_buffer_in_place() -> None:
+    grad, idx = torch.randn(6, 4), torch.tensor([1, 3, 1, 0, 9, 3])
+    compiled = compile_graph(make_fx(_embedding_grad)(grad, idx), [grad, idx])
+    got = compiled(grad, idx)  # type: ignore[operator]
+    assert _index_put_in_place(compiled)
+    torch.testing.assert_close(got, _embedding_grad(grad, idx))
+    again = compiled(grad, idx)  # type: ignore[operator]
+    torch.testing.assert_close(again, _embedding_grad(grad, idx))
+    assert again.data_ptr() != got.data_ptr()  # the result escapes: fresh memory each call
+
+
+def test_functional_extern_keeps_a_buffer_read_afterwards() -> None:
+    grad, idx = torch.randn(6, 4), torch.tensor([1, 3, 1, 0, 9, 3])
+    compiled = compile_graph(make_fx(_zeros_kept)(grad, idx), [grad, idx])
+    assert not _index_put_in_place(compiled)
+    for g, want in zip(compiled(grad, idx), _zeros_kept(grad, idx), strict=True):  # type: ignore[operator]
+        torch.testing.assert_close(g, want)

@@ -240,6 +240,47 @@ def storage_groups(values: Sequence[Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def lone_views(sig: Any, inputs: Sequence[Any], outs: Sequence[Any]) -> tuple[int, ...]:
+    """Graph outputs that are views of a base no other output (saved values included) nor
+    input shares, where eager's output is no view: a compiled graph returns ``mm(...).view``
+    where eager's ``_unsafe_view`` made a plain tensor. Returned from an
+    ``autograd.Function`` as views, autograd would take them for one of several views and the
+    runtime would copy each (hf-llama's logits, 0.03 ms a step); :func:`unviewed` hands out
+    the same memory as a plain tensor instead.
+
+    >>> from ember.aotgraph.signature import Output
+    >>> sig = type("Sig", (), {"outputs": (Output("graph", 0), Output("graph", 1, view=True))})
+    >>> a, b = torch.ones(4), torch.ones(4)
+    >>> lone_views(sig, [], [a.view(2, 2), b.view(2, 2)])  # the second is a view in eager
+    (0,)
+    >>> lone_views(sig, [], [a.view(2, 2), b.view(2, 2), a])  # the first's base is saved
+    ()
+    """
+    eager = {o.index: o for o in sig.outputs if o.kind == "graph"}
+    storages = [t.untyped_storage()._cdata for t in (*inputs, *outs) if isinstance(t, torch.Tensor)]
+    lone = []
+    for j, t in enumerate(outs):
+        o = eager.get(j)
+        if o is None or o.view or o.creation or type(t) is not torch.Tensor:
+            continue  # (a subclass keeps its type and its view)
+        if t._is_view() and storages.count(t.untyped_storage()._cdata) == 1:
+            lone.append(j)
+    return tuple(lone)
+
+
+def unviewed(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory as a tensor that is no view (no ``_base``), with its size, strides and
+    offset: for a view whose base nothing else can reach (:func:`lone_views`).
+
+    >>> v = torch.arange(4.0).view(2, 2)
+    >>> u = unviewed(v)
+    >>> u._is_view(), u.data_ptr() == v.data_ptr(), u.tolist()
+    (False, True, [[0.0, 1.0], [2.0, 3.0]])
+    """
+    out = torch.empty((0,), dtype=t.dtype, device=t.device)
+    return out.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
 def fresh_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` in new memory, with its strides and offset, and a view (of a hidden
     base) where ``t`` is one, as eager's output of the same expression would be.

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils._pytree as pytree
 
-from ember.aotgraph.aliasing import Merge, fresh_copy, outputs_to_clone, restride
+from ember.aotgraph.aliasing import (
+    Merge,
+    fresh_copy,
+    lone_views,
+    outputs_to_clone,
+    restride,
+    unviewed,
+)
 from ember.aotgraph.signature import Output, Signature
 from ember.aotgraph.tangents import TangentUse, without_undefined
 from ember.aotgraph.versions import Versions, version_of
@@ -68,6 +75,8 @@ class Runtime:
     versions: Versions = field(init=False)  # reads and moves the counters of ``bumped``
     # graph outputs to copy (they share storage where eager's do not): found on the first call
     clone: list[tuple[int, ...]] = field(init=False)
+    # graph outputs the forward hands out as plain tensors, not views: found on the first call
+    unview: list[tuple[int, ...]] = field(init=False)
     plain: bool = field(init=False)  # nothing to replay on the inputs but write-backs
     pruned: dict[frozenset[int], Callable[..., Any]] = field(init=False)
     # some saved value serves only some output gradients: the backward checks versions itself
@@ -89,6 +98,7 @@ class Runtime:
         object.__setattr__(self, "bumped", tuple((i, v) for i, v in enumerate(sig.versions) if v))
         object.__setattr__(self, "versions", Versions.of(self.bumped))
         object.__setattr__(self, "clone", [])
+        object.__setattr__(self, "unview", [])
         object.__setattr__(self, "pruned", {})
         replay = sig.grad_set or self.bumped or sig.restrided or sig.replaced
         object.__setattr__(self, "plain", self.merge is None and not replay)
@@ -360,6 +370,11 @@ class CompiledFunction(torch.autograd.Function):
             if rt.shapes is not None:  # its zeros, if the backward graph needs them: this size
                 ctx.sizes = rt.shapes.bind(inputs)
         result = tuple(outs[:k])
+        unview = rt.unview
+        if not unview:  # once: as with ``clone``, the graph's sharing is the same every call
+            unview.append(lone_views(rt.signature, inputs, outs))
+        if unview[0]:
+            result = tuple(unviewed(t) if j in unview[0] else t for j, t in enumerate(result))
         if rt.non_differentiable:
             ctx.mark_non_differentiable(*(result[j] for j in rt.non_differentiable))
         return result

@@ -60,10 +60,13 @@ class Output:
     ``creation``: how eager's view was made, where autograd refuses to write it in
     place: ``"MULTI_OUTPUT_NODE"`` (one of several views one op made: ``chunk``,
     ``split``, ``unbind``) or ``"NO_GRAD_MODE"`` (made under ``no_grad`` from a tensor
-    that requires grad); ``""`` otherwise.
+    that requires grad); ``""`` otherwise. ``view``: eager's output (a graph output) is a
+    view of a base it does not return; where it is not, the runtime hands out a compiled
+    view of an intermediate nothing else holds as a plain tensor of the same memory.
 
-    >>> Output("constant", value=None)
-    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None, creation='')
+    >>> Output("constant", value=None)  # doctest: +NORMALIZE_WHITESPACE
+    Output(kind='constant', index=-1, requires_grad=False, meta=None, value=None,
+           creation='', view=False)
     """
 
     kind: str
@@ -72,6 +75,7 @@ class Output:
     meta: TensorMeta | None = None
     value: Any = None
     creation: str = ""
+    view: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 # Bump when the record layout changes (the package hash changes with any edit anyway).
-RECORD_VERSION = 5
+RECORD_VERSION = 6
 
 # Modules whose functions a cached input graph may call: identified by name, fixed by torch's
 # and Python's versions, which the key holds (and ember.aotgraph's, by the package hash).
@@ -383,7 +383,15 @@ def _decode_meta(data: JSON, fakes: serialize.Fakes) -> TensorMeta | None:
 
 def _encode_signature(sig: Signature) -> JSON:
     outputs = [
-        [o.kind, o.index, o.requires_grad, _encode_meta(o.meta), encode_value(o.value), o.creation]
+        [
+            o.kind,
+            o.index,
+            o.requires_grad,
+            _encode_meta(o.meta),
+            encode_value(o.value),
+            o.creation,
+            o.view,
+        ]
         for o in sig.outputs
     ]
     try:
@@ -412,12 +420,12 @@ def _encode_signature(sig: Signature) -> JSON:
 def _decode_signature(data: JSON, fakes: serialize.Fakes | None = None) -> Signature:
     fakes = fakes or serialize.Fakes()  # SymInt sizes: the graph's own
     outputs = []
-    for kind, index, grad, meta, value, creation in data["outputs"]:
+    for kind, index, grad, meta, value, creation, view in data["outputs"]:
         if kind not in OUTPUT_KINDS:
             raise ValueError(f"not an output kind: {kind!r}")
         value = serialize.decode_value(value)
         meta = _decode_meta(meta, fakes)
-        outputs.append(Output(kind, int(index), bool(grad), meta, value, str(creation)))
+        outputs.append(Output(kind, int(index), bool(grad), meta, value, str(creation), bool(view)))
     spec = pytree.treespec_loads(data["out_spec"])
     graph, grad_outputs, grad_inputs, versions, shared, replaced, grad_set = map(
         _ints, data["ints"]

@@ -295,7 +295,8 @@ def _classify(leaf: Any, fakes: list[Any], graph_index: int, grad: bool) -> Outp
         return Output("alias", i, leaf.requires_grad, meta=meta, creation=made)
     grad = leaf.requires_grad and (leaf.is_floating_point() or leaf.is_complex())
     made = _creation(leaf)  # eager refuses in-place writes to it too
-    return Output("graph", graph_index, grad, TensorMeta.of(leaf), creation=made)
+    view = leaf._is_view()
+    return Output("graph", graph_index, grad, TensorMeta.of(leaf), creation=made, view=view)
 
 
 _REFUSED = ("MULTI_OUTPUT_NODE", "NO_GRAD_MODE")  # creations autograd refuses to write

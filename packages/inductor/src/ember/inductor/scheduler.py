@@ -516,6 +516,8 @@ def plan_memory(sched: Schedule, updates: dict[int, int] | None = None) -> None:
             for st in step.stages:
                 for pos in range(len(st.stores)):
                     _place(sched, step, st, pos, donors, free, pinned - outputs)
+        elif (into := _extern_in_place(prog, step, dead)) is not None:
+            sched.inplace[step.names[0]] = sched.reuse[step.names[0]] = into
         sched.frees[k] = dead
         taken = set(sched.inplace.values())
         for name in dead:
@@ -671,6 +673,38 @@ def _step_reads(step: Kernel | Extern) -> set[str]:
 
 # ops whose result shares its input's memory though their schema does not say so
 ALIASING = {"aten::_unsafe_view"}
+
+aten = torch.ops.aten
+
+# functional externs (a copy of ``self`` with some elements written) and their in-place
+# twins, with the same arguments: where ``self`` dies at the extern, the wrapper writes it in
+# place rather than copying it (embedding's backward, ``zeros(...).index_put(...)``: a copy of
+# the weight's size each training step)
+EXTERN_IN_PLACE: dict[Any, Any] = {
+    aten.index_put.default: aten.index_put_.default,
+    aten.index_add.default: aten.index_add_.default,
+    aten.scatter_add.default: aten.scatter_add_.default,
+    aten.scatter.src: aten.scatter_.src,
+    aten.scatter.value: aten.scatter_.value,
+}
+
+
+def _extern_in_place(prog: Program, step: Kernel | Extern, dead: list[str]) -> str | None:
+    """The buffer an extern of :data:`EXTERN_IN_PLACE` may write in place: its ``self``,
+    whole (no window of it), read for the last time here (``dead``: no input, constant,
+    output or aliased buffer), by no other argument of the call, and laid out as the
+    result."""
+    if not isinstance(step, Extern) or step.target not in EXTERN_IN_PLACE or not step.args:
+        return None
+    first = step.args[0]
+    if not isinstance(first, Ref) or first.layout is not None or len(step.names) != 1:
+        return None
+    if first.name not in dead or [r.name for r in step.refs()].count(first.name) != 1:
+        return None
+    mine, out = prog.buffers.get(first.name), prog.buffers.get(step.names[0])
+    if mine is None or out is None or (mine.dtype, mine.layout) != (out.dtype, out.layout):
+        return None
+    return first.name
 
 
 def may_alias(step: Extern) -> bool:
