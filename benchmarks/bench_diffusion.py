@@ -71,18 +71,22 @@ def prepare(workload: str, config: str) -> tuple[Step, float, Any]:
     return step, time.perf_counter() - start, out
 
 
-def time_rounds(steps: dict[str, Step], rounds: int, calls: int) -> dict[str, list[float]]:
-    """Thread CPU ms per call of each step, one sample per round, configurations interleaved."""
+def time_rounds(
+    steps: dict[str, Step], rounds: int, calls: int, clock: Callable[[], float] = time.thread_time
+) -> dict[str, list[float]]:
+    """Ms per call of each step by ``clock`` (the thread's CPU time: another process's turn
+    on the cores does not count; wall time where work runs on several threads), one sample
+    per round, configurations interleaved."""
     for step in steps.values():  # warm up: allocator, caches, lazy one-time work
         for _ in range(3):
             step()
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            start = time.thread_time()
+            start = clock()
             for _ in range(calls):
                 step()
-            samples[name].append((time.thread_time() - start) * 1e3 / calls)
+            samples[name].append((clock() - start) * 1e3 / calls)
     return samples
 
 
@@ -121,9 +125,12 @@ def main() -> None:
                 reference = out
             else:
                 torch.testing.assert_close(out, reference, rtol=2e-3, atol=2e-3)
-        samples = time_rounds(steps, args.rounds, args.calls)
+        # more than one thread: the work other threads do counts, so wall time (as run.py)
+        clock = time.thread_time if args.threads == 1 else time.perf_counter
+        samples = time_rounds(steps, args.rounds, args.calls, clock)
         base = samples[configs[0]]
-        print(f"\n{workload}: {args.rounds} rounds of {args.calls} calls, thread CPU ms per call")
+        unit = "thread CPU" if args.threads == 1 else "wall"
+        print(f"\n{workload}: {args.rounds} rounds of {args.calls} calls, {unit} ms per call")
         print(f"| config | best ms | median ms | x {configs[0]} (best) | x {configs[0]} (median"
               " of rounds) | first call s |")  # fmt: skip
         print("|---|---:|---:|---:|---:|---:|")
