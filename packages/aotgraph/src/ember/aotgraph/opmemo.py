@@ -110,6 +110,19 @@ class _Fresh:
 
 
 @dataclass(frozen=True, slots=True)
+class _View:
+    """A view op's value made anew as a hit in torch's fake-tensor cache makes it: an empty
+    fake tensor of this layout set onto the storage of the op's argument ``arg``."""
+
+    arg: int  # the position, among the op's arguments, of the tensor it views
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True, slots=True)
 class _Step:
     """One recorded node: how to create it and its value, or (``parent`` set) the tuple item
     that tracking its parent's value creates."""
@@ -122,7 +135,7 @@ class _Step:
     fn: Any  # the torch function it was recorded under (None: none of this op's own)
     fn_count: int  # that function's calls during the op so far
     aten: Any  # meta "original_aten" when it was created (_MISSING: unset)
-    fresh: tuple[_Fresh, ...] | None  # values made anew; None: run the leaf op again
+    fresh: tuple[_Fresh, ...] | _View | None  # values made anew; None: run the leaf op again
     many: Any  # the container the op returns (tuple, list), or None: one tensor
     tensor_meta: Any  # the node's recorded meta "tensor_meta" (None: not set, a tuple)
     parent: int = -1  # a tuple item: the index of the step making the tuple, and the item
@@ -391,6 +404,13 @@ def _entry(
             raise _NotMemoized  # a node from elsewhere in the graph
         return _Ref(False, i)
 
+    def fake_of(node: Any) -> Any:  # an argument's fake as the op saw it
+        j = index.get(node)
+        if j is not None:
+            return made[j].node.meta.get("val")  # an alias of it: the same storage
+        i = input_nodes.get(node)
+        return inputs[i] if i is not None else None
+
     steps: list[_Step] = []
     pending: list[tuple[int, int]] = []  # (parent, item) of tuple items still to come
     for j, m in enumerate(made):
@@ -417,6 +437,8 @@ def _entry(
             raise _NotMemoized
         pending.extend((j, k) for k in range(len(values)) if many is not None)
         fresh = _fresh_layouts(target, values, storages)
+        if fresh is None:
+            fresh = _view_layout(target, values, m.args, fake_of)
         for v in values:
             storages.add(v.untyped_storage()._cdata)
         a, kw = map_aggregate(m.args, ref), map_aggregate(m.kwargs, ref)
@@ -457,6 +479,30 @@ def _fresh_layouts(target: Any, values: list[Any], storages: set[Any]) -> Any:
             return None
         out.append(layout)
     return tuple(out)
+
+
+def _view_layout(
+    target: Any, values: list[Any], args: Any, fake_of: Callable[[Any], Any]
+) -> _View | None:
+    """How to make the value of a view op anew (see :class:`_View`), or None (run the op
+    again): one plain tensor sharing the storage of one of its positional arguments,
+    an input of the op or a value recorded before it."""
+    if not target.is_view or len(values) != 1 or not isinstance(args, tuple):
+        return None
+    v = values[0]
+    if v.requires_grad or v.layout != torch.strided or v.is_conj() or v.is_neg():
+        return None
+    if v.constant is not None:
+        return None
+    storage = v.untyped_storage()._cdata
+    for k, a in enumerate(args):
+        base = fake_of(a) if isinstance(a, torch.fx.Node) else None
+        if isinstance(base, FakeTensor) and base.untyped_storage()._cdata == storage:
+            view = _View(k, tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
+            if not all(type(s) is int for s in (*view.size, *view.stride, view.offset)):
+                raise _NotMemoized
+            return view
+    return None
 
 
 def _result(tracer: Any, out: Any, inputs: list[Any], index: dict[torch.fx.Node, int]) -> Any:
@@ -531,6 +577,8 @@ def _stamp(entry: _Entry, tracer: Any, inputs: list[Any]) -> Any:
             )
             if step.parent >= 0:  # a tuple's item
                 value = values[step.parent][step.item]
+            elif type(step.fresh) is _View:
+                value = _viewed(step.fresh, value_of(step.args[step.fresh.arg]))
             elif step.fresh is not None:
                 mode = _mode_of(inputs)
                 made = [_empty(mode, f) for f in step.fresh]
@@ -580,6 +628,17 @@ def _mode_of(inputs: list[Any]) -> Any:
     if inputs:
         return inputs[0].fake_mode
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
+def _viewed(view: _View, base: FakeTensor) -> FakeTensor:
+    """A view of ``base`` with ``view``'s layout, made as torch's fake-tensor cache makes a
+    view op's result on a hit (``_get_output_tensor_from_cache_entry``): an empty meta
+    tensor of the layout, set onto ``base``'s storage."""
+    mode = base.fake_mode
+    with in_kernel_invocation_manager(mode):
+        meta = torch.empty_strided(view.size, view.stride, dtype=view.dtype, device="meta")
+        meta.set_(base.untyped_storage(), view.offset, view.size, view.stride)
+    return FakeTensor(mode, meta, view.device)
 
 
 def _empty(mode: Any, layout: _Fresh) -> FakeTensor:
