@@ -135,7 +135,7 @@ class _Step:
     fn: Any  # the torch function it was recorded under (None: none of this op's own)
     fn_count: int  # that function's calls during the op so far
     aten: Any  # meta "original_aten" when it was created (_MISSING: unset)
-    fresh: tuple[_Fresh, ...] | _View | None  # values made anew; None: run the leaf op again
+    fresh: tuple[_Fresh | _View, ...] | None  # values made anew; None: run the leaf op again
     many: Any  # the container the op returns (tuple, list), or None: one tensor
     tensor_meta: Any  # the node's recorded meta "tensor_meta" (None: not set, a tuple)
     parent: int = -1  # a tuple item: the index of the step making the tuple, and the item
@@ -438,7 +438,7 @@ def _entry(
         pending.extend((j, k) for k in range(len(values)) if many is not None)
         fresh = _fresh_layouts(target, values, storages)
         if fresh is None:
-            fresh = _view_layout(target, values, m.args, fake_of)
+            fresh = _view_layouts(target, values, m.args, fake_of)
         for v in values:
             storages.add(v.untyped_storage()._cdata)
         a, kw = map_aggregate(m.args, ref), map_aggregate(m.kwargs, ref)
@@ -481,27 +481,31 @@ def _fresh_layouts(target: Any, values: list[Any], storages: set[Any]) -> Any:
     return tuple(out)
 
 
-def _view_layout(
+def _view_layouts(
     target: Any, values: list[Any], args: Any, fake_of: Callable[[Any], Any]
-) -> _View | None:
-    """How to make the value of a view op anew (see :class:`_View`), or None (run the op
-    again): one plain tensor sharing the storage of one of its positional arguments,
-    an input of the op or a value recorded before it."""
-    if not target.is_view or len(values) != 1 or not isinstance(args, tuple):
+) -> tuple[_View, ...] | None:
+    """How to make the values of a view op anew (see :class:`_View`), or None (run the op
+    again): plain tensors sharing the storage of one of its positional arguments (an
+    input of the op or a value recorded before it), as ``view``, ``t`` or ``split`` make."""
+    if not target.is_view or not isinstance(args, tuple):
         return None
-    v = values[0]
-    if v.requires_grad or v.layout != torch.strided or v.is_conj() or v.is_neg():
-        return None
-    if v.constant is not None:
-        return None
-    storage = v.untyped_storage()._cdata
+    for v in values:
+        if v.requires_grad or v.layout != torch.strided or v.is_conj() or v.is_neg():
+            return None
+        if v.constant is not None:
+            return None
+    storages = {v.untyped_storage()._cdata for v in values}
     for k, a in enumerate(args):
         base = fake_of(a) if isinstance(a, torch.fx.Node) else None
-        if isinstance(base, FakeTensor) and base.untyped_storage()._cdata == storage:
-            view = _View(k, tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
-            if not all(type(s) is int for s in (*view.size, *view.stride, view.offset)):
-                raise _NotMemoized
-            return view
+        if isinstance(base, FakeTensor) and {base.untyped_storage()._cdata} == storages:
+            views = tuple(
+                _View(k, tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
+                for v in values
+            )
+            for view in views:
+                if not all(type(s) is int for s in (*view.size, *view.stride, view.offset)):
+                    raise _NotMemoized
+            return views
     return None
 
 
@@ -577,11 +581,12 @@ def _stamp(entry: _Entry, tracer: Any, inputs: list[Any]) -> Any:
             )
             if step.parent >= 0:  # a tuple's item
                 value = values[step.parent][step.item]
-            elif type(step.fresh) is _View:
-                value = _viewed(step.fresh, value_of(step.args[step.fresh.arg]))
             elif step.fresh is not None:
                 mode = _mode_of(inputs)
-                made = [_empty(mode, f) for f in step.fresh]
+                made = [
+                    _empty(mode, f) if type(f) is _Fresh else _viewed(f, value_of(step.args[f.arg]))
+                    for f in step.fresh
+                ]
                 value = step.many(made) if step.many is not None else made[0]
             else:
                 fa, fkw = map_aggregate(step.args, value_of), map_aggregate(step.kwargs, value_of)
