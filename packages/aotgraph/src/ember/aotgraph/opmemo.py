@@ -10,9 +10,11 @@ While :func:`memoized` is active, the first dispatch of an op with a given *key*
 before and its recorded nodes become a template; a later dispatch with the same key stamps
 the template into the graph instead: each node is created through the tracer (so its name,
 ``stack_trace``, ``nn_module_stack``, ``from_node``, ``seq_nr`` and ``torch_fn`` come from
-the current captured node, as they would), and its fake value is either a fresh fake
-tensor with the recorded layout (ops returning new memory) or the leaf op run again on the
-fakes (views, and anything else), so storage sharing is the op's own. Autograd, the
+the current captured node, as they would), and its fake value is a fresh fake tensor with
+the recorded layout (ops returning new memory), a view op's value made as a hit in torch's
+fake-tensor cache makes it (an empty fake of the recorded layout set onto the viewed
+argument's storage: not dispatched again), or the leaf op run again on the fakes (anything
+else), so storage sharing is the op's own. Autograd, the
 ``ADInplaceOrView`` wrapping of views and torch-function bookkeeping run above this level
 as before.
 
@@ -404,13 +406,8 @@ def _entry(
             raise _NotMemoized  # a node from elsewhere in the graph
         return _Ref(False, i)
 
-    def fake_of(node: Any) -> Any:  # an argument's fake as the op saw it
-        j = index.get(node)
-        if j is not None:
-            return made[j].node.meta.get("val")  # an alias of it: the same storage
-        i = input_nodes.get(node)
-        return inputs[i] if i is not None else None
-
+    fakes = {node: inputs[i] for node, i in input_nodes.items()}  # arguments' fakes; a made
+    fakes.update((m.node, m.node.meta.get("val")) for m in made)  # node's val: same storage
     steps: list[_Step] = []
     pending: list[tuple[int, int]] = []  # (parent, item) of tuple items still to come
     for j, m in enumerate(made):
@@ -424,11 +421,7 @@ def _entry(
             steps.append(_step(m, None, None, (_Ref(True, parent), item), {}, parent, item))
             continue
         target = m.target
-        if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
-            raise _NotMemoized
-        if target.namespace not in _NAMESPACES:
-            raise _NotMemoized
-        if any(tag in target.tags for tag in _REFUSED_TAGS):
+        if not _plain_op(target):
             raise _NotMemoized
         val: Any = m.node.meta.get("val")
         many = type(val) if type(val) in (tuple, list) else None
@@ -436,9 +429,9 @@ def _entry(
         if not values or not all(type(v) is FakeTensor for v in values):
             raise _NotMemoized
         pending.extend((j, k) for k in range(len(values)) if many is not None)
-        fresh = _fresh_layouts(target, values, storages)
-        if fresh is None:
-            fresh = _view_layouts(target, values, m.args, fake_of)
+        fresh = _fresh_layouts(target, values, storages) or _view_layouts(
+            target, values, m.args, fakes.get
+        )
         for v in values:
             storages.add(v.untyped_storage()._cdata)
         a, kw = map_aggregate(m.args, ref), map_aggregate(m.kwargs, ref)
@@ -447,6 +440,14 @@ def _entry(
         raise _NotMemoized
     result = _result(tracer, out, inputs, index)
     return _Entry(tuple(steps), result, delta, last)
+
+
+def _plain_op(target: Any) -> bool:
+    """An ``aten`` or ``prims`` op that writes nothing and is none of :data:`_REFUSED_TAGS`."""
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return False
+    refused = any(tag in target.tags for tag in _REFUSED_TAGS)
+    return target.namespace in _NAMESPACES and not refused
 
 
 def _step(
@@ -584,7 +585,9 @@ def _stamp(entry: _Entry, tracer: Any, inputs: list[Any]) -> Any:
             elif step.fresh is not None:
                 mode = _mode_of(inputs)
                 made = [
-                    _empty(mode, f) if type(f) is _Fresh else _viewed(f, value_of(step.args[f.arg]))
+                    _empty(mode, f)
+                    if isinstance(f, _Fresh)
+                    else _viewed(f, value_of(step.args[f.arg]))
                     for f in step.fresh
                 ]
                 value = step.many(made) if step.many is not None else made[0]

@@ -256,7 +256,7 @@ def _own_fake(mode: FakeTensorMode, real: torch.Tensor) -> torch.Tensor:
 
 def _handed_on(mode: FakeTensorMode, fake: torch.Tensor) -> torch.Tensor:
     """``fake``, noted as its own fake in ``mode`` (static shapes): see :func:`_own_fake`."""
-    if mode.static_shapes:
+    if mode.static_shapes and isinstance(fake, FakeTensor):
         mode.fake_tensor_converter.set_tensor_memo(fake, fake)
     return fake
 
