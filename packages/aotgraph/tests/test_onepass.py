@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import torch
 from torch._subclasses import FakeTensorMode
+from torch._subclasses.meta_utils import MetaConverter
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from ember.aotgraph import aot_compile
 from ember.aotgraph.onepass import trace_inference
-from ember.aotgraph.trace import Lifted, analyze, trace_forward
+from ember.aotgraph.trace import Lifted, analyze, trace_forward, trace_joint
 
 CASES = {
     "alias-and-constant": lambda x, y: (x.t(), x * y, 3, None),
@@ -92,3 +93,37 @@ def test_aot_compile_of_an_inference_graph_traces_once(traces):
     want = CASES["alias-and-constant"](x, y)
     torch.testing.assert_close(got[:2], want[:2])
     assert got[2:] == want[2:] and got[0]._base is x  # eager's alias, a view of x
+
+
+@pytest.fixture
+def fakes_made(monkeypatch) -> list[Any]:
+    """The tensors each fake mode's converter makes a new fake of (its memo's misses)."""
+    made: list[Any] = []
+    plain = MetaConverter.__call__
+
+    def counting(self: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(t)
+        return plain(self, t, *args, **kwargs)
+
+    monkeypatch.setattr(MetaConverter, "__call__", counting)
+    return made
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "joint"])
+def test_each_tensor_input_is_made_a_fake_once(grad, fakes_made):
+    linear = torch.nn.Linear(3, 4)
+    gm = torch.fx.symbolic_trace(lambda x, w, b: torch.nn.functional.linear(x, w, b).relu())
+    inputs = [torch.randn(2, 3), linear.weight, linear.bias]
+    lifted = Lifted.of(gm, inputs)
+    if grad:  # analyze's run on fakes of its own, then the trace's
+        sig = analyze(lifted, inputs, grad=True)
+        del fakes_made[:]
+        joint = trace_joint(lifted, inputs, sig, {})
+        got = joint.gm(*inputs, torch.ones(2, 4))
+    else:
+        once = trace_inference(lifted, inputs, {})
+        assert once is not None
+        got = once[1].gm(*inputs)
+    assert [t is i for t, i in zip(fakes_made, inputs, strict=True)] == [True] * 3
+    want = gm(*inputs).detach()
+    torch.testing.assert_close(got[0], want)

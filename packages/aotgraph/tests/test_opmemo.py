@@ -166,6 +166,30 @@ def test_a_stack_traces_node_for_node_as_without_the_memo():
         torch.testing.assert_close(a, b)
 
 
+def test_a_stamped_view_is_made_without_dispatching_it_again(monkeypatch):
+    """A repeat's view ops (the q/k/v split, head views, transposes) are made as torch's
+    fake-tensor cache makes them, not dispatched to the fake mode again: a stack of four
+    blocks dispatches as many of them as a stack of two (the first block's, recorded)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dispatched: list[Any] = []
+    plain = FakeTensorMode.dispatch
+
+    def noting(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, torch._ops.OpOverload) and func.is_view:
+            dispatched.append(func)
+        return plain(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", noting)
+    counts = []
+    for depth in (2, 2, 4):  # the first: torch's first uses of these ops dispatch more
+        torch.manual_seed(0)
+        del dispatched[:]
+        traced(annotated(Stack(depth).eval()), [torch.randn(2, 5, 8)], memo=True)
+        counts.append(len(dispatched))
+    assert counts[1] == counts[2] > 0
+
+
 def test_layers_of_other_shapes_or_dtypes_do_not_share_an_entry():
     torch.manual_seed(0)
     gm = annotated(Stack(1).eval())

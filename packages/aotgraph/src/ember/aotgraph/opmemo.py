@@ -10,9 +10,11 @@ While :func:`memoized` is active, the first dispatch of an op with a given *key*
 before and its recorded nodes become a template; a later dispatch with the same key stamps
 the template into the graph instead: each node is created through the tracer (so its name,
 ``stack_trace``, ``nn_module_stack``, ``from_node``, ``seq_nr`` and ``torch_fn`` come from
-the current captured node, as they would), and its fake value is either a fresh fake
-tensor with the recorded layout (ops returning new memory) or the leaf op run again on the
-fakes (views, and anything else), so storage sharing is the op's own. Autograd, the
+the current captured node, as they would), and its fake value is a fresh fake tensor with
+the recorded layout (ops returning new memory), a view op's value made as a hit in torch's
+fake-tensor cache makes it (an empty fake of the recorded layout set onto the viewed
+argument's storage: not dispatched again), or the leaf op run again on the fakes (anything
+else), so storage sharing is the op's own. Autograd, the
 ``ADInplaceOrView`` wrapping of views and torch-function bookkeeping run above this level
 as before.
 
@@ -110,6 +112,19 @@ class _Fresh:
 
 
 @dataclass(frozen=True, slots=True)
+class _View:
+    """A view op's value made anew as a hit in torch's fake-tensor cache makes it: an empty
+    fake tensor of this layout set onto the storage of the op's argument ``arg``."""
+
+    arg: int  # the position, among the op's arguments, of the tensor it views
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True, slots=True)
 class _Step:
     """One recorded node: how to create it and its value, or (``parent`` set) the tuple item
     that tracking its parent's value creates."""
@@ -122,7 +137,7 @@ class _Step:
     fn: Any  # the torch function it was recorded under (None: none of this op's own)
     fn_count: int  # that function's calls during the op so far
     aten: Any  # meta "original_aten" when it was created (_MISSING: unset)
-    fresh: tuple[_Fresh, ...] | None  # values made anew; None: run the leaf op again
+    fresh: tuple[_Fresh | _View, ...] | None  # values made anew; None: run the leaf op again
     many: Any  # the container the op returns (tuple, list), or None: one tensor
     tensor_meta: Any  # the node's recorded meta "tensor_meta" (None: not set, a tuple)
     parent: int = -1  # a tuple item: the index of the step making the tuple, and the item
@@ -391,6 +406,8 @@ def _entry(
             raise _NotMemoized  # a node from elsewhere in the graph
         return _Ref(False, i)
 
+    fakes = {node: inputs[i] for node, i in input_nodes.items()}  # arguments' fakes; a made
+    fakes.update((m.node, m.node.meta.get("val")) for m in made)  # node's val: same storage
     steps: list[_Step] = []
     pending: list[tuple[int, int]] = []  # (parent, item) of tuple items still to come
     for j, m in enumerate(made):
@@ -404,11 +421,7 @@ def _entry(
             steps.append(_step(m, None, None, (_Ref(True, parent), item), {}, parent, item))
             continue
         target = m.target
-        if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
-            raise _NotMemoized
-        if target.namespace not in _NAMESPACES:
-            raise _NotMemoized
-        if any(tag in target.tags for tag in _REFUSED_TAGS):
+        if not _plain_op(target):
             raise _NotMemoized
         val: Any = m.node.meta.get("val")
         many = type(val) if type(val) in (tuple, list) else None
@@ -416,7 +429,9 @@ def _entry(
         if not values or not all(type(v) is FakeTensor for v in values):
             raise _NotMemoized
         pending.extend((j, k) for k in range(len(values)) if many is not None)
-        fresh = _fresh_layouts(target, values, storages)
+        fresh = _fresh_layouts(target, values, storages) or _view_layouts(
+            target, values, m.args, fakes.get
+        )
         for v in values:
             storages.add(v.untyped_storage()._cdata)
         a, kw = map_aggregate(m.args, ref), map_aggregate(m.kwargs, ref)
@@ -425,6 +440,14 @@ def _entry(
         raise _NotMemoized
     result = _result(tracer, out, inputs, index)
     return _Entry(tuple(steps), result, delta, last)
+
+
+def _plain_op(target: Any) -> bool:
+    """An ``aten`` or ``prims`` op that writes nothing and is none of :data:`_REFUSED_TAGS`."""
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return False
+    refused = any(tag in target.tags for tag in _REFUSED_TAGS)
+    return target.namespace in _NAMESPACES and not refused
 
 
 def _step(
@@ -457,6 +480,34 @@ def _fresh_layouts(target: Any, values: list[Any], storages: set[Any]) -> Any:
             return None
         out.append(layout)
     return tuple(out)
+
+
+def _view_layouts(
+    target: Any, values: list[Any], args: Any, fake_of: Callable[[Any], Any]
+) -> tuple[_View, ...] | None:
+    """How to make the values of a view op anew (see :class:`_View`), or None (run the op
+    again): plain tensors sharing the storage of one of its positional arguments (an
+    input of the op or a value recorded before it), as ``view``, ``t`` or ``split`` make."""
+    if not target.is_view or not isinstance(args, tuple):
+        return None
+    for v in values:
+        if v.requires_grad or v.layout != torch.strided or v.is_conj() or v.is_neg():
+            return None
+        if v.constant is not None:
+            return None
+    storages = {v.untyped_storage()._cdata for v in values}
+    for k, a in enumerate(args):
+        base = fake_of(a) if isinstance(a, torch.fx.Node) else None
+        if isinstance(base, FakeTensor) and {base.untyped_storage()._cdata} == storages:
+            views = tuple(
+                _View(k, tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
+                for v in values
+            )
+            for view in views:
+                if not all(type(s) is int for s in (*view.size, *view.stride, view.offset)):
+                    raise _NotMemoized
+            return views
+    return None
 
 
 def _result(tracer: Any, out: Any, inputs: list[Any], index: dict[torch.fx.Node, int]) -> Any:
@@ -533,7 +584,12 @@ def _stamp(entry: _Entry, tracer: Any, inputs: list[Any]) -> Any:
                 value = values[step.parent][step.item]
             elif step.fresh is not None:
                 mode = _mode_of(inputs)
-                made = [_empty(mode, f) for f in step.fresh]
+                made = [
+                    _empty(mode, f)
+                    if isinstance(f, _Fresh)
+                    else _viewed(f, value_of(step.args[f.arg]))
+                    for f in step.fresh
+                ]
                 value = step.many(made) if step.many is not None else made[0]
             else:
                 fa, fkw = map_aggregate(step.args, value_of), map_aggregate(step.kwargs, value_of)
@@ -580,6 +636,17 @@ def _mode_of(inputs: list[Any]) -> Any:
     if inputs:
         return inputs[0].fake_mode
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
+def _viewed(view: _View, base: FakeTensor) -> FakeTensor:
+    """A view of ``base`` with ``view``'s layout, made as torch's fake-tensor cache makes a
+    view op's result on a hit (``_get_output_tensor_from_cache_entry``): an empty meta
+    tensor of the layout, set onto ``base``'s storage."""
+    mode = base.fake_mode
+    with in_kernel_invocation_manager(mode):
+        meta = torch.empty_strided(view.size, view.stride, dtype=view.dtype, device="meta")
+        meta.set_(base.untyped_storage(), view.offset, view.size, view.stride)
+    return FakeTensor(mode, meta, view.device)
 
 
 def _empty(mode: Any, layout: _Fresh) -> FakeTensor:
