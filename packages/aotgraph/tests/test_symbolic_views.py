@@ -1,0 +1,81 @@
+"""``reshape`` and ``contiguous()`` answered from expressions in symbolic traces
+(ember.aotgraph.symbolic_views): the graph computes eager's results over a size sweep,
+records the views eager takes, and the trace makes fewer ``SymNode`` operations than
+torch's composites; other layouts go to the composite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses import FakeTensorMode
+from torch.fx.experimental import sym_node
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from ember.aotgraph import symbolic, symbolic_views
+
+
+def _attention_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """transformers' head split and merge: a reshape to the tensor's own shape (a ``-1``
+    for the heads), ``contiguous()`` of contiguous tensors, a reshape of a contiguous one."""
+    b, s = x.shape[0], x.shape[1]
+    h = (x @ w).view(b, s, 4, 2).transpose(1, 2)  # (b, 4, s, 2): not contiguous
+    h = h.reshape(b, -1, s, 2)  # its own shape: a view
+    merged = h.transpose(1, 2).contiguous()  # a copy: contiguous from here on
+    out = merged.contiguous().reshape(b, s, -1)  # contiguous: the tensor, then a view
+    return out.reshape(b * s, 8).sin()
+
+
+def _trace(fn: Any, table: Any = None) -> tuple[torch.fx.GraphModule, int]:
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    x = mode.from_tensor(torch.randn(3, 5, 8))
+    w = mode.from_tensor(torch.randn(8, 8), static_shapes=True)
+    count = [0]
+    methods = {m: getattr(sym_node.SymNode, m) for m in ("_mul", "_eq", "_ne", "_lt", "_ge")}
+
+    def counting(method: Any) -> Any:
+        def op(self: Any, other: Any) -> Any:
+            count[0] += 1
+            return method(self, other)
+
+        return op
+
+    for name, method in methods.items():
+        setattr(sym_node.SymNode, name, counting(method))
+    try:
+        gm = symbolic.make_fx(fn, table or {}, "symbolic")(x, w)
+    finally:
+        for name, method in methods.items():
+            setattr(sym_node.SymNode, name, method)
+    return gm, count[0]
+
+
+def test_results_match_eager_over_sizes_with_fewer_symnode_operations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gm, ops = _trace(_attention_out)
+    w = torch.randn(8, 8)
+    for b, s in [(3, 5), (2, 7), (5, 2), (4, 16)]:
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(gm(x, w), _attention_out(x, w))
+    views = [n for n in gm.graph.nodes if n.target is torch.ops.aten.view.default]
+    assert len(views) >= 4  # every reshape of a viewable layout is a view, as eager's
+    monkeypatch.setattr(symbolic_views, "RULES", {})  # torch's composites only
+    plain, plain_ops = _trace(_attention_out)
+    assert ops < plain_ops, (ops, plain_ops)
+    x = torch.randn(2, 6, 8)
+    torch.testing.assert_close(plain(x, w), gm(x, w))
+
+
+def test_other_layouts_go_to_the_composite() -> None:
+    def merge_transposed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.transpose(0, 1).reshape(-1, 8).contiguous() + w.sum()
+
+    gm, _ = _trace(merge_transposed)
+    x, w = torch.randn(4, 6, 8), torch.randn(8, 8)
+    torch.testing.assert_close(gm(x, w), merge_transposed(x, w))
+    assert any(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)  # a copy
+    with symbolic_views.SymbolicViews() as views:
+        torch.randn(2, 3).reshape(-1)  # real tensors: torch's own path
+    assert views.taken == 0
