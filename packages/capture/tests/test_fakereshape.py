@@ -1,10 +1,12 @@
-"""Views and reshapes of fakes of any layout with symbolic sizes (ember.capture.fakeview's
-``strided_view``, ``reshape``): ATen's ``computeStride`` decided for every value of the
-symbols, checked against torch's own view kernel and against eager's ``reshape`` on
-permuted, sliced and broadcast inputs, with no guard added."""
+"""Views, reshapes and indexing of fakes of any layout with symbolic sizes
+(ember.capture.fakeview's ``strided_view``, ``reshape``, ``index_view``): ATen's
+``computeStride`` and ``applySlicing`` decided for every value of the symbols, checked
+against torch's own kernels and against eager on permuted, sliced and broadcast inputs,
+with no guard added."""
 
 from __future__ import annotations
 
+import operator
 import random
 from typing import Any
 
@@ -170,3 +172,50 @@ def test_undecided_layouts_are_left_to_torch() -> None:
     with mode:
         assert fakeview.strided_view(x[:, 1:], [-1]) is None  # s1 - 1: not a monomial
         assert fakeview.reshape(x, [x.shape[0] * 2, -1]) is None  # s1 / 2: torch decides
+
+
+def _index(rng: random.Random, ndim: int) -> tuple[Any, ...]:
+    """An index of whole slices, ``None``s and at most one ``...`` for ``ndim`` dims."""
+    items: list[Any] = [slice(None)] * rng.randint(0, ndim)
+    for _ in range(rng.randint(0, 3)):
+        items.insert(rng.randint(0, len(items)), None)
+    if rng.random() < 0.4:
+        items.insert(rng.randint(0, len(items)), ...)
+    return tuple(items) or (None,)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_indexing_with_slices_and_nones_matches_torch(seed: int, random_cases: Any) -> None:
+    for rng, mode, sizes in random_cases(seed, 40, [1, 2, 3, 4, 6]):
+        real = _layout(rng, sizes)
+        x = fake(mode, real, [rng.random() < 0.7 and s > 1 for s in sizes])
+        index = _index(rng, x.dim())
+        guards = len(mode.shape_env.guards)
+        with mode:
+            fast = fakeview.index_view(x, index)
+            ref = x[index]  # torch's indexing (no shortcut outside the memo)
+        assert len(mode.shape_env.guards) == guards
+        if not any(isinstance(n, torch.SymInt) for n in (*x.shape, *x.stride())):
+            assert fast is None
+            continue
+        assert fast is not None, index
+        assert exprs(fast.shape) == exprs(ref.shape) and exprs(fast.stride()) == exprs(ref.stride())
+        assert fast._is_view() and fast.untyped_storage()._cdata == x.untyped_storage()._cdata
+        assert hints(fast.stride()) == real[index].stride()
+
+
+def test_the_memo_indexes_without_symnode_arithmetic(monkeypatch: Any) -> None:
+    count = _count_symnode_ops(monkeypatch)
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    x = fake(mode, torch.randn(4, 6), [True, True])
+    index = (slice(None), None, None, slice(None))  # transformers' mask broadcast
+    with mode:
+        ref = x[index]
+        by_torch, count[0] = count[0], 0
+        out = FakeMemo().call(mode, "call_function", operator.getitem, (x, index), {})
+    assert count[0] * 5 < by_torch, (count[0], by_torch)  # 2 (the strides of Nones) of 15
+    assert exprs(out.shape) == exprs(ref.shape) and exprs(out.stride()) == exprs(ref.stride())
+    with mode:  # an integer index, a partial slice: torch's indexing
+        assert fakeview.index_view(x, (0, None)) is None
+        assert fakeview.index_view(x, (slice(1, None),)) is None
+        assert fakeview.index_view(x, (slice(None),) * 3) is None  # too many: torch raises

@@ -29,6 +29,7 @@ holds a count of each). A repeat then adds no guard that a fresh run would add.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from ember.capture.fakeview import (
     RESHAPES,
     SHAPE_VIEWS,
     contiguous_view,
+    index_view,
     reshape,
     shape_view,
     strided_view,
@@ -189,6 +191,10 @@ class FakeMemo:
             return args[0]  # as eager's contiguous() does, without asking in SymNode arithmetic
         if (kind, target) in RESHAPE_CALLS and not kwargs and _symbolic(args[0]):
             out = reshape(args[0], _shape_arg(args[1:]))  # None: torch's composite decides
+            if out is not None:
+                return out
+        if target is operator.getitem and len(args) == 2 and not kwargs and _symbolic(args[0]):
+            out = index_view(args[0], args[1])  # None: torch's indexing decides
             if out is not None:
                 return out
         fn = getattr(args[0], target) if kind == "call_method" else target

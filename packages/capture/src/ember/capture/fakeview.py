@@ -49,6 +49,7 @@ __all__ = [
     "RESHAPES",
     "SHAPE_VIEWS",
     "contiguous_view",
+    "index_view",
     "reshape",
     "shape_view",
     "strided_view",
@@ -379,6 +380,56 @@ def _expand(a: Any, size: Sequence[Any], implicit: bool = False) -> Any:
         else:
             return None  # a size torch compares (and may guard on or reject)
     return out_sizes, out_strides
+
+
+def index_view(a: Any, index: Any) -> torch.Tensor | None:
+    """``a[index]`` for an index of whole slices (``:``), ``None`` and one ``...`` only, as
+    one ``as_strided``: ATen's ``applySlicing`` keeps each sliced dimension (a whole
+    slice is the dimension itself) and inserts each ``None`` with ``unsqueeze``'s
+    geometry. ATen asks whether each slice is whole in ``SymNode`` arithmetic, each a
+    sympy evaluation (transformers' masks: ``x[:, None, None, :]``, 2-6 ms a call). None
+    for any other index (torch decides, with its errors).
+
+    >>> from torch._subclasses import FakeTensorMode
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> mode = FakeTensorMode(shape_env=ShapeEnv())
+    >>> x = mode.from_tensor(torch.empty(4, 6))
+    >>> with mode:
+    ...     y = index_view(x, (slice(None), None, ..., None))
+    >>> [str(n) for n in y.shape][1:], y.stride()[1] == x.stride()[0], y._is_view()
+    (['1', 's...', '1'], True, True)
+    """
+    if type(a) is not FakeTensor or a.constant is not None or a.layout is not torch.strided:
+        return None
+    items = index if type(index) is tuple else (index,)
+    if not items or not all(_whole_or_new(i) for i in items) or items.count(...) > 1:
+        return None
+    layout = (*a.shape, *a.stride(), a.storage_offset())
+    if not any(isinstance(n, torch.SymInt) for n in layout):
+        return None  # static: torch's indexing is quick
+    taken = sum(1 for i in items if isinstance(i, slice))
+    if taken > a.dim():
+        return None  # too many indices: torch's error
+    sizes, strides = list(a.shape), list(a.stride())
+    d = 0
+    for item in items:
+        if item is ...:
+            d += a.dim() - taken
+        elif item is None:
+            stride = 1 if d == len(sizes) else sizes[d] * strides[d]
+            sizes.insert(d, 1)
+            strides.insert(d, stride)
+            d += 1
+        else:
+            d += 1
+    return aten.as_strided.default(a, sizes, strides, a.storage_offset())  # type: ignore[no-any-return]
+
+
+def _whole_or_new(item: Any) -> bool:
+    """``:``, ``None`` or ``...`` (``slice(None)`` compares by value, so by its fields)."""
+    if item is None or item is ...:
+        return True
+    return type(item) is slice and item.start is None and item.stop is None and item.step is None
 
 
 # view op -> the output's (sizes, strides) from its arguments, or None (torch decides)
