@@ -79,3 +79,18 @@ def test_other_layouts_go_to_the_composite() -> None:
     with symbolic_views.SymbolicViews() as views:
         torch.randn(2, 3).reshape(-1)  # real tensors: torch's own path
     assert views.taken == 0
+
+
+def test_indexing_with_nones_is_unsqueeze() -> None:
+    def mask(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        m = x[:, :, None] * x[:, None, ...]  # (b, s, 1, 8) * (b, 1, s, 8): a pair mask
+        return m.sum(-1) + x[..., None, :, None].sum((-1, -2)) + w[None, :1, 0]
+
+    gm, _ = _trace(mask)
+    for sizes in [(3, 5, 8), (2, 9, 8), (6, 2, 8)]:
+        x, w = torch.randn(sizes), torch.randn(8, 8)
+        torch.testing.assert_close(gm(x, w), mask(x, w))
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.unsqueeze.default in targets
+    slices = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert len(slices) == 1  # w[None, :1, 0]'s partial slice only (w is static: torch's)

@@ -1,4 +1,4 @@
-"""``reshape`` and ``contiguous`` in a trace with symbolic sizes, decided by expressions.
+"""``reshape``, ``contiguous`` and indexing in a trace with symbolic sizes, by expressions.
 
 Both are ATen composites: ``reshape`` infers a ``-1``, then runs ``computeStride`` to find
 whether a view reaches the new shape (else it copies), and ``contiguous`` asks
@@ -10,7 +10,10 @@ value of the symbols, :class:`SymbolicViews` gives it directly:
 
 - ``reshape`` of a tensor contiguous by its expressions (each stride the product of the
   sizes after it), or to its own shape: ``view``, which ATen's ``reshape`` returns then;
-- ``contiguous()`` of a tensor contiguous by its expressions: the tensor itself.
+- ``contiguous()`` of a tensor contiguous by its expressions: the tensor itself;
+- indexing with whole slices, ``None`` and ``...`` (``mask[:, None, None, :]``): one
+  ``unsqueeze`` per ``None``, as ATen's indexing records, less its ``slice`` of each
+  whole dimension (an identity), whose bounds it compares in ``SymNode`` arithmetic.
 
 Anything else (a ``-1`` that is no whole product, counts that differ, unbacked sizes,
 other layouts) runs torch's composite as before, with its errors and guards. The graph
@@ -94,11 +97,41 @@ def _contiguous(a: Any, rest: Sequence[Any]) -> Any:
     return a
 
 
+def _index(a: Any, rest: Sequence[Any]) -> Any:
+    """``a[index]`` for an index of whole slices, at least one ``None`` and at most one
+    ``...``: the ``unsqueeze`` per ``None`` that ATen's indexing records, without asking
+    whether each slice is whole (a ``SymNode`` comparison, evaluated in sympy)."""
+    (index,) = rest
+    items = index if type(index) is tuple else (index,)
+    if None not in items or items.count(...) > 1 or not all(map(_whole_or_new, items)):
+        return None
+    taken = sum(1 for i in items if isinstance(i, slice))
+    if taken > a.dim():
+        return None  # too many indices: torch's error
+    out, d = a, 0
+    for item in items:
+        if item is ...:
+            d += a.dim() - taken
+        elif item is None:
+            out = out.unsqueeze(d)
+            d += 1
+        else:
+            d += 1
+    return out
+
+
+def _whole_or_new(item: Any) -> bool:
+    if item is None or item is ...:
+        return True
+    return type(item) is slice and item.start is None and item.stop is None and item.step is None
+
+
 # torch function -> its answer from expressions (None: torch's composite runs)
 RULES: dict[Any, Callable[[Any, Sequence[Any]], Any]] = {
     torch.Tensor.reshape: _reshape,
     torch.reshape: _reshape,
     torch.Tensor.contiguous: _contiguous,
+    torch.Tensor.__getitem__: _index,
 }
 
 
