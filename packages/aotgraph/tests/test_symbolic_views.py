@@ -94,3 +94,23 @@ def test_indexing_with_nones_is_unsqueeze() -> None:
     assert torch.ops.aten.unsqueeze.default in targets
     slices = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
     assert len(slices) == 1  # w[None, :1, 0]'s partial slice only (w is static: torch's)
+
+
+def test_linear_without_bias_records_what_matmul_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    def proj(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, w)  # (b, s, 8) @ w.t(): folded into rows
+        z = torch.nn.functional.linear(y.transpose(0, 1), w)  # not contiguous: torch's
+        return z.transpose(0, 1) + torch.nn.functional.linear(x, w, w[0])  # a bias: torch's
+
+    gm, ops = _trace(proj)
+    w = torch.randn(8, 8)
+    for b, s in [(3, 5), (2, 9), (6, 2)]:
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(gm(x, w), proj(x, w))
+    monkeypatch.setattr(symbolic_views, "RULES", {})
+    plain, plain_ops = _trace(proj)
+    assert ops < plain_ops, (ops, plain_ops)
+    kinds = sorted(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+    assert kinds.count("aten.mm.default") == sorted(
+        str(n.target) for n in plain.graph.nodes if n.op == "call_function"
+    ).count("aten.mm.default")

@@ -13,7 +13,9 @@ value of the symbols, :class:`SymbolicViews` gives it directly:
 - ``contiguous()`` of a tensor contiguous by its expressions: the tensor itself;
 - indexing with whole slices, ``None`` and ``...`` (``mask[:, None, None, :]``): one
   ``unsqueeze`` per ``None``, as ATen's indexing records, less its ``slice`` of each
-  whole dimension (an identity), whose bounds it compares in ``SymNode`` arithmetic.
+  whole dimension (an identity), whose bounds it compares in ``SymNode`` arithmetic;
+- ``F.linear`` without a bias of a contiguous input of 3 or more dims: the ``view``,
+  ``mm`` and ``_unsafe_view`` that ``matmul``'s decomposition records for it.
 
 Anything else (a ``-1`` that is no whole product, counts that differ, unbacked sizes,
 other layouts) runs torch's composite as before, with its errors and guards. The graph
@@ -126,12 +128,35 @@ def _whole_or_new(item: Any) -> bool:
     return type(item) is slice and item.start is None and item.stop is None and item.step is None
 
 
+def _linear(x: Any, rest: Sequence[Any]) -> Any:
+    """``F.linear(x, w)`` without a bias, for ``x`` of 3 or more dims contiguous by its
+    expressions and a matrix ``w``: what ATen's ``linear`` reaches through ``matmul``'s
+    decomposition there (``should_fold``: a contiguous input folds its batch into rows),
+    ``_unsafe_view(mm(view(x, (rows, k)), w.t()), (*batch, n))``, without asking
+    ``should_fold``'s and ``reshape``'s questions in ``SymNode`` arithmetic."""
+    if len(rest) != 1 or type(rest[0]) is not FakeTensor or rest[0].dim() != 2 or x.dim() < 3:
+        return None
+    sizes, strides = _exprs(x.shape), _exprs(x.stride())
+    if sizes is None or strides is None or any(e == 0 for e in sizes):
+        return None
+    if not contiguous_for_every_size(sizes, strides):
+        return None
+    w = rest[0]
+    batch = list(x.shape[:-1])
+    rows = batch[0]
+    for n in batch[1:]:
+        rows = rows * n
+    folded = x.view(rows, x.shape[-1])
+    return torch.ops.aten._unsafe_view(folded.mm(w.t()), [*batch, w.shape[0]])
+
+
 # torch function -> its answer from expressions (None: torch's composite runs)
 RULES: dict[Any, Callable[[Any, Sequence[Any]], Any]] = {
     torch.Tensor.reshape: _reshape,
     torch.reshape: _reshape,
     torch.Tensor.contiguous: _contiguous,
     torch.Tensor.__getitem__: _index,
+    torch.nn.functional.linear: _linear,
 }
 
 
