@@ -98,7 +98,7 @@ def test_indexing_with_nones_is_unsqueeze() -> None:
 
 def test_linear_without_bias_records_what_matmul_does(monkeypatch: pytest.MonkeyPatch) -> None:
     def proj(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x, w)  # (b, s, 8) @ w.t(): folded into rows
+        y = torch.nn.functional.linear(x, w, None)  # (b, s, 8) @ w.t(): folded into rows
         z = torch.nn.functional.linear(y.transpose(0, 1), w)  # not contiguous: torch's
         return z.transpose(0, 1) + torch.nn.functional.linear(x, w, w[0])  # a bias: torch's
 

@@ -134,6 +134,8 @@ def _linear(x: Any, rest: Sequence[Any]) -> Any:
     decomposition there (``should_fold``: a contiguous input folds its batch into rows),
     ``_unsafe_view(mm(view(x, (rows, k)), w.t()), (*batch, n))``, without asking
     ``should_fold``'s and ``reshape``'s questions in ``SymNode`` arithmetic."""
+    if len(rest) == 2 and rest[1] is None:
+        rest = rest[:1]  # F.linear(x, w, None), as modules call it
     if len(rest) != 1 or type(rest[0]) is not FakeTensor or rest[0].dim() != 2 or x.dim() < 3:
         return None
     sizes, strides = _exprs(x.shape), _exprs(x.stride())
