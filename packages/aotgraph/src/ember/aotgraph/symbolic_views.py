@@ -2,9 +2,10 @@
 
 All are ATen composites: ``reshape`` infers a ``-1``, then runs ``computeStride`` to find
 whether a view reaches the new shape (else it copies), ``contiguous`` asks
-``is_contiguous``, indexing whether each ``:`` is whole, ``linear`` whether to fold; with ``SymInt`` sizes each step is ``SymNode`` arithmetic in sympy, and
-under ``make_fx`` each operation also becomes a graph node that dead-code elimination
-removes again (hf-t5-infer's aot trace: 12 ``reshape`` calls, 660 ``SymNode`` operations).
+``is_contiguous``, indexing whether each ``:`` is whole, ``linear`` whether to fold; with
+``SymInt`` sizes each step is ``SymNode`` arithmetic in sympy, and under ``make_fx`` each
+operation also becomes a graph node that dead-code elimination removes again
+(hf-t5-infer's aot trace: 12 ``reshape`` calls, 660 ``SymNode`` operations).
 Where the answer follows from the sizes and strides *as expressions*, the same for every
 value of the symbols, :class:`SymbolicViews` gives it directly:
 
