@@ -269,13 +269,14 @@ def test_a_repeated_view_is_decided_once(mode: str, monkeypatch: pytest.MonkeyPa
 
     x = torch.randn(4, 4)
     gm = make_fx(f, decomposition_table=decompositions(), tracing_mode=mode)(x)
-    assert len(asked) == 2, asked
+    # with symbolic sizes both inputs are contiguous by their expressions: never asked
+    assert len(asked) == (2 if mode == "fake" else 0), asked
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert targets.count(aten.view.default) == 12 and aten._unsafe_view.default not in targets
     torch.testing.assert_close(gm(x), f(x))
     forbidden = make_fx(lambda x: compile_module._view_as_reshape(x.t(), [-1]))(x)
     assert aten.clone.default in [n.target for n in forbidden.graph.nodes]  # asked, not memoised
-    assert len(asked) == 3
+    assert len(asked) == (3 if mode == "fake" else 1)
 
 
 # -- tensor subclasses --------------------------------------------------------------------------

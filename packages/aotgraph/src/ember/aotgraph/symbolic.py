@@ -55,6 +55,7 @@ from ember.aotgraph import nodemeta
 from ember.aotgraph.decompositions import for_symbolic_sizes
 from ember.aotgraph.eager_checks import Unsupported
 from ember.aotgraph.log import LOG
+from ember.aotgraph.symbolic_views import SymbolicViews
 
 __all__ = ["GraphSymbols", "ShapeCheck", "evaluate", "fresh_fakes", "graph_symbols", "is_symbolic"]
 
@@ -383,7 +384,9 @@ def make_fx(
     f: Callable[..., Any], table: Any, mode: Literal["symbolic", "fake"], **kw: Any
 ) -> Callable[..., torch.fx.GraphModule]:
     """:func:`ember.aotgraph.nodemeta.make_fx`; with symbolic sizes, each node's
-    ``tensor_meta`` leaves out its memory format.
+    ``tensor_meta`` leaves out its memory format, and ``reshape``/``contiguous()`` are
+    answered from the sizes as expressions where they can be
+    (:class:`ember.aotgraph.symbolic_views.SymbolicViews`).
 
     ``make_fx`` records a ``tensor_meta`` on every node beside its ``val``, and finds its
     memory format by asking, for up to three formats, whether the output is contiguous in
@@ -401,7 +404,13 @@ def make_fx(
     """
     if mode != "symbolic":
         return nodemeta.make_fx(f, table, mode, **kw)
-    traced = nodemeta.make_fx(f, for_symbolic_sizes(table), mode, **kw)
+
+    @functools.wraps(f)  # make_fx names the placeholders after f's parameters
+    def with_views(*args: Any) -> Any:
+        with SymbolicViews():  # reshape and contiguous() answered from expressions
+            return f(*args)
+
+    traced = nodemeta.make_fx(with_views, for_symbolic_sizes(table), mode, **kw)
 
     def run(*args: Any) -> torch.fx.GraphModule:
         with _without_memory_format():

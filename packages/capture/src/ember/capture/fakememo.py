@@ -29,6 +29,7 @@ holds a count of each). A repeat then adds no guard that a fresh run would add.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,15 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ember.capture.fakepointwise import layout_of, pointwise_result
-from ember.capture.fakeview import RESHAPES, SHAPE_VIEWS, contiguous_view, shape_view
+from ember.capture.fakeview import (
+    RESHAPES,
+    SHAPE_VIEWS,
+    contiguous_view,
+    index_view,
+    reshape,
+    shape_view,
+    strided_view,
+)
 from ember.capture.shapes import SYM_TYPES
 
 __all__ = ["FakeMemo", "TracerFakeMode"]
@@ -104,6 +113,8 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
         symbolic = self.shape_env is not None
         if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
             out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
+            if out is None:
+                out = strided_view(args[0], args[1])  # any layout, decided for all sizes
             if out is not None:
                 return out
         if symbolic and func in SHAPE_VIEWS:
@@ -178,6 +189,14 @@ class FakeMemo:
         same key; under ``mode``, the tracer's fake mode."""
         if kind == "call_method" and target == "contiguous" and _contiguous_already(args, kwargs):
             return args[0]  # as eager's contiguous() does, without asking in SymNode arithmetic
+        if (kind, target) in RESHAPE_CALLS and not kwargs and _symbolic(args[0]):
+            out = reshape(args[0], _shape_arg(args[1:]))  # None: torch's composite decides
+            if out is not None:
+                return out
+        if target is operator.getitem and len(args) == 2 and not kwargs and _symbolic(args[0]):
+            out = index_view(args[0], args[1])  # None: torch's indexing decides
+            if out is not None:
+                return out
         fn = getattr(args[0], target) if kind == "call_method" else target
         call_args = args[1:] if kind == "call_method" else args
         key = _key(mode, kind, target, args, kwargs)
@@ -211,6 +230,25 @@ def _contiguous_already(args: Any, kwargs: dict[str, Any]) -> bool:
     if not any(isinstance(n, torch.SymInt) for n in x.shape):
         return False
     return x.layout is torch.strided and layout_of(x) is not None
+
+
+# The graph calls that are ``Tensor.reshape`` (ATen's composite ``reshape``).
+RESHAPE_CALLS = frozenset(
+    {("call_method", "reshape"), ("call_function", torch.reshape)}
+    | {("call_function", torch.Tensor.reshape)}
+)
+
+
+def _symbolic(x: Any) -> bool:
+    """A fake tensor of a fake mode with a ShapeEnv (its sizes may be symbols)."""
+    return type(x) is FakeTensor and x.fake_mode.shape_env is not None
+
+
+def _shape_arg(rest: Any) -> list[Any]:
+    """``reshape``'s sizes, given as one sequence or one argument each (``x.reshape(2, -1)``)."""
+    if len(rest) == 1 and isinstance(rest[0], tuple | list | torch.Size):
+        return list(rest[0])
+    return list(rest)
 
 
 def _key(mode: Any, kind: str, target: Any, args: Any, kwargs: Any) -> Any:

@@ -38,12 +38,23 @@ skipping it only spares a check that could not change the graph.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-__all__ = ["RESHAPES", "SHAPE_VIEWS", "contiguous_view", "shape_view"]
+from ember.capture.fakestrides import compare_or_none
+
+__all__ = [
+    "RESHAPES",
+    "SHAPE_VIEWS",
+    "contiguous_view",
+    "index_view",
+    "reshape",
+    "shape_view",
+    "strided_view",
+    "view_strides",
+]
 
 aten = torch.ops.aten
 
@@ -54,6 +65,77 @@ RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default})
 def contiguous_view(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
     """``a.view(shape)`` as ``as_strided`` when ``a`` is contiguous for every value of its
     symbols and the counts match as expressions; None to let torch's kernel decide."""
+    planned = _plan(a, shape)
+    if planned is None:
+        return None
+    env, sizes, wanted = planned
+    if [e for e, _ in _values(a.stride()) or ()] != [e for e, _ in _contiguous(sizes)]:
+        return None  # not contiguous for every value of the symbols (or unbacked)
+    return _as_strided(env, a, shape, wanted, _contiguous(wanted))
+
+
+def strided_view(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
+    """``a.view(shape)`` of a fake of any layout, as ``as_strided``, where ATen's
+    ``computeStride`` finds the view for every value of the symbols (each of its
+    comparisons decided by :func:`ember.capture.fakestrides.compare_or_none`); None where
+    it finds none (torch's kernel raises its error) or the answer depends on the values.
+
+    >>> from torch._subclasses import FakeTensorMode
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> mode = FakeTensorMode(shape_env=ShapeEnv())
+    >>> x = mode.from_tensor(torch.empty(4, 6, 8)).transpose(0, 1)  # (s1, s0, s2)
+    >>> with mode:
+    ...     y = strided_view(x, [x.shape[0], -1, 1, x.shape[2]])  # a 1 inserted: a view
+    ...     z = strided_view(x, [-1, x.shape[2]])  # s1, s0 merged: no view (a copy)
+    >>> y.stride() == (x.stride()[0], x.stride()[1], x.shape[2], 1), z  # as torch's kernel
+    (True, None)
+    """
+    planned = _plan(a, shape)
+    if planned is None:
+        return None
+    env, sizes, wanted = planned
+    strides = _values(a.stride())
+    found = None if strides is None else view_strides(sizes, strides, wanted, _lower(env))
+    if found is None or found is False:  # undecided; or no view: torch's kernel raises
+        return None
+    return _as_strided(env, a, shape, wanted, found)
+
+
+def reshape(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
+    """``a.reshape(shape)`` as eager makes it, without ATen's composite ``reshape`` (its
+    ``SymInt`` arithmetic: infer the size, ``computeStride`` with a guard per comparison,
+    2-11 ms a call): the view where ``computeStride`` finds one for every value of the
+    symbols (:func:`strided_view`), else ``_unsafe_view`` of a contiguous ``clone``;
+    None where that depends on the values or the arguments are not plain (torch decides).
+    Call under the fake mode.
+
+    >>> from torch._subclasses import FakeTensorMode
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> mode = FakeTensorMode(shape_env=ShapeEnv())
+    >>> x = mode.from_tensor(torch.empty(4, 6, 8)).transpose(0, 1)  # (s1, s0, s2)
+    >>> with mode:
+    ...     z = reshape(x, [-1, x.shape[2]])  # no view: a contiguous copy, as eager's
+    >>> z._is_view(), z.stride() == (x.shape[2], 1)
+    (False, True)
+    """
+    planned = _plan(a, shape)
+    if planned is None:
+        return None
+    env, sizes, wanted = planned
+    strides = _values(a.stride())
+    found = None if strides is None else view_strides(sizes, strides, wanted, _lower(env))
+    if found is None:
+        return None
+    if found is not False:
+        return _as_strided(env, a, shape, wanted, found)
+    out = [_int(env, value, old) for value, old in zip(wanted, shape, strict=True)]
+    copy = aten.clone.default(a, memory_format=torch.contiguous_format)
+    return aten._unsafe_view.default(copy, out)  # type: ignore[no-any-return]
+
+
+def _plan(a: Any, shape: Sequence[Any]) -> tuple[Any, list[Value], list[Value]] | None:
+    """The ShapeEnv, ``a``'s sizes and the view's sizes (a ``-1`` inferred) as values, when
+    the element counts match as expressions and no size is 0; else None."""
     if type(a) is not FakeTensor or a.constant is not None or a.layout is not torch.strided:
         return None
     env = a.fake_mode.shape_env
@@ -62,8 +144,6 @@ def contiguous_view(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
     sizes, wanted = _values(a.shape), _values(shape)
     if sizes is None or wanted is None or any(e == 0 for e, _ in sizes):
         return None
-    if [e for e, _ in _values(a.stride()) or ()] != [e for e, _ in _contiguous(sizes)]:
-        return None  # not contiguous for every value of the symbols (or unbacked)
     numel = _product(sizes)
     holes = [k for k, (e, _) in enumerate(wanted) if e == -1]
     if len(holes) > 1 or any(_negative(e) for e, _ in wanted if e != -1):
@@ -76,9 +156,106 @@ def contiguous_view(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
     count = _product(wanted)
     if count != numel:  # as expressions: a product of sizes has one form in sympy
         return None
+    return env, sizes, wanted
+
+
+def _as_strided(
+    env: Any, a: Any, shape: Sequence[Any], wanted: list[Value], strides: list[Value]
+) -> torch.Tensor:
     out = [_int(env, value, old) for value, old in zip(wanted, shape, strict=True)]
-    out_strides = [_int(env, value, None) for value in _contiguous(wanted)]
+    out_strides = [_int(env, value, None) for value in strides]
     return aten.as_strided.default(a, out, out_strides, a.storage_offset())  # type: ignore[no-any-return]
+
+
+def _lower(env: Any) -> Any:
+    ranges = env.var_to_range
+
+    def lower(symbol: Any) -> Any:
+        found = ranges.get(symbol)
+        return None if found is None else found.lower
+
+    return lower
+
+
+def view_strides(
+    sizes: Sequence[Value], strides: Sequence[Value], shape: Sequence[Value], lower: Any
+) -> list[Value] | Literal[False] | None:
+    """ATen's ``computeStride`` (``TensorUtils.cpp``) over ``(expression, hint)`` values, no
+    size 0: the view's strides when there is one for every value of the symbols, False
+    when there is none for any, None when that depends on the values (or a value is not a
+    monomial over symbols at least 2). Each comparison is decided for all values
+    (:func:`ember.capture.fakestrides.compare_or_none`), so the branches torch takes at
+    today's values, and the strides it builds from them, hold for every value.
+
+    >>> import sympy
+    >>> s0 = sympy.Symbol("s0", integer=True, positive=True)
+    >>> sizes, strides = [(s0, 4), (8, 8)], [(1, 1), (s0, 4)]  # a transposed (8, s0)
+    >>> [e for e, _ in view_strides(sizes, strides, [(s0, 4), (2, 2), (4, 4)], {s0: 2}.get)]
+    [1, 4*s0, s0]
+    >>> view_strides(sizes, strides, [(8 * s0, 32)], {s0: 2}.get)  # no view: a copy
+    False
+    """
+    if not sizes:
+        return [(1, 1)] * len(shape)
+    try:
+        out: list[Value] = [(0, 0)] * len(shape)
+        view_d = len(shape) - 1
+        chunk = strides[-1]
+        tensor_numel: Value = (1, 1)
+        view_numel: Value = (1, 1)
+        for d in range(len(sizes) - 1, -1, -1):
+            tensor_numel = _times(tensor_numel, sizes[d])
+            if d == 0 or (
+                not _same(sizes[d - 1], (1, 1), lower)
+                and not _same(strides[d - 1], _times(tensor_numel, chunk), lower)
+            ):
+                while view_d >= 0 and (
+                    _less(view_numel, tensor_numel, lower) or _same(shape[view_d], (1, 1), lower)
+                ):
+                    out[view_d] = _times(view_numel, chunk)
+                    view_numel = _times(view_numel, shape[view_d])
+                    view_d -= 1
+                if not _same(view_numel, tensor_numel, lower):
+                    return False
+                if d > 0:
+                    chunk, tensor_numel, view_numel = strides[d - 1], (1, 1), (1, 1)
+        return out if view_d == -1 else False
+    except _Undecided:
+        return None
+
+
+class _Undecided(Exception):
+    """A comparison whose answer depends on the symbols' values."""
+
+
+def _times(x: Value, y: Value) -> Value:
+    return x[0] * y[0], x[1] * y[1]
+
+
+def _order(x: Value, y: Value, lower: Any) -> int:
+    """-1, 0 or 1 as ``x < y``, ``x == y``, ``x > y`` for every value of the symbols
+    (values here are 0 or monomials at least 1)."""
+    a, b = x[0], y[0]
+    if a == b:
+        return 0
+    if type(a) is int and type(b) is int:
+        return -1 if a < b else 1
+    if a == 0 or b == 0:  # the other is a monomial, at least 1: decided if it parses
+        if compare_or_none(b if a == 0 else a, 1, lower) is None:
+            raise _Undecided
+        return -1 if a == 0 else 1
+    found = compare_or_none(a, b, lower)
+    if found is None:
+        raise _Undecided
+    return found
+
+
+def _same(x: Value, y: Value, lower: Any) -> bool:
+    return _order(x, y, lower) == 0
+
+
+def _less(x: Value, y: Value, lower: Any) -> bool:
+    return _order(x, y, lower) < 0
 
 
 Value = tuple[Any, int]  # an expression (int or sympy) and its value now (the hint)
@@ -203,6 +380,56 @@ def _expand(a: Any, size: Sequence[Any], implicit: bool = False) -> Any:
         else:
             return None  # a size torch compares (and may guard on or reject)
     return out_sizes, out_strides
+
+
+def index_view(a: Any, index: Any) -> torch.Tensor | None:
+    """``a[index]`` for an index of whole slices (``:``), ``None`` and one ``...`` only, as
+    one ``as_strided``: ATen's ``applySlicing`` keeps each sliced dimension (a whole
+    slice is the dimension itself) and inserts each ``None`` with ``unsqueeze``'s
+    geometry. ATen asks whether each slice is whole in ``SymNode`` arithmetic, each a
+    sympy evaluation (transformers' masks: ``x[:, None, None, :]``, 2-6 ms a call). None
+    for any other index (torch decides, with its errors).
+
+    >>> from torch._subclasses import FakeTensorMode
+    >>> from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    >>> mode = FakeTensorMode(shape_env=ShapeEnv())
+    >>> x = mode.from_tensor(torch.empty(4, 6))
+    >>> with mode:
+    ...     y = index_view(x, (slice(None), None, ..., None))
+    >>> [str(n) for n in y.shape][1:], y.stride()[1] == x.stride()[0], y._is_view()
+    (['1', 's...', '1'], True, True)
+    """
+    if type(a) is not FakeTensor or a.constant is not None or a.layout is not torch.strided:
+        return None
+    items = index if type(index) is tuple else (index,)
+    if not items or not all(_whole_or_new(i) for i in items) or items.count(...) > 1:
+        return None
+    layout = (*a.shape, *a.stride(), a.storage_offset())
+    if not any(isinstance(n, torch.SymInt) for n in layout):
+        return None  # static: torch's indexing is quick
+    taken = sum(1 for i in items if isinstance(i, slice))
+    if taken > a.dim():
+        return None  # too many indices: torch's error
+    sizes, strides = list(a.shape), list(a.stride())
+    d = 0
+    for item in items:
+        if item is ...:
+            d += a.dim() - taken
+        elif item is None:
+            stride = 1 if d == len(sizes) else sizes[d] * strides[d]
+            sizes.insert(d, 1)
+            strides.insert(d, stride)
+            d += 1
+        else:
+            d += 1
+    return aten.as_strided.default(a, sizes, strides, a.storage_offset())  # type: ignore[no-any-return]
+
+
+def _whole_or_new(item: Any) -> bool:
+    """``:``, ``None`` or ``...`` (``slice(None)`` compares by value, so by its fields)."""
+    if item is None or item is ...:
+        return True
+    return type(item) is slice and item.start is None and item.stop is None and item.step is None
 
 
 # view op -> the output's (sizes, strides) from its arguments, or None (torch decides)

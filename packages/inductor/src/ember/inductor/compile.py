@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from ember.aotgraph import hints
+from ember.aotgraph.symbolic_views import contiguous_for_every_size
 from ember.inductor import (
     autotune,
     background,
@@ -160,6 +161,8 @@ def _keeps_view(a: torch.Tensor, size: Sequence[int]) -> bool:
     parts: tuple[tuple[Any, ...], ...] = (tuple(a.shape), a.stride(), tuple(size))
     key = tuple(tuple(n.node.expr if isinstance(n, torch.SymInt) else n for n in p) for p in parts)
     syms = [n for p in parts for n in p if isinstance(n, torch.SymInt)]
+    if syms and (key[2] == key[0] or contiguous_for_every_size(key[0], key[1])):
+        return True  # its own shape, or any view of a contiguous layout (the op checks counts)
     env = syms[0].node.shape_env if syms else None
     memo: dict[Any, bool] = _STATIC_VIEWS if env is None else env.__dict__.setdefault(_MEMO, {})
     found = memo.get(key)

@@ -279,4 +279,49 @@ def _less(p: Any, q: Any) -> bool:
     if isinstance(p, int) and isinstance(q, int):
         return abs(p) < abs(q)
     p, q = (abs(v) if v.is_Number else v for v in (sympy.sympify(p), sympy.sympify(q)))
+    found = _monomial_less(p, q)
+    if found is not None:
+        return found
     return nonnegative(p, least=2) and nonnegative(q - p - 1, least=2)
+
+
+def _monomial_less(p: Any, q: Any) -> bool | None:
+    """:func:`_less` for strides that are monomials ``c * ks0**a * ...`` (``c >= 1``, sizes
+    ``>= 2``), without a polynomial proof: when the exponents of ``q / p`` are all
+    ``>= 0`` it is smallest where every size is 2, so ``p < q`` holds for every size
+    exactly when it holds there; when they are all ``<= 0`` (one ``< 0``) it falls below 1
+    for large sizes. None for other forms (mixed signs, sums): the proof decides.
+
+    >>> ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    >>> _monomial_less(ks0, 2 * ks0), _monomial_less(2 * ks0, ks0 * ks1), _monomial_less(4, ks0)
+    (True, False, False)
+    >>> _monomial_less(ks0, ks1) is None  # either way round: the proof decides (it cannot)
+    True
+    """
+    mp, mq = _monomial(sympy.sympify(p)), _monomial(sympy.sympify(q))
+    if mp is None or mq is None:
+        return None
+    exps = {s: mq[1].get(s, 0) - mp[1].get(s, 0) for s in mp[1].keys() | mq[1].keys()}
+    if all(e >= 0 for e in exps.values()):  # q / p grows with every size: least at 2
+        return bool(mq[0] * 2 ** sum(exps.values()) > mp[0])
+    if all(e <= 0 for e in exps.values()):  # q / p shrinks towards 0: not below p for all
+        return False
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _monomial(v: Any) -> tuple[Any, dict[Any, int]] | None:
+    """``v`` as ``(c, {size: exponent})``, a whole ``c >= 1`` and positive exponents of
+    size symbols; None for any other form."""
+    c, factors = v.as_coeff_mul()
+    if not (c.is_Integer and c >= 1):
+        return None
+    powers: dict[Any, int] = {}
+    for f in factors:
+        base, exp = f.as_base_exp()
+        if not (base.is_Symbol and base.is_integer and base.is_positive and exp.is_Integer):
+            return None
+        if exp < 1:
+            return None
+        powers[base] = powers.get(base, 0) + int(exp)
+    return c, powers
