@@ -62,17 +62,24 @@ def _target(rng: random.Random, x: Any) -> list[Any]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_views_of_any_layout_match_torchs_kernel(seed: int, random_cases: Any) -> None:
-    viewed = refused = 0
+def _shortcut_cases(seed: int, random_cases: Any, shortcut: Any) -> Any:
+    """``(mode, real, x, shape, fast)`` per random case: ``fast`` is ``shortcut(x, shape)``
+    of a fake of a random layout, decided without a guard (asserted here)."""
     for rng, mode, sizes in random_cases(seed, 50, [2, 3, 4, 6]):
         real = _layout(rng, sizes)
         x = fake(mode, real, [rng.random() < 0.7 for _ in sizes])
         shape = _target(rng, x)
         guards = len(mode.shape_env.guards)
         with mode:
-            fast = fakeview.strided_view(x, shape)
+            fast = shortcut(x, shape)
         assert len(mode.shape_env.guards) == guards  # decided without a guard
+        yield mode, real, x, shape, fast
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_views_of_any_layout_match_torchs_kernel(seed: int, random_cases: Any) -> None:
+    viewed = refused = 0
+    for mode, real, x, shape, fast in _shortcut_cases(seed, random_cases, fakeview.strided_view):
         try:
             ref = torch_result(mode, aten.view.default, (x, shape), {})
         except (RuntimeError, ValueError):
@@ -95,14 +102,7 @@ def test_views_of_any_layout_match_torchs_kernel(seed: int, random_cases: Any) -
 @pytest.mark.parametrize("seed", range(4))
 def test_reshape_matches_eager(seed: int, random_cases: Any) -> None:
     views = copies = 0
-    for rng, mode, sizes in random_cases(seed, 50, [2, 3, 4, 6]):
-        real = _layout(rng, sizes)
-        x = fake(mode, real, [rng.random() < 0.7 for _ in sizes])
-        shape = _target(rng, x)
-        guards = len(mode.shape_env.guards)
-        with mode:
-            fast = fakeview.reshape(x, shape)
-        assert len(mode.shape_env.guards) == guards
+    for _, real, x, shape, fast in _shortcut_cases(seed, random_cases, fakeview.reshape):
         if fast is None:
             continue
         eager = real.reshape([s if s == -1 else hints([s])[0] for s in shape])

@@ -90,15 +90,23 @@ def strided_view(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
     >>> y.stride() == (x.stride()[0], x.stride()[1], x.shape[2], 1), z  # as torch's kernel
     (True, None)
     """
+    decided = _decide(a, shape)
+    if decided is None or decided[2] is False:  # undecided; or no view: torch's kernel raises
+        return None
+    env, wanted, found = decided
+    return _as_strided(env, a, shape, wanted, found)
+
+
+def _decide(a: Any, shape: Sequence[Any]) -> tuple[Any, list[Any], Any] | None:
+    """``(env, wanted sizes, strides)`` of ``a`` viewed as ``shape``: strides False where no
+    view exists for any value of the symbols; None where that depends on the values."""
     planned = _plan(a, shape)
     if planned is None:
         return None
     env, sizes, wanted = planned
     strides = _values(a.stride())
     found = None if strides is None else view_strides(sizes, strides, wanted, _lower(env))
-    if found is None or found is False:  # undecided; or no view: torch's kernel raises
-        return None
-    return _as_strided(env, a, shape, wanted, found)
+    return None if found is None else (env, wanted, found)
 
 
 def reshape(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
@@ -118,14 +126,10 @@ def reshape(a: Any, shape: Sequence[Any]) -> torch.Tensor | None:
     >>> z._is_view(), z.stride() == (x.shape[2], 1)
     (False, True)
     """
-    planned = _plan(a, shape)
-    if planned is None:
+    decided = _decide(a, shape)
+    if decided is None:
         return None
-    env, sizes, wanted = planned
-    strides = _values(a.stride())
-    found = None if strides is None else view_strides(sizes, strides, wanted, _lower(env))
-    if found is None:
-        return None
+    env, wanted, found = decided
     if found is not False:
         return _as_strided(env, a, shape, wanted, found)
     out = [_int(env, value, old) for value, old in zip(wanted, shape, strict=True)]
