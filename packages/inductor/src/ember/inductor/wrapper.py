@@ -155,7 +155,7 @@ def wrapper_source(
         if isinstance(step, Kernel):
             _kernel_call(src, sched, step, kernel_args[step.name], computed, tensors)
         else:
-            _extern_call(src, sched, step, restride, computed, set(pooled))
+            _extern_call(src, sched, step, restride, computed)
         dead = drops.get(k, [])
         if dead:
             src.lines.append(f"    del {', '.join(dead)}")
@@ -333,10 +333,9 @@ def _pooled(sched: Schedule) -> list[str]:
 
 
 def _allocated(step: Kernel | Extern, sched: Schedule) -> list[str]:
-    """Buffers the wrapper allocates for ``step`` (kernel outputs in memory, not reusing; the
-    result of a matmul extern, which can write into a buffer it is given)."""
+    """Buffers the wrapper allocates for ``step`` (kernel outputs in memory, not reusing)."""
     if isinstance(step, Extern):
-        return list(step.names) if _writes_into(step) else []
+        return []
     names = [s.name for st in step.stages for s in st.stores if not s.local]
     return [n for n in dict.fromkeys(names) if n not in sched.reuse]
 
@@ -413,21 +412,8 @@ def _dtype_name(dtype: torch.dtype, src: _Source) -> str:
     return name
 
 
-def _writes_into(step: Extern) -> bool:
-    """A matmul extern (``torch.mm`` and kin, :data:`FAST_CALLS`): its one result can be
-    written into a buffer the wrapper gives it (``out=``), from the pool when it is an
-    intermediate. A fresh result of a few hundred KB each call is memory glibc hands back to
-    the kernel and faults in again: hf-llama's training step paid 0.4 ms a step for it."""
-    return step.target in FAST_CALLS and set(step.kwargs) <= {"beta", "alpha"} and _single(step)
-
-
 def _extern_call(
-    src: _Source,
-    sched: Schedule,
-    step: Extern,
-    restride: set[str],
-    computed: set[str],
-    pooled: set[str] | frozenset[str] = frozenset(),
+    src: _Source, sched: Schedule, step: Extern, restride: set[str], computed: set[str]
 ) -> None:
     fast = FAST_CALLS.get(step.target) if set(step.kwargs) <= {"beta", "alpha"} else None
     if step.names[0] in sched.inplace:  # its ``self`` dies here: written in place
@@ -436,13 +422,6 @@ def _extern_call(
     args = _arg(src, sched, list(step.args), computed)[1:-1]
     kwargs = ", ".join(f"{n}={_arg(src, sched, v, computed)}" for n, v in step.kwargs.items())
     call = f"{target}({', '.join(a for a in (args, kwargs) if a)})"
-    if step.names[0] in pooled:
-        # into the pooled buffer; with grad enabled and an input that requires it (a graph
-        # called directly, not through aotgraph's runtime), ``out=`` is refused: a fresh one
-        name = step.names[0]
-        into = f"{call[:-1]}, out={name})"
-        src.lines.append(f"    {name} = {call} if _grad() else {into}")
-        return
     if len(step.names) == 1 and _single(step):
         src.lines.append(f"    {step.names[0]} = {call}")
     else:

@@ -148,7 +148,6 @@ def bind(
         "_check_index": _check_index,
         "_check_span": _check_span,
         "_leaves": _leaves,
-        "_grad": torch.is_grad_enabled,
         "_pool": [],  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
     }
