@@ -14,7 +14,7 @@ import torch
 
 import ember.compiler
 from ember.capture import trace_rules
-from ember.compiler.testing import CompileCounter, assert_same
+from ember.compiler.testing import CompileCounter, assert_same, outcome
 
 
 def _fake_library(name: str, source: str) -> types.ModuleType:
@@ -249,6 +249,56 @@ def test_torch_check_that_fails_raises_as_eager_does():
         compiled(torch.ones(2), -1)
 
 
+CHECKS = {
+    "check": torch._check,
+    "check_index": torch._check_index,
+    "check_value": torch._check_value,
+    "check_type": torch._check_type,
+    "check_not_implemented": torch._check_not_implemented,
+}
+MESSAGES = {"callable": lambda: "no kernel for n", "object": lambda: 7, "none": None, "str": "no"}
+
+
+@pytest.mark.parametrize("message", sorted(MESSAGES))
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_failed_torch_checks_raise_as_eager_does(name, message):
+    # each polyfilled torch._check_* raises eager's error type and text: the message called
+    # (and str()-ed), torch's default text without one, TypeError for a non-callable one
+    check, msg = CHECKS[name], MESSAGES[message]
+
+    def f(x, n):
+        check(n > 0, msg)
+        return x * n
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(2), 2), torch.full((2,), 2.0))
+    want = outcome(f, torch.ones(2), -1)
+    got = outcome(compiled, torch.ones(2), -1)
+    assert want[0] == "raise" and got == want
+
+
+ERRORS = {"check": RuntimeError, "check_index": IndexError, "check_value": ValueError,
+          "check_type": TypeError, "check_not_implemented": NotImplementedError}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_failed_torch_check_caught_inside_the_compiled_frame(name):
+    # the error is caught by the function itself: the polyfill's own exception is what the
+    # handler sees, so its type and text must be eager's
+    check, error = CHECKS[name], ERRORS[name]
+
+    def f(x, n):
+        try:
+            check(n > 0, lambda: f"bad n {n}")
+        except error as e:
+            return x - 1, str(e)
+        return x * n, ""
+
+    compiled = ember.compiler.compile(f, backend="eager")
+    for n in (2, -1):
+        assert_same(compiled(torch.ones(2), n), f(torch.ones(2), n))
+
+
 class _Config:
     def __init__(self, **fields):
         for name, value in fields.items():
@@ -371,3 +421,17 @@ def test_sets_of_modules_and_tensors_follow_identity():
     torch.testing.assert_close(out, expected)
     assert tensors == {x} and next(iter(tensors)) is x  # the set made in the trace, rebuilt
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_fullgraph_names_the_error_eager_raises_at_a_failed_check(name):
+    # the polyfill raises eager's error type: fullgraph's diagnostic names it
+    check, error = CHECKS[name], ERRORS[name]
+
+    def f(x, n):
+        check(n > 0, lambda: f"bad n {n}")
+        return x * n
+
+    compiled = ember.compiler.compile(f, backend="eager", fullgraph=True)
+    with pytest.raises(ember.compiler.FullGraphError, match=f"raising {error.__name__}\\b"):
+        compiled(torch.ones(2), -1)

@@ -39,11 +39,49 @@ def graph_break(msg: str = "") -> None:
     markers.graph_break()
 
 
-@polyfill(torch._check, torch._check_index, torch._check_value, torch._check_type)
+# torch's text where a failed check has no message
+_DEFAULT = (
+    "Expected cond to be True, but got False. (Could this error message be improved? "
+    "If so, please report an enhancement request to PyTorch.)"
+)
+
+
+def _check_with(error: type[Exception], cond: bool, message: object) -> None:
+    """``torch._check_with``: raise ``error`` with ``message()`` (or torch's default text)
+    where ``cond`` is false. A condition known while tracing is checked then (and guarded);
+    a tensor condition breaks, and eager's own check raises its error."""
+    if cond:
+        return
+    if message is None:
+        raise error(_DEFAULT)
+    if not callable(message):
+        raise TypeError("message must be a callable")
+    raise error(str(message()))
+
+
+@polyfill(torch._check)
 def check(cond: bool, message: object = None) -> None:
-    # A condition known while tracing is checked then (and guarded); a tensor breaks.
-    if not cond:
-        raise RuntimeError(message() if callable(message) else "Expected cond to be True")
+    _check_with(RuntimeError, cond, message)
+
+
+@polyfill(torch._check_index)
+def check_index(cond: bool, message: object = None) -> None:
+    _check_with(IndexError, cond, message)
+
+
+@polyfill(torch._check_value)
+def check_value(cond: bool, message: object = None) -> None:
+    _check_with(ValueError, cond, message)
+
+
+@polyfill(torch._check_type)
+def check_type(cond: bool, message: object = None) -> None:
+    _check_with(TypeError, cond, message)
+
+
+@polyfill(torch._check_not_implemented)
+def check_not_implemented(cond: bool, message: object = None) -> None:
+    _check_with(NotImplementedError, cond, message)
 
 
 @polyfill(torch._check_is_size)
@@ -51,9 +89,3 @@ def check_is_size(i: int, message: object = None, *, max: int | None = None) -> 
     check(i >= 0, message)
     if max is not None:
         check(i <= max, message)
-
-
-@polyfill(torch._check_not_implemented)
-def check_not_implemented(cond: bool, message: object = None) -> None:
-    if not cond:
-        raise NotImplementedError(message() if callable(message) else "Expected cond to be True")
