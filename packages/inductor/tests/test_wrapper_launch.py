@@ -216,6 +216,13 @@ def test_the_launcher_is_built_in_nox_sessions() -> None:
     assert wrapper_launch.NATIVE, "ember.inductor._launch was not built"
 
 
+def _with(index: torch.Tensor, values: dict[int, int]) -> torch.Tensor:
+    """``index`` with the given values at those positions of its memory order."""
+    for position, value in values.items():
+        index.view(-1)[position] = value
+    return index
+
+
 OUT_OF_RANGE_CASES = {
     "in range": (torch.tensor([[0, 5, 9]]), 10),
     "too large": (torch.tensor([1, 10, 3]), 10),
@@ -225,6 +232,11 @@ OUT_OF_RANGE_CASES = {
     "strided": (torch.arange(0, 40, 3)[::2], 10),  # not contiguous: asked of the twin
     "uint8": (torch.tensor([1, 200], dtype=torch.uint8), 10),
     "a subclass": (torch.nn.Parameter(torch.tensor([1, 20]), requires_grad=False), 10),
+    # the C++ check tests blocks of 4096 whole, then scans the first bad block
+    "block edge": (_with(torch.zeros(3, 4096, dtype=torch.long), {4095: 11, 4096: -2}), 10),
+    "next block": (_with(torch.zeros(3, 4096, dtype=torch.long), {4096: -2, 9000: 10}), 10),
+    "last value": (_with(torch.zeros(10001, dtype=torch.int32), {10000: 10}), 10),
+    "size 0": (torch.zeros(5000, dtype=torch.long), 0),
 }
 
 
