@@ -19,7 +19,9 @@ time for each configuration (where ember's and torch's steps differ).
 Configurations: ``eager``; ``ember`` (``ember.compiler.compile(backend="inductor")``);
 ``torch`` (``torch.compile(backend="inductor")``); a ``+freezing`` suffix compiles
 with ``options={"freezing": True}`` (ember and torch alike); ``ember+nchw`` keeps
-the convolutions on eager's layout (``options={"inductor.conv_channels_last": False}``).
+the convolutions on eager's layout (``options={"inductor.conv_channels_last": False}``);
+a ``+dynamic`` suffix compiles with ``dynamic=True`` (every size symbolic: issue 18's
+steady speed of the dynamic kernels against the static ones, ``--configs ember,ember+dynamic``).
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ def _ember(program: Any, extras: set[str]) -> Any:
     options = {"freezing": "freezing" in extras}
     if "nchw" in extras:
         options["inductor.conv_channels_last"] = False
-    return ember.compiler.compile(program, backend="inductor", options=options)
+    dynamic = True if "dynamic" in extras else None
+    return ember.compiler.compile(program, backend="inductor", options=options, dynamic=dynamic)
 
 
 def _torch(program: Any, extras: set[str]) -> Any:
     # an options dict makes a backend of its own: dynamo does not serve this program from
     # the entry another configuration compiled for the same code
     options = {"freezing": "freezing" in extras}
-    return torch.compile(program, backend="inductor", options=options)
+    dynamic = True if "dynamic" in extras else None
+    return torch.compile(program, backend="inductor", options=options, dynamic=dynamic)
 
 
 MAKERS: dict[str, Callable[[Any, set[str]], Any]] = {
