@@ -168,3 +168,60 @@ def test_a_graph_traced_on_real_tensors_mixes_fake_modes() -> None:
         n.args[0].meta["val"].is_contiguous(memory_format=CL) for n in convs(new)
     )
     torch.testing.assert_close(compile_graph(gm, inputs)(*inputs), resnet_block(*inputs))
+
+
+def conv_norm_pool(x: torch.Tensor, w: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+    """torchvision's ResNet stem in small, in eval mode: conv, batch norm, ReLU, pooling
+    (the batch norm as ember's symbolic trace of ``F.batch_norm(training=False)`` records it)."""
+    h = F.conv2d(x, w, padding=1)
+    h = aten._native_batch_norm_legit_no_training(h, stats, stats, stats, stats + 1, 0.1, 1e-5)[0]
+    return F.adaptive_avg_pool2d(torch.relu(h), 1).flatten(1)
+
+
+def symbolic_trace(fn: Callable[..., Any], *inputs: torch.Tensor) -> tuple[Any, Any]:
+    """``fn`` traced with the first input's sizes symbolic and the others static (as
+    ``dynamic=True`` traces a module: parameters keep their sizes), and its ShapeEnv."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    from ember.inductor import decompositions
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    dims = [DimDynamic.DYNAMIC] * inputs[0].ndim
+    fakes = [
+        mode.from_tensor(inputs[0], symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)),
+        *(mode.from_tensor(t, static_shapes=True) for t in inputs[1:]),
+    ]
+    with torch.no_grad(), mode:
+        gm = make_fx(fn, decomposition_table=decompositions())(*fakes)
+    return gm, env
+
+
+def test_symbolic_sizes_run_on_nhwc_without_a_guard() -> None:
+    """A graph of symbolic sizes (``dynamic=True``) gets the static graph's layouts: its
+    convolutions ran NCHW, and its eval batch norm as aten's kernel, 1.5x the static graph's
+    time on the ResNet workload. The rewrite must not specialise a size: ``float(H * W)``
+    (the pooling's divisor) is carried over, not recomputed on fake values, which guarded
+    ``H * W == 64``."""
+    inputs = [torch.randn(2, 3, 8, 8), torch.randn(8, 3, 3, 3), torch.rand(8) + 0.5]
+    gm, env = symbolic_trace(conv_norm_pool, *inputs)
+    targets = {n.target for n in gm.graph.nodes}
+    assert aten._native_batch_norm_legit_no_training.default not in targets  # decomposed
+    assert torch.sym_float in targets
+    guards = len(env.guards)
+    new = channels_last_convolutions(gm)
+    assert len(env.guards) == guards, env.guards[guards:]
+    assert new is not gm and all(
+        n.args[0].meta["val"].is_contiguous(memory_format=CL) for n in convs(new)
+    )
+    compiled = compile_graph(gm, inputs, {"graph_cache": False})
+    assert len(env.guards) == guards, env.guards[guards:]
+    for n, hw in [(2, 8), (3, 5), (1, 11), (4, 6)]:
+        x = torch.randn(n, 3, hw, hw + 1)
+        want = conv_norm_pool(x, *inputs[1:])
+        torch.testing.assert_close(compiled(x, *inputs[1:]), want, rtol=1e-4, atol=1e-4)

@@ -103,6 +103,7 @@ EXTRA = (
     aten.nll_loss_forward,
     aten.nll_loss_backward,
     aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training,  # eval mode, as a symbolic trace reaches it
     aten.native_batch_norm,
     aten.mean,
     aten.t,

@@ -10,8 +10,8 @@ inductor makes the same choice for every CPU graph with a convolution
 run on whatever layout their input has (the lowering follows each node's fake value), so
 the layout travels from one convolution to the next without a copy.
 
-:func:`channels_last_convolutions` rewrites an aten graph (static sizes, fake values on its
-nodes): each 2-d convolution's input is cloned into channels-last unless it already is,
+:func:`channels_last_convolutions` rewrites an aten graph (fake values on its nodes, sizes
+static or symbolic): each 2-d convolution's input is cloned into channels-last unless it already is,
 every node's fake value is recomputed in order (a ``view`` that the new strides forbid
 reads a contiguous copy, as :func:`ember.inductor.compile.decompose` does), and each
 graph output whose layout changed is copied back to eager's strides: callers see what
@@ -21,10 +21,13 @@ dimension becomes a gather per element (10x slower on the UNet's skip connection
 weights keep their layout (oneDNN reorders a weight on each call anyway;
 :mod:`ember.inductor.freezing_conv` packs them once under freezing).
 
-Where it does not pay, the graph is left alone: graphs with symbolic sizes, graphs with a
-convolution's backward (a training graph's layouts follow the forward's saved tensors),
-and graphs where more than :data:`MAX_RESTORED` outputs would need a copy back (a training
-forward returns the activations its backward reads; each copy would cost a pass).
+With symbolic sizes (``dynamic=True``) the rewrite is kept only if it added no guard to the
+graph's ShapeEnv: capture has installed its guards already, so a layout decision that needed
+one would go unchecked; sizes-only nodes (``float(H * W)``) are copied, not recomputed.
+Where it does not pay, the graph is left alone: graphs with a convolution's backward (a
+training graph's layouts follow the forward's saved tensors), and graphs where more than
+:data:`MAX_RESTORED` outputs would need a copy back (a training forward returns the
+activations its backward reads; each copy would cost a pass).
 
 >>> from torch.fx.experimental.proxy_tensor import make_fx
 >>> def f(x, w, b):
@@ -85,8 +88,8 @@ def _conv2d(node: torch.fx.Node) -> bool:
 
 
 def applies(gm: torch.fx.GraphModule) -> bool:
-    """Whether the rewrite is tried on ``gm``: oneDNN on, static sizes, a 2-d convolution,
-    no convolution backward.
+    """Whether the rewrite is tried on ``gm``: oneDNN on, a 2-d convolution, no convolution
+    backward.
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> applies(make_fx(torch.sin, tracing_mode="fake")(torch.randn(3)))
@@ -97,14 +100,6 @@ def applies(gm: torch.fx.GraphModule) -> bool:
     nodes = list(gm.graph.nodes)
     if any(n.target is aten.convolution_backward.default for n in nodes):
         return False
-    for n in nodes:
-        val = n.meta.get("val")
-        if any(isinstance(v, torch.SymInt | torch.SymFloat) for v in pytree.tree_leaves(val)):
-            return False
-        if isinstance(val, torch.Tensor) and any(
-            isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())
-        ):
-            return False
     return any(_conv2d(n) for n in nodes)
 
 
@@ -172,7 +167,9 @@ class _Rewrite:
         args, kwargs = pytree.tree_map_only(
             torch.fx.Node, self.env.__getitem__, (old.args, old.kwargs)
         )
-        if old.op != "call_function":
+        if old.op != "call_function" or _sizes_only(old):
+            # a size computation (``float(s0 * s1)``) does not depend on layouts; recomputing
+            # it on fake values would specialise its symbols (``float`` of a SymInt guards)
             new = self.graph.node_copy(old, self.env.__getitem__)
         elif _conv2d(old):
             args = (self.channels_last(args[0]), *args[1:])
@@ -188,7 +185,7 @@ class _Rewrite:
             # channels, the innermost, that is a clamped gather in the vector loop: 0.45 ms
             # for the UNet's 4x(64+32)x32x32 cat, aten's copy of contiguous runs 0.045 ms
             new = self.call(aten.concat.default, args, kwargs)
-        elif old.target is aten.view.default and not _views(args[0].meta["val"], args[1]):
+        elif old.target is aten.view.default and not _views(args[0].meta["val"], old.args[1]):
             contiguous = self.clone(args[0], torch.contiguous_format)
             new = self.call(aten._unsafe_view.default, (contiguous, *args[1:]), kwargs)
         else:
@@ -215,6 +212,11 @@ class _Declined(Exception):
     """The rewrite does not pay or cannot keep eager's outputs: the graph stays as it was."""
 
 
+def _sizes_only(node: torch.fx.Node) -> bool:
+    """A node whose value holds no tensor: arithmetic on sizes."""
+    return not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(node.meta.get("val")))
+
+
 def _channel_cat(tensors: Any, dim: int = 0) -> bool:
     """A cat of NHWC tensors along the channels."""
     vals = [t.meta["val"] for t in tensors if isinstance(t, torch.fx.Node)]
@@ -226,8 +228,9 @@ def _channel_cat(tensors: Any, dim: int = 0) -> bool:
 
 
 def _views(t: torch.Tensor, size: Any) -> bool:
-    """Whether ``t``'s strides allow ``t.view(size)``."""
-    shape = infer_size(list(size), t.numel())
+    """Whether ``t``'s strides allow ``t.view(size)`` (a symbolic size is a node: its value)."""
+    size = [s.meta["val"] if isinstance(s, torch.fx.Node) else s for s in size]
+    shape = infer_size(size, t.numel())
     return _compute_stride(t.shape, t.stride(), shape) is not None
 
 
@@ -238,6 +241,8 @@ def channels_last_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule
     if mode is None or not applies(gm):
         return gm
     rewrite = _Rewrite(gm, mode)
+    shapes = mode.shape_env
+    guards = None if shapes is None else len(shapes.guards)
     try:
         for node in gm.graph.nodes:
             rewrite.copy(node)
@@ -249,6 +254,11 @@ def channels_last_convolutions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule
         log.LOG.warning("channels-last convolutions skipped: %r", e)
         return gm
     if rewrite.restored > MAX_RESTORED:
+        return gm
+    if shapes is not None and len(shapes.guards) != guards:
+        # a layout decision on symbolic sizes needed a guard the compiled graph does not
+        # check (capture installed its guards already): eager's layout, which needs none
+        del shapes.guards[guards:]
         return gm
     new = torch.fx.GraphModule(gm, rewrite.graph)
     new.meta.update(gm.meta)
