@@ -11,8 +11,8 @@ run on whatever layout their input has (the lowering follows each node's fake va
 the layout travels from one convolution to the next without a copy.
 
 :func:`channels_last_convolutions` rewrites an aten graph (fake values on its nodes, sizes
-static or symbolic): each 2-d convolution's input is cloned into channels-last unless it already is,
-every node's fake value is recomputed in order (a ``view`` that the new strides forbid
+static or symbolic): each 2-d convolution's input is cloned into channels-last unless it
+already is, every node's fake value is recomputed in order (a ``view`` that the new strides forbid
 reads a contiguous copy, as :func:`ember.inductor.compile.decompose` does), and each
 graph output whose layout changed is copied back to eager's strides: callers see what
 eager returns. A cat of NHWC tensors along the channels runs as aten's kernel (copies of
@@ -214,7 +214,9 @@ class _Declined(Exception):
 
 def _sizes_only(node: torch.fx.Node) -> bool:
     """A node whose value holds no tensor: arithmetic on sizes."""
-    return not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(node.meta.get("val")))
+    if "val" not in node.meta:  # (its value is recomputed, as before)
+        return False
+    return not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(node.meta["val"]))
 
 
 def _channel_cat(tensors: Any, dim: int = 0) -> bool:
