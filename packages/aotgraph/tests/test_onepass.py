@@ -12,7 +12,7 @@ from torch._subclasses import FakeTensorMode
 from torch._subclasses.meta_utils import MetaConverter
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from ember.aotgraph import aot_compile
+from ember.aotgraph import aot_compile, inputfakes
 from ember.aotgraph.onepass import trace_inference
 from ember.aotgraph.trace import Lifted, analyze, trace_forward, trace_joint
 
@@ -97,15 +97,23 @@ def test_aot_compile_of_an_inference_graph_traces_once(traces):
 
 @pytest.fixture
 def fakes_made(monkeypatch) -> list[Any]:
-    """The tensors each fake mode's converter makes a new fake of (its memo's misses)."""
+    """The tensors each fake mode makes a new fake of: its converter's memo misses, and the
+    plain inputs made directly (``inputfakes``)."""
     made: list[Any] = []
-    plain = MetaConverter.__call__
+    plain, plain_input = MetaConverter.__call__, inputfakes.is_plain_input
 
     def counting(self: Any, t: Any, *args: Any, **kwargs: Any) -> Any:
         made.append(t)
         return plain(self, t, *args, **kwargs)
 
+    def direct(t: Any) -> bool:
+        if plain_input(t):
+            made.append(t)
+            return True
+        return False
+
     monkeypatch.setattr(MetaConverter, "__call__", counting)
+    monkeypatch.setattr(inputfakes, "is_plain_input", direct)
     return made
 
 

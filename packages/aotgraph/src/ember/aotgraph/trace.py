@@ -54,6 +54,7 @@ from ember.aotgraph.eager_checks import (
     check_mutations,
     check_operand_dtypes,
 )
+from ember.aotgraph.inputfakes import input_fake
 from ember.aotgraph.numbers import plain_numbers, symbolic_numbers
 from ember.aotgraph.rng_order import draw_in_memory_order
 from ember.aotgraph.signature import Output, Signature, TensorMeta, _offset
@@ -251,7 +252,9 @@ def _own_fake(mode: FakeTensorMode, real: torch.Tensor) -> torch.Tensor:
     >>> mode.from_tensor(fake) is fake
     True
     """
-    return _handed_on(mode, mode.from_tensor(real))
+    if mode.static_shapes:  # a plain tensor made a fake directly (inputfakes)
+        return _handed_on(mode, input_fake(mode, real))
+    return mode.from_tensor(real)
 
 
 def _handed_on(mode: FakeTensorMode, fake: torch.Tensor) -> torch.Tensor:

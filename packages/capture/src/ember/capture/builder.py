@@ -208,14 +208,17 @@ def _wrap_dict(tracer: Tracer, obj: Any, source: Any) -> Value:
 def wrap_dict_items(tracer: Tracer, obj: Any, source: Any) -> DictV:
     """The items of the dict (or dict subclass instance) ``obj`` as one :class:`DictV` per
     trace: its type and keys guarded, each value reached as ``source[key]``."""
-    if not all(is_constant(k) for k in obj):
-        raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
     if id(obj) in tracer.rebound_buffers:  # its items would be the buffers before the store
         raise Unsupported("reading a module's _buffers after setting a buffer", "side-effect")
     if id(obj) in tracer.containers:  # the same dict reached again: the same value
+        # (before the key scan: its keys were checked when it was first wrapped, and a
+        # config's ``__dict__`` is reached again on every attribute read through its
+        # Python ``__getattribute__``: 90 keys scanned each time)
         known = tracer.containers[id(obj)][1]
         assert isinstance(known, DictV)
         return known
+    if not all(is_constant(k) for k in obj):
+        raise Unsupported(f"a dict with non-constant keys ({type(obj).__name__})")
     if source is not None:
         tracer.guards.type_of(source, obj)
         tracer.guards.dict_keys(source, obj)

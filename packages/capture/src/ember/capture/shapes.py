@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._guards import GuardSource, Source
 
-from ember.capture import settings
+from ember.capture import inputfakes, settings
 
 if TYPE_CHECKING:
     import sympy  # type: ignore[import-untyped]
@@ -337,7 +337,7 @@ class Shapes:
         dims = self.policy.dims(real, parameter=parameter, changed=changed)
         plain = type(real) in (torch.Tensor, torch.nn.Parameter)
         if not dims or real.layout is not torch.strided or not plain:
-            return fake_mode.from_tensor(real, static_shapes=True)  # type: ignore[no-any-return]
+            return inputfakes.input_fake(fake_mode, real)  # from_tensor's, made directly
         if fake_mode.shape_env is None:  # from here on the mode makes symbolic fakes
             fake_mode.shape_env, fake_mode.static_shapes = self.env, False
         unbacked = {d for d, m in marks_of(real).items() if m.unbacked and d in dims}
