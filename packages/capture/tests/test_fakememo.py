@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from ember.capture.fakememo import FakeMemo
@@ -47,6 +48,38 @@ def test_a_repeat_is_remade_with_the_same_metadata_and_no_sharing():
     assert _meta(first) == _meta(second)
     # eager's linear of a 3-d input returns a view of its addmm: so does the remade one
     assert second._is_view() and second._base is not None
+    assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
+
+
+@pytest.mark.parametrize("inference", [False, True])
+@pytest.mark.parametrize(
+    "method, extra",
+    [("sin", ()), ("mul", (2,)), ("exp", ())],  # on x, on x.mT (a permuted result), on x
+)
+def test_a_remade_result_is_the_tensor_a_run_makes(
+    method: str, extra: tuple[Any, ...], inference: bool
+) -> None:
+    """The memo remakes a repeat's result from the meta kernel (no fake dispatch): the same
+    sizes, strides, dtype, device and inference flag as a run makes, a fresh storage, and a
+    fake of the mode."""
+    mode, (x,) = _mode_and((4, 6))
+    memo = FakeMemo()
+    state = torch.inference_mode() if inference else torch.no_grad()
+    with mode, state:
+        t = x.mT if method == "mul" else x
+        first = memo.call(mode, "call_method", method, [t, *extra], {})
+        second = memo.call(mode, "call_method", method, [t, *extra], {})
+        again = getattr(t, method)(*extra)
+    assert (memo.misses, memo.hits) == (1, 1)
+    for run in (first, again):
+        assert _meta(second) == _meta(run)
+        assert (second.device, second.is_inference(), second.requires_grad) == (
+            run.device,
+            run.is_inference(),
+            run.requires_grad,
+        )
+    assert type(second) is FakeTensor and second.fake_mode is mode
+    assert second.storage_offset() == 0 and not second._is_view()
     assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 
 from ember.capture.fakepointwise import layout_of, pointwise_result
 from ember.capture.fakeview import (
@@ -111,14 +111,16 @@ class TracerFakeMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch:
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         symbolic = self.shape_env is not None
+        # a view of a fake of this mode is made from its meta kernel here (fakeview.strided)
+        mine = symbolic and bool(args) and getattr(args[0], "fake_mode", None) is self
         if symbolic and func in RESHAPES and len(args) == 2 and not kwargs:
-            out = contiguous_view(args[0], args[1])  # None: torch's kernel decides
-            if out is None:
-                out = strided_view(args[0], args[1])  # any layout, decided for all sizes
+            out = contiguous_view(args[0], args[1], direct=mine)  # None: torch decides
+            if out is None:  # any layout, decided for all sizes
+                out = strided_view(args[0], args[1], direct=mine)
             if out is not None:
                 return out
         if symbolic and func in SHAPE_VIEWS:
-            out = shape_view(func, args, kwargs or {})  # None: torch's kernel decides
+            out = shape_view(func, args, kwargs or {}, direct=mine)  # None: torch decides
             if out is not None:
                 return out
         if symbolic:
@@ -149,9 +151,29 @@ class _Made:
     dtype: torch.dtype
     device: torch.device
     view: tuple[tuple[Any, ...], tuple[Any, ...], Any] | None = None
+    contiguous: bool = False  # strides are the contiguous strides of sizes, as expressions
 
-    def build(self) -> torch.Tensor:
-        made = torch.empty_strided(self.sizes, self.strides, dtype=self.dtype, device=self.device)
+    def build(self, mode: Any) -> torch.Tensor:
+        """A fresh fake of ``mode`` (the active fake mode) with this layout.
+
+        The base tensor is made as torch's fake constructors make one (ATen's meta kernel
+        wrapped as a fake), without the dispatch around it: a factory's result is a leaf
+        that autograd does not wrap, so nothing above the fake mode adds to it (0.37 ->
+        0.19 ms for three symbolic sizes); ``empty`` where the strides are contiguous
+        (12 ``SymNode`` operations against ``empty_strided``'s 17, its storage size)."""
+        if mode.propagate_real_tensors:
+            made = torch.empty_strided(
+                self.sizes, self.strides, dtype=self.dtype, device=self.device
+            )
+        else:
+            with in_kernel_invocation_manager(mode):
+                if self.contiguous:
+                    meta = torch.empty(self.sizes, dtype=self.dtype, device="meta")
+                else:
+                    meta = torch.empty_strided(
+                        self.sizes, self.strides, dtype=self.dtype, device="meta"
+                    )
+            made = FakeTensor(mode, meta, self.device)
         return made if self.view is None else made.as_strided(*self.view)
 
 
@@ -162,9 +184,9 @@ class _Result:
     container: type | None  # tuple or list, None for a single tensor
     made: tuple[_Made, ...]
 
-    def build(self) -> Any:
-        """A fresh fake tensor per remembered one (call under the fake mode)."""
-        out = [m.build() for m in self.made]
+    def build(self, mode: Any) -> Any:
+        """A fresh fake tensor per remembered one (call under the fake mode ``mode``)."""
+        out = [m.build(mode) for m in self.made]
         return out[0] if self.container is None else self.container(out)
 
 
@@ -205,7 +227,7 @@ class FakeMemo:
         found = self.entries.get(key)
         if found is not None:
             self.hits += 1
-            return found.build()
+            return found.build(mode)
         self.misses += 1
         tensors = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         versions = [_version(t) for t in tensors]
@@ -359,7 +381,8 @@ def _result(out: Any, inputs: list[torch.Tensor]) -> _Result | None:
         if _offset(base) != 0:
             return None
         view = (tuple(o.shape), o.stride(), o.storage_offset()) if base is not o else None
-        made.append(_Made(tuple(base.shape), base.stride(), o.dtype, o.device, view))
+        dense = layout_of(base) is not None  # contiguous by its expressions, no size 0
+        made.append(_Made(tuple(base.shape), base.stride(), o.dtype, o.device, view, dense))
     return _Result(container, tuple(made)) if made else None
 
 
