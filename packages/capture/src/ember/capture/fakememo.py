@@ -37,9 +37,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 
 from ember.capture.fakepointwise import layout_of, pointwise_result
+from ember.capture.fakestrides import compare_or_none
 from ember.capture.fakeview import (
     RESHAPES,
     SHAPE_VIEWS,
+    _values,
     contiguous_view,
     index_view,
     reshape,
@@ -209,8 +211,11 @@ class FakeMemo:
         """The result of the graph node ``kind``/``target`` over fake ``args`` (for a
         method, ``args[0]`` is the tensor), or the result remembered for a call with the
         same key; under ``mode``, the tracer's fake mode."""
-        if kind == "call_method" and target == "contiguous" and _contiguous_already(args, kwargs):
-            return args[0]  # as eager's contiguous() does, without asking in SymNode arithmetic
+        if kind == "call_method" and target == "contiguous" and _symbolic_contiguous(args, kwargs):
+            if _contiguous_already(args[0]):
+                return args[0]  # as eager's contiguous() does, without asking in SymNode arithmetic
+            if _never_contiguous(args[0]):  # the copy eager's contiguous() makes then
+                return args[0].clone(memory_format=torch.contiguous_format)
         if (kind, target) in RESHAPE_CALLS and not kwargs and _symbolic(args[0]):
             out = reshape(args[0], _shape_arg(args[1:]))  # None: torch's composite decides
             if out is not None:
@@ -239,19 +244,50 @@ class FakeMemo:
         return out
 
 
-def _contiguous_already(args: Any, kwargs: dict[str, Any]) -> bool:
-    """Whether ``args[0].contiguous(**kwargs)`` is ``args[0]`` itself for every value of its
-    symbols: a fake with a symbolic size whose strides are its sizes' contiguous strides
-    as expressions (``fakepointwise``'s test; torch asks ``is_contiguous`` in ``SymNode``
-    arithmetic, 30 operations a call)."""
+def _symbolic_contiguous(args: Any, kwargs: dict[str, Any]) -> bool:
+    """``x.contiguous()`` (or with the contiguous format) of a strided fake with a symbolic
+    size: the call the two tests below answer without ``is_contiguous`` in ``SymNode``
+    arithmetic (30 operations a call)."""
     x = args[0]
     if len(args) != 1 or type(x) is not FakeTensor or x.fake_mode.shape_env is None:
         return False
     if kwargs and kwargs != {"memory_format": torch.contiguous_format}:
         return False
-    if not any(isinstance(n, torch.SymInt) for n in x.shape):
+    return x.layout is torch.strided and any(isinstance(n, torch.SymInt) for n in x.shape)
+
+
+def _contiguous_already(x: FakeTensor) -> bool:
+    """Whether ``x.contiguous()`` is ``x`` itself for every value of its symbols: its strides
+    are its sizes' contiguous strides as expressions (``fakepointwise``'s test)."""
+    return layout_of(x) is not None
+
+
+def _never_contiguous(x: FakeTensor) -> bool:
+    """Whether ATen's ``is_contiguous`` is false for every value of ``x``'s symbols: no size
+    0, and a dimension of a size other than 1 whose stride differs from the product of the
+    sizes inside it for every value (``fakestrides.compare_or_none``), as a transposed
+    attention output's does."""
+    sizes, strides = _values(x.shape), _values(x.stride())
+    env = x.fake_mode.shape_env
+    if env is None or sizes is None or strides is None or any(e == 0 for e, _ in sizes):
         return False
-    return x.layout is torch.strided and layout_of(x) is not None
+    ranges = env.var_to_range
+
+    def lower(symbol: Any) -> Any:
+        found = ranges.get(symbol)
+        return None if found is None else found.lower
+
+    expected: Any = 1
+    for (size, _), (stride, _) in zip(reversed(sizes), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        if stride != expected:
+            if stride == 0:
+                return True  # a broadcast dimension of a size other than 1
+            if compare_or_none(stride, expected, lower) not in (None, 0):
+                return True
+        expected = expected * size
+    return False
 
 
 # The graph calls that are ``Tensor.reshape`` (ATen's composite ``reshape``).
