@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sympy
 import torch
 from torch._subclasses import FakeTensorMode
 from torch.fx.experimental import sym_node
@@ -79,6 +80,43 @@ def test_other_layouts_go_to_the_composite() -> None:
     with symbolic_views.SymbolicViews() as views:
         torch.randn(2, 3).reshape(-1)  # real tensors: torch's own path
     assert views.taken == 0
+
+
+def test_contiguous_of_a_layout_never_contiguous_is_its_clone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``contiguous()`` of the transposed head merge (``(b, s, 4, 2)`` of a ``(b, 4, s, 2)``,
+    contiguous for no value of ``s``) records the ``clone`` the composite records, decided
+    from the expressions; a layout whose answer depends on the sizes (a slice of a static
+    dimension, its stride against a symbol) still takes the composite."""
+
+    def merge(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s = x.shape[0], x.shape[1]
+        h = (x @ w).view(b, s, 4, 2).transpose(1, 2).contiguous()  # (b, 4, s, 2): a copy
+        # x[:, :2] of (b, s, 8): its stride 8*s against 16 is equal at s == 2: the composite
+        return h.transpose(1, 2).contiguous().view(b, s, 8), x[:, :2].contiguous()
+
+    gm, ops = _trace(merge)
+    w = torch.randn(8, 8)
+    for b, s in [(3, 5), (2, 7), (5, 2)]:
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(gm(x, w), merge(x, w))
+    clones = [n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default]
+    assert len(clones) == 3
+    monkeypatch.setattr(symbolic_views, "RULES", {})  # torch's composites only
+    plain, plain_ops = _trace(merge)
+    assert ops < plain_ops, (ops, plain_ops)
+    assert [
+        str(n.kwargs) for n in plain.graph.nodes if n.target is torch.ops.aten.clone.default
+    ] == [str(n.kwargs) for n in clones]
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    lower = {s0: 2, s1: 2}.get
+    never = symbolic_views._never_contiguous
+    assert never([s1, s0, 4, 2], [8 * s0, 2, 2 * s0, 1], lower)  # the transposed heads
+    assert never([s0, 4], [1, s0], lower) and never([s0, 4], [0, 1], lower)  # .t(), expanded
+    assert not never([s1, 2, 8], [8 * s0, 8, 1], lower)  # x[:, :2]: 8*s0 == 16 at s0 == 2
+    assert never([s1, 2], [2 * s0, 1], lower)  # a slice of every other row
+    assert not never([s1, 2], [2 * s0, 1], {s0: 1, s1: 2}.get)  # s0 may be 1: 2*s0 == 2
 
 
 def test_indexing_with_nones_is_unsqueeze() -> None:

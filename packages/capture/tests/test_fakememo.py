@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from ember.capture.fakememo import FakeMemo
@@ -47,6 +48,38 @@ def test_a_repeat_is_remade_with_the_same_metadata_and_no_sharing():
     assert _meta(first) == _meta(second)
     # eager's linear of a 3-d input returns a view of its addmm: so does the remade one
     assert second._is_view() and second._base is not None
+    assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
+
+
+@pytest.mark.parametrize("inference", [False, True])
+@pytest.mark.parametrize(
+    "method, extra",
+    [("sin", ()), ("mul", (2,)), ("exp", ())],  # on x, on x.mT (a permuted result), on x
+)
+def test_a_remade_result_is_the_tensor_a_run_makes(
+    method: str, extra: tuple[Any, ...], inference: bool
+) -> None:
+    """The memo remakes a repeat's result from the meta kernel (no fake dispatch): the same
+    sizes, strides, dtype, device and inference flag as a run makes, a fresh storage, and a
+    fake of the mode."""
+    mode, (x,) = _mode_and((4, 6))
+    memo = FakeMemo()
+    state = torch.inference_mode() if inference else torch.no_grad()
+    with mode, state:
+        t = x.mT if method == "mul" else x
+        first = memo.call(mode, "call_method", method, [t, *extra], {})
+        second = memo.call(mode, "call_method", method, [t, *extra], {})
+        again = getattr(t, method)(*extra)
+    assert (memo.misses, memo.hits) == (1, 1)
+    for run in (first, again):
+        assert _meta(second) == _meta(run)
+        assert (second.device, second.is_inference(), second.requires_grad) == (
+            run.device,
+            run.is_inference(),
+            run.requires_grad,
+        )
+    assert type(second) is FakeTensor and second.fake_mode is mode
+    assert second.storage_offset() == 0 and not second._is_view()
     assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
 
 
@@ -222,3 +255,47 @@ def test_contiguous_of_a_contiguous_symbolic_fake_is_itself() -> None:
     assert same is x and also is x and copied is not t
     assert copied.is_contiguous() and _layout(copied)[0][:3] == _layout(t)[0][:3]
     assert not mode.shape_env.guards
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_contiguous_of_a_layout_never_contiguous_is_the_copy(seed: int) -> None:
+    """``contiguous()`` of a permuted or sliced symbolic fake that is contiguous for no value
+    of its symbols is the ``clone`` eager's makes, decided without ``is_contiguous`` in
+    ``SymNode`` arithmetic and without a guard; layouts it cannot decide (a slice of a
+    static dimension against a symbol) go to torch."""
+    import random
+
+    from ember.capture import fakememo
+    from ember.capture.fakememo import FakeMemo, TracerFakeMode
+
+    rng = random.Random(seed)
+    taken = 0
+    for _ in range(30):
+        mode = TracerFakeMode(shape_env=ShapeEnv(), static_shapes=False)
+        sizes = [rng.choice([2, 3, 4, 6]) for _ in range(rng.randint(2, 4))]
+        kinds = [DimDynamic.DYNAMIC if rng.random() < 0.7 else DimDynamic.STATIC for _ in sizes]
+        real = torch.randn(sizes)
+        x = mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=kinds))
+        perm = list(range(len(sizes)))
+        rng.shuffle(perm)
+        cut = rng.randrange(len(sizes)) if rng.random() < 0.3 else None
+        real_t = real.permute(perm)
+        narrow = cut is not None and sizes[perm[cut]] > 2
+        if narrow:
+            real_t = real_t.narrow(cut, 1, 2)
+        with mode:
+            t = x.permute(perm)
+            if narrow:
+                t = t.narrow(cut, 1, 2)
+            never = fakememo._never_contiguous(t)
+            guards = len(mode.shape_env.guards)
+            got = FakeMemo().call(mode, "call_method", "contiguous", (t,), {})
+            if never:
+                assert len(mode.shape_env.guards) == guards  # asked nothing
+            want = t.contiguous()  # torch's composite
+        taken += never
+        assert _layout(got) == _layout(want)
+        assert (got is t) == (want is t)
+        eager = real_t.contiguous()
+        assert tuple(int(n) for n in got.stride()) == eager.stride()
+    assert taken >= 10

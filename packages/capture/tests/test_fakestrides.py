@@ -171,3 +171,82 @@ def test_orders_it_cannot_prove_go_to_torch() -> None:
     z = pointwise_result(mode, aten.add.Tensor, (x, y), {})  # two orders: the first decides
     ref = _torch(mode, aten.add.Tensor, (x, y), {})
     assert z is not None and _exprs(z.stride()) == _exprs(ref.stride())
+
+
+def _layout(rng: Any, mode: Any, sizes: list[int], dynamic: list[bool], dtype: Any) -> Any:
+    """A fake and a real tensor of ``sizes`` (symbolic where ``dynamic``), laid out as a
+    random permutation of a contiguous tensor."""
+    perm = list(range(len(sizes)))
+    rng.shuffle(perm)
+    real = torch.randn([sizes[p] for p in perm]).to(dtype)
+    fake = _fake(mode, real, [dynamic[p] for p in perm])
+    back = _inverse(perm)
+    with mode:
+        fake = fake.permute(back)
+    return fake, real.permute(back)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_where_with_a_size_one_matches_torchs_kernel_and_eager(
+    seed: int, random_cases: Any
+) -> None:
+    """``where`` whose output has a static 1 (T5's mask and permuted position bias): torch's
+    reference gives the 1 a stride by its own rule; the shortcut reproduces it."""
+    taken = 0
+    for rng, mode, sizes in random_cases(seed, 40, [2, 3, 4, 6], one=1.0):
+        sizes = sizes + [rng.choice([2, 3, 4])] * (len(sizes) < 2)
+        dynamic = [s > 1 and rng.random() < 0.7 for s in sizes]
+        if not any(dynamic):
+            dynamic[sizes.index(max(sizes))] = True
+        a, real_a = _layout(rng, mode, sizes, dynamic, torch.float32)
+        pred_sizes = [
+            1 if s > 1 and rng.random() < 0.3 else n for s, n in zip(sizes, a.shape, strict=True)
+        ]
+        perm = list(range(len(sizes)))
+        rng.shuffle(perm)  # its own layout, over a's symbols
+        with mode:
+            pred = torch.empty([pred_sizes[p] for p in perm], dtype=torch.bool)
+            pred = pred.permute(_inverse(perm))
+        real_pred = torch.rand(_hints([pred_sizes[p] for p in perm])) < 0.5
+        real_pred = real_pred.permute(_inverse(perm))
+        real_c = torch.tensor(0.0)
+        c = mode.from_tensor(real_c)
+        args, real_args = (pred, a, c), (real_pred, real_a, real_c)
+        if rng.random() < 0.3:  # the tensor as the other branch
+            args, real_args = (pred, c, a), (real_pred, real_c, real_a)
+        guards = len(mode.shape_env.guards)
+        with mode:
+            fast = pointwise_result(mode, aten.where.self, args, {})
+        assert len(mode.shape_env.guards) == guards  # the shortcut asks nothing
+        ref = _torch(mode, aten.where.self, args, {})
+        if fast is None:
+            continue
+        taken += 1
+        where = (sizes, dynamic, pred_sizes, [t.stride() for t in args])
+        assert _exprs(fast.shape) == _exprs(ref.shape), where
+        assert _exprs(fast.stride()) == _exprs(ref.stride()), where
+        assert (fast.dtype, fast.device) == (ref.dtype, ref.device)
+        eager = torch.where(*real_args)
+        assert _hints(fast.shape) == tuple(eager.shape)
+        # eager's TensorIterator strides a size 1 by its own rule (torch's fake kernel and
+        # eager differ there); every other dimension is eager's
+        kept = [d for d, n in enumerate(eager.shape) if n != 1]
+        strides = _hints(fast.stride())
+        assert [strides[d] for d in kept] == [eager.stride()[d] for d in kept], where
+    assert taken >= 20
+
+
+def test_t5s_where_with_a_size_one_takes_the_shortcut() -> None:
+    mode = TracerFakeMode(shape_env=ShapeEnv())
+    h = _fake(mode, torch.randn(1, 7, 4), [False, True, False])
+    with mode:
+        seq = h.shape[1]
+        mask = torch.empty(1, 1, seq, seq, dtype=torch.bool)
+        bias = torch.empty(1, seq, seq, 4).permute(0, 3, 1, 2)  # (1, heads, s, s), heads inner
+    args = (mask, bias, mode.from_tensor(torch.tensor(0.0)))
+    with mode:
+        fast = pointwise_result(mode, aten.where.self, args, {})
+    assert fast is not None
+    ref = _torch(mode, aten.where.self, args, {})
+    assert _exprs(fast.stride()) == _exprs(ref.stride()) == _exprs(bias.stride())
+    assert not mode.shape_env.guards

@@ -38,7 +38,9 @@ def _graphs(memo_on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], 
     if not memo_on:
         monkeypatch.setattr(fakememo, "_key", lambda *a: None)
     built = fakememo._Result.build
-    monkeypatch.setattr(fakememo._Result, "build", lambda r: (REMADE.append(r), built(r))[1])
+    monkeypatch.setattr(
+        fakememo._Result, "build", lambda r, mode: (REMADE.append(r), built(r, mode))[1]
+    )
     ember.compiler.reset()
     torch.manual_seed(0)
     model = _Layers().eval()

@@ -289,3 +289,19 @@ def test_layer_norm_is_one_kernel_under_symbolic_sizes() -> None:
     for b, s in [(2, 3), (4, 7), (3, 32)]:
         x, r = torch.randn(b, s, 16), torch.randn(b, s, 16)
         torch.testing.assert_close(fn(x, r, w), _residual_norm(x, r, w), rtol=1e-4, atol=1e-4)
+
+
+def test_an_index_computed_from_a_symbolic_input_asks_nothing() -> None:
+    """The index check of a gather-like lowering looks for an index made of constants; a
+    node sized by a symbol is none, and asking whether it is small (``numel <= 65536``)
+    guarded on the sizes after capture had made its guards."""
+
+    def f(x: T, i: T) -> T:
+        return x.index_select(0, i * 2) + 1
+
+    # 4 indices: a symbol of its own (3 would share the columns' by duck sizing)
+    fn = compiled(f, torch.arange(24.0).view(8, 3), torch.tensor([1, 0, 3, 2]))
+    for rows, index in [(8, [1, 0, 3, 2]), (11, [4, 0, 5, 2, 1])]:  # other sizes, same kernels
+        x, i = torch.randn(rows, 3), torch.tensor(index)
+        out = fn(x, i)
+        assert torch.equal(out if isinstance(out, T) else out[0], f(x, i))

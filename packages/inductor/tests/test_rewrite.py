@@ -138,6 +138,28 @@ def test_symbolic_bounds_simplify_and_stay_exact() -> None:
     assert dropped > 40  # the point of it: most divisions were proved away
 
 
+def test_a_split_index_is_put_back_without_a_proof(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``a*n*floor(x/n) + a*Mod(x, n)`` is ``a*x`` for any divisor: recombined before any
+    floor or Mod is proved against the bounds (a view of a flattened symbolic dimension;
+    proving each with symbolic bounds cost 3-12 ms in sympy)."""
+    from ember.inductor import indexing
+
+    def unused(*args: object) -> object:
+        raise AssertionError("proved a division that recombines")
+
+    monkeypatch.setattr(indexing, "_simplify_floor", unused)
+    monkeypatch.setattr(indexing, "_simplify_mod", unused)
+    indexing._simplified.cache_clear()
+    ks0, ks1 = sympy.symbols("ks0 ks1", integer=True, positive=True)
+    i0, i1 = sympy.symbols("i0 i1", integer=True, nonnegative=True)
+    split = i1 + 128 * ks0 * sympy.floor(i0 / ks0) + 128 * sympy.Mod(i0, ks0)
+    assert simplify_index(split, {i0: ks1 * ks0, i1: 128}) == 128 * i0 + i1
+    assert simplify_index(split, {i0: ks1 * ks0 + 5, i1: 128}) == 128 * i0 + i1  # any bound
+    static = sympy.Mod(i0, 64) + 64 * sympy.floor(i0 / 64)
+    assert simplify_index(static, {i0: 128}) == i0
+    indexing._simplified.cache_clear()
+
+
 def test_symbolic_attention_index_has_no_division() -> None:
     """The softmax-times-values index of a (b*4, t, t) attention view over loops of sizes
     (4*b, t, t), which fusion used to leave as ``(x1 + y0 // t) % t`` and worse."""

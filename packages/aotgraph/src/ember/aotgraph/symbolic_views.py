@@ -11,7 +11,8 @@ value of the symbols, :class:`SymbolicViews` gives it directly:
 
 - ``reshape`` of a tensor contiguous by its expressions (each stride the product of the
   sizes after it), or to its own shape: ``view``, which ATen's ``reshape`` returns then;
-- ``contiguous()`` of a tensor contiguous by its expressions: the tensor itself;
+- ``contiguous()`` of a tensor contiguous by its expressions: the tensor itself; of one
+  contiguous for no value of the symbols (a transposed attention output): its ``clone``;
 - indexing with whole slices, ``None`` and ``...`` (``mask[:, None, None, :]``): one
   ``unsqueeze`` per ``None``, as ATen's indexing records, less its ``slice`` of each
   whole dimension (an identity), whose bounds it compares in ``SymNode`` arithmetic;
@@ -93,11 +94,78 @@ def _reshape(a: Any, rest: Sequence[Any]) -> Any:
 
 
 def _contiguous(a: Any, rest: Sequence[Any]) -> Any:
-    """``a.contiguous()`` where ``a`` is contiguous for every value (else None)."""
+    """``a.contiguous()`` where ``a`` is contiguous for every value (the tensor), or is
+    contiguous for none (the ``clone`` that ATen's ``contiguous`` records then: a
+    transposed ``(b, s, h, d)`` whose ``h`` stride ``s*d`` is never ``d``); else None."""
     sizes, strides = _exprs(a.shape), _exprs(a.stride())
-    if rest or sizes is None or strides is None or not contiguous_for_every_size(sizes, strides):
+    if rest or sizes is None or strides is None:
         return None
-    return a
+    if contiguous_for_every_size(sizes, strides):
+        return a
+    if not _never_contiguous(sizes, strides, _lower(a)):
+        return None
+    return torch.ops.aten.clone.default(a, memory_format=torch.contiguous_format)
+
+
+def _never_contiguous(sizes: Sequence[Any], strides: Sequence[Any], lower: Any) -> bool:
+    """Whether ATen's ``is_contiguous`` is false for every value of the symbols: no size 0,
+    and some dimension of a size other than 1 has a stride that differs from the product
+    of the sizes inside it for every value (:func:`_always_differ`)."""
+    if any(e == 0 for e in sizes):
+        return False  # no elements: contiguous
+    expected: Any = 1
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        if stride != expected and _always_differ(stride, expected, lower):
+            return True
+        expected = expected * size
+    return False
+
+
+def _always_differ(x: Any, y: Any, lower: Any) -> bool:
+    """``x != y`` for every value of the symbols: both monomials ``c * s0**a * ...`` (``c``
+    a whole number >= 1, each symbol at least 2 by ``lower``) whose ratio has no negative
+    exponent and exceeds 1 at every symbol's least value (2), or the other way round;
+    ember.capture's ``fakestrides`` decides the same way (aotgraph may not import it)."""
+    px, py = _monomial(x, lower), _monomial(y, lower)
+    if px is None or py is None:
+        return (x == 0 and py is not None) or (y == 0 and px is not None)  # 0 and a monomial
+    (cx, ex), (cy, ey) = px, py
+    exps = {sym: ex.get(sym, 0) - ey.get(sym, 0) for sym in ex.keys() | ey.keys()}
+    if all(e >= 0 for e in exps.values()) and cx * 2 ** sum(exps.values()) > cy:
+        return True
+    return all(e <= 0 for e in exps.values()) and cy * 2 ** -sum(exps.values()) > cx
+
+
+def _monomial(x: Any, lower: Any) -> tuple[int, dict[Any, int]] | None:
+    """``x`` as ``(c, {symbol: exponent})`` with ``c >= 1`` and each symbol at least 2."""
+    if type(x) is int:
+        return (x, {}) if x >= 1 else None
+    coeff, factors = sympy.sympify(x).as_coeff_mul()
+    if not coeff.is_Integer or coeff < 1:
+        return None
+    powers: dict[Any, int] = {}
+    for factor in factors:
+        base, exp = factor.as_base_exp()
+        if not base.is_Symbol or not exp.is_Integer or exp < 1:
+            return None
+        bound = lower(base)
+        if bound is None or not bound >= 2:
+            return None
+        powers[base] = powers.get(base, 0) + int(exp)
+    return int(coeff), powers
+
+
+def _lower(a: Any) -> Any:
+    """A symbol's least value in ``a``'s ShapeEnv (None when it has no range)."""
+    ranges = a.fake_mode.shape_env.var_to_range
+
+    def lower(symbol: Any) -> Any:
+        found = ranges.get(symbol)
+        return None if found is None else found.lower
+
+    return lower
 
 
 def _index(a: Any, rest: Sequence[Any]) -> Any:

@@ -59,7 +59,7 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ember.capture.fakeops import SHORTCUTS, broadcast_sizes
-from ember.capture.fakestrides import contiguous_in_order, elementwise_order
+from ember.capture.fakestrides import compare_or_none, contiguous_in_order, elementwise_order
 from ember.capture.fakeview import Value, _contiguous, _values
 
 __all__ = ["layout_of", "pointwise_result"]
@@ -130,10 +130,13 @@ def pointwise_result(
         return None
     sizes = _broadcast(shaped)
     strides = None  # contiguous
+    ones = None  # where's layout with a size 1 (WITH_ONES)
     if sizes is None:
         if func in ONE_TENSOR_PRIMS or not shaped:
             return None  # prims keep their input's strides: only the contiguous case here
         layout = _permuted(mode, shaped, kwargs.get("memory_format"))
+        if layout is None and func in WITH_ONES and not kwargs:
+            layout = ones = _where_with_ones(mode, args, shaped)
         if layout is None:
             return None
         sizes, strides = layout
@@ -141,6 +144,10 @@ def pointwise_result(
     dtype = _dtype(tuple(key), func, args, kwargs)
     if dtype is None:
         return None
+    if ones is not None and any(
+        type(v) is FakeTensor and v.dim() and v.dtype != dtype for v in args[1:]
+    ):
+        return None  # where's reference would convert a or b first: torch decides
     with in_kernel_invocation_manager(mode):
         if strides is None:
             meta = torch.empty(sizes, dtype=dtype, device="meta")
@@ -195,6 +202,99 @@ def _permuted(
     if order is None:
         return None
     return out, contiguous_in_order(out, order)
+
+
+# Ops whose fake kernel is torch's reference through ``prims`` (``_maybe_broadcast``, then
+# ``_prim_elementwise_meta``'s order of dimensions and ``empty_permuted``): for these the
+# strides of an output with a size 1 follow one rule, :func:`_where_with_ones`.
+WITH_ONES = frozenset({torch.ops.aten.where.self})
+
+
+def _where_with_ones(
+    mode: Any, args: Sequence[Any], tensors: Sequence[FakeTensor]
+) -> tuple[list[Any], list[Any]] | None:
+    """``where(pred, a, b)``'s output sizes and strides where they have a static 1, as
+    torch's reference makes them: each input that differs from the broadcast shape
+    expanded (a kept dimension keeps its stride, a 1 broadcast to more gets 0, a 1 that
+    stays 1 keeps its stride), CPU scalars left out, then
+    ``compute_elementwise_output_logical_to_physical_perm`` (all contiguous: the
+    identity; all channels-last: that order; else the insertion sort by strides) and
+    ``empty_permuted``'s contiguous strides in that order. Every comparison is decided for
+    all values of the symbols (``fakestrides``), else None (torch decides, and may guard);
+    also None for a 0-dim tensor not on the CPU or an input with new leading dims of
+    size 1. T5's decoder: ``where`` of its ``(1, 1, s, s)`` mask and permuted
+    ``(1, heads, s, s)`` position bias, 20 ms in torch's kernel on the first call."""
+    if any(type(v) is FakeTensor and v.dim() == 0 and v.device.type != "cpu" for v in args):
+        return None  # torch leaves out CPU scalars only
+    found = broadcast_sizes(tensors)
+    if found is None:
+        return None
+    out, exprs, each = found
+    ndim = len(out)
+    if ndim < 2 or 0 in exprs or all(type(e) is int for e in exprs):
+        return None
+    rows: list[list[Any]] = []
+    for t, sizes in zip(tensors, each, strict=True):
+        values = _values(t.stride())
+        if values is None:
+            return None
+        strides, own = [e for e, _ in values], [e for e, _ in sizes]
+        if own == exprs:
+            rows.append(strides)  # the broadcast shape already: not expanded
+            continue
+        lead = ndim - len(own)
+        if any(exprs[k] == 1 for k in range(lead)):
+            return None  # a new leading 1: its stride differs between torch's paths
+        row: list[Any] = [0] * lead
+        for d, (size, stride) in enumerate(zip(own, strides, strict=True)):
+            row.append(0 if size == 1 and exprs[lead + d] != 1 else stride)
+        rows.append(row)
+    lower = _lower_bound(mode)
+    last = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(ndim)
+    try:
+        dense = all(_nested(exprs, row, range(ndim - 1, -1, -1), lower) for row in rows)
+        channels_last = last is not None and all(_nested(exprs, row, last, lower) for row in rows)
+    except ValueError:
+        return None
+    if dense and not channels_last:
+        order: list[int] | None = list(range(ndim))
+    elif channels_last and not dense:
+        order = [0, *range(2, ndim), 1]
+    else:
+        order = elementwise_order(exprs, rows, lower)
+    if order is None:
+        return None
+    return out, contiguous_in_order(out, order)
+
+
+def _nested(sizes: Sequence[Any], strides: Sequence[Any], dims: Any, lower: Any) -> bool:
+    """torch's contiguity test for the memory format whose dimensions ``dims`` are, inner
+    first (sizes 1 skipped, each other stride the product of the sizes inside it), decided
+    for every value of the symbols; ValueError where that depends on the values."""
+    expected: Any = 1
+    for d in dims:
+        if type(sizes[d]) is int and sizes[d] == 1:
+            continue
+        if strides[d] != expected:
+            if strides[d] == 0:
+                return False
+            order = compare_or_none(strides[d], expected, lower)
+            if order is None:
+                raise ValueError("undecided")
+            if order != 0:
+                return False
+        expected = expected * sizes[d]
+    return True
+
+
+def _lower_bound(mode: Any) -> Any:
+    ranges = mode.shape_env.var_to_range
+
+    def lower(symbol: Any) -> Any:
+        found = ranges.get(symbol)
+        return None if found is None else found.lower
+
+    return lower
 
 
 def _broadcast(tensors: Sequence[FakeTensor]) -> list[Any] | None:

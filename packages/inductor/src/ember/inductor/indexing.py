@@ -234,6 +234,13 @@ def simplify_index(e: sympy.Expr, bounds: Bounds) -> sympy.Expr:
 
 @functools.lru_cache(maxsize=16384)
 def _simplified(e: sympy.Expr, key: tuple[tuple[sympy.Symbol, sympy.Expr], ...]) -> sympy.Expr:
+    # A split index put back together first (``n*floor(x/n) + Mod(x, n)`` is ``x`` for any
+    # ``n``, no bound needed): a view's index of a flattened symbolic dimension is mostly
+    # that, and proving the floor and Mod away one at a time with symbolic bounds cost
+    # 3-12 ms each in sympy (hf-t5-infer's six: 38 ms against 9.5 ms static).
+    e = _recombine(e)
+    if not e.has(sympy.floor, sympy.Mod):
+        return e
     bounds = dict(key)
     for _ in range(6):
         new = e.replace(sympy.floor, lambda x: _simplify_floor(x, bounds))

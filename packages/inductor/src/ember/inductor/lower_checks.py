@@ -109,6 +109,8 @@ def _constant(node: torch.fx.Node, memo: dict[torch.fx.Node, Any]) -> Any:
     if node in memo:
         return memo[node]
     meta = node.meta.get("val")
+    if _symbolic(meta):
+        return None  # sized by an input (a symbol): no constant, and asking its size would guard
     small = not isinstance(meta, torch.Tensor) or meta.numel() <= 1 << 16
     target = node.target
     if node.op != "call_function" or not small or not isinstance(target, torch._ops.OpOverload):
@@ -125,3 +127,10 @@ def _constant(node: torch.fx.Node, memo: dict[torch.fx.Node, Any]) -> Any:
     except Exception:  # eager would raise here too: the aten calls will
         return None
     return memo[node]
+
+
+def _symbolic(meta: Any) -> bool:
+    """A symbolic number, or a tensor with a symbolic size (``dynamic=True`` graphs)."""
+    if isinstance(meta, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return True
+    return isinstance(meta, torch.Tensor) and any(isinstance(n, torch.SymInt) for n in meta.shape)
