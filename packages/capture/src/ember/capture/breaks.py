@@ -186,9 +186,11 @@ def _origin(code: types.CodeType) -> tuple[types.CodeType, int] | None:
 def _set_origin(new: types.CodeType, original: types.CodeType, shift: int) -> None:
     key = id(new)
 
-    def forget(ref: weakref.ref[types.CodeType]) -> None:
-        if _RESUME_ORIGIN.get(key, (None,))[0] is ref:
-            del _RESUME_ORIGIN[key]
+    # the dict is bound here, not looked up: a code object that dies while the interpreter
+    # shuts down calls this after the module's globals were cleared to None
+    def forget(ref: weakref.ref[types.CodeType], origins: dict[Any, Any] = _RESUME_ORIGIN) -> None:
+        if origins.get(key, (None,))[0] is ref:
+            del origins[key]
 
     _RESUME_ORIGIN[key] = (weakref.ref(new, forget), original, shift)
 
