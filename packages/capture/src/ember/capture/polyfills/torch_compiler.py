@@ -11,6 +11,8 @@ their body (``polyfills.forwarded``), so ember names and imports nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch._jit_internal import is_scripting as _is_scripting
 from torch.jit._trace import is_tracing as _is_tracing
@@ -59,33 +61,32 @@ def _check_with(error: type[Exception], cond: bool, message: object) -> None:
     raise error(str(message()))
 
 
-@polyfill(torch._check)
-def check(cond: bool, message: object = None) -> None:
-    _check_with(RuntimeError, cond, message)
+# torch's checks and the error each raises where its condition is false
+CHECKS: dict[object, type[Exception]] = {
+    torch._check: RuntimeError,
+    torch._check_index: IndexError,
+    torch._check_value: ValueError,
+    torch._check_type: TypeError,
+    torch._check_not_implemented: NotImplementedError,
+}
 
 
-@polyfill(torch._check_index)
-def check_index(cond: bool, message: object = None) -> None:
-    _check_with(IndexError, cond, message)
+def _checker(error: type[Exception]) -> Callable[[bool, object], None]:
+    """The polyfill of the check that raises ``error``."""
+
+    def check(cond: bool, message: object = None) -> None:
+        _check_with(error, cond, message)
+
+    check.__name__ = check.__qualname__ = f"check_{error.__name__}"
+    return check
 
 
-@polyfill(torch._check_value)
-def check_value(cond: bool, message: object = None) -> None:
-    _check_with(ValueError, cond, message)
-
-
-@polyfill(torch._check_type)
-def check_type(cond: bool, message: object = None) -> None:
-    _check_with(TypeError, cond, message)
-
-
-@polyfill(torch._check_not_implemented)
-def check_not_implemented(cond: bool, message: object = None) -> None:
-    _check_with(NotImplementedError, cond, message)
+for _target, _error in CHECKS.items():
+    polyfill(_target)(_checker(_error))
 
 
 @polyfill(torch._check_is_size)
 def check_is_size(i: int, message: object = None, *, max: int | None = None) -> None:
-    check(i >= 0, message)
+    _check_with(RuntimeError, i >= 0, message)
     if max is not None:
-        check(i <= max, message)
+        _check_with(RuntimeError, i <= max, message)
