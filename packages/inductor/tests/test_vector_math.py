@@ -176,3 +176,49 @@ def test_a_sum_of_all_elements_is_vectorised_and_as_accurate_as_eagers(
         assert abs(float(got) - float(ref)) <= max(
             abs(float(want) - float(ref)), 1e-6 * abs(float(ref))
         )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape", "clause"),
+    [
+        (torch.float32, (64, 1024), "simd EMBER_WIDE\n"),
+        (torch.bfloat16, (64, 1024), "simd EMBER_WIDE_HALF\n"),  # 32 lanes: 64-byte uint16_t
+        (torch.bfloat16, (1024, 16), "simd EMBER_WIDE\n"),  # a row shorter than 64: 16 lanes
+    ],
+)
+def test_vector_math_loops_take_the_lanes_of_their_narrowest_float(
+    dtype: torch.dtype, shape: tuple[int, ...], clause: str
+) -> None:
+    """Loops calling vector math on 2-byte floats take 32 lanes (bf16 exp over 1M: 0.79x eager
+    with 16, 1.03x with 32; docs/performance.md), others 16; either way eager's results."""
+    x = torch.randn(shape).to(dtype)
+    src = _kernels(torch.exp, x)
+    assert clause in src, src
+    with settings.section.patch(graph_cache=False):
+        got = compile_graph(make_fx(torch.exp)(x), [x])(x)
+    torch.testing.assert_close(got, torch.exp(x))
+
+
+def _streams(fn: Callable[..., T], *args: T) -> bool:
+    with settings.section.patch(graph_cache=False):
+        compiled = compile_graph(make_fx(fn)(*args), list(args))
+    assert compiled.source is not None
+    torch.testing.assert_close(compiled(*args), fn(*args), equal_nan=True)
+    return "EMBER_STREAM_BEGIN\nextern" in compiled.source
+
+
+def test_only_kernels_streaming_one_cheap_op_prefer_256_bit_vectors() -> None:
+    """``codegen_cpp.STREAM_PUSH``: one add, neg, max or cast a value over contiguous 4-byte
+    memory prefers 256-bit vectors; two ops (clamp), 2-byte floats, reductions, vector math
+    and transposed reads keep AVX-512's width. Both compute eager's results."""
+    a, b = torch.randn(256, 512), torch.randn(256, 512)
+    a[0, 0] = float("nan")
+    assert _streams(torch.add, a, b)
+    assert _streams(torch.neg, a)
+    assert _streams(torch.maximum, a, b)
+    assert _streams(lambda v: v.to(torch.float64), a)
+    assert not _streams(lambda v: v.clamp(-0.5, 0.5), a)
+    assert not _streams(torch.add, a.bfloat16(), b.bfloat16())
+    assert not _streams(lambda v: v.sum(1), a)
+    assert not _streams(torch.exp, a)
+    assert not _streams(torch.add, a, b.t().contiguous().t())

@@ -107,10 +107,17 @@ static inline float ember_sin(float x) { return sinf(x); }
 static inline double ember_sin(double x) { return sin(x); }
 static inline float ember_cos(float x) { return cosf(x); }
 static inline double ember_cos(double x) { return cos(x); }
-#ifdef __AVX512F__  // CppPrinter.WIDE: loops calling the vector math take 16 lanes
-#define EMBER_WIDE simdlen(16)
+#ifdef __AVX512F__  // CppPrinter.WIDE: loops calling the vector math take 16 lanes (32 when
+#define EMBER_WIDE simdlen(16)  // they move 2-byte floats: their uint16_t vectors are 64 bytes)
+#define EMBER_WIDE_HALF simdlen(32)
+// codegen_cpp.STREAM_PUSH: kernels that only stream memory prefer 256-bit vectors
+#define EMBER_STREAM_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"prefer-vector-width=256\")")
+#define EMBER_STREAM_END _Pragma("GCC pop_options")
 #else
 #define EMBER_WIDE
+#define EMBER_WIDE_HALF
+#define EMBER_STREAM_BEGIN
+#define EMBER_STREAM_END
 #endif
 // NaN if either is. Two selects on b, not `(a > b || a != a) ? a : b`: the short circuit is a
 // branch where gcc does not vectorise the loop (a 16x16 tile), mispredicted half the time on
