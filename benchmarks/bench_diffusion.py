@@ -14,7 +14,10 @@ median over rounds of the first configuration's time over this one's (a ratio ta
 within a round, so a slow stretch of the machine slows both sides of it).
 Thread CPU time counts only the calling thread, so run with 1 thread (the default,
 as the suite's runner does). ``--profile`` prints ``torch.profiler``'s per-op CPU
-time for each configuration (where ember's and torch's steps differ).
+time for each configuration (where ember's and torch's steps differ). ``steady peak MiB``
+is the most tensor memory one steady-state call has live at once beyond what was live before
+it (``steady_peak_mib``: issue 19's memory column, compile memory excluded), plus the
+intermediates ember's compiled graphs keep between calls (``pooled_mib``).
 
 Configurations: ``eager``; ``ember`` (``ember.compiler.compile(backend="inductor")``);
 ``torch`` (``torch.compile(backend="inductor")``); a ``+freezing`` suffix compiles
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +110,34 @@ def profile(step: Step, rows: int) -> str:
     return str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
+def pooled_mib() -> float:
+    """MiB of intermediates ember's compiled graphs keep between calls (0 before ember's
+    inductor is loaded): resident all the time, so part of the steady-state peak."""
+    bind = sys.modules.get("ember.inductor.wrapper_bind")
+    return bind.pooled_bytes() / 2**20 if bind is not None else 0.0
+
+
+def steady_peak_mib(step: Step) -> tuple[float, float]:
+    """``(peak, retained)`` MiB of one steady-state call: the most tensor memory live at once
+    above what was live when the call began, and what it left live at its end. Read from
+    ``torch.profiler``'s memory events (every allocation through c10's CPU allocator: aten's,
+    the compiled kernels' buffers, autograd's saved tensors), so compile memory, Python
+    objects and the allocator's cached pages do not count, for any configuration."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    step()
+    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    moves = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in moves:
+        live += nbytes
+        peak = max(peak, live)
+    return peak / 2**20, live / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="df-unet-infer,df-vae-infer")
@@ -123,8 +155,11 @@ def main() -> None:
         steps: dict[str, Step] = {}
         firsts: dict[str, float] = {}
         reference = None
+        pools: dict[str, float] = {}  # each configuration's resident intermediates
         for config in configs:
+            before = pooled_mib()
             steps[config], firsts[config], out = prepare(workload, config)
+            pools[config] = pooled_mib() - before
             if reference is None:
                 reference = out
             else:
@@ -135,15 +170,18 @@ def main() -> None:
         base = samples[configs[0]]
         unit = "thread CPU" if args.threads == 1 else "wall"
         print(f"\n{workload}: {args.rounds} rounds of {args.calls} calls, {unit} ms per call")
+        memory = {config: steady_peak_mib(steps[config]) for config in configs}
         print(f"| config | best ms | median ms | x {configs[0]} (best) | x {configs[0]} (median"
-              " of rounds) | first call s |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|")
+              " of rounds) | first call s | steady peak MiB | retained MiB |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for config in configs:
             got = samples[config]
             best, med = min(got), statistics.median(got)
             ratio = statistics.median(b / g for b, g in zip(base, got, strict=True))
+            peak, kept = memory[config]
+            peak += pools[config]  # allocated before the measured call, live throughout it
             print(f"| {config} | {best:.2f} | {med:.2f} | {min(base) / best:.3f} | {ratio:.3f} "
-                  f"| {firsts[config]:.1f} |")  # fmt: skip
+                  f"| {firsts[config]:.1f} | {peak:.1f} | {kept:.1f} |")  # fmt: skip
         if args.profile:
             for config in configs:
                 print(f"\n### {workload} {config}\n{profile(steps[config], args.rows)}")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.inductor import compile_graph
+from ember.inductor.wrapper import POOL_MAX_BYTES
+from ember.inductor.wrapper_bind import pooled_bytes
 
 T = torch.Tensor
 
@@ -32,6 +35,25 @@ def test_pooled_intermediates_never_reach_the_caller() -> None:
     for x, got in zip(xs, outs, strict=True):  # earlier results survive later calls
         for g, want in zip(got, _two_layers(x, w, w2), strict=True):
             torch.testing.assert_close(g, want)
+
+
+def test_a_pool_keeps_small_sets_only_and_pooled_bytes_counts_them() -> None:
+    """A graph keeps at most ``POOL_MAX_BYTES`` of intermediates between calls, and
+    ``pooled_bytes`` (what a steady-state memory measure adds) counts what it keeps."""
+    w, w2 = torch.randn(16, 16), torch.randn(16, 4)
+    x = torch.randn(5, 16)  # sizes no other test compiles: a graph (and a pool) of its own
+    gc.collect()  # other tests' graphs, and their pools, gone
+    before = pooled_bytes()
+    small = compile_graph(make_fx(_two_layers)(x, w, w2), [x, w, w2])
+    small(x, w, w2)  # type: ignore[operator]
+    assert pooled_bytes() - before == 5 * 16 * 4  # its pooled x.sin()
+    rows = POOL_MAX_BYTES // 64 + 8  # x.sin() of rows x 16 float32: past the limit
+    x = torch.randn(rows, 16)
+    big = compile_graph(make_fx(_two_layers)(x, w, w2), [x, w, w2])
+    now = pooled_bytes()
+    for got, want in zip(big(x, w, w2), _two_layers(x, w, w2), strict=True):  # type: ignore[operator]
+        torch.testing.assert_close(got, want)
+    assert "_take(_pool)" not in big.wrapper and pooled_bytes() == now  # type: ignore[attr-defined]
 
 
 def test_pooled_wrapper_is_thread_safe(in_threads: Any) -> None:

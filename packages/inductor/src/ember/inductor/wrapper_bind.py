@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from ember.inductor import wrapper_launch
 
-__all__ = ["FAST_CALLS", "bind"]
+__all__ = ["FAST_CALLS", "bind", "pooled_bytes"]
 
 
 _ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
@@ -49,6 +50,39 @@ def _check_span(low: int, high: int, size: int, error: str, message: str) -> Non
     for bad in (low, high):
         if not 0 <= bad < size:
             raise _ERRORS[error](message.format(index=bad, size=size))
+
+
+class _Pool(list):  # type: ignore[type-arg]
+    """A wrapper's sets of intermediate buffers free for its next call (a list that
+    :func:`pooled_bytes` can find through a weak reference; one pool is one object)."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__  # type: ignore[assignment]
+
+
+_POOLS: weakref.WeakSet[_Pool] = weakref.WeakSet()
+
+
+def pooled_bytes() -> int:
+    """Bytes of the intermediate buffers that the live compiled graphs keep between calls
+    (each wrapper's pool, at most ``wrapper.POOL_MAX_BYTES`` a graph). They stay allocated
+    while the graph lives, so a measure of steady-state memory that counts allocations
+    made during a call has to add them (``benchmarks/bench_diffusion.py`` does).
+
+    >>> pooled_bytes() >= 0
+    True
+    """
+    seen: set[int] = set()
+    total = 0
+    for pool in list(_POOLS):
+        for buffers in list(pool):
+            for t in buffers:
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    if storage.data_ptr() not in seen:
+                        seen.add(storage.data_ptr())
+                        total += storage.nbytes()
+    return total
 
 
 def _take(pool: list[Any]) -> Any:
@@ -148,9 +182,10 @@ def bind(
         "_check_index": _check_index,
         "_check_span": _check_span,
         "_leaves": _leaves,
-        "_pool": [],  # sets of intermediate buffers free for the next call
+        "_pool": _Pool(),  # sets of intermediate buffers free for the next call
         **{name: _callable(value) for name, value in consts.items()},
     }
+    _POOLS.add(env["_pool"])
     env.update(kernels or {})
     if kernels is None and kernel_args:
         assert lib is not None
