@@ -296,3 +296,60 @@ def test_a_written_saved_value_raises_only_where_eager_runs_its_formula(differen
             seen.append(outcome(lambda: total.backward())[0])  # noqa: B023
     assert seen[: len(seen) // 2] == seen[len(seen) // 2 :]
     assert seen[0] == ("raise" if 1 in differentiated else "value")
+
+
+class _Boxed:
+    """A backward 'compiler' result taking its inputs boxed: it records, while it runs,
+    whether a saved value is still alive once the list is emptied (it should not be: the
+    list and the callee hold the only references)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, log: list[Any]) -> None:
+        self.gm, self.log = gm, log
+
+    def __call__(self, *args: Any) -> Any:
+        self.log.append("unboxed")
+        return self.gm(*args)
+
+    def call_boxed(self, args: list[Any]) -> Any:
+        from ember.aotgraph.compiler_hook import CALLED_BOXED
+
+        mine = [weakref.ref(t) for t in args if t._base is None and t.grad_fn is None]
+        values = list(args)
+        args.clear()
+        assert not CALLED_BOXED.get()  # only while compiling
+        out = self.gm(*values)
+        del values
+        self.log.append(("boxed", [r() is None for r in mine]))
+        return out
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_boxed_backward_owns_the_saved_values(retain: bool) -> None:
+    """``call_boxed``: the runtime hands over the saved values in a list with no other
+    reference left (the autograd context's released), so they can be freed as the backward
+    runs; under ``retain_graph=True`` the context keeps them and a second backward works.
+    The gradients are eager's either way."""
+    from ember.aotgraph.compiler_hook import CALLED_BOXED
+
+    log: list[Any] = []
+    during: list[bool] = []
+
+    def bw(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        during.append(CALLED_BOXED.get())
+        return _Boxed(gm, log)
+
+    fn = lambda x, w: (x @ w).tanh() * 3  # noqa: E731
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    f = aot_compile(torch.fx.symbolic_trace(fn), [x, w], fw_compiler=lambda gm, ex: gm,
+                    bw_compiler=bw)  # fmt: skip
+    y = f(x, w).sum()
+    y.backward(retain_graph=retain)
+    want = torch.autograd.grad(fn(x, w).sum(), w)[0]
+    torch.testing.assert_close(w.grad, want)
+    assert during == [True] and log and log[0][0] == "boxed"
+    # saved x (the test holds it), saved tanh output, tangent: the tangent is freed, and so
+    # is the tanh output unless the graph is retained
+    assert log[0][1] == [False, not retain, True], log
+    if retain:
+        y.backward()
+        torch.testing.assert_close(w.grad, 2 * want)

@@ -194,9 +194,9 @@ def test_training_an_mlp_with_layer_norm_matches_eager(monkeypatch: pytest.Monke
     schedules: list[Schedule] = []
     source = inductor_wrapper.wrapper_source
 
-    def spy(sched: Schedule, kernel_args: dict[str, list[str]]) -> Any:
+    def spy(sched: Schedule, kernel_args: dict[str, list[str]], **how: Any) -> Any:
         schedules.append(sched)
-        return source(sched, kernel_args)
+        return source(sched, kernel_args, **how)
 
     monkeypatch.setattr(inductor_wrapper, "wrapper_source", spy)  # (imported at each build)
     torch.manual_seed(0)

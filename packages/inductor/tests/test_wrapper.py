@@ -105,3 +105,54 @@ def test_functional_extern_keeps_a_buffer_read_afterwards() -> None:
     assert not _index_put_in_place(compiled)
     for g, want in zip(compiled(grad, idx), _zeros_kept(grad, idx), strict=True):  # type: ignore[operator]
         torch.testing.assert_close(g, want)
+
+
+def _backward_peak(boxed: bool, monkeypatch: Any) -> tuple[float, str, T]:
+    """Peak tensor bytes of a training step of a 6-layer tanh MLP (profiler memory events),
+    the backward wrapper's source and the first layer's weight gradient."""
+    import contextvars
+
+    from torch.profiler import ProfilerActivity, profile
+
+    import ember.inductor.compiled as compiled_module
+    from ember.aotgraph import aot_compile
+
+    if not boxed:  # as before boxed backward graphs: the compiler never sees the flag
+        monkeypatch.setattr(
+            compiled_module, "CALLED_BOXED", contextvars.ContextVar("off", default=False)
+        )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *[m for _ in range(6) for m in (torch.nn.Linear(256, 256), torch.nn.Tanh())]
+    )
+    x = torch.randn(256, 256)
+    compiler = lambda gm, ex: compile_graph(gm, ex, {"graph_cache": False})  # noqa: E731
+    gm = torch.fx.symbolic_trace(model)
+    f = aot_compile(gm, [x], fw_compiler=compiler)
+    f(x).sum().backward()  # compiles the backward graph
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        f(x).sum().backward()  # (the forward too: the activations are allocated in view)
+    moves = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )  # type: ignore[union-attr]
+    live = peak = 0
+    for _, n in moves:
+        live += n
+        peak = max(peak, live)
+    assert f.training is not None
+    return peak, f.training.backward.wrapper, model[0].weight.grad
+
+
+def test_a_backward_graph_frees_its_saved_activations_as_it_goes(monkeypatch: Any) -> None:
+    """A backward graph's wrapper is boxed (``call_boxed``): it deletes each saved
+    activation after its last use, so the pass peaks lower than when all stay alive to its
+    end (six 256 KiB activations), with the same gradients."""
+    boxed_peak, source, grad = _backward_peak(True, monkeypatch)
+    plain_peak, plain_source, plain_grad = _backward_peak(False, monkeypatch)
+    assert "def call_boxed(_args):" in source and "_args.clear()" in source
+    assert "call_boxed" not in plain_source
+    torch.testing.assert_close(grad, plain_grad)
+    assert boxed_peak <= plain_peak - 3 * 256 * 1024, (boxed_peak, plain_peak)

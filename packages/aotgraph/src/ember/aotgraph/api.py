@@ -39,7 +39,7 @@ import torch.fx
 
 from ember.aotgraph import check, log, store, symbolic_store
 from ember.aotgraph.aliasing import Merge, own_views
-from ember.aotgraph.compiler_hook import hooked
+from ember.aotgraph.compiler_hook import CALLED_BOXED, hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
 from ember.aotgraph.eager_checks import Unsupported
 from ember.aotgraph.hints import mark_forward, mark_state_inputs, state_inputs_of
@@ -333,7 +333,7 @@ class AOTCompiled:
             fw = self.settings.fw_compiler(part.forward, graph_inputs)
         bw_inputs = [n.meta.get("val") for n in bw_inputs_nodes(part)]
         with log.graph(2, 2, "backward"):
-            bw = self.settings.bw_compiler(part.backward, bw_inputs)
+            bw = _compile_boxed(self.settings.bw_compiler, part.backward, bw_inputs)
         saved = traced.clone_saved, traced.number_saved
         use = TangentUse.of(part.backward, bw_inputs[len(bw_inputs) - len(sig.grad_outputs) :])
         graph = part.backward if use is not None else None
@@ -342,7 +342,7 @@ class AOTCompiled:
         def compile_pruned(pruned: torch.fx.GraphModule) -> Callable[..., Any]:
             _log_graph("backward (undefined gradients pruned)", pruned)
             with log.graph(2, 2, "backward, pruned"):
-                return bw_compiler(pruned, bw_inputs)
+                return _compile_boxed(bw_compiler, pruned, bw_inputs)
 
         return Runtime(
             sig,
@@ -496,3 +496,16 @@ def aot_compile(
         compiled = compiled.fallback
         compiled.build(compiled.lifted.flat_inputs(example_inputs), grad=grad)
     return compiled
+
+
+def _compile_boxed(
+    compiler: Any, gm: torch.fx.GraphModule, inputs: list[Any]
+) -> Callable[..., Any]:
+    """``compiler(gm, inputs)`` for a backward graph, which the runtime calls boxed where the
+    result allows (``compiler_hook.CALLED_BOXED``)."""
+    token = CALLED_BOXED.set(True)
+    try:
+        compiled: Callable[..., Any] = compiler(gm, inputs)
+        return compiled
+    finally:
+        CALLED_BOXED.reset(token)

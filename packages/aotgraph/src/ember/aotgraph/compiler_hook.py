@@ -30,6 +30,15 @@ COMPILER_HOOK: ContextVar[Callable[[Compiler, str], Compiler] | None] = ContextV
     "ember_aotgraph_compiler_hook", default=None
 )
 
+# True while ``aot_compile`` compiles a backward graph. It calls what the compiler returns
+# boxed where it can: ``compiled.call_boxed(args)`` with one list of the saved values and
+# tangents that the callee may empty (and then drop each value after its last use), having
+# released the autograd context's references first, so the saved activations are freed as
+# the backward pass goes instead of at its end (torch's ``_boxed_call`` convention does the
+# same). A compiler may read this to generate such an entry; one that does not is called
+# with the values as arguments.
+CALLED_BOXED: ContextVar[bool] = ContextVar("ember_aotgraph_called_boxed", default=False)
+
 
 def hooked(compiler: Compiler, kind: str) -> Compiler:
     """``compiler`` as the current hook (if any) wraps it."""

@@ -410,7 +410,15 @@ def _run_backward(ctx: Any, rt: Runtime, grads: Sequence[torch.Tensor]) -> list[
         saved = list(saved)
         for i, number in zip(rt.number_saved, ctx.numbers, strict=True):
             saved.insert(i, number)
-    computed = list(rt.backward_for(missing)(*saved, *tangents))
+    backward = rt.backward_for(missing)
+    boxed = getattr(backward, "call_boxed", None)
+    if boxed is None:
+        computed = list(backward(*saved, *tangents))
+    else:  # the callee empties the list and drops each value after its last use
+        args = [*saved, *tangents]
+        del saved, tangents
+        ctx.maybe_clear_saved_tensors()  # (kept under retain_graph=True)
+        computed = list(boxed(args))
     if missing:  # an input reached only through undefined gradients: None, as in eager
         assert rt.tangent_use is not None
         computed = rt.tangent_use.mask(computed, missing)

@@ -26,6 +26,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from ember.aotgraph.compiler_hook import CALLED_BOXED
 from ember.inductor import background, cache, graph_cache, settings
 from ember.inductor.wrapper_bind import bind
 
@@ -102,6 +103,7 @@ class CompiledGraph:
         self.in_background = False  # Triton: kernels build on a worker (ember.inductor.background)
         self._pending: Future[None] | None = None  # that build, while it runs
         self._built: Callable[..., Any] | None = None  # the wrapper it builds kernels for
+        self.boxed = CALLED_BOXED.get()  # a backward graph: a wrapper with ``call_boxed``
 
     def __call__(self, *args: Any) -> Any:
         if self._call is None:
@@ -110,6 +112,24 @@ class CompiledGraph:
                 out = self._first_triton_call(args)
                 return out if self._rebuild is None else self._rebuild(out)
         out = self._call(*args)
+        return out if self._rebuild is None else self._rebuild(out)
+
+    def call_boxed(self, args: list[Any]) -> Any:
+        """Call with the inputs in ``args``, a list this empties: the wrapper drops each
+        input after its last use, so a value the caller no longer holds is freed then
+        (:data:`ember.aotgraph.compiler_hook.CALLED_BOXED`). Otherwise as ``self(*args)``.
+
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> from ember.inductor import compile_graph
+        >>> x = torch.randn(4)
+        >>> compiled = compile_graph(make_fx(lambda v: v.sin() * 2)(x), [x])
+        >>> args = [x]
+        >>> torch.testing.assert_close(compiled.call_boxed(args), x.sin() * 2)
+        """
+        boxed = getattr(self._call, "boxed", None)
+        if boxed is None:
+            return self(*args)
+        out = boxed(args)
         return out if self._rebuild is None else self._rebuild(out)
 
     def _first_triton_call(self, args: tuple[Any, ...]) -> Any:
@@ -189,7 +209,7 @@ class CompiledGraph:
             lib, so_key = cache.load(path), path.parent.name
         assert self.schedule is not None
         if self._kernels is None:  # C++ kernels take data pointers
-            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args)
+            self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args, boxed=self.boxed)
         else:  # Triton launchers take the tensors
             self.wrapper, consts = wrapper_source(self.schedule, self.kernel_args, tensors=True)
         device = None if self.target is None else self.target.device

@@ -25,6 +25,8 @@ its tensors (:mod:`ember.inductor.wrapper_launch`).
 from __future__ import annotations
 
 import operator
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
@@ -123,13 +125,20 @@ def _size_or_const(src: _Source, leaf: Any) -> str:
 
 
 def wrapper_source(
-    sched: Schedule, kernel_args: dict[str, list[str]], tensors: bool = False
+    sched: Schedule, kernel_args: dict[str, list[str]], tensors: bool = False, boxed: bool = False
 ) -> tuple[str, dict[str, Any]]:
     """The source of ``call(*inputs)`` and the globals it needs (besides kernels).
-    ``tensors``: kernels take tensors (Triton launchers), not data pointers (C++)."""
+    ``tensors``: kernels take tensors (Triton launchers), not data pointers (C++).
+    ``boxed``: the body is ``call_boxed(args)``, which empties the list ``args`` and deletes
+    each input after its last use (a backward graph's saved activations are then freed as
+    it goes: :data:`ember.aotgraph.compiler_hook.CALLED_BOXED`); ``call`` boxes its inputs."""
     prog, src = sched.program, _Source()
     kernel_reads = _kernel_reads(sched, kernel_args)
-    src.lines.append(f"def call({', '.join(prog.inputs)}):")
+    if boxed:
+        unpack = "".join(f"{n}, " for n in prog.inputs)
+        src.lines += ["def call_boxed(_args):", f"    {unpack}= _args", "    _args.clear()"]
+    else:
+        src.lines.append(f"def call({', '.join(prog.inputs)}):")
     src.consts.update(prog.constants)
     if prog.size_vars is not None:  # the size symbols, read off this call's inputs
         src.lines += _bind_sizes(prog)
@@ -165,11 +174,37 @@ def wrapper_source(
     elif pooled:
         src.lines.append("    _pool.append(_bufs)")
     src.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    if boxed:
+        src.lines = _drop_inputs(src.lines, prog.inputs)
+        src.lines += ["", "def call(*_args):", "    return call_boxed(list(_args))"]
     if key:
         src.lines += ["", *_alloc_sized(src, sched, pooled, key)]
     elif pooled:
         src.lines += ["", "def _alloc():", f"    return ({', '.join(_alloc(src, sched, pooled))},)"]
     return "\n".join(src.lines), src.consts
+
+
+def _drop_inputs(lines: list[str], inputs: Sequence[str]) -> list[str]:
+    """``lines`` (a boxed wrapper's body) with ``del name`` after the last line naming each
+    input, where that line is a statement of the body itself (not inside a block, not the
+    return): the list the inputs came in is emptied, so this drops the last reference."""
+    drops: dict[int, list[str]] = {}
+    for name in inputs:
+        pattern = re.compile(rf"\b{re.escape(name)}\b")
+        last = max((k for k, line in enumerate(lines) if pattern.search(line)), default=None)
+        if last is None or last + 1 >= len(lines):
+            continue
+        line, after = lines[last], lines[last + 1]
+        top = line.startswith("    ") and not line.startswith("     ")
+        if top and not line.rstrip().endswith(":") and not after.startswith("     "):
+            if not line.lstrip().startswith("return"):
+                drops.setdefault(last, []).append(name)
+    out: list[str] = []
+    for k, line in enumerate(lines):
+        out.append(line)
+        if k in drops:
+            out.append(f"    del {', '.join(drops[k])}")
+    return out
 
 
 def _input_checks(prog: Any, names: list[str]) -> list[str]:

@@ -56,8 +56,8 @@ class _Pool(list):  # type: ignore[type-arg]
     """A wrapper's sets of intermediate buffers free for its next call (a list that
     :func:`pooled_bytes` can find through a weak reference; one pool is one object)."""
 
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__  # type: ignore[assignment]
+    __hash__ = object.__hash__  # type: ignore[assignment]
+    __eq__ = object.__eq__
 
 
 _POOLS: weakref.WeakSet[_Pool] = weakref.WeakSet()
@@ -201,6 +201,8 @@ def bind(
             source = wrapper_launch.inline_launches(source)
     exec(compile(source, WRAPPER_FILENAME, "exec"), env)
     call: Callable[..., Any] = env["call"]
+    if "call_boxed" in env:  # (a boxed wrapper: CompiledGraph.call_boxed finds it here)
+        call.boxed = env["call_boxed"]  # type: ignore[attr-defined]
     if kernels is not None and device is not None and device.startswith("cuda"):
         return _on_device(call, torch.device(device))
     return call
