@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from ember.aotgraph import hints
+from ember.aotgraph.compiler_hook import CALLED_BOXED
 from ember.aotgraph.symbolic_views import contiguous_for_every_size
 from ember.inductor import (
     autotune,
@@ -503,6 +504,8 @@ def _graph_key(
         key = hashlib.sha256(f"{key} fused_random".encode()).hexdigest()
     if opts.get("max_autotune"):
         key = hashlib.sha256(f"{key} max_autotune".encode()).hexdigest()
+    if CALLED_BOXED.get():  # its record's wrapper is boxed (compiled.CompiledGraph.boxed)
+        key = hashlib.sha256(f"{key} boxed".encode()).hexdigest()
     if not opts.get("conv_channels_last", True):
         key = hashlib.sha256(f"{key} no conv_channels_last".encode()).hexdigest()
     if updates := input_updates(gm, example_inputs):  # kernels that write into inputs
