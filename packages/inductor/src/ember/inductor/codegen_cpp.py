@@ -420,7 +420,7 @@ class _KernelWriter(TiledLoops):
         )
         vectorise = bool(st.inner) and all(omp)
         rows = row_partials(st, wide, vectorise) if whole else set()
-        if rows:  # the innermost loop runs its row in float lanes, the row joins in double
+        if rows:  # the innermost loop sums its row in float lanes, the row adds in double
             combines = [
                 c.replace(f"{s.name}_acc", f"{s.name}_row") if s.name in rows else c
                 for c, s in zip(combines, st.stores, strict=True)
@@ -452,9 +452,9 @@ class _KernelWriter(TiledLoops):
         """The loops of a reduction stage around ``body``: threads share the outer loops
         of a reduction to one value, lanes the innermost (contiguous) one (``clauses``: the
         omp reduction clauses of the threads and of the lanes; None: no vector lanes).
-        ``rows``: the sums and products whose row runs in a float ``_row`` before joining
-        ``_acc``, and how many rows share one ``_row`` (``row_group``: one simd loop
-        collapsed over them, its outer loop stepping by the group)."""
+        ``rows``: the sums whose row adds up in a float ``_row`` before joining ``_acc``,
+        and how many rows share one ``_row`` (``row_group``: one simd loop collapsed over
+        them, its outer loop stepping by the group)."""
         parallel = clauses is not None and whole and self.parallel
         partials, group = rows
         n = len(st.inner)
