@@ -311,7 +311,9 @@ for mode in ("real", "symbolic"):
     for name, (fn, shapes) in CASES.items():
         args = [torch.randn(s) for s in shapes]
         gm = make_fx(fn, tracing_mode=mode, decomposition_table=decompositions())(*args)
-        sched = schedule(lower_graph(gm, args, fused_random=name in FUSED_RANDOM))
+        # lowered for the Triton printer: a whole argmax stays one ordered reduction (split)
+        lowered = lower_graph(gm, args, fused_random=name in FUSED_RANDOM, printer="triton")
+        sched = schedule(lowered)
         source, kernel_args = module_source(sched, interpret=False)
         path = f"{sys.argv[1]}/{mode}_{name}.py"
         open(path, "w").write(source)

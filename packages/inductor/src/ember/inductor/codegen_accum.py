@@ -1,11 +1,12 @@
-"""Accumulators of C++ sums: which float sums add in double, and which add each row in
-float lanes first.
+"""Accumulators of C++ sums and products: which float ones run in double, and which sums
+add each row (or a few rows) in float lanes first.
 
 A float sum over all elements, or in one serial chain, accumulates in double (eager's
 cascade sum drifts far less than one float accumulator). A double accumulator per
-element converts every value and takes half the vector lanes, so a sum of everything whose
-innermost loop is contiguous adds each row in float lanes (``buf0_row``) and only the
-row sums in double.
+element converts every value and takes half the vector lanes, so a sum of everything
+whose innermost loop is contiguous adds each row in float lanes (``buf0_row``) and only
+the row sums in double; over 2-byte floats a float partial spans several rows
+(``row_group``).
 
 >>> import sympy, torch
 >>> from ember.inductor.codegen_cpp import translation_unit
@@ -34,7 +35,7 @@ import torch
 from ember.inductor.ops import Reduce
 from ember.inductor.scheduler import Stage, Store
 
-__all__ = ["ROW_PARTIAL", "acc_type", "row_partials"]
+__all__ = ["ROW_PARTIAL", "acc_type", "row_group", "row_partials"]
 
 # longest row added in float lanes before its sum joins the double total: each of 8 or 16
 # lanes then adds at most 1024 floats, whose error stays near eager's cascade sum
@@ -65,7 +66,14 @@ def row_partials(st: Stage, wide: bool, vectorise: bool) -> set[str]:
     """The names of the stage's double-accumulated float sums that add each row (its
     innermost, vectorised loop, at most ``ROW_PARTIAL`` long) in float lanes first: with a
     double accumulator per element ember's sum of 1M floats took 112 us a call against
-    eager's 47; with row partials 61-71 us (the kernel alone: 50 us), 1 thread."""
+    eager's 47; with row partials 61-71 us (the kernel alone: 50 us), 1 thread.
+
+    Products keep double all along, although float rows would run at eager's speed (1M
+    factors: 45 us in the kernel alone against 88): a float product of factors near 1 rounds
+    with a bias (a product landing just above 1 on a tie broken by the tiny cross term
+    always rounds down: -7e-10 a multiply), and a partial restarted at 1 every row stays in
+    that range. Float rows of 64 factors a lane drifted 2-3e-4 off the exact product of
+    1M factors near 1, eager 3e-7 to 2e-5."""
     if not vectorise or len(st.inner) < 2:
         return set()
     last = st.inner[-1]
@@ -78,3 +86,30 @@ def row_partials(st: Stage, wide: bool, vectorise: bool) -> set[str]:
         and s.body.dtype == torch.float32
         and acc_type("float", s, wide) == "double"
     }
+
+
+def row_group(st: Stage, narrow: bool) -> int:
+    """How many consecutive rows share one float partial (one ``simd collapse(2)`` loop).
+
+    A loop over 2-byte floats runs 32 lanes (two 16-float accumulators) and gcc ends each
+    simd loop with the lanes added one by one, in order: 32 dependent scalar adds a row of
+    1024 bfloat16s, which made ember's bfloat16 sum of 1M 64 us against eager's 56 (the
+    kernel alone). Summing 8 rows in one loop: 48 us. Float32 rows stay one per loop: one
+    16-float chain over 8 rows waits on its own adds (46 -> 54 us), while a chain per row
+    overlaps the next row's.
+
+    >>> from ember.inductor.scheduler import Stage
+    >>> row_group(Stage((1024, 1024), ()), narrow=True), row_group(Stage((1024, 1024), ()), False)
+    (8, 1)
+    >>> row_group(Stage((6, 1024), ()), narrow=True)  # a group divides the rows
+    2
+    """
+    if not narrow or len(st.inner) < 2:
+        return 1
+    rows, last = st.inner[-2], st.inner[-1]
+    if not isinstance(rows, int) or not isinstance(last, int):
+        return 1
+    group = 1
+    while rows % (2 * group) == 0 and 2 * group * last <= ROW_PARTIAL:
+        group *= 2
+    return group

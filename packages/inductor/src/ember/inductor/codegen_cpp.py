@@ -32,7 +32,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox, wrapper_launch
-from ember.inductor.codegen_accum import acc_type, row_partials
+from ember.inductor.codegen_accum import acc_type, row_group, row_partials
 from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
 from ember.inductor.codegen_transpose import transposed_loads
@@ -299,12 +299,15 @@ class _KernelWriter(TiledLoops):
     def wide(self, st: Stage, inner: Any) -> str:
         """The simd clause of a loop over ``inner`` points calling vector math: 32 lanes where it
         moves 2-byte floats over at least 64 points, else 16."""
+        short = isinstance(inner, int) and inner < 64
+        return self.p.WIDE_HALF if self.half(st) and not short else self.p.WIDE
+
+    def half(self, st: Stage) -> bool:
+        """Whether the stage reads or writes 2-byte floats (gcc's loop then has 32 lanes)."""
         names = [s.name for s in st.stores]
         names += [e.arg[0] for s in st.stores for e in walk(s.body) if e.op is Op.LOAD]
         dtypes = {self.prog.buffers[n].dtype for n in names if n in self.prog.buffers}
-        half = bool(dtypes & {torch.bfloat16, torch.float16})
-        short = isinstance(inner, int) and inner < 64
-        return self.p.WIDE_HALF if half and not short else self.p.WIDE
+        return bool(dtypes & {torch.bfloat16, torch.float16})
 
     @property
     def streaming(self) -> bool:
@@ -428,7 +431,9 @@ class _KernelWriter(TiledLoops):
             if o
         )
         clauses = (clause, simd_clause) if vectorise else None
-        self.reduce_loops(st, lines + combines, clauses, sorted(rows), whole, depth)
+        partials = [s for s in st.stores if s.name in rows]
+        shared = row_group(st, self.half(st)) if rows else 1  # rows sharing one partial
+        self.reduce_loops(st, lines + combines, clauses, (partials, shared), whole, depth)
         for s in st.stores:
             if s.reduce in (Reduce.MAX, Reduce.MIN):
                 nan = f"std::numeric_limits<{self.p.type(s.body.dtype)}>::quiet_NaN()"
@@ -440,37 +445,51 @@ class _KernelWriter(TiledLoops):
         st: Stage,
         body: list[str],
         clauses: tuple[str, str] | None,
-        rows: list[str],
+        rows: tuple[list[Store], int],
         whole: bool,
         depth: int,
     ) -> None:
         """The loops of a reduction stage around ``body``: threads share the outer loops
         of a reduction to one value, lanes the innermost (contiguous) one (``clauses``: the
         omp reduction clauses of the threads and of the lanes; None: no vector lanes).
-        ``rows``: sums whose row adds up in a float ``_row`` before joining ``_acc``."""
+        ``rows``: the sums whose row adds up in a float ``_row`` before joining ``_acc``,
+        and how many rows share one ``_row`` (``row_group``: one simd loop collapsed over
+        them, its outer loop stepping by the group)."""
         parallel = clauses is not None and whole and self.parallel
+        partials, group = rows
         n = len(st.inner)
-        inner_depth = depth
+        first = n - 2 if group > 1 else n - 1  # the loop the float partials start before
+        inner_depth, row_depth = depth, depth
         for k, line in enumerate(_loops(Y[:n], st.inner)):
             if parallel and clauses is not None and k == 0:
                 collapse = f" collapse({n - 1})" if n > 2 else ""
                 simd = " simd" if n == 1 else ""
                 omp = f"#pragma omp parallel for{simd}{collapse}{self.threads} {clauses[0]}"
                 self.emit(omp, depth)
-            if k == n - 1:
-                for name in rows:
-                    self.emit(f"float {name}_row = 0;", inner_depth)
-            if clauses is not None and k == n - 1 and not (parallel and n == 1):
-                self.emit(f"#pragma omp simd {clauses[1]}", inner_depth)
+            if k == first and group > 1:  # the rows of a group, then one loop over them
+                y, g = Y[k], f"{Y[k]}_g"
+                step = f"for (int64_t {g} = 0; {g} < {st.inner[k]}; {g} += {group}) {{"
+                self.emit(step, inner_depth)
+                inner_depth += 1
+                line = f"for (int64_t {y} = {g}; {y} < {g} + {group}; ++{y}) {{"
+            if k == first:
+                row_depth = inner_depth
+                for s in partials:
+                    init = self.p.REDUCE[s.reduce][0]  # type: ignore[index]
+                    self.emit(f"float {s.name}_row = {init};", inner_depth)
+            if clauses is not None and k == first and not (parallel and n == 1):
+                collapse = " collapse(2)" if group > 1 else ""
+                self.emit(f"#pragma omp simd{collapse} {clauses[1]}", inner_depth)
             self.emit(line, inner_depth)
             inner_depth += 1
         for line in body:
             self.emit(line, inner_depth)
         for d in range(inner_depth - 1, depth - 1, -1):
             self.emit("}", d)
-            if d == inner_depth - 1:
-                for name in rows:
-                    self.emit(f"{name}_acc += {name}_row;", d)
+            if d == row_depth:
+                for s in partials:
+                    join = self.p.REDUCE[s.reduce][1]  # type: ignore[index]
+                    self.emit(join.format(acc=f"{s.name}_acc", v=f"{s.name}_row"), d)
 
     def result(self, s: Store, value: str, depth: int) -> None:
         """Store a reduction's ``value`` (of the body's dtype) as the buffer's dtype."""

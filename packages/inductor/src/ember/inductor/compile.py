@@ -330,7 +330,8 @@ def _generate(
         raise Fallback(f"{node}: an unbacked size (mark_unbacked, or from data: nonzero, masking)")
     fused_random = not opts["fallback_random"]
     nhwc = opts.get("conv_channels_last", True)
-    decomposed, prog = _lower(run, gm, example_inputs, fused_random, nhwc)  # -> loop IR
+    printer = "cpp" if opts.get("target") is None else "triton"
+    decomposed, prog = _lower(run, gm, example_inputs, fused_random, nhwc, printer)  # loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
         updates = input_updates(gm, example_inputs)  # mutated inputs: written in place
         sched = run.phase("schedule", schedule, prog, updates)  # fusion, memory plan
@@ -430,13 +431,15 @@ def _lower(
     example_inputs: Sequence[Any],
     fused_random: bool,
     channels_last: bool = True,
+    printer: str = "cpp",
 ) -> tuple[torch.fx.GraphModule, Any]:
-    """The decomposed graph and its loop-IR program, simplified (the ``lowering`` phase)."""
+    """The decomposed graph and its loop-IR program, simplified (the ``lowering`` phase),
+    for ``printer`` (``"cpp"`` or ``"triton"``)."""
     with timing.TIMES.timed("lowering"):
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
         if channels_last and layout_conv.applies(gm):  # (a trace file only where it may)
             gm = run.phase("layout", layout_conv.channels_last_convolutions, gm)  # NHWC convs
-        lower = functools.partial(lower_graph, fused_random=fused_random)
+        lower = functools.partial(lower_graph, fused_random=fused_random, printer=printer)
         prog = run.phase("lower", lower, gm, example_inputs)  # aten -> loop IR
         prog.out_spec = _out_spec(gm)
         prog = run.phase("eliminate_dead", eliminate_dead, prog)  # drop unread nodes
@@ -582,6 +585,7 @@ def _autotuned(
                     tuning.example_inputs,
                     tuning.fused_random,
                     tuning.channels_last,
+                    "cpp" if target is None else "triton",
                 )
                 updates = input_updates(tuning.original, tuning.example_inputs)
                 lowerings[chosen.lowering] = _Lowered(gm, schedule(prog, updates), prog.out_spec)

@@ -481,26 +481,6 @@ def amin(ctx: Lowerer, a: Value, dims: Any = (), keepdim: bool = False) -> Value
     return _reduce(ctx, Reduce.MIN, a, dims, keepdim, _acc(ctx, a))
 
 
-@lowering(aten.argmax.default, aten.argmin.default)
-def argmax(ctx: Lowerer, a: Value, dim: int | None = None, keepdim: bool = False) -> Value:
-    assert ctx.node is not None
-    kind = Reduce.ARGMAX if "argmax" in str(ctx.node.target) else Reduce.ARGMIN
-    if a.ndim == 0:
-        raise Fallback("argmax of a scalar")
-    src = (
-        a
-        if dim is not None
-        else Value((math.prod(a.sizes),), a.dtype, lambda idx: a.loader(_unflat(idx[0], a.sizes)))
-    )
-    return _reduce(ctx, kind, src, 0 if dim is None else dim, keepdim, _compute(a.dtype))
-
-
-def _unflat(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
-    from ember.inductor.lower_views import unflatten
-
-    return unflatten(flat, sizes)
-
-
 @lowering(
     aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims
 )
@@ -791,4 +771,8 @@ def prims_where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
     return where(ctx, cond, a, b)
 
 
-from ember.inductor import lower_resize, lower_scatter  # noqa: E402, F401  (register; own modules)
+from ember.inductor import (  # noqa: E402, F401  (register; own modules)
+    lower_argmax,
+    lower_resize,
+    lower_scatter,
+)

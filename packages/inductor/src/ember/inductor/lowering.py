@@ -137,8 +137,12 @@ class Lowerer:
         fused_random: bool = False,
         sv: SizeVars | None = None,
         device: torch.device | None = None,
+        printer: str = "cpp",
     ) -> None:
         self.fused_random = fused_random  # lower random ops (else: torch's kernels)
+        # the printer of the kernels, "cpp" or "triton": a whole argmax is two order-free
+        # reductions in C++, one that Triton splits across programs (lower_argmax)
+        self.printer = printer
         # where the graph's kernels run: a tensor elsewhere (a CPU constant in a CUDA graph)
         # is left to its aten op
         self.device = device or _CPU
@@ -713,12 +717,17 @@ def _dense_strides(meta: Any) -> tuple[int, ...] | None:
 
 
 def lower_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, fused_random: bool = False
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fused_random: bool = False,
+    printer: str = "cpp",
 ) -> Program:
     """Lower an aten-level graph whose nodes carry ``meta['val']`` to a :class:`Program`.
 
     ``fused_random``: lower random ops to counter-based numbers computed in the kernels
-    (:mod:`ember.inductor.lower_random`); by default they run torch's kernels."""
+    (:mod:`ember.inductor.lower_random`); by default they run torch's kernels. ``printer``:
+    the code printer that will take the program, ``"cpp"`` or ``"triton"``."""
     from ember.inductor import (  # noqa: F401
         lower_alone,
         lower_ops,
@@ -730,4 +739,5 @@ def lower_graph(
     sv = size_vars(gm, example_inputs)
     devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
     device = devices.pop() if len(devices) == 1 else None  # (CUDA inputs: Triton kernels)
-    return Lowerer(fused_random=fused_random, sv=sv, device=device).lower(gm, example_inputs)
+    lowerer = Lowerer(fused_random=fused_random, sv=sv, device=device, printer=printer)
+    return lowerer.lower(gm, example_inputs)
