@@ -30,6 +30,7 @@ builds the other one the first time it is needed.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,9 @@ class Settings:
         return self._table
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 @dataclass
 class AOTCompiled:
     """What :func:`aot_compile` returns: call it with the graph module's inputs.
@@ -152,9 +156,10 @@ class AOTCompiled:
         inputs = self.lifted.flat_inputs(args)
         if self._tensor_slots is None:  # which inputs are tensors (the rest are floats)
             self._tensor_slots = [k for k, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
-        grad = torch.is_grad_enabled() and (
-            self._sets_grad or any(inputs[k].requires_grad for k in self._tensor_slots)
-        )
+        slots = self._tensor_slots
+        tensors = inputs if len(slots) == len(inputs) else [inputs[k] for k in slots]
+        # (map over an attrgetter: no generator frame a call, 0.3 us warm, more after a big op)
+        grad = torch.is_grad_enabled() and (self._sets_grad or any(map(_REQUIRES_GRAD, tensors)))
         runtime = (self.training if grad else self.inference) or self.build(inputs, grad=grad)
         if runtime is None:
             assert self.fallback is not None
