@@ -66,6 +66,38 @@ def test_min_cut_recomputes_pointwise_ops(mlp_joint):
     assert "tanh" not in part.saved
 
 
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 16)
+        self.c, self.d = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        x = x + self.b(_new_gelu(self.a(x)))
+        return x + self.d(_new_gelu(self.c(x)))
+
+
+def _new_gelu(h):  # as GPT-2 writes it: forward ops, which the backward recomputes
+    return 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h.pow(3.0))))
+
+
+def test_backward_recomputes_each_layer_where_its_gradient_needs_it():
+    """Min-cut recomputes each GELU's ``tanh`` in the backward graph. Each comes right
+    before its own layer's gradient, not all at the top: the first layer's (the last the
+    backward reaches) after the second layer's weight gradient, so it is not alive through
+    the second layer's backward."""
+    joint = joint_of(_TwoLayers(), torch.randn(8, 16, requires_grad=True))
+    part = min_cut_partition(joint)
+    check_partition(joint, part)
+    nodes = list(part.backward.graph.nodes)
+    tanhs = [k for k, n in enumerate(nodes) if n.target == torch.ops.aten.tanh.default]
+    assert len(tanhs) == 2 and "tanh" not in part.saved
+    mms = [k for k, n in enumerate(nodes) if n.target == torch.ops.aten.mm.default]
+    tangents = descendants([n for n in nodes if n.name.startswith("tangents")])
+    first_grad = min(k for k in mms if nodes[k] in tangents)
+    assert tanhs[0] > first_grad and tanhs[1] > mms[2], part.backward.code
+
+
 def test_extract_refuses_a_backward_that_reads_an_unsaved_value():
     joint = joint_of(lambda x: x.sin(), torch.randn(3, requires_grad=True))
     with pytest.raises(ValueError, match="backward graph reads primals_1, which is neither saved"):

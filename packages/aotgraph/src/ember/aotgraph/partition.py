@@ -121,17 +121,22 @@ def extract(
     outputs: Sequence[Node | None],
     what: str,
     keep: Sequence[Node] = (),
+    late_from: Sequence[Node] = (),
 ) -> torch.fx.GraphModule:
     """A new graph module computing ``outputs`` from ``inputs`` with the joint graph's nodes
-    (and the nodes in ``keep``, which no output reads: random draws)."""
+    (and the nodes in ``keep``, which no output reads: random draws). Nodes that do not
+    depend on ``late_from`` go just before their first reader (see :func:`late_order`)."""
     graph = torch.fx.Graph()
     env: dict[Node, Node] = {}
     for node in inputs:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
     needed = ancestors([*outputs, *keep], stop=set(inputs))
-    for node in joint.graph.nodes:
-        if node not in needed or node in env:
+    order = [n for n in joint.graph.nodes if n in needed]
+    if late_from:
+        order = late_order(order, descendants(late_from))
+    for node in order:
+        if node in env:
             continue
         if node.op == "placeholder":
             raise ValueError(
@@ -142,6 +147,51 @@ def extract(
     gm = torch.fx.GraphModule(joint, graph, class_name=what.capitalize())
     gm.graph.lint()
     return gm
+
+
+def late_order(nodes: Sequence[Node], anchors: set[Node]) -> list[Node]:
+    """``nodes`` (in a topological order) with each one outside ``anchors`` moved to just
+    before the first node that needs it; anchors and nodes with effects keep their order.
+
+    A backward graph recomputes forward values (the saved activations' cheap neighbours:
+    GELU's inner ``tanh``, an attention mask). In the joint graph's order they all come
+    first, so every layer's recomputed values were alive through the whole backward pass
+    (hf-gpt2's training step: two 256 KiB GELU derivatives held from the first kernel);
+    placed late, each is made where its layer's gradient needs it. The anchors of a
+    backward graph are the nodes that read the tangents.
+
+    >>> g = torch.fx.Graph()
+    >>> x, t = g.placeholder("x"), g.placeholder("t")
+    >>> early = g.call_function(torch.sin, (x,))
+    >>> a = g.call_function(torch.mul, (t, 2))
+    >>> b = g.call_function(torch.mul, (a, early))
+    >>> [n.name for n in late_order([x, t, early, a, b], descendants([t]))]
+    ['x', 't', 'mul', 'sin', 'mul_1']
+    """
+    known = set(nodes)
+    placed: set[Node] = set()
+    out: list[Node] = []
+
+    def place(root: Node) -> None:  # after what it needs, depth first (a stack: long graphs)
+        stack = [(root, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node in placed:
+                continue
+            if ready:
+                placed.add(node)
+                out.append(node)
+                continue
+            stack.append((node, True))
+            needs = [n for n in node.all_input_nodes if n in known and n not in placed]
+            stack += [(n, False) for n in reversed(needs)]
+
+    for node in nodes:
+        if node.op == "placeholder" or node in anchors or node.is_impure():
+            place(node)
+    for node in nodes:
+        place(node)
+    return out
 
 
 def partition_from_saved(joint: JointGraph, saved: Iterable[Node]) -> Partition:
@@ -160,7 +210,7 @@ def partition_from_saved(joint: JointGraph, saved: Iterable[Node]) -> Partition:
     order = {n: i for i, n in enumerate(joint.gm.graph.nodes)}
     saved_nodes = sorted(set(saved), key=order.__getitem__)
     forward = extract(joint.gm, primals, [*fw_outs, *saved_nodes], "forward", _draws(joint))
-    backward = extract(joint.gm, [*saved_nodes, *tangents], grads, "backward")
+    backward = extract(joint.gm, [*saved_nodes, *tangents], grads, "backward", late_from=tangents)
     sizes = [tensor_bytes(n.meta.get("val")) for n in saved_nodes]
     inputs = [s for s, n in zip(sizes, saved_nodes, strict=True) if _view_of_input(n)]
     return Partition(

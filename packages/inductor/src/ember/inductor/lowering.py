@@ -75,6 +75,7 @@ Lowering = Callable[..., Any]
 LOWERINGS: dict[Any, Lowering] = {}  # aten overload -> fn(ctx, *args, **kwargs) -> Value
 SCALAR_OPERANDS: set[Any] = set()  # overloads whose lowering takes run-time Scalar operands
 INLINE_LIMIT = 120  # body nodes past which a lazy value is realized rather than inlined
+MANY_READS = 3  # buffers read by a value with several readers past which it is stored
 CHEAP = {Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAX, Op.MIN, Op.WHERE, Op.NOT, Op.ISNAN}
 HEAVY = frozenset(SEMANTICS) - CHEAP - COMPARE - {Op.AND, Op.OR, Op.XOR}  # worth storing
 
@@ -429,7 +430,11 @@ class Lowerer:
             if (u.target in LOWERINGS and u.target not in READS_MEMORY) or u.target in SIZE_READS
         )
         heavy = len(body) > 8 or any(e.op in HEAVY for e in body)
-        shared = len(node.users) > 1 and heavy  # recompute cheap values, store costly ones
+        # recompute cheap values, store costly ones, and store one that reads many buffers:
+        # recomputed, it keeps them all alive to its last reader (a residual stream summed
+        # anew by each layer's norm holds every layer's summands)
+        loads = {e.arg[0] for e in body if e.op is Op.LOAD}
+        shared = len(node.users) > 1 and (heavy or len(loads) >= MANY_READS)
         if len(body) > INLINE_LIMIT or shared or readers < len(node.users):
             returned = any(u.op == "output" for u in node.users)  # eager's strides, gaps too
             strides = _output_strides if returned else _dense_strides
