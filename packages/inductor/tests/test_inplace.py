@@ -314,15 +314,21 @@ def test_no_memory_held_for_a_later_output_across_the_peak() -> None:
     assert d not in sched.reuse.values(), str(sched)
 
 
-def test_a_stage_re_read_later_in_its_kernel_is_not_written_in_place() -> None:
-    """A residual sum stored by a layer norm's kernel and read again by its later stages does
-    not overwrite a summand: the Triton printer recomputes it there from the summands."""
+def test_a_stage_re_read_later_in_its_kernel_is_written_in_place_for_cpp_only() -> None:
+    """A residual sum stored by a layer norm's kernel and read again by its later stages may
+    go over a dying summand in C++ (it reads its own store back), not for the Triton
+    printer, which recomputes it there from the summands."""
+    from ember.inductor.lowering import lower_graph
+    from ember.inductor.scheduler import schedule
 
     def f(x: T, w: T, w2: T) -> T:
         h = x + (x @ w) + (x @ w2)  # stored: three buffers, two readers
         return F.layer_norm(h, (32,)) @ w + h
 
     x, w, w2 = torch.randn(16, 32), torch.randn(32, 32), torch.randn(32, 32)
-    _, sched = _compile(f, x, w, w2)
+    _, sched = _compile(f, x, w, w2, tol=1e-4)
     h = _stored(sched)[0]
-    assert h not in sched.inplace, str(sched)
+    assert h in sched.inplace, str(sched)
+    gm = make_fx(f, decomposition_table=decompositions())(x, w, w2)
+    triton = schedule(lower_graph(gm, [x, w, w2], printer="triton"), printer="triton")
+    assert _stored(triton)[0] == h and h not in triton.inplace, str(triton)

@@ -334,7 +334,7 @@ def _generate(
     decomposed, prog = _lower(run, gm, example_inputs, fused_random, nhwc, printer)  # loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
         updates = input_updates(gm, example_inputs)  # mutated inputs: written in place
-        sched = run.phase("schedule", schedule, prog, updates)  # fusion, memory plan
+        sched = run.phase("schedule", schedule, prog, updates, printer)  # fusion, memory plan
     with timing.TIMES.timed("codegen"):
         if (target := opts.get("target")) is not None:  # a Triton module
             source, args = run.phase("codegen", wrapper_triton.codegen, sched, target)
@@ -588,7 +588,9 @@ def _autotuned(
                     "cpp" if target is None else "triton",
                 )
                 updates = input_updates(tuning.original, tuning.example_inputs)
-                lowerings[chosen.lowering] = _Lowered(gm, schedule(prog, updates), prog.out_spec)
+                printer = "cpp" if target is None else "triton"
+                sched = schedule(prog, updates, printer)
+                lowerings[chosen.lowering] = _Lowered(gm, sched, prog.out_spec)
             lowered = lowerings[chosen.lowering]
             if target is None:
                 text, args = translation_unit(lowered.sched)

@@ -478,14 +478,18 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> tuple[set[str
     return local, scratch
 
 
-def plan_memory(sched: Schedule, updates: dict[int, int] | None = None) -> None:
+def plan_memory(
+    sched: Schedule, updates: dict[int, int] | None = None, recomputes: bool = False
+) -> None:
     """Mark local buffers; let a kernel's output take the memory of a dead buffer of the same
     dtype and layout: one that died before the kernel (kernel outputs, and results of externs
     that return fresh tensors), or one the kernel reads for the last time, element by element
     where it writes (:func:`_in_place`). Graph inputs, constants, outputs and whatever an
     aliasing extern reads or returns keep their memory, except that the new value of a
     mutated input (``updates``: output position -> input position) may be written into the
-    input's memory (:func:`write_into_inputs`).
+    input's memory (:func:`write_into_inputs`). ``recomputes``: the printer recomputes a
+    value where a later stage of its kernel reads it (Triton's), so no store that a later
+    stage reads may go over one of its operands.
 
     >>> import torch
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -527,7 +531,7 @@ def plan_memory(sched: Schedule, updates: dict[int, int] | None = None) -> None:
             for st in step.stages:
                 for pos in range(len(st.stores)):
                     hold = functools.partial(timeline.hold, died, k)
-                    _place(sched, step, st, pos, donors, free, pinned - outputs, hold)
+                    _place(sched, step, st, pos, donors, free, pinned - outputs, hold, recomputes)
         elif (into := _extern_in_place(prog, step, dead)) is not None:
             sched.inplace[step.names[0]] = sched.reuse[step.names[0]] = into
         sched.frees[k] = gone
@@ -664,6 +668,7 @@ def _place(
     free: dict[tuple[Any, ...], list[str]],
     fixed: set[str],
     hold: Callable[[str, int], bool] = lambda donor, nbytes: True,
+    recomputes: bool = False,
 ) -> None:
     """Give ``stage.stores[pos]`` the memory of a buffer dying in ``kernel`` (in place) or of
     a dead one from ``free``, if one has its dtype and layout (and ``hold(donor, bytes)``
@@ -672,10 +677,10 @@ def _place(
     if name in sched.locals or name in fixed or name in sched.reuse:
         return
     buf = sched.program.buffers[name]
-    # not over an operand of a store a later stage reads: a printer may recompute the store
-    # there from its operands (Triton's inlines values across stages)
+    # not over an operand of a store a later stage reads, where the printer recomputes the
+    # store there from its operands (Triton's inlines values across stages)
     later = kernel.stages[kernel.stages.index(stage) + 1 :]
-    if any(e.arg[0] == name for st in later for e in _loads(st)):
+    if recomputes and any(e.arg[0] == name for st in later for e in _loads(st)):
         dying = []
     for donor in dying:
         same = sched.program.buffers[donor]
@@ -790,16 +795,19 @@ def may_alias(step: Extern) -> bool:
     return any(r.alias_info is not None for r in schema.returns) or schema.is_mutable
 
 
-def schedule(prog: Program, updates: dict[int, int] | None = None) -> Schedule:
+def schedule(
+    prog: Program, updates: dict[int, int] | None = None, printer: str = "cpp"
+) -> Schedule:
     """Group ``prog`` into kernels and plan its memory; ``updates`` (output position -> input
-    position) names outputs that are new values of inputs, which may be written in place."""
+    position) names outputs that are new values of inputs, which may be written in place;
+    ``printer``: the code printer that will take the schedule (``"cpp"`` or ``"triton"``)."""
     prog = restage(prog)  # reductions across memory read a copy along their reduce loop
     if updates:  # a state update (optimizer step): each value's loop next to its readers'
         prog = demand_order(prog)
     if check.enabled():
         check.check(prog)
     sched = Schedule(prog, group(prog))
-    plan_memory(sched, updates)
+    plan_memory(sched, updates, recomputes=printer == "triton")
     sched.steps = [_mark_locals(s, sched.locals) for s in sched.steps]
     return sched
 
