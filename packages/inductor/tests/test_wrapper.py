@@ -56,6 +56,24 @@ def test_a_pool_keeps_small_sets_only_and_pooled_bytes_counts_them() -> None:
     assert "_take(_pool)" not in big.wrapper and pooled_bytes() == now  # type: ignore[attr-defined]
 
 
+def test_a_graph_allocating_more_than_the_limit_keeps_no_pool() -> None:
+    """A small intermediate is not pooled when the graph allocates more than
+    ``POOL_MAX_BYTES`` in all: there the saved allocation is noise, the resident set not."""
+
+    def f(x: T, w: T, big: T) -> tuple[T, T]:
+        return x.sin() @ w, big * 2  # x.sin(): 320 bytes; big * 2: returned, 256 KiB
+
+    x, w, big = torch.randn(5, 16), torch.randn(16, 16), torch.randn(256, 256)
+    compiled = compile_graph(make_fx(f)(x, w, big), [x, w, big])
+    for got, want in zip(compiled(x, w, big), f(x, w, big), strict=True):  # type: ignore[operator]
+        torch.testing.assert_close(got, want)
+    assert "_take(_pool)" not in compiled.wrapper  # type: ignore[attr-defined]
+    few = big[:8, :8].clone()
+    small = compile_graph(make_fx(f)(x, w, few), [x, w, few])
+    small(x, w, few)  # type: ignore[operator]
+    assert "_take(_pool)" in small.wrapper  # type: ignore[attr-defined]
+
+
 def test_pooled_wrapper_is_thread_safe(in_threads: Any) -> None:
     compiled, w, w2 = _compiled()
 

@@ -333,11 +333,13 @@ def _drops(sched: Schedule, keep: set[str]) -> dict[int, list[str]]:
     return out
 
 
-# Intermediates a compiled graph keeps between calls, at most. A pool is resident all the
-# time, so it adds to the steady-state peak (hf-gpt2's training step: 1.7 MiB of 5.7 at 16
-# MiB a graph, against torch inductor's 2.9 MiB), and the allocations it saves did not show
-# in the real models' step times (hf-gpt2/t5 training and inference, hf-vit inference: the
-# same within noise with no pool); small sets, where 2 us an allocation weighs most, stay.
+# The most a compiled graph allocates in kernel outputs for a pool to be kept between calls.
+# A pool is resident all the time, so it adds to the steady-state peak (hf-gpt2's training
+# step: 1.7 MiB of 5.7 at 16 MiB a graph, against torch inductor's 2.9 MiB; at 64 KiB a
+# graph, still 0.06-0.13 MiB of hf-bert's and hf-vit's 0.1 MiB excess), and the allocations
+# it saves did not show in the real models' step times (hf-gpt2/t5 training and inference,
+# hf-vit inference: the same within noise with no pool). Only small graphs, where 2 us an
+# allocation weighs most, keep one.
 POOL_MAX_BYTES = 64 << 10
 
 
@@ -354,6 +356,9 @@ def _pooled(sched: Schedule) -> list[str]:
         return name
 
     hints = prog.size_vars.hints if prog.size_vars is not None else {}
+    made = [prog.buffers[n] for step in sched.steps for n in _allocated(step, sched)]
+    if sum(hint(b.layout.extent * b.dtype.itemsize, hints) for b in made) > POOL_MAX_BYTES:
+        return []  # a graph that large computes for far longer than its allocations take
     escaping = {o.name for o in prog.outputs if isinstance(o, Ref)}
     for step in sched.steps:
         if isinstance(step, Extern) and may_alias(step):
