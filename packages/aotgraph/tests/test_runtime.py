@@ -353,3 +353,81 @@ def test_a_boxed_backward_owns_the_saved_values(retain: bool) -> None:
     if retain:
         y.backward()
         torch.testing.assert_close(w.grad, 2 * want)
+
+
+class _Direct:
+    """A compiled forward offering ``direct()``, as ember.inductor's does: the callable it
+    runs, giving the outputs as one flat tuple (each call through it counted)."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm, self.direct_calls = gm, 0
+
+    def __call__(self, *args: Any) -> Any:
+        return self.gm(*args)
+
+    def direct(self) -> Callable[..., Any]:
+        def call(*args: Any) -> tuple[Any, ...]:
+            self.direct_calls += 1
+            return tuple(self.gm(*args))
+
+        return call
+
+
+def _with_direct(fn: Callable[..., Any], *args: Any) -> tuple[Any, _Direct]:
+    made: list[_Direct] = []
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        made.append(_Direct(gm))
+        return made[-1]
+
+    f = aot_compile(torch.fx.symbolic_trace(fn), list(args), fw_compiler=compiler)
+    return f, made[0]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda x: x * 2, id="one"),
+        pytest.param(lambda x: (x * 2, x.sin()), id="tuple"),
+        pytest.param(lambda x: [x * 2, x.sin()], id="list"),
+    ],
+)
+def test_a_plain_inference_call_runs_the_forward_directly(fn: Callable[..., Any]) -> None:
+    """After the first call shows that nothing else is to do, an inference call is the
+    forward's ``direct()`` callable and the output structure, under grad mode too."""
+    x = torch.randn(4)
+    f, forward = _with_direct(fn, x)
+    first = f(x)
+    assert f.inference is not None and f.inference.fast is not None
+    for got in (first, f(x), f(x)):
+        assert type(got) is type(fn(x))
+        for a, b in zip(*(pytree_leaves(got), pytree_leaves(fn(x))), strict=True):
+            torch.testing.assert_close(a, b)
+            assert not a.requires_grad
+    assert forward.direct_calls == 2
+    y = torch.randn(4, requires_grad=True)  # a grad input: the training path, never direct
+    assert all(t.requires_grad for t in pytree_leaves(f(y)))
+    assert forward.direct_calls == 2
+
+
+def pytree_leaves(tree: Any) -> list[Any]:
+    return tree if isinstance(tree, list | tuple) else [tree]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda x: x.add_(1), id="mutation"),
+        pytest.param(lambda x: (x, x * 2), id="returns-its-input"),
+        pytest.param(lambda x: {"a": x * 2}, id="dict"),
+        pytest.param(lambda x: x.t(), id="view-of-input"),
+    ],
+)
+def test_no_direct_call_where_the_runtime_has_more_to_do(fn: Callable[..., Any]) -> None:
+    x = torch.randn(4, 4)
+    f, _ = _with_direct(fn, x.clone())
+    f(x.clone())
+    assert f.inference is not None and f.inference.fast is None
+    got, want = f(x.clone()), fn(x.clone())
+    for a, b in zip(pytree_leaves(got), pytree_leaves(want), strict=True):
+        torch.testing.assert_close(a, b)

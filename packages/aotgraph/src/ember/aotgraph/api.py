@@ -166,7 +166,8 @@ class AOTCompiled:
             return self.fallback(*args)
         if runtime.shapes is not None and not runtime.shapes.ok(inputs):
             return self.lifted(*inputs)  # sizes the graphs were not traced for: run eagerly
-        return runtime(inputs)
+        fast = runtime.fast
+        return runtime(inputs) if fast is None else fast(inputs)
 
     def variant(self, args: Sequence[Any]) -> AOTCompiled:
         """The compiled function for other values of the constant inputs (built on demand).

@@ -22,6 +22,7 @@ tensor([2., 2.])
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,8 @@ class Runtime:
     non_differentiable: tuple[int, ...] = field(init=False)  # tensor outputs without grad
     # the caller's output structure from (inputs, graph outputs): see ``assembler``
     assemble: Callable[[Sequence[torch.Tensor], Sequence[Any]], Any] = field(init=False)
+    # ``self(inputs)`` as one function, once the first call shows it may be (``direct_call``)
+    fast: Callable[[list[torch.Tensor]], Any] | None = field(init=False)
 
     def __post_init__(self) -> None:
         sig = self.signature
@@ -105,6 +108,7 @@ class Runtime:
         use, every = self.tangent_use, frozenset(range(len(sig.grad_outputs)))
         partial = use is not None and any(r and r != every for r in use.saved)
         object.__setattr__(self, "own_checks", partial)
+        object.__setattr__(self, "fast", None)
 
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         outs = self._run(inputs) if self.plain else self._run_replaying(inputs)
@@ -114,6 +118,7 @@ class Runtime:
             if self.backward is not None:
                 found = tuple(sorted({*found, *self._function_views(outs)}))
             clone.append(found)
+            object.__setattr__(self, "fast", direct_call(self))
         if clone[0]:
             outs = list(outs)
             for j in clone[0]:
@@ -236,6 +241,65 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def direct_call(rt: Runtime) -> Callable[[list[torch.Tensor]], Any] | None:
+    """``rt(inputs)`` as one function, where a call is the forward graph alone and the
+    caller gets its outputs as they are (one tensor, a flat tuple or list): no backward, no
+    mutation or replay, no output to copy (known after the first call), static sizes, and a
+    forward offering ``direct()``: the callable it runs itself (``ember.inductor``'s
+    compiled graph: its wrapper, once built). None otherwise.
+
+    A plain inference call went through four Python frames between ``AOTCompiled`` and
+    the wrapper (this runtime's call and run, the compiled graph's call, the assembler):
+    0.9-1.3 us warm, several more after a large kernel has evicted them from the caches,
+    what a cheap op over 1M elements loses to eager.
+    """
+    if rt.backward is not None or not rt.plain or rt.mutated or rt.shapes is not None:
+        return None
+    if not rt.clone or rt.clone[0]:
+        return None
+    direct = getattr(rt.forward, "direct", None)
+    call = direct() if direct is not None else None
+    shape = plain_shape(rt.signature)
+    if call is None or shape is None:
+        return None
+    grad_on, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
+    pick: Callable[[Any], Any] = {
+        "one": operator.itemgetter(0),
+        "tuple": tuple,
+        "list": list,
+    }[shape]
+
+    def fast(inputs: list[torch.Tensor]) -> Any:
+        if grad_on():  # as ``Runtime._run``: record no autograd graph
+            set_grad(False)
+            try:
+                return pick(call(*inputs))
+            finally:
+                set_grad(True)
+        return pick(call(*inputs))
+
+    return fast
+
+
+def plain_shape(sig: Signature) -> str | None:
+    """How the caller's output is made where it is the graph outputs in order: ``"one"``
+    tensor, a flat ``"tuple"`` or ``"list"``; None for any other structure.
+
+    >>> gm = torch.fx.symbolic_trace(lambda x: (x * 2, x + 1))
+    >>> from ember.aotgraph.trace import Lifted, analyze
+    >>> plain_shape(analyze(Lifted.of(gm, [torch.ones(2)]), [torch.ones(2)], grad=False))
+    'tuple'
+    """
+    if any(o.kind != "graph" or o.index != k for k, o in enumerate(sig.outputs)):
+        return None
+    spec = sig.out_spec
+    if spec.is_leaf():
+        return "one"
+    if all(spec.child(k).is_leaf() for k in range(spec.num_children)):
+        return {tuple: "tuple", list: "list"}.get(spec.type)
+    return None
+
+
 def assembler(
     sig: Signature, shapes: ShapeCheck | None = None
 ) -> Callable[[Sequence[torch.Tensor], Sequence[Any]], Any]:
@@ -255,12 +319,12 @@ def assembler(
         return _symbolic_assembler(sig, shapes)
     if any(o.kind != "graph" or o.index != k for k, o in enumerate(sig.outputs)):
         return lambda inputs, outs: assemble(sig, inputs, outs)
-    if spec.is_leaf():
+    shape = plain_shape(sig)
+    if shape == "one":
         return lambda inputs, outs: outs[0]
-    flat = all(spec.child(k).is_leaf() for k in range(spec.num_children))
-    if flat and spec.type is tuple:
+    if shape == "tuple":
         return lambda inputs, outs: tuple(outs[:n])
-    if flat and spec.type is list:
+    if shape == "list":
         return lambda inputs, outs: list(outs[:n])
     return lambda inputs, outs: pytree.tree_unflatten(list(outs[:n]), spec)
 

@@ -114,6 +114,23 @@ class CompiledGraph:
         out = self._call(*args)
         return out if self._rebuild is None else self._rebuild(out)
 
+    def direct(self) -> Callable[..., Any] | None:
+        """What a call runs, giving the graph's outputs as one flat tuple, for a caller that
+        wants them so (``ember.aotgraph``'s runtime: one frame less a call): the built
+        wrapper of C++ kernels, where the graph's outputs are a flat tuple or list or one
+        tensor. None before the first call, under Triton (whose wrapper changes while
+        kernels build) or for nested outputs.
+
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> from ember.inductor import compile_graph
+        >>> x = torch.randn(4)
+        >>> compiled = compile_graph(make_fx(lambda v: [v.sin() * 2])(x), [x])
+        >>> compiled.direct() is None, type(compiled(x)), type(compiled.direct()(x))
+        (True, <class 'list'>, <class 'tuple'>)
+        """
+        flat = self._rebuild is None or self._rebuild in (list, _ONE)
+        return self._call if self._kernels is None and flat else None
+
     def call_boxed(self, args: list[Any]) -> Any:
         """Call with the inputs in ``args``, a list this empties: the wrapper drops each
         input after its last use, so a value the caller no longer holds is freed then
@@ -301,12 +318,15 @@ def _first_call(compiled: CompiledGraph, call: Callable[..., Any]) -> Callable[.
     return first
 
 
+_ONE = operator.itemgetter(0)
+
+
 def _rebuilder(spec: Any) -> Callable[[Any], Any] | None:
     """How to turn the wrapper's flat tuple into the graph's output (None: it already is)."""
     if spec is None:
         return None
     if spec.is_leaf():  # the graph returns one tensor, not a container
-        return operator.itemgetter(0)
+        return _ONE
     flat = all(child.num_leaves == 1 and child.is_leaf() for child in spec.children())
     if flat and spec.type is tuple:
         return None

@@ -649,6 +649,11 @@ class FrozenGraph:
                 return f"input {i}: its data was replaced (.data assigned)"
         return "no change"
 
+    def direct(self) -> None:
+        """None: a call checks the frozen inputs and drops them before the compiled graph's
+        (which :meth:`ember.inductor.CompiledGraph.direct` would skip)."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "compiled":
             raise AttributeError(name)
