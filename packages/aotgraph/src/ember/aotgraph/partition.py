@@ -27,6 +27,7 @@ import torch
 import torch.fx
 
 from ember.aotgraph.ops import OpClass, node_class, tensor_bytes
+from ember.aotgraph.order import place_after_needs
 from ember.aotgraph.trace import JointGraph
 
 __all__ = [
@@ -172,25 +173,14 @@ def late_order(nodes: Sequence[Node], anchors: set[Node]) -> list[Node]:
     placed: set[Node] = set()
     out: list[Node] = []
 
-    def place(root: Node) -> None:  # after what it needs, depth first (a stack: long graphs)
-        stack = [(root, False)]
-        while stack:
-            node, ready = stack.pop()
-            if node in placed:
-                continue
-            if ready:
-                placed.add(node)
-                out.append(node)
-                continue
-            stack.append((node, True))
-            needs = [n for n in node.all_input_nodes if n in known and n not in placed]
-            stack += [(n, False) for n in reversed(needs)]
+    def needs(node: Node) -> list[Node]:
+        return [n for n in node.all_input_nodes if n in known]
 
     for node in nodes:
         if node.op == "placeholder" or node in anchors or node.is_impure():
-            place(node)
+            place_after_needs(node, needs, placed, out)
     for node in nodes:
-        place(node)
+        place_after_needs(node, needs, placed, out)
     return out
 
 

@@ -263,11 +263,12 @@ def direct_call(rt: Runtime) -> Callable[[list[torch.Tensor]], Any] | None:
     if call is None or shape is None:
         return None
     grad_on, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
-    pick: Callable[[Any], Any] = {
+    picks: dict[str, Callable[[Any], Any]] = {
         "one": operator.itemgetter(0),
         "tuple": tuple,
         "list": list,
-    }[shape]
+    }
+    pick = picks[shape]
 
     def fast(inputs: list[torch.Tensor]) -> Any:
         if grad_on():  # as ``Runtime._run``: record no autograd graph

@@ -33,6 +33,7 @@ import math
 
 import torch
 
+from ember.aotgraph.order import place_after_needs
 from ember.inductor.ir import Extern, Node, Program, Ref, walk
 from ember.inductor.ops import Op
 
@@ -64,19 +65,8 @@ def demand_order(prog: Program) -> Program:
 
 
 def _place(root: int, needs: list[list[int]], order: list[int], placed: set[int]) -> None:
-    """Append ``root`` after whatever it needs that is not placed yet, depth first (with a
-    stack: graphs run to thousands of nodes)."""
-    stack = [(root, False)]
-    while stack:
-        k, ready = stack.pop()
-        if k in placed:
-            continue
-        if ready:
-            placed.add(k)
-            order.append(k)
-            continue
-        stack.append((k, True))
-        stack += [(d, False) for d in reversed(needs[k]) if d not in placed]
+    """Append ``root`` after whatever it needs that is not placed yet, depth first."""
+    place_after_needs(root, needs.__getitem__, placed, order)
 
 
 def _closure(start: list[int], needs: list[list[int]]) -> set[int]:
