@@ -675,9 +675,27 @@ def addmm(ctx: Lowerer, bias: Value, a: Value, b: Value, *, beta: Any = 1, alpha
     whole = KNOBS.get().addmm == "aten"  # max_autotune's other matmul path
     if whole or beta != 1 or alpha != 1 or not computes or not isinstance(bias, Value):
         raise Fallback("addmm kept whole")
+    if _feeds_aten_alone(node):
+        raise Fallback("addmm kept whole: its consumer runs as its aten kernel")
     if (product := matmul_template(ctx, a, b)) is None:
         product = ctx.extern(node, (a, b), {}, target=aten.mm.default)
     return pointwise(ctx, _ADD, product, bias)
+
+
+def _feeds_aten_alone(node: torch.fx.Node) -> bool:
+    """Every user of ``node`` is an op that runs as its aten kernel when it stands alone
+    (:data:`~ember.inductor.lower_alone.ATEN_ALONE`) and whose result is only returned: split,
+    the bias add would move into ember's kernel for the op (erf GELU at 0.44x eager's in
+    bfloat16); whole, the op stands alone on addmm's result (``F.gelu(torch.addmm(b, x, w))``:
+    0.67 -> 1.0x eager in bfloat16)."""
+    from ember.inductor.lower_alone import ATEN_ALONE  # (it imports this module)
+
+    return all(
+        u.target in ATEN_ALONE
+        and ATEN_ALONE[u.target](dict(u.kwargs))
+        and all(r.op == "output" for r in u.users)
+        for u in node.users
+    )
 
 
 READS_MEMORY.add(aten.mm.default)
