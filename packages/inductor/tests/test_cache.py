@@ -82,3 +82,32 @@ def test_graph_cache_skips_lowering_and_survives_a_bad_record() -> None:
     third = compile_graph(gm, [x])
     assert third.schedule is not None
     torch.testing.assert_close(third(x), (x.cos() - 1).amax(0))
+
+
+def test_graph_cache_record_is_not_shared_across_default_dtypes() -> None:
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.inductor import compile_graph
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # a factory call without dtype=: its graph reads the same under any default dtype
+        return (x * 2, torch.ones(5, 5) + x)
+
+    x = torch.randn(5, 5)
+    gm = make_fx(fn)(x)
+    assert "dtype" not in gm.code  # the graph itself does not say which dtype ones() makes
+    first = compile_graph(gm, [x])
+    assert first(x)[1].dtype == torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        gm64 = make_fx(fn)(x)
+        assert gm64.code == gm.code
+        second = compile_graph(gm64, [x])
+        assert not second.cache_hit  # a record made under float32 would write float32 bits
+        got = second(x)[1]
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, fn(x)[1])
+    finally:
+        torch.set_default_dtype(old)

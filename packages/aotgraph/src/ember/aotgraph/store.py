@@ -74,6 +74,7 @@ __all__ = [
     "decode",
     "enabled",
     "encode",
+    "global_state",
     "load",
     "read_record",
     "record_key",
@@ -294,7 +295,15 @@ def _module_id(lifted: Lifted) -> JSON:
     return [gm.code, targets, constants, list(lifted.names), regions]
 
 
-def _global_state() -> JSON:
+def global_state() -> JSON:
+    """The process-wide settings a traced graph's meaning depends on, as JSON: the default
+    dtype (an aten factory call without ``dtype=`` makes it), autocast, and deterministic
+    algorithms. Every on-disk key that names a graph holds it, so a record made under one
+    default dtype never serves another.
+
+    >>> global_state()[0]
+    'torch.float32'
+    """
     autocast = [
         [torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device))]
         for device in ("cpu", "cuda")
@@ -322,7 +331,7 @@ def record_key(
             [lifted.input_positions, lifted.floats],
             [_constant_id(lifted.template[i]) for i in lifted.constant_positions],
             grad,
-            _global_state(),
+            global_state(),
         ]
     except Unencodable:
         return None

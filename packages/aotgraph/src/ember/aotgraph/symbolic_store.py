@@ -95,7 +95,7 @@ def record_key(
             [lifted.input_positions, lifted.floats],
             [store._constant_id(lifted.template[i]) for i in lifted.constant_positions],
             grad,
-            store._global_state(),
+            store.global_state(),
         ]
     except Unencodable:
         return None

@@ -4,8 +4,10 @@ A record (``$EMBER_CACHE_DIR/inductor/graphs/<key[:2]>/<key>.json``) holds what
 the wrapper needs: its source, the kernels' arguments, the library's cache
 key, the constants it binds (encoded by kind) and the output structure. The
 key hashes the graph's code, the inputs' and constants' sizes, strides and
-dtypes, the compile options, the torch version and the source of this
-package, so any change that could change the result misses. Records are
+dtypes, the compile options, the process-wide settings the graph's meaning
+depends on (the default dtype: ``aten.randn([5, 5])`` makes float64 under
+``torch.set_default_dtype(torch.float64)``), the torch version and the source
+of this package, so any change that could change the result misses. Records are
 written atomically and checked on load (the key inside must match); a record
 that fails to decode is ignored and rewritten.
 
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ember.aotgraph.store import global_state
 from ember.inductor.cache import CompileOptions, cache_dir
 from ember.inductor.wrapper_bind import FAST_CALLS
 
@@ -96,6 +99,7 @@ def graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], options: CompileO
         constants,
         options.cxx,
         list(options.cflags),
+        global_state(),
         _package_hash(),
         torch.__version__,
     ]
