@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph import check, log, store, symbolic_store
+from ember.aotgraph import check, hints, log, store, symbolic_store
 from ember.aotgraph.aliasing import Merge, own_views
 from ember.aotgraph.compiler_hook import CALLED_BOXED, hooked
 from ember.aotgraph.decompositions import DECOMPOSITIONS, default_decompositions
@@ -509,6 +509,7 @@ def _compile_boxed(
 ) -> Callable[..., Any]:
     """``compiler(gm, inputs)`` for a backward graph, which the runtime calls boxed where the
     result allows (``compiler_hook.CALLED_BOXED``)."""
+    hints.mark_owned_inputs(gm)
     token = CALLED_BOXED.set(True)
     try:
         compiled: Callable[..., Any] = compiler(gm, inputs)

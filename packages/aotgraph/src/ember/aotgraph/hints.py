@@ -1,7 +1,8 @@
 """Plain-data hints that ``aot_compile`` leaves on the graphs it hands to compilers.
 
-Two hints: which outputs are new values of inputs (``INPUT_UPDATES``, below), and on an
-inference graph which inputs are module state (``STATE_INPUTS``: :func:`state_inputs`).
+Three hints: which outputs are new values of inputs (``INPUT_UPDATES``, below), on an
+inference graph which inputs are module state (``STATE_INPUTS``: :func:`state_inputs`), and
+on a backward graph which inputs only the call holds (``OWNED_INPUTS``: :func:`owned_inputs`).
 
 A functional graph returns the new value of each input it mutates as an extra output, and
 the runtime copies that value back into the caller's tensor. A compiler that can store the
@@ -37,11 +38,14 @@ import torch
 __all__ = [
     "INPUT_UPDATES",
     "MODULE_STATE",
+    "OWNED_INPUTS",
     "STATE_INPUTS",
     "input_updates",
     "mark_forward",
     "mark_input_updates",
+    "mark_owned_inputs",
     "mark_state_inputs",
+    "owned_inputs",
     "state_inputs",
     "state_inputs_of",
     "updates_of",
@@ -54,6 +58,38 @@ STATE_INPUTS = "state_inputs"
 # A captured placeholder's mark: "parameter" or "buffer" (a module's registered state), None
 # (other inputs); ember's capture writes it on every placeholder, any caller may.
 MODULE_STATE = "module_state"
+# the gm.meta key of a backward graph: positions of the inputs nothing but the call holds,
+# the values the forward saved (not the primals, which are parameters or the caller's, nor
+# the tangents, which autograd holds): called boxed, it frees each at its last use
+OWNED_INPUTS = "owned_inputs"
+
+
+def mark_owned_inputs(gm: torch.fx.GraphModule) -> None:
+    """Record on a backward graph of ``aot_compile`` (placeholders ``primals_<i>``, the saved
+    values by their forward names, ``tangents_<i>``) which inputs are saved values: a memory
+    planner may count their memory as free after their last use.
+
+    >>> gm = torch.fx.symbolic_trace(lambda primals_1, mul, tangents_1: tangents_1 * mul)
+    >>> mark_owned_inputs(gm); owned_inputs(gm)
+    (1,)
+    """
+    places = gm.graph.find_nodes(op="placeholder")
+    foreign = ("primals_", "tangents_")
+    gm.meta[OWNED_INPUTS] = tuple(
+        k for k, p in enumerate(places) if not str(p.name).startswith(foreign)
+    )
+
+
+def owned_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The positions :func:`mark_owned_inputs` recorded on ``gm`` (none without the hint).
+
+    >>> owned_inputs(torch.fx.symbolic_trace(lambda x: x))
+    ()
+    """
+    found = getattr(gm, "meta", {}).get(OWNED_INPUTS)
+    if not isinstance(found, tuple) or not all(type(i) is int for i in found):
+        return ()
+    return found
 
 
 def state_inputs_of(gm: Any, positions: Sequence[int], lifted: int = 0) -> tuple[int, ...] | None:

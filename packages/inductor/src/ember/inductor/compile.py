@@ -334,7 +334,8 @@ def _generate(
     decomposed, prog = _lower(run, gm, example_inputs, fused_random, nhwc, printer)  # loop IR
     with timing.TIMES.timed("scheduling"):  # timing: for ember.compiler.compile_times()
         updates = input_updates(gm, example_inputs)  # mutated inputs: written in place
-        sched = run.phase("schedule", schedule, prog, updates, printer)  # fusion, memory plan
+        owned = owned_inputs(gm)  # a backward's saved values: freed at their last use
+        sched = run.phase("schedule", schedule, prog, updates, printer, owned)  # fusion, memory
     with timing.TIMES.timed("codegen"):
         if (target := opts.get("target")) is not None:  # a Triton module
             source, args = run.phase("codegen", wrapper_triton.codegen, sched, target)
@@ -516,6 +517,21 @@ def _graph_key(
     return key
 
 
+def owned_inputs(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The names of the inputs only a boxed call of ``gm`` holds (``ember.aotgraph``'s hint
+    :func:`~ember.aotgraph.hints.owned_inputs`: a backward graph's saved values), whose
+    memory the wrapper frees at their last use.
+
+    >>> from ember.aotgraph.hints import mark_owned_inputs
+    >>> gm = torch.fx.symbolic_trace(lambda primals_1, mul, tangents_1: tangents_1 * mul)
+    >>> mark_owned_inputs(gm)
+    >>> sorted(owned_inputs(gm))
+    ['mul']
+    """
+    places = gm.graph.find_nodes(op="placeholder")
+    return frozenset(places[k].name for k in hints.owned_inputs(gm))
+
+
 def input_updates(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[int, int]:
     """``ember.aotgraph``'s hint on ``gm`` (output position -> position of the input it is the
     new value of; :mod:`ember.aotgraph.hints`), without inputs that are not tensors or that
@@ -589,7 +605,7 @@ def _autotuned(
                 )
                 updates = input_updates(tuning.original, tuning.example_inputs)
                 printer = "cpp" if target is None else "triton"
-                sched = schedule(prog, updates, printer)
+                sched = schedule(prog, updates, printer, owned_inputs(tuning.original))
                 lowerings[chosen.lowering] = _Lowered(gm, sched, prog.out_spec)
             lowered = lowerings[chosen.lowering]
             if target is None:

@@ -359,6 +359,9 @@ def group(prog: Program) -> list[Kernel | Extern]:
         late = None if reads_open else _late_host(node, steps, made)
         hosts = (k for k in (late, open_) if k is not None and _join(node, out, k))
         host = next(hosts, None)
+        if host is None and not reads_open:
+            siblings = _siblings(node, steps, made, open_)
+            host = next((k for k in siblings if _join(node, out, k)), None)
         if host is None:
             open_ = host = _Open(_fresh_outer(node), [], {}, len(steps))
             steps.append(open_)
@@ -429,6 +432,37 @@ def _late_host(
     return host if isinstance(host, _Open) else None
 
 
+def _siblings(
+    node: Pointwise | Reduction,
+    steps: list[_Open | Extern],
+    made: dict[str, int],
+    open_: _Open | None,
+) -> Iterator[_Open]:
+    """Earlier kernels, after the step that made the last of ``node``'s inputs, that read one
+    of its inputs: ``node`` may run there, before the externs between (sibling fusion). A
+    Llama MLP's backward computes the up projection's gradient, two matmuls, then the gate's
+    gradient from the same three values; run beside the first, the second lets the three die
+    before the matmuls (and reads them while they are in cache). None past a mutating extern."""
+    inputs = reads(node)
+    last = max((made[b] for b in inputs if b in made), default=-1)
+    later = steps[last + 1 :]
+    if _impure(node) or any(isinstance(s, Extern) and _mutates(s) for s in later):
+        return
+    for step in later:
+        if isinstance(step, _Open) and step is not open_ and inputs & _kernel_reads(step):
+            yield step
+
+
+def _kernel_reads(kernel: _Open) -> set[str]:
+    return {
+        e.arg[0]
+        for stage in kernel.stages
+        for store in stage.stores
+        for e in walk(store.body)
+        if e.op is Op.LOAD
+    }
+
+
 def _inner(node: Pointwise | Reduction, k: int) -> tuple[int, ...]:
     return node.ranges[k:] if isinstance(node, Pointwise) else node.reduce_ranges
 
@@ -479,7 +513,10 @@ def _kernel_locals(prog: Program, steps: list[Kernel | Extern]) -> tuple[set[str
 
 
 def plan_memory(
-    sched: Schedule, updates: dict[int, int] | None = None, recomputes: bool = False
+    sched: Schedule,
+    updates: dict[int, int] | None = None,
+    recomputes: bool = False,
+    owned: frozenset[str] = frozenset(),
 ) -> None:
     """Mark local buffers; let a kernel's output take the memory of a dead buffer of the same
     dtype and layout: one that died before the kernel (kernel outputs, and results of externs
@@ -489,7 +526,8 @@ def plan_memory(
     mutated input (``updates``: output position -> input position) may be written into the
     input's memory (:func:`write_into_inputs`). ``recomputes``: the printer recomputes a
     value where a later stage of its kernel reads it (Triton's), so no store that a later
-    stage reads may go over one of its operands.
+    stage reads may go over one of its operands. ``owned``: inputs the wrapper's frees release
+    (:func:`schedule`), part of the timeline that decides where memory may be held.
 
     >>> import torch
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -518,7 +556,7 @@ def plan_memory(
             last_use.update((n, k) for n in step.names if n not in last_use)
     kept = set(prog.inputs) | set(prog.constants) | outputs | sched.locals
     free: dict[tuple[Any, ...], list[str]] = {}
-    timeline = _Timeline.of(sched, last_use, outputs)
+    timeline = _Timeline.of(sched, last_use, outputs, owned)
     died: dict[str, int] = {}  # a free buffer -> the step after which it died
     for k, step in enumerate(sched.steps):
         # every name goes out of the wrapper after its last use; only an unpinned one's
@@ -551,16 +589,25 @@ class _Timeline:
     keeps that memory from the donor's death to the taker's step: between them it must not
     raise the graph's peak. In hf-llama inference each layer's key and value buffers were
     held for the next layer's, across the MLP's two 256 KiB products, the peak (0.86 MiB
-    against torch inductor's 0.75)."""
+    against torch inductor's 0.75). A backward graph's saved values count until their last
+    use: without them its peak seemed to be at the end, where the weight gradients pile up,
+    and a layer's buffer was held for the next layer's through the real peak, where the
+    first layer's saved values are still live (hf-llama's training step)."""
 
     live: list[int]
     peak: int
 
     @staticmethod
-    def of(sched: Schedule, last_use: dict[str, int], outputs: set[str]) -> _Timeline:
+    def of(
+        sched: Schedule, last_use: dict[str, int], outputs: set[str], owned: frozenset[str]
+    ) -> _Timeline:
         prog, steps = sched.program, sched.steps
         hints = _hints(sched)
         live = [0] * len(steps)
+        for name in owned & last_use.keys():  # (the rest of the inputs: the same at every step)
+            nbytes = _nbytes(prog.buffers[name], hints)
+            for j in range(last_use[name] + 1):
+                live[j] += nbytes
         for k, step in enumerate(steps):
             if isinstance(step, Extern):
                 made = [] if may_alias(step) else list(step.names)
@@ -686,7 +733,7 @@ def _place(
         same = sched.program.buffers[donor]
         if (same.dtype, same.layout) != (buf.dtype, buf.layout) or donor in sched.inplace.values():
             continue
-        if _in_place(kernel, stage, pos, donor):
+        if _in_place(kernel, stage, pos, donor, earlier_stages=not recomputes):
             sched.inplace[name] = donor
             sched.reuse[name] = _root(sched, donor)
             return
@@ -709,22 +756,31 @@ def _hints(sched: Schedule) -> dict[Any, int]:
     return size_vars.hints if size_vars is not None else {}
 
 
-def _in_place(kernel: Kernel, stage: Stage, pos: int, donor: str) -> bool:
+def _in_place(
+    kernel: Kernel, stage: Stage, pos: int, donor: str, earlier_stages: bool = True
+) -> bool:
     """``stage.stores[pos]`` may write over ``donor``: every read of ``donor`` in the kernel
-    is in this (pointwise) stage, by this store or one before it, at the index this store
-    writes. Each point then reads the element before writing it and no point touches
-    another's, in scalar loops, vector loops (a vector is loaded before it is stored) and
-    across threads alike. A reduction's result, or a read at a shifted or broadcast index
-    (``x[1:] + x[:-1]``), would see elements already overwritten."""
+    is in this (pointwise) stage, by this store or one before it, or in an earlier pointwise
+    stage over the same inner loop (``earlier_stages``), at the index this store writes. Each point then
+    reads the element before writing it and no point touches another's, in scalar loops,
+    vector loops (a vector is loaded before it is stored) and across threads alike (an outer
+    point runs its stages in order). A reduction's result, or a read at a shifted or
+    broadcast index (``x[1:] + x[:-1]``), would see elements already overwritten. A Llama
+    MLP's backward reads the activation's gradient for the up projection's gradient, then,
+    two stages on, writes the gate's over it."""
     if stage.is_reduction:
         return False
-    index = stage.stores[pos].index
-    for st in kernel.stages:
+    index, at = stage.stores[pos].index, kernel.stages.index(stage)
+    for k, st in enumerate(kernel.stages):
         for j, s in enumerate(st.stores):
             for e in walk(s.body):
                 if e.op is not Op.LOAD or e.arg[0] != donor:
                     continue
-                if st is not stage or j > pos or e.args or e.arg[1] != index:
+                if e.args or e.arg[1] != index:
+                    return False
+                before = earlier_stages and k < at and st.inner == stage.inner
+                before = before and not st.is_reduction  # (tiled or split: other points)
+                if not before and (st is not stage or j > pos):
                     return False
     return True
 
@@ -796,18 +852,23 @@ def may_alias(step: Extern) -> bool:
 
 
 def schedule(
-    prog: Program, updates: dict[int, int] | None = None, printer: str = "cpp"
+    prog: Program,
+    updates: dict[int, int] | None = None,
+    printer: str = "cpp",
+    owned: frozenset[str] = frozenset(),
 ) -> Schedule:
     """Group ``prog`` into kernels and plan its memory; ``updates`` (output position -> input
     position) names outputs that are new values of inputs, which may be written in place;
-    ``printer``: the code printer that will take the schedule (``"cpp"`` or ``"triton"``)."""
+    ``printer``: the code printer that will take the schedule (``"cpp"`` or ``"triton"``);
+    ``owned``: inputs whose memory is freed at their last use (a boxed backward's saved
+    values), which the memory plan counts as live until then."""
     prog = restage(prog)  # reductions across memory read a copy along their reduce loop
     if updates:  # a state update (optimizer step): each value's loop next to its readers'
         prog = demand_order(prog)
     if check.enabled():
         check.check(prog)
     sched = Schedule(prog, group(prog))
-    plan_memory(sched, updates, recomputes=printer == "triton")
+    plan_memory(sched, updates, recomputes=printer == "triton", owned=owned)
     sched.steps = [_mark_locals(s, sched.locals) for s in sched.steps]
     return sched
 
