@@ -15,8 +15,8 @@ within a round, so a slow stretch of the machine slows both sides of it).
 Thread CPU time counts only the calling thread, so run with 1 thread (the default,
 as the suite's runner does). ``--profile`` prints ``torch.profiler``'s per-op CPU
 time for each configuration (where ember's and torch's steps differ). ``steady peak MiB``
-is the most tensor memory one steady-state call has live at once beyond what was live before
-it (``steady_peak_mib``: issue 19's memory column, compile memory excluded), plus the
+is the most tensor memory one steady-state call allocates and has live at once
+(``steady_peak_mib``: issue 19's memory column, compile memory excluded), plus the
 intermediates ember's compiled graphs keep between calls (``pooled_mib``).
 
 Configurations: ``eager``; ``ember`` (``ember.compiler.compile(backend="inductor")``);
@@ -118,24 +118,39 @@ def pooled_mib() -> float:
 
 
 def steady_peak_mib(step: Step) -> tuple[float, float]:
-    """``(peak, retained)`` MiB of one steady-state call: the most tensor memory live at once
-    above what was live when the call began, and what it left live at its end. Read from
-    ``torch.profiler``'s memory events (every allocation through c10's CPU allocator: aten's,
-    the compiled kernels' buffers, autograd's saved tensors), so compile memory, Python
-    objects and the allocator's cached pages do not count, for any configuration."""
+    """``(peak, retained)`` MiB of one steady-state call: the most tensor memory allocated
+    during the call and live at once, and what of it the call left live at its end. Read from
+    ``torch.profiler``'s allocation events (every allocation through c10's CPU allocator:
+    aten's, the compiled kernels' buffers, autograd's saved tensors), so compile memory,
+    Python objects and the allocator's cached pages do not count, for any configuration.
+    The frees of blocks made before the call (a training step's previous gradients, freed
+    by ``zero_grad``) do not count either: the profiler reports one only when it happened to
+    see the block made, which made the column vary by a model's gradients from run to run."""
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     step()
     with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-    moves = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in moves:
-        live += nbytes
-        peak = max(peak, live)
-    return peak / 2**20, live / 2**20
+    moves: list[tuple[int, int, int]] = []  # (time, address, bytes: negative when freed)
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            moves.append((node.start_time_ns, fields.ptr, fields.alloc_size))
+        stack.extend(node.children)
+    live: dict[int, int] = {}
+    now = peak = 0
+    for _, ptr, nbytes in sorted(moves):
+        if nbytes > 0:
+            live[ptr] = nbytes
+            now += nbytes
+        else:
+            now -= live.pop(ptr, 0)  # (a block from before the call: not counted)
+        peak = max(peak, now)
+    return peak / 2**20, now / 2**20
 
 
 def main() -> None:
@@ -181,7 +196,7 @@ def main() -> None:
             peak, kept = memory[config]
             peak += pools[config]  # allocated before the measured call, live throughout it
             print(f"| {config} | {best:.2f} | {med:.2f} | {min(base) / best:.3f} | {ratio:.3f} "
-                  f"| {firsts[config]:.1f} | {peak:.1f} | {kept:.1f} |")  # fmt: skip
+                  f"| {firsts[config]:.1f} | {peak:.2f} | {kept:.2f} |")  # fmt: skip
         if args.profile:
             for config in configs:
                 print(f"\n### {workload} {config}\n{profile(steps[config], args.rows)}")

@@ -761,13 +761,13 @@ def _in_place(
 ) -> bool:
     """``stage.stores[pos]`` may write over ``donor``: every read of ``donor`` in the kernel
     is in this (pointwise) stage, by this store or one before it, or in an earlier pointwise
-    stage over the same inner loop (``earlier_stages``), at the index this store writes. Each point then
-    reads the element before writing it and no point touches another's, in scalar loops,
-    vector loops (a vector is loaded before it is stored) and across threads alike (an outer
-    point runs its stages in order). A reduction's result, or a read at a shifted or
-    broadcast index (``x[1:] + x[:-1]``), would see elements already overwritten. A Llama
-    MLP's backward reads the activation's gradient for the up projection's gradient, then,
-    two stages on, writes the gate's over it."""
+    stage over the same inner loop (``earlier_stages``), at the index this store writes.
+    Each point then reads the element before writing it and no point touches another's, in
+    scalar loops, vector loops (a vector is loaded before it is stored) and across threads
+    alike (an outer point runs its stages in order). A reduction's result, or a read at a
+    shifted or broadcast index (``x[1:] + x[:-1]``), would see elements already overwritten.
+    A Llama MLP's backward reads the activation's gradient for the up projection's gradient,
+    then, two stages on, writes the gate's over it."""
     if stage.is_reduction:
         return False
     index, at = stage.stores[pos].index, kernel.stages.index(stage)
