@@ -378,3 +378,29 @@ def test_a_sibling_stays_after_an_extern_that_mutates() -> None:
     compiled = compile_graph(gm, [x, w, z.clone()], {"graph_cache": False})
     z1, z2 = z.clone(), z.clone()
     torch.testing.assert_close(compiled(x, w, z1), fn(x, w, z2))
+
+
+def test_scatters_sharing_one_zeros_each_write_into_a_fill_of_their_own() -> None:
+    def f(i: T, j: T, g: T, h: T) -> tuple[T, T]:
+        z = torch.zeros(6, 2)  # one zeros for two embedding backwards (T5's shared table)
+        return z.index_put((i,), g, True), z.index_put((j,), h * 2, True)
+
+    i, j = torch.tensor([0, 2, 2]), torch.tensor([5, 1, 0])
+    g, h = torch.randn(3, 2), torch.randn(3, 2)
+    _, sched = _compile(f, i, j, g, h)
+    scatters = [s for s in sched.steps if isinstance(s, Extern) and "index_put" in str(s.target)]
+    assert len(scatters) == 2
+    for s in scatters:  # each writes into its own zeros: no copy, no zeros kept for the other
+        assert s.names[0] in sched.inplace, str(sched)
+    assert len({sched.inplace[s.names[0]] for s in scatters}) == 2
+
+
+def test_a_short_heavy_value_of_one_buffer_is_recomputed_not_stored_across_a_matmul() -> None:
+    def f(x: T, y: T, w: T) -> tuple[T, T]:
+        s = x * x.sigmoid()  # SwiGLU's silu(gate): read before and after the matmul
+        a = (s * y) @ w
+        return a, s * a
+
+    x, y, w = torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 16)
+    _, sched = _compile(f, x, y, w, tol=1e-5)
+    assert len(_stored(sched)) == 2, str(sched)  # s * y and s * a; s itself is not stored

@@ -33,6 +33,7 @@ from ember.inductor import (
     background,
     cache,
     decomp_norm,
+    fills,
     freezing,
     graph_cache,
     layout_conv,
@@ -438,6 +439,8 @@ def _lower(
     for ``printer`` (``"cpp"`` or ``"triton"``)."""
     with timing.TIMES.timed("lowering"):
         gm = run.phase("decompose", decompose, gm, example_inputs)  # composite ops -> primitives
+        if fills.applies(gm):  # (a trace file only where it does: later files one higher)
+            gm = run.phase("fresh_fills", fills.fresh_fills, gm)  # a fill per in-place scatter
         if channels_last and layout_conv.applies(gm):  # (a trace file only where it may)
             gm = run.phase("layout", layout_conv.channels_last_convolutions, gm)  # NHWC convs
         lower = functools.partial(lower_graph, fused_random=fused_random, printer=printer)
