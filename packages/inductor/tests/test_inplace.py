@@ -404,3 +404,28 @@ def test_a_short_heavy_value_of_one_buffer_is_recomputed_not_stored_across_a_mat
     x, y, w = torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 16)
     _, sched = _compile(f, x, y, w, tol=1e-5)
     assert len(_stored(sched)) == 2, str(sched)  # s * y and s * a; s itself is not stored
+
+
+def test_an_attention_mask_is_made_anew_before_each_attention_call() -> None:
+    def f(q: T, k: T, v: T, lengths: T) -> T:
+        s = q.shape[2]
+        i, j = torch.arange(s).view(1, 1, s, 1), torch.arange(s).view(1, 1, 1, s)
+        mask = torch.where((j <= i) & (j < lengths.view(-1, 1, 1, 1)), 0.0, float("-inf"))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(a * 2, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 2, 8, 4) for _ in range(3))
+    _, sched = _compile(f, q, k, v, torch.tensor([5, 8]), tol=1e-5)
+    kinds = [
+        "attention" if isinstance(s, Extern) else "mask"
+        for s in sched.steps
+        if isinstance(s, Extern) or any(e.op is Op.WHERE for e in _bodies(s))
+    ]
+    # each layer's mask just before its attention: the first is dead during the second
+    assert kinds == ["mask", "attention", "mask", "attention"], str(sched)
+
+
+def _bodies(kernel: Kernel | Extern) -> list[Any]:
+    if not isinstance(kernel, Kernel):
+        return []
+    return [e for st in kernel.stages for s in st.stores for e in walk(s.body)]

@@ -360,7 +360,7 @@ def group(prog: Program) -> list[Kernel | Extern]:
         hosts = (k for k in (late, open_) if k is not None and _join(node, out, k))
         host = next(hosts, None)
         if host is None and not reads_open:
-            siblings = _siblings(node, steps, made, open_)
+            siblings = _siblings(prog, node, steps, made, open_)
             host = next((k for k in siblings if _join(node, out, k)), None)
         if host is None:
             open_ = host = _Open(_fresh_outer(node), [], {}, len(steps))
@@ -433,24 +433,31 @@ def _late_host(
 
 
 def _siblings(
+    prog: Program,
     node: Pointwise | Reduction,
     steps: list[_Open | Extern],
     made: dict[str, int],
     open_: _Open | None,
 ) -> Iterator[_Open]:
-    """Earlier kernels, after the step that made the last of ``node``'s inputs, that read one
-    of its inputs: ``node`` may run there, before the externs between (sibling fusion). A
-    Llama MLP's backward computes the up projection's gradient, two matmuls, then the gate's
-    gradient from the same three values; run beside the first, the second lets the three die
-    before the matmuls (and reads them while they are in cache). None past a mutating extern."""
+    """Earlier kernels, after the step that made the last of ``node``'s inputs, that read
+    inputs of it at least as large as its result: ``node`` may run there, before the externs
+    between (sibling fusion). A Llama MLP's backward computes the up projection's gradient,
+    two matmuls, then the gate's gradient from the same three values; run beside the first,
+    the second lets the three die before the matmuls (and reads them while they are in
+    cache). A result larger than what it shares would only be made early (an attention mask
+    :mod:`~ember.inductor.fills` makes anew for a later layer). None past a mutating extern."""
     inputs = reads(node)
     last = max((made[b] for b in inputs if b in made), default=-1)
     later = steps[last + 1 :]
     if _impure(node) or any(isinstance(s, Extern) and _mutates(s) for s in later):
         return
+    hints = prog.size_vars.hints if prog.size_vars is not None else {}
+    size = hint(math.prod(node.ranges), hints)
     for step in later:
-        if isinstance(step, _Open) and step is not open_ and inputs & _kernel_reads(step):
-            yield step
+        if isinstance(step, _Open) and step is not open_:
+            shared = [prog.buffers[b] for b in inputs & _kernel_reads(step) if b in prog.buffers]
+            if sum(_nbytes(b, hints) // b.dtype.itemsize for b in shared) >= size:
+                yield step
 
 
 def _kernel_reads(kernel: _Open) -> set[str]:
