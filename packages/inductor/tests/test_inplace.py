@@ -429,3 +429,18 @@ def _bodies(kernel: Kernel | Extern) -> list[Any]:
     if not isinstance(kernel, Kernel):
         return []
     return [e for st in kernel.stages for s in st.stores for e in walk(s.body)]
+
+
+def test_the_memory_timeline_counts_an_output_written_in_place_once() -> None:
+    from ember.inductor.scheduler import _Timeline
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    _, sched = _compile(lambda x, w: (x @ w).relu() * 2, x, w)
+    (mm,) = _externs(sched)
+    (out,) = _stored(sched)
+    assert sched.inplace == {out: mm}
+    last_use = {mm: 1, out: 1}
+    counted = _Timeline.of(sched, last_use, {out}, frozenset())
+    assert counted.live == [512, 1024]  # the kernel's step: the product and its output
+    counted.in_place(sched, {})
+    assert counted.live == [512, 512] and counted.peak == 512  # one buffer: written in place

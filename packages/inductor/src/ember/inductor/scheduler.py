@@ -562,8 +562,28 @@ def plan_memory(
         if isinstance(step, Extern):
             last_use.update((n, k) for n in step.names if n not in last_use)
     kept = set(prog.inputs) | set(prog.constants) | outputs | sched.locals
-    free: dict[tuple[Any, ...], list[str]] = {}
     timeline = _Timeline.of(sched, last_use, outputs, owned)
+    # a dry run finds the in-place writes (they take no memory of their own: the timeline
+    # counted them twice, and so let memory be held across what looked below the peak),
+    # then the real run gives dead buffers' memory to later outputs
+    before = dict(sched.inplace), dict(sched.reuse)
+    _assign(sched, last_use, kept, pinned, _Timeline([], 0), recomputes)
+    timeline.in_place(sched, before[0])
+    sched.inplace, sched.reuse, sched.frees = dict(before[0]), dict(before[1]), {}
+    _assign(sched, last_use, kept, pinned, timeline, recomputes)
+
+
+def _assign(
+    sched: Schedule,
+    last_use: dict[str, int],
+    kept: set[str],
+    pinned: set[str],
+    timeline: _Timeline,
+    recomputes: bool,
+) -> None:
+    """:func:`plan_memory`'s walk over the steps: frees, in-place writes and reuse."""
+    prog, outputs = sched.program, output_names(sched.program)
+    free: dict[tuple[Any, ...], list[str]] = {}
     died: dict[str, int] = {}  # a free buffer -> the step after which it died
     for k, step in enumerate(sched.steps):
         # every name goes out of the wrapper after its last use; only an unpinned one's
@@ -628,9 +648,26 @@ class _Timeline:
                     live[j] += nbytes
         return _Timeline(live, max(live, default=0))
 
+    def in_place(self, sched: Schedule, earlier: dict[str, str]) -> None:
+        """Count once each output written in place (``sched.inplace``, less ``earlier``:
+        outputs written into inputs, which the timeline never counted twice)."""
+        hints = _hints(sched)
+        for k, step in enumerate(sched.steps):
+            names = (
+                step.names
+                if isinstance(step, Extern)
+                else [x.name for st in step.stages for x in st.stores]
+            )
+            for name in names:
+                if name in sched.inplace and name not in earlier:
+                    self.live[k] -= _nbytes(sched.program.buffers[name], hints)
+        self.peak = max(self.live, default=0)
+
     def hold(self, died: dict[str, int], k: int, donor: str, nbytes: int) -> bool:
         """Whether ``donor``'s memory may be kept from its death for step ``k``'s output
         (then counted as held): only where that does not raise the peak."""
+        if not self.live:
+            return False  # (the dry run: no memory is held)
         span = range(died.get(donor, k - 1) + 1, k)
         if any(self.live[j] + nbytes > self.peak for j in span):
             return False
