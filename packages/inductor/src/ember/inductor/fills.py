@@ -138,12 +138,9 @@ def _copy(
 
 def _numel(node: torch.fx.Node) -> int | None:
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return math.prod(int(s) for s in val.shape)
-    except (TypeError, RuntimeError):  # (a symbolic size)
-        return None
+    if not isinstance(val, torch.Tensor) or not all(type(n) is int for n in val.shape):
+        return None  # (a symbolic size: reading its value would specialise it)
+    return math.prod(val.shape)
 
 
 def _pure(node: torch.fx.Node) -> bool:

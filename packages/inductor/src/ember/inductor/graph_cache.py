@@ -28,7 +28,6 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.aotgraph.store import global_state
 from ember.inductor.cache import CompileOptions, cache_dir
 from ember.inductor.wrapper_bind import FAST_CALLS
 
@@ -86,6 +85,8 @@ def symbolic(gm: torch.fx.GraphModule) -> bool:
 def graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], options: CompileOptions) -> str:
     """The record's name: everything the compiled result depends on (for a graph traced with
     symbolic sizes, those sizes, not the examples')."""
+    from ember.aotgraph.store import global_state  # (compile time only: a pack's run skips it)
+
     constants = [_meta(_fetch(gm, str(n.target))) for n in gm.graph.nodes if n.op == "get_attr"]
     places = gm.graph.find_nodes(op="placeholder")
     metas = (
