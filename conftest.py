@@ -7,10 +7,12 @@ stops working fails CI.
 
 from __future__ import annotations
 
+import atexit
 import doctest
 import importlib
 import os
 import pkgutil
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -37,7 +39,9 @@ if "TRITON_INTERPRET" not in os.environ and not _has_cuda():
 
 # Compiled kernels go to a cache of the test run's own, empty at its start, never the
 # user's (a package's conftest may give its tests a narrower one).
-os.environ.setdefault("EMBER_CACHE_DIR", tempfile.mkdtemp(prefix="ember-tests-"))
+if "EMBER_CACHE_DIR" not in os.environ:
+    os.environ["EMBER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember-tests-")
+    atexit.register(shutil.rmtree, os.environ["EMBER_CACHE_DIR"], ignore_errors=True)
 
 # The model zoo (benchmarks/models) is shared by tests, the demo and the benchmarks.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks"))

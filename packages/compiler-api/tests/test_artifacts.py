@@ -88,13 +88,14 @@ CHILD = textwrap.dedent(
 
 def child(backend: str, pack: str, names: list[str], **env: str) -> dict:
     """Run CHILD in a fresh process with an empty disk cache of its own."""
-    environ = {**os.environ, "EMBER_CACHE_DIR": tempfile.mkdtemp(prefix="ember-pack-"), **env}
-    environ["HEAVY"] = ",".join(HEAVY)
-    environ["PYTHONPATH"] = os.pathsep.join([MODELS_DIR, environ.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, backend, pack, *names],
-        capture_output=True, text=True, env=environ, timeout=600,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="ember-pack-") as cache:
+        environ = {**os.environ, "EMBER_CACHE_DIR": cache, **env}
+        environ["HEAVY"] = ",".join(HEAVY)
+        environ["PYTHONPATH"] = os.pathsep.join([MODELS_DIR, environ.get("PYTHONPATH", "")])
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, backend, pack, *names],
+            capture_output=True, text=True, env=environ, timeout=600,
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))  # type: ignore[no-any-return]
@@ -121,7 +122,7 @@ def test_fresh_process_runs_the_pack_without_compiling(backend, names, tmp_path)
     leave in this process cannot count (docs/troubleshooting.md's example turns the
     report's call counter on for the rest of the process)."""
     pack = tmp_path / "zoo.ember"
-    cache = tempfile.mkdtemp(prefix="ember-save-")
+    cache = str(tmp_path / "cache")
     saved = child(backend, "-", names, EMBER_CACHE_DIR=cache, SAVE_TO=str(pack))
     assert saved["entries"] == len(names) and saved["left_out"] == [], saved
     result = child(backend, str(pack), names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,11 +28,14 @@ def inputs() -> list[torch.Tensor]:
 
 
 def compiled_with(
-    monkeypatch: pytest.MonkeyPatch, choices: tuple[Knobs, ...], seconds: Callable[[Any], float]
+    monkeypatch: pytest.MonkeyPatch,
+    where: Path,
+    choices: tuple[Knobs, ...],
+    seconds: Callable[[Any], float],
 ) -> Any:
     """``linear_gelu`` compiled under max_autotune, timing ``choices`` by ``seconds(trial)``
     (in a fresh cache: the choice is remembered on disk)."""
-    monkeypatch.setenv("EMBER_CACHE_DIR", tempfile.mkdtemp(prefix="ember-autotune-"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", tempfile.mkdtemp(dir=where))
     monkeypatch.setattr(autotune, "candidates", lambda: choices)
     monkeypatch.setattr(autotune, "seconds_per_call", lambda call: seconds(call.func))
     args = inputs()
@@ -42,28 +46,32 @@ def compiled_with(
 
 
 def test_the_matmul_path_lowers_again_and_the_chosen_lowering_runs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     def aten_is_faster(trial: Any) -> float:
         return 0.5 if "aten.addmm" in str(trial.schedule) else 1.0
 
-    compiled = compiled_with(monkeypatch, (Knobs(), Knobs(addmm="aten")), aten_is_faster)
+    compiled = compiled_with(monkeypatch, tmp_path, (Knobs(), Knobs(addmm="aten")), aten_is_faster)
     assert "extern aten.addmm.default" in str(compiled.schedule)
-    compiled = compiled_with(monkeypatch, (Knobs(), Knobs(addmm="aten")), lambda t: 1.0)
+    compiled = compiled_with(monkeypatch, tmp_path, (Knobs(), Knobs(addmm="aten")), lambda t: 1.0)
     assert "extern aten.mm.default" in str(compiled.schedule)  # a tie keeps the default
 
 
-def test_a_thread_count_reaches_every_parallel_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_thread_count_reaches_every_parallel_loop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     def fewer_threads_win(trial: Any) -> float:
         return 0.5 if "num_threads(2)" in trial.source else 1.0
 
     choices = (Knobs(parallel_min_work=1), Knobs(parallel_min_work=1, threads=2))
-    compiled = compiled_with(monkeypatch, choices, fewer_threads_win)
+    compiled = compiled_with(monkeypatch, tmp_path, choices, fewer_threads_win)
     pragmas = [ln for ln in compiled.source.splitlines() if "omp parallel" in ln]
     assert pragmas and all("num_threads(2)" in ln for ln in pragmas)
 
 
-def test_the_winners_of_each_knob_are_timed_together(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_winners_of_each_knob_are_timed_together(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     def both_win(trial: Any) -> float:
         aten, few = "aten.addmm" in str(trial.schedule), "num_threads(2)" in trial.source
         return 1.0 - 0.3 * aten - 0.2 * few
@@ -74,7 +82,7 @@ def test_the_winners_of_each_knob_are_timed_together(monkeypatch: pytest.MonkeyP
         Knobs(parallel_min_work=1, addmm="aten"),
         Knobs(parallel_min_work=1, threads=2),
     )
-    compiled = compiled_with(monkeypatch, choices, both_win)
+    compiled = compiled_with(monkeypatch, tmp_path, choices, both_win)
     assert "extern aten.addmm.default" in str(compiled.schedule)
     assert "num_threads(2)" in compiled.source
 

@@ -432,7 +432,7 @@ def _bodies(kernel: Kernel | Extern) -> list[Any]:
 
 
 def test_the_memory_timeline_counts_an_output_written_in_place_once() -> None:
-    from ember.inductor.scheduler import _Timeline
+    from ember.inductor.memplan import _Timeline
 
     x, w = torch.randn(8, 16), torch.randn(16, 16)
     _, sched = _compile(lambda x, w: (x @ w).relu() * 2, x, w)

@@ -9,7 +9,7 @@ the rest, depth first from the outputs: a parameter's moments just before the pa
 so one loop computes all three and reads each input once, as ``AdamW(fused=True)`` does.
 
 The scheduler uses this order only for graphs that write inputs in place
-(:func:`~ember.inductor.scheduler.write_into_inputs`: optimizer steps, running
+(:func:`~ember.inductor.memplan.write_into_inputs`: optimizer steps, running
 statistics), and only when no node draws random numbers or mutates (their order is
 observable). Any order that keeps each node after the nodes it reads computes the same
 values; this one changes which loops fuse.

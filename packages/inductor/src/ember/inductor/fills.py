@@ -8,7 +8,7 @@ keep between them:
   shared table, read by the encoder and the decoder) gets two of them, and the joint graph's
   common-subexpression pass merges their ``zeros`` into one node. The scheduler writes an
   ``index_put`` into its ``self`` only where that buffer is read for the last time there
-  (:data:`~ember.inductor.scheduler.EXTERN_IN_PLACE`), so the first scatter allocated a
+  (:data:`~ember.inductor.memplan.EXTERN_IN_PLACE`), so the first scatter allocated a
   copy, and the zeros lived from the decoder's backward to the encoder's: two
   embedding-sized buffers at hf-t5's training peak. Filling costs what the copy did.
 - **Attention masks.** A causal or padding mask is built once from a few small index
@@ -58,7 +58,7 @@ def applies(gm: torch.fx.GraphModule) -> bool:
 
 def fresh_fills(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Give each reader of a shared fill that may write into it (an op of
-    :data:`~ember.inductor.scheduler.EXTERN_IN_PLACE`, the fill as its ``self``) a copy of
+    :data:`~ember.inductor.memplan.EXTERN_IN_PLACE`, the fill as its ``self``) a copy of
     the fill, and each attention call after the first a copy of its mask's chain, placed
     just before it: ``gm``, changed in place (and recompiled) if need be."""
     changed = False
@@ -78,7 +78,7 @@ def fresh_fills(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def _in_place_readers(node: torch.fx.Node) -> list[torch.fx.Node]:
-    from ember.inductor.scheduler import EXTERN_IN_PLACE
+    from ember.inductor.memplan import EXTERN_IN_PLACE
 
     if node.op != "call_function" or node.target not in FILLS or len(node.users) < 2:
         return []

@@ -33,7 +33,8 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor.ir import Extern, Layout, Ref, Scalar, ScalarOp
-from ember.inductor.scheduler import EXTERN_IN_PLACE, Kernel, Schedule, may_alias
+from ember.inductor.memplan import EXTERN_IN_PLACE, may_alias
+from ember.inductor.scheduler import Kernel, Schedule
 from ember.inductor.symbolic import FloatSize, hint, is_static, pyexpr, pytuple
 
 # The runtime half (binding the source to the kernels, and what the source calls) lives in
