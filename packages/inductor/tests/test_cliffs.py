@@ -331,19 +331,21 @@ def test_a_bfloat16_sum_of_everything_adds_rows_in_groups(
 
 def test_a_float32_sum_keeps_one_partial_a_row() -> None:
     """Float32 rows keep a simd loop each: one 16-float chain over 8 rows waits on its own
-    adds (46 -> 54 us for 1M), where a chain per row overlaps the next row's."""
+    adds (46 -> 54 us for 1M), where a chain per row overlaps the next row's. (The sum
+    reads a value computed on the fly: alone it runs as aten, lower_alone.ATEN_ALONE.)"""
     x = torch.randn(1024, 1024)
-    compiled = _compile(lambda x: x.sum(), x)
-    torch.testing.assert_close(_one(compiled(x)), x.sum(), rtol=1e-5, atol=1e-3)
+    compiled = _compile(lambda x: x.abs().sum(), x)
+    torch.testing.assert_close(_one(compiled(x)), x.abs().sum(), rtol=1e-5, atol=1e-3)
     assert "collapse(2)" not in compiled.source
     assert re.search(r"#pragma omp simd reduction\(\+:buf\d+_row\)", compiled.source)
 
 
 def test_a_product_of_everything_stays_in_double() -> None:
     """Float partial products restarted at 1 drift with a bias (codegen_accum.row_partials):
-    the product keeps one double accumulator."""
+    the product keeps one double accumulator (of a value computed on the fly: alone, the
+    product runs as aten)."""
     x = 1 + 1e-3 * torch.randn(256, 1024)
-    compiled = _compile(lambda x: x.prod(), x)
+    compiled = _compile(lambda x: x.abs().prod(), x)
     exact = float(x.double().prod())
     assert abs(float(_one(compiled(x))) - exact) / exact < 1e-6
     assert "_row" not in compiled.source and "double buf0_acc = 1;" in compiled.source
@@ -415,3 +417,60 @@ def test_argmax_along_a_dim_keeps_its_ordered_reduction() -> None:
     for got, want in zip(compiled(x), (x.argmax(1), x.argmin(0)), strict=True):
         assert torch.equal(got, want)
     assert "reduction(min:" not in compiled.source
+
+
+def _targets(compiled: Any) -> list[str]:
+    return [str(s.target) if hasattr(s, "target") else "kernel" for s in compiled.schedule.steps]
+
+
+ALONE_REDUCTIONS = {  # lower_alone.ATEN_ALONE: float32 reductions that run as eager's kernel
+    "sum()": (lambda x: x.sum(), "aten.sum.dim_IntList"),
+    "amax()": (lambda x: x.amax(), "aten.amax.default"),
+    "amin((0, 1))": (lambda x: x.amin((0, 1)), "aten.amin.default"),
+    "prod()": (lambda x: x.prod(), "aten.prod.default"),
+    "prod(-1)": (lambda x: x.prod(-1), "aten.prod.dim_int"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALONE_REDUCTIONS))
+def test_a_float32_reduction_to_one_value_alone_runs_as_eagers_kernel(name: str) -> None:
+    fn, target = ALONE_REDUCTIONS[name]
+    x = 1 + 1e-3 * torch.randn(512, 256)
+    compiled = _compile(fn, x)
+    assert _targets(compiled) == [target]
+    torch.testing.assert_close(_one(compiled(x)), fn(x), rtol=0, atol=0)  # eager's own kernel
+
+
+KEPT_REDUCTIONS = {  # where ember's kernel is the faster, or the op does not stand alone
+    "sum(-1)": (lambda x: x.sum(-1), torch.float32, (512, 256)),
+    "column sum": (lambda x: x.sum(0), torch.float32, (512, 256)),
+    "transposed product": (lambda x: x.t().prod(-1), torch.float32, (512, 256)),
+    "bfloat16 sum()": (lambda x: x.sum(), torch.bfloat16, (512, 256)),
+    "small sum()": (lambda x: x.sum(), torch.float32, (64, 64)),
+    "fused sum()": (lambda x: (x * 2).sum(), torch.float32, (512, 256)),
+    "sum() read twice": (lambda x: (x.sum(), x.sum() * 2), torch.float32, (512, 256)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT_REDUCTIONS))
+def test_other_reductions_keep_embers_kernel(name: str) -> None:
+    fn, dtype, shape = KEPT_REDUCTIONS[name]
+    x = (1 + 1e-3 * torch.randn(shape)).to(dtype)
+    compiled = _compile(fn, x)
+    assert "kernel" in _targets(compiled), _targets(compiled)
+    got, want = compiled(x), fn(x)
+    got = got if isinstance(want, tuple) else _one(got)
+    torch.testing.assert_close(got, want, rtol=2e-2 if dtype == torch.bfloat16 else 1e-4, atol=0)
+
+
+def test_a_reduction_of_symbolic_size_keeps_embers_kernel() -> None:
+    """Under symbolic sizes a small size may come (an aten call's dispatch costs more than
+    a small kernel), so the size is not guarded on for this choice."""
+    x = torch.randn(512, 256)
+    gm = make_fx(lambda x: x.sum(), tracing_mode="symbolic")(x)
+    with settings.section.patch(graph_cache=False):
+        compiled = compile_graph(gm, [x], {"graph_cache": False})
+    assert _targets(compiled) == ["kernel"]
+    for n in (3, 700):
+        y = torch.randn(n, 256)
+        torch.testing.assert_close(_one(compiled(y)), y.sum(), rtol=1e-5, atol=1e-3)

@@ -31,17 +31,64 @@ from ember.inductor.lower_ops import pointwise
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op
 
-__all__ = ["ATEN_ALONE", "alone"]
+__all__ = ["ATEN_ALONE", "alone", "runs_alone"]
 
 aten = torch.ops.aten
 
-# op -> when its aten kernel beats ember's alone, and by how much (bench_ops.py, 1 thread)
-ATEN_ALONE: dict[Any, Callable[[dict[str, Any]], bool]] = {
+# op -> when its aten kernel beats ember's alone (given the fx node), and by how much
+# (bench_ops.py, 1 thread)
+ATEN_ALONE: dict[Any, Callable[[torch.fx.Node], bool]] = {
     # GELU with erf: eager's vectorised GELU uses a cheaper erf (Abramowitz-Stegun 7.1.26)
     # than ember_erf's 2.4 ULP; alone, 1M values: ember 0.44x (bf16), 0.61x (f32). GELU
     # with tanh stays ember's (1.8-2.6x eager).
-    aten.gelu.default: lambda kw: kw.get("approximate", "none") == "none",
+    aten.gelu.default: lambda node: node.kwargs.get("approximate", "none") == "none",
 }
+
+
+# fewer elements reduce faster in ember's kernel than through an aten call (its dispatch)
+ALONG_MIN = 1 << 16
+
+
+def _along_memory(node: torch.fx.Node) -> bool:
+    """A float32 or float64 reduction of at least ``ALONG_MIN`` elements to one value (a sum,
+    max or min of everything), or a product whose reduce loop runs along memory (it reduces
+    the operand's unit-stride dim).
+
+    ember's kernel reduces such a loop in one vector accumulator (``#pragma omp simd
+    reduction``), one chain of dependent adds or multiplies, where eager's keeps several
+    vectors; products accumulate in double besides (``codegen_accum.acc_type``). With 8 float
+    lanes (AVX2) the chain is the kernel's speed. 1M float32, 1 thread, ember x eager,
+    kernel -> aten call: ``sum()`` 0.64 -> 0.76, ``amax()`` 0.51 -> 0.79, ``prod()`` 0.50 ->
+    0.82, ``prod(-1)`` 0.45 -> 0.77 (the rest of the gap is ember's call path). Not
+    ``sum(-1)``, ``amax(-1)``, ``amin(-1)`` (0.74 -> 0.74, 0.82 -> 0.81, 0.98 -> 0.80), columns
+    (a reduce loop across memory: ember's column kernel is faster) nor 2-byte floats
+    (eager's bfloat16 reductions are slower than ember's)."""
+    x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    out = node.meta.get("val")
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    if x.dtype not in (torch.float32, torch.float64) or out.dtype != x.dtype:
+        return False
+    numel = x.numel()  # (symbolic: sizes vary, small ones among them; keep ember's kernel)
+    if not isinstance(numel, int) or numel < ALONG_MIN:
+        return False
+    dims = node.args[1] if len(node.args) > 1 and node.target is not aten.prod.default else None
+    if isinstance(dims, int):
+        dims = [dims]
+    reduced = set(range(x.ndim)) if not dims else {d % max(x.ndim, 1) for d in dims}
+    if reduced >= {d for d in range(x.ndim) if not _is(x.size(d), 1)}:
+        return True  # everything to one value
+    # (a symbolic stride or size is not compared: that would guard on it)
+    along = any(_is(x.stride(d), 1) and not _is(x.size(d), 1) for d in reduced)
+    return along and node.target in (aten.prod.default, aten.prod.dim_int)
+
+
+def _is(n: Any, value: int) -> bool:
+    return isinstance(n, int) and n == value
+
+
+ALONG_MEMORY = (aten.sum.dim_IntList, aten.prod.default, aten.prod.dim_int, aten.amax.default)
+ATEN_ALONE |= dict.fromkeys((*ALONG_MEMORY, aten.amin.default), _along_memory)
 
 
 def alone(ctx: Lowerer, operand: Value) -> bool:
@@ -54,6 +101,21 @@ def alone(ctx: Lowerer, operand: Value) -> bool:
         and operand.ref is not None
         and bool(node.users)
         and all(u.op == "output" for u in node.users)
+    )
+
+
+def runs_alone(ctx: Lowerer, operand: Value) -> bool:
+    """Whether the node being lowered runs as its aten op: :data:`ATEN_ALONE` says eager's
+    kernel is faster, it stands :func:`alone`, and the kernels are C++ (the table's
+    measurements are CPU ones)."""
+    node = ctx.node
+    rule = ATEN_ALONE.get(node.target) if node is not None else None
+    return (
+        node is not None
+        and rule is not None
+        and ctx.printer == "cpp"
+        and rule(node)
+        and alone(ctx, operand)
     )
 
 
@@ -82,7 +144,7 @@ def gelu(ctx: Lowerer, x: Value, approximate: str = "none") -> Value:
     """GELU in ember's kernels, or the aten op where :data:`ATEN_ALONE` says so."""
     if not x.dtype.is_floating_point:
         raise Fallback("gelu of integers: eager's error")
-    if ATEN_ALONE[aten.gelu.default]({"approximate": approximate}) and alone(ctx, x):
+    if runs_alone(ctx, x):
         raise Fallback("gelu alone: eager's kernel is faster (ATEN_ALONE)")
 
     def fn(a: Expr) -> Expr:

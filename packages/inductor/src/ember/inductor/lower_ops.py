@@ -416,6 +416,10 @@ def _reduce(
     acc: torch.dtype,
     out: torch.dtype | None = None,  # the result's dtype (default: the fx node's)
 ) -> Value:
+    from ember.inductor.lower_alone import runs_alone  # (it imports this module)
+
+    if runs_alone(ctx, a):
+        raise Fallback("a reduction along memory, alone: eager's kernel is faster (ATEN_ALONE)")
     if isinstance(dims, int):
         dims = [dims]
     dims = sorted({d % max(a.ndim, 1) for d in (dims if dims else range(a.ndim))})
@@ -692,7 +696,7 @@ def _feeds_aten_alone(node: torch.fx.Node) -> bool:
 
     return all(
         u.target in ATEN_ALONE
-        and ATEN_ALONE[u.target](dict(u.kwargs))
+        and ATEN_ALONE[u.target](u)
         and all(r.op == "output" for r in u.users)
         for u in node.users
     )
