@@ -31,7 +31,7 @@ from ember.inductor.lower_ops import pointwise
 from ember.inductor.lowering import Fallback, Lowerer, Value, lowering
 from ember.inductor.ops import Op
 
-__all__ = ["ATEN_ALONE", "alone", "eager_reduction", "runs_alone"]
+__all__ = ["ATEN_ALONE", "alone", "runs_alone"]
 
 aten = torch.ops.aten
 
@@ -117,22 +117,6 @@ def runs_alone(ctx: Lowerer, operand: Value) -> bool:
         and rule(node)
         and alone(ctx, operand)
     )
-
-
-def eager_reduction(ctx: Lowerer, a: Value, dims: Any, keepdim: bool) -> Value:
-    """A reduction that :func:`runs_alone` as its aten op. A sum of every dim calls
-    ``aten.sum.default``, which the decomposition table turned into ``sum.dim_IntList``:
-    over all elements that overload runs a slower path in ATen (1M float32, 1 thread:
-    ``torch.sum(x, [])`` 95.6 us, ``x.sum()`` 80.1)."""
-    node = ctx.node
-    assert node is not None
-    dims = [dims] if isinstance(dims, int) else dims
-    every = not dims or sorted(d % max(a.ndim, 1) for d in dims) == list(range(a.ndim))
-    if node.target is aten.sum.dim_IntList and every and not keepdim and not node.kwargs:
-        value = ctx.extern(node, (a,), {}, target=aten.sum.default)
-        assert isinstance(value, Value)
-        return value
-    raise Fallback(f"{node.target} alone: eager's kernel is faster (ATEN_ALONE)")
 
 
 def _gelu(x: Expr, approximate: str) -> Expr:

@@ -416,10 +416,10 @@ def _reduce(
     acc: torch.dtype,
     out: torch.dtype | None = None,  # the result's dtype (default: the fx node's)
 ) -> Value:
-    from ember.inductor.lower_alone import eager_reduction, runs_alone  # (imports this module)
+    from ember.inductor.lower_alone import runs_alone  # (it imports this module)
 
     if runs_alone(ctx, a):
-        return eager_reduction(ctx, a, dims, keepdim)
+        raise Fallback("a reduction along memory, alone: eager's kernel is faster (ATEN_ALONE)")
     if isinstance(dims, int):
         dims = [dims]
     dims = sorted({d % max(a.ndim, 1) for d in (dims if dims else range(a.ndim))})

@@ -135,13 +135,6 @@ FAST_CALLS: dict[Any, Callable[..., Any]] = {
     aten.addmm.default: torch.addmm,
     aten.bmm.default: torch.bmm,
     aten.baddbmm.default: torch.baddbmm,
-    # (reductions lower_alone sends to eager: 1M float32, torch.amax 98 us, the OpOverload's
-    # entry point 108)
-    aten.sum.default: torch.sum,
-    aten.amax.default: torch.amax,
-    aten.amin.default: torch.amin,
-    aten.prod.default: torch.prod,
-    aten.prod.dim_int: torch.prod,
 }
 
 
