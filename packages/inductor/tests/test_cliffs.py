@@ -429,6 +429,7 @@ ALONE_REDUCTIONS = {  # lower_alone.ATEN_ALONE: float32 reductions that run as e
     "amin((0, 1))": (lambda x: x.amin((0, 1)), "aten.amin.default"),
     "prod()": (lambda x: x.prod(), "aten.prod.default"),
     "prod(-1)": (lambda x: x.prod(-1), "aten.prod.dim_int"),
+    "sum(-1)": (lambda x: x.sum(-1), "aten.sum.dim_IntList"),
 }
 
 
@@ -442,7 +443,7 @@ def test_a_float32_reduction_to_one_value_alone_runs_as_eagers_kernel(name: str)
 
 
 KEPT_REDUCTIONS = {  # where ember's kernel is the faster, or the op does not stand alone
-    "sum(-1)": (lambda x: x.sum(-1), torch.float32, (512, 256)),
+    "amax(-1)": (lambda x: x.amax(-1), torch.float32, (512, 256)),
     "column sum": (lambda x: x.sum(0), torch.float32, (512, 256)),
     "transposed product": (lambda x: x.t().prod(-1), torch.float32, (512, 256)),
     "bfloat16 sum()": (lambda x: x.sum(), torch.bfloat16, (512, 256)),

@@ -51,18 +51,19 @@ ALONG_MIN = 1 << 16
 
 def _along_memory(node: torch.fx.Node) -> bool:
     """A float32 or float64 reduction of at least ``ALONG_MIN`` elements to one value (a sum,
-    max or min of everything), or a product whose reduce loop runs along memory (it reduces
-    the operand's unit-stride dim).
+    product, max or min of everything), or a sum or product whose reduce loop runs along
+    memory (it reduces the operand's unit-stride dim).
 
     ember's kernel reduces such a loop in one vector accumulator (``#pragma omp simd
     reduction``), one chain of dependent adds or multiplies, where eager's keeps several
     vectors; products accumulate in double besides (``codegen_accum.acc_type``). With 8 float
-    lanes (AVX2) the chain is the kernel's speed. 1M float32, 1 thread, ember x eager,
-    kernel -> aten call: ``sum()`` 0.64 -> 0.76, ``amax()`` 0.51 -> 0.79, ``prod()`` 0.50 ->
-    0.82, ``prod(-1)`` 0.45 -> 0.77 (the rest of the gap is ember's call path). Not
-    ``sum(-1)``, ``amax(-1)``, ``amin(-1)`` (0.74 -> 0.74, 0.82 -> 0.81, 0.98 -> 0.80), columns
-    (a reduce loop across memory: ember's column kernel is faster) nor 2-byte floats
-    (eager's bfloat16 reductions are slower than ember's)."""
+    lanes (AVX2) the chain is the kernel's speed. 1M float32, 1 thread, the compiled graph
+    called directly, x eager, kernel -> aten call (two runs): ``sum()`` 0.66-0.69 ->
+    0.90-0.96, ``amax()`` 0.53-0.68 -> 0.89-0.98, ``prod()`` 0.47 -> 0.83-0.91, ``prod(-1)``
+    0.42-0.45 -> 0.92-0.94, ``sum(-1)`` 0.64 -> 0.84 (one run). Not
+    ``amax(-1)``, ``amin(-1)`` (the kernel at 0.95), columns (a reduce loop across memory:
+    ember's column kernel is the faster) nor 2-byte floats (eager's bfloat16 reductions are
+    slower than ember's kernels)."""
     x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
     out = node.meta.get("val")
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
@@ -80,7 +81,7 @@ def _along_memory(node: torch.fx.Node) -> bool:
         return True  # everything to one value
     # (a symbolic stride or size is not compared: that would guard on it)
     along = any(_is(x.stride(d), 1) and not _is(x.size(d), 1) for d in reduced)
-    return along and node.target in (aten.prod.default, aten.prod.dim_int)
+    return along and node.target in (aten.sum.dim_IntList, aten.prod.dim_int)
 
 
 def _is(n: Any, value: int) -> bool:
