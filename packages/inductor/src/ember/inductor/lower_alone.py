@@ -73,9 +73,8 @@ def _along_memory(node: torch.fx.Node) -> bool:
     numel = x.numel()  # (symbolic: sizes vary, small ones among them; keep ember's kernel)
     if not isinstance(numel, int) or numel < ALONG_MIN:
         return False
-    dims = node.args[1] if len(node.args) > 1 and node.target is not aten.prod.default else None
-    if isinstance(dims, int):
-        dims = [dims]
+    arg = node.args[1] if len(node.args) > 1 and node.target is not aten.prod.default else None
+    dims: list[int] = [arg] if isinstance(arg, int) else list(arg or ())  # type: ignore[arg-type]
     reduced = set(range(x.ndim)) if not dims else {d % max(x.ndim, 1) for d in dims}
     if reduced >= {d for d in range(x.ndim) if not _is(x.size(d), 1)}:
         return True  # everything to one value
