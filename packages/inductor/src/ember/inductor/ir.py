@@ -266,8 +266,9 @@ class ScalarOp:
 @dataclass(frozen=True, slots=True)
 class IndexCheck:
     """Before the first kernel, the wrapper checks that every element of input ``name`` lies
-    in ``[0, size)`` and raises ``error`` (eager's exception type and message) if not:
-    kernels clamp indices to stay in memory, and eager raises."""
+    in ``[0, size)`` (``[-size, size)`` where ``wraps``: ``x[i]`` counts negative indices
+    from the end) and raises ``error`` (eager's exception type and message) if not: kernels
+    clamp indices to stay in memory, and eager raises."""
 
     name: str
     size: int
@@ -276,10 +277,12 @@ class IndexCheck:
     # (lowest, highest) index when the index is computed from sizes (``arange(n)``), not
     # read from input ``name``: the wrapper checks those two numbers
     span: tuple[Any, Any] | None = None
+    wraps: bool = False
 
     def __str__(self) -> str:
         what = self.name if self.span is None else f"{self.span[0]}..{self.span[1]}"
-        return f"check 0 <= {what} < {self.size} else {self.error}"
+        low = f"-{self.size}" if self.wraps else "0"
+        return f"check {low} <= {what} < {self.size} else {self.error}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,26 +22,47 @@ from ember.inductor.ir import Expr, I, IndexCheck, Layout
 from ember.inductor.lowering import Fallback, Lowerer, Value
 from ember.inductor.ops import Op
 
-__all__ = ["checked"]
+__all__ = ["checked", "positional"]
 
 
-def checked(ctx: Lowerer, idx: Value, size: int, error: str, message: str) -> None:
-    """Check index tensor ``idx`` against ``[0, size)`` as eager does (kernels clamp): a whole
-    input in the wrapper before the kernels, an index made of constants (``roll``'s
-    ``arange`` arithmetic) now; any other index runs as the aten call, which checks it."""
+def checked(
+    ctx: Lowerer, idx: Value, size: int, error: str, message: str, *, wraps: bool = False
+) -> None:
+    """Check index tensor ``idx`` against ``[0, size)`` as eager does (kernels clamp), or
+    against ``[-size, size)`` where negative indices ``wraps`` (``x[i]``): a whole input in
+    the wrapper before the kernels, an index computed from positions (``arange``) by its
+    ends, an index made of constants (``roll``'s ``arange`` arithmetic) now; any other index
+    runs as the aten call, which checks it."""
+    low = -size if wraps else 0
     if idx.ref is not None and idx.ref.name in ctx.given and _covers(ctx, idx.ref):
-        ctx.index_checks.append(IndexCheck(idx.ref.name, size, error, message))
+        ctx.index_checks.append(IndexCheck(idx.ref.name, size, error, message, wraps=wraps))
         return
     span = _span(idx)
     if span is not None and ctx.sv is not None:
-        if not (_proved(sympy.Ge(span[0], 0)) and _proved(sympy.Lt(span[1], size))):
-            ctx.index_checks.append(IndexCheck("", size, error, message, span))
+        if not (_proved(sympy.Ge(span[0], low)) and _proved(sympy.Lt(span[1], size))):
+            ctx.index_checks.append(IndexCheck("", size, error, message, span, wraps))
         return
     assert ctx.node is not None
     node = next((a for a in ctx.node.all_input_nodes if ctx.values.get(a) is idx), None)
     value = _constant(node, {}) if node is not None else None
-    if value is None or not bool(((value >= 0) & (value < size)).all()):
+    if value is None or not bool(((value >= low) & (value < size)).all()):
         raise Fallback("an index computed in the graph: the aten call checks its range")
+
+
+def positional(idx: Value, size: Any) -> Any:
+    """``idx``'s value at position ``I[:idx.ndim]`` as a sympy expression, when it is integer
+    arithmetic on positions (``arange``, viewed or expanded) proved to lie in ``[0, size)``
+    everywhere, else None. A gather by such an index is a view: it reads the table there.
+
+    >>> from ember.inductor.lowering import Value
+    >>> ramp = Value((4, 3), torch.int64, lambda ix: Expr(Op.INDEX, torch.int64, (), ix[0] + 1))
+    >>> positional(ramp, 5), positional(ramp, 4)
+    (i0 + 1, None)
+    """
+    span = _span(idx)
+    if span is None or not (_proved(sympy.Ge(span[0], 0)) and _proved(sympy.Lt(span[1], size))):
+        return None
+    return sympy.expand(_size_arithmetic(idx.loader(I[: idx.ndim])))
 
 
 def _span(idx: Value) -> tuple[Any, Any] | None:
@@ -113,6 +134,11 @@ def _constant(node: torch.fx.Node, memo: dict[torch.fx.Node, Any]) -> Any:
         return None  # sized by an input (a symbol): no constant, and asking its size would guard
     small = not isinstance(meta, torch.Tensor) or meta.numel() <= 1 << 16
     target = node.target
+    if node.op == "get_attr" and isinstance(target, str) and small:  # a tensor literal
+        value = getattr(node.graph.owning_module, target, None)
+        if not isinstance(value, torch.Tensor) or value.is_floating_point():
+            return None
+        return value if value.numel() <= 1 << 16 else None
     if node.op != "call_function" or not small or not isinstance(target, torch._ops.OpOverload):
         return None
     if torch.Tag.nondeterministic_seeded in target.tags:

@@ -27,7 +27,6 @@ from torch._prims_common import elementwise_dtypes
 from ember.inductor.ir import Expr, I, R, Scalar, const, scalar
 from ember.inductor.knobs import KNOBS
 from ember.inductor.low_precision import LOW, rounded, to_common
-from ember.inductor.lower_checks import checked as _checked
 from ember.inductor.lower_views import broadcast
 from ember.inductor.lowering import (
     LOWERINGS,
@@ -41,7 +40,7 @@ from ember.inductor.lowering import (
 from ember.inductor.ops import Op, Reduce
 from ember.inductor.symbolic import FloatSize
 
-__all__ = ["cast", "pointwise", "wrap_index"]
+__all__ = ["cast", "pointwise"]
 
 aten = torch.ops.aten
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -573,77 +572,6 @@ def constant_pad_nd(ctx: Lowerer, a: Value, pad: Sequence[int], value: Any = 0) 
     return Value(ctx.shape(out), out.dtype, loader)
 
 
-def indirect(ctx: Lowerer, table: Value, dim: int, index: Expr) -> Callable[..., Expr]:
-    """A loader of ``table`` whose index along ``dim`` is the value ``index`` (wrapped, clamped)."""
-    ref = ctx.realize(table)
-    buf = ctx.buffers[ref.name]
-    layout = ref.layout or buf.layout
-    pos = wrap_index(index, table.sizes[dim])
-
-    def load_at(idx: Sequence[sympy.Expr]) -> Expr:
-        flat = sympy.expand(layout.index([*idx[:dim], IND, *idx[dim:]]))
-        return Expr(Op.LOAD, buf.dtype, (pos,), (buf.name, flat, (IND,)))
-
-    return load_at
-
-
-IND = sympy.Symbol("ind", integer=True)  # an indirect index inside a LOAD's flat index
-
-
-def wrap_index(index: Expr, n: int) -> Expr:
-    """``index`` as int64, negative values counted from the end, clamped into ``[0, n)``."""
-    i = cast(index, torch.int64)
-    zero, size = const(0, torch.int64), _count(n)
-    i = where_(Expr(Op.LT, torch.bool, (i, zero)), _ADD(i, size), i)
-    return _MIN(_MAX(i, zero), _count(n - 1))
-
-
-def _count(n: Any) -> Expr:
-    """The int64 leaf of size ``n``: a constant, or computed from the size arguments."""
-    return const(n, torch.int64) if isinstance(n, int) else Expr(Op.INDEX, torch.int64, (), n)
-
-
-@lowering(aten.index_select.default, aten.embedding.default)
-def index_select(ctx: Lowerer, a: Value, dim_or_idx: Any, idx: Any = None) -> Value:
-    assert ctx.node is not None
-    if ctx.node.target is aten.embedding.default:
-        a, dim, idx = a, 0, dim_or_idx
-    else:
-        dim = dim_or_idx % a.ndim
-    if not isinstance(idx, Value) or idx.dtype not in (torch.int64, torch.int32):
-        raise Fallback("index is not an integer tensor")
-    _checked(ctx, idx, a.sizes[dim], "IndexError", "index out of range in self")
-    out = ctx.meta
-    k = idx.ndim
-
-    def loader(ix: Sequence[sympy.Expr]) -> Expr:
-        pos = idx.loader(ix[dim : dim + k]) if k else idx.loader([])
-        rest = [*ix[:dim], *ix[dim + k :]]
-        return indirect(ctx, a, dim, pos)(rest)
-
-    return Value(ctx.shape(out), out.dtype, loader)
-
-
-@lowering(aten.gather.default)
-def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = False) -> Value:
-    d = dim % max(a.ndim, 1)
-    if a.ndim == 0:
-        raise Fallback("gather on a scalar")
-    message = f"index {{index}} is out of bounds for dimension {d} with size {{size}}"
-    _checked(ctx, idx, a.sizes[d], "RuntimeError", message)
-    out = ctx.meta
-    ref = ctx.realize(a)
-    buf = ctx.buffers[ref.name]
-    layout = ref.layout or buf.layout
-
-    def loader(ix: Sequence[sympy.Expr]) -> Expr:
-        pos = wrap_index(idx.loader(ix), a.sizes[d])
-        flat = sympy.expand(layout.index([*ix[:d], IND, *ix[d + 1 :]]))
-        return Expr(Op.LOAD, buf.dtype, (pos,), (buf.name, flat, (IND,)))
-
-    return Value(ctx.shape(out), out.dtype, loader)
-
-
 # ---- prims that torch's reference decompositions leave behind -------------------------------
 
 prims = torch.ops.prims
@@ -795,6 +723,7 @@ def prims_where(ctx: Lowerer, cond: Value, a: Any, b: Any) -> Value:
 
 from ember.inductor import (  # noqa: E402, F401  (register; own modules)
     lower_argmax,
+    lower_index,
     lower_resize,
     lower_scatter,
 )

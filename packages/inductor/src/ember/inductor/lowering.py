@@ -635,7 +635,7 @@ SYMBOLIC_OPS = frozenset(
     _to_copy convert_element_type
     sum amax amin mean permute t transpose expand view _unsafe_view reshape unsqueeze squeeze
     alias detach broadcast_in_dim full full_like zeros_like ones_like fill scalar_tensor clone copy
-    slice select cat constant_pad_nd arange embedding index_select addmm
+    slice select cat constant_pad_nd arange embedding index_select index addmm
     var where_ threshold_backward isnan gelu silu""".split()
 )
 

@@ -147,12 +147,13 @@ def wrapper_source(
     for op in prog.scalar_ops:
         src.lines.append(f"    {op.out.name} = {_number(src, op)}")
     for c in prog.index_checks:
-        size = pyexpr(c.size)
+        size, wraps = pyexpr(c.size), ", True" if c.wraps else ""
         if c.span is not None:
             lo, hi = (pyexpr(e) for e in c.span)
-            src.lines.append(f"    _check_span({lo}, {hi}, {size}, {c.error!r}, {c.message!r})")
+            call, what = "_check_span", f"{lo}, {hi}"
         else:
-            src.lines.append(f"    _check_index({c.name}, {size}, {c.error!r}, {c.message!r})")
+            call, what = "_check_index", c.name
+        src.lines.append(f"    {call}({what}, {size}, {c.error!r}, {c.message!r}{wraps})")
     pooled = _pooled(sched)
     key = _pool_key(sched, pooled)
     src.lines += _take_lines(pooled, key)

@@ -31,24 +31,29 @@ __all__ = ["FAST_CALLS", "bind", "pooled_bytes"]
 _ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
-def _check_index(t: torch.Tensor, size: int, error: str, message: str) -> None:
-    """Raise eager's error if an index in ``t`` is outside ``[0, size)``: one C++ pass over
-    a contiguous CPU index, else one ``aminmax`` (:func:`wrapper_launch.out_of_range`).
+def _check_index(t: torch.Tensor, size: int, error: str, message: str, wraps: bool = False) -> None:
+    """Raise eager's error if an index in ``t`` is outside ``[0, size)`` (``[-size, size)``
+    where negative indices ``wraps``): one C++ pass over a contiguous CPU index, else one
+    ``aminmax`` (:func:`wrapper_launch.out_of_range`).
 
     >>> _check_index(torch.tensor([[0, 3], [2, 1]]).t(), 4, "IndexError", "{index} of {size}")
     >>> _check_index(torch.tensor([0, 4]), 4, "IndexError", "index {index} of {size}")
     Traceback (most recent call last):
     IndexError: index 4 of 4
+    >>> _check_index(torch.tensor([-4, 3]), 4, "IndexError", "{index} of {size}", wraps=True)
     """
-    bad = wrapper_launch.out_of_range(t, size)
+    bad = wrapper_launch.out_of_range(t, size, -size if wraps else 0)
     if bad is not None:
         raise _ERRORS[error](message.format(index=bad, size=size))
 
 
-def _check_span(low: int, high: int, size: int, error: str, message: str) -> None:
-    """Raise eager's error if indices ``low`` to ``high`` (an ``arange``) leave ``[0, size)``."""
+def _check_span(
+    low: int, high: int, size: int, error: str, message: str, wraps: bool = False
+) -> None:
+    """Raise eager's error if indices ``low`` to ``high`` (an ``arange``) leave ``[0, size)``
+    (``[-size, size)`` where negative indices ``wraps``)."""
     for bad in (low, high):
-        if not 0 <= bad < size:
+        if not (-size if wraps else 0) <= bad < size:
             raise _ERRORS[error](message.format(index=bad, size=size))
 
 

@@ -105,12 +105,14 @@ def py_strides_differ(tensors: tuple[Any, ...], strides: tuple[tuple[int, ...], 
     return tuple(map(_stride, tensors)) != strides
 
 
-def py_out_of_range(index: Any, size: int) -> int | None:
+def py_out_of_range(index: Any, size: int, low: int = 0) -> int | None:
     """Pure-Python twin of ``_launch.out_of_range``: the first value of ``index`` outside
-    ``[0, size)``, or None.
+    ``[low, size)``, or None.
 
     >>> py_out_of_range(torch.tensor([0, 3, 7, -1]), 4), py_out_of_range(torch.arange(4), 4)
     (7, None)
+    >>> py_out_of_range(torch.tensor([-4, 3, -5]), 4, -4)
+    -5
     """
     if not index.numel():
         return None
@@ -119,20 +121,20 @@ def py_out_of_range(index: Any, size: int) -> int | None:
     # tensor's strides 2.5 ms)
     strides = index.stride()
     order = sorted(range(index.dim()), key=lambda d: strides[d], reverse=True)
-    low, high = torch.aminmax(index.permute(order))
-    if int(low) >= 0 and int(high) < size:
+    lowest, highest = torch.aminmax(index.permute(order))
+    if int(lowest) >= low and int(highest) < size:
         return None
-    return int(index[(index < 0) | (index >= size)].flatten()[0])
+    return int(index[(index < low) | (index >= size)].flatten()[0])
 
 
-def out_of_range(index: Any, size: int) -> int | None:
-    """The first value of ``index`` outside ``[0, size)``, or None: one C++ pass over a
-    contiguous CPU index, :func:`py_out_of_range` for any other."""
-    if NATIVE:
+def out_of_range(index: Any, size: int, low: int = 0) -> int | None:
+    """The first value of ``index`` outside ``[low, size)``, or None: one C++ pass over a
+    contiguous CPU index from 0, :func:`py_out_of_range` for any other."""
+    if NATIVE and low == 0:
         found = _NATIVE.out_of_range(index, size)
         if found is not NotImplemented:
             return found  # type: ignore[no-any-return]
-    return py_out_of_range(index, size)
+    return py_out_of_range(index, size, low)
 
 
 def py_launch(kernel: Callable[..., None], tensors: tuple[Any, ...], *numbers: Any) -> None:
