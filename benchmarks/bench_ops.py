@@ -227,6 +227,8 @@ INDEXING = _cases(
     ("gather", "torch.gather(x, 1, idx)", ("x", "idx")),
     ("index_select", "x.index_select(0, rows)", ("x", "rows")),
     ("embedding", "F.embedding(ids, table)", ("ids", "table")),
+    ("index_rows", "x[rows]", ("x", "rows")),
+    ("index_pairs", "x[rows[:, None], rows]", ("x", "rows")),
     ("addmm", "torch.addmm(row, a, w)", ("row", "a", "w")),
 )
 CHAINS = _cases(
