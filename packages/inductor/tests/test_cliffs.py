@@ -211,6 +211,43 @@ def test_bf16_neg_and_abs_flip_the_sign_bit_only() -> None:
     assert "^ 0x8000u" in kernels and "& 0x7fffu" in kernels
 
 
+EXACT_BF16: dict[str, Callable[..., T]] = {
+    "relu": lambda x, y: torch.relu(x),
+    "clamp": lambda x, y: x.clamp(-0.5, 0.5),
+    "clamp_third": lambda x, y: x.clamp(-1 / 3, 1 / 3),  # eager rounds the bounds first
+    "clamp_min_neg": lambda x, y: (-x).clamp_min(0.25),
+    "maximum": torch.maximum,
+    "masked": lambda x, y: torch.where(y > 0, x, 0.0),
+    "where_inf": lambda x, y: torch.where(x > y, x.abs(), float("-inf")),
+}
+ROUNDED_BF16: dict[str, Callable[..., T]] = {
+    "add": lambda x, y: torch.maximum(x, y) + 1,
+    "scaled": lambda x, y: x.clamp(-0.5, 0.5) * 3,
+    "float32_input": lambda x, y: torch.relu(x.float() * 1.1).to(torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT_BF16) + sorted(ROUNDED_BF16))
+def test_bf16_values_picked_from_bf16_values_are_stored_by_their_bits(name: str) -> None:
+    """relu, clamp, max, masks of bfloat16 values compute in float but make values
+    bfloat16 holds: stored as the float's top half, no rounding step (whose NaN test gcc
+    threaded into clamp's selects: 0.56x eager); any other float is rounded."""
+    special = [0.0, -0.0, 1.5, -3.25, float("inf"), -float("inf"), 1e-40, float("nan")]
+    x = torch.cat([torch.tensor(special), torch.randn(56)]).to(torch.bfloat16)
+    y = torch.cat([torch.tensor(special[::-1]), torch.randn(56)]).to(torch.bfloat16)
+    fn = {**EXACT_BF16, **ROUNDED_BF16}[name]
+    compiled = _compile(lambda x, y: fn(x, y), x, y)
+    got, want = compiled(x, y), fn(x, y)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    same = ~want.isnan()  # (NaN bits: eager's and the kernel's may differ in payload)
+    assert got[same].view(torch.int16).tolist() == want[same].view(torch.int16).tolist()
+    kernels = compiled.source.split('extern "C" void kernel', 1)[1]
+    if name in EXACT_BF16:
+        assert "ember_bf16_bits(" in kernels and "ember_float_to_bf16(" not in kernels, kernels
+    else:  # (a bfloat16 intermediate, maximum's, may still be stored by its bits)
+        assert "ember_float_to_bf16(" in kernels, kernels
+
+
 def _steps(compiled: Any) -> list[str]:
     return [type(s).__name__ for s in compiled.schedule.steps]
 

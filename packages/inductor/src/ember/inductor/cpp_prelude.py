@@ -143,4 +143,6 @@ static inline uint16_t ember_float_to_bf16(float f) {
   if (f != f) return 0x7fc0;
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+// a float bfloat16 holds exactly (cpp_printer.bf16_exact): its top half
+static inline uint16_t ember_bf16_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return uint16_t(u >> 16); }
 """  # noqa: E501

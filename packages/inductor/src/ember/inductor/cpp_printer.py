@@ -12,6 +12,7 @@ methods. Half and bfloat16 compute in float; bfloat16 is raw bits in a ``uint16_
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from typing import Any, ClassVar
 
@@ -22,7 +23,7 @@ from ember.inductor.index_print import IndexSyntax, print_index
 from ember.inductor.ir import Expr
 from ember.inductor.ops import Op, Reduce
 
-__all__ = ["CppPrinter", "Printer", "cindex"]
+__all__ = ["CppPrinter", "Printer", "bf16_exact", "cindex"]
 
 
 class Printer(abc.ABC):
@@ -236,15 +237,20 @@ class CppPrinter(Printer):
 
     def bit_op(self, e: Expr) -> tuple[Expr, str] | None:
         """bfloat16 ``neg``/``abs`` on the sign bit, for a value rounded to bfloat16 just
-        after: ``CAST(bf16, NEG(CAST(f32, x)))`` is ``x ^ 0x8000``."""
+        after: ``CAST(bf16, NEG(CAST(f32, x)))`` is ``x ^ 0x8000``. A float that bfloat16
+        holds exactly (:func:`bf16_exact`: ``relu``, ``clamp``, ``max`` or a select of
+        bfloat16 values) becomes bfloat16 by dropping its low 16 bits."""
         if e.op is not Op.CAST or e.dtype != torch.bfloat16:
             return None
         (op,) = e.args
         fmt = self.BF16_SIGN.get(op.op)
-        if fmt is None or op.args[0].op is not Op.CAST:
-            return None
-        (x,) = op.args[0].args
-        return (x, fmt) if x.dtype == torch.bfloat16 else None
+        if fmt is not None and op.args[0].op is Op.CAST:
+            (x,) = op.args[0].args
+            if x.dtype == torch.bfloat16:
+                return (x, fmt)
+        if op.dtype == torch.float32 and bf16_exact(op):
+            return (op, "ember_bf16_bits({0})")
+        return None
 
     def const(self, value: Any, dtype: torch.dtype) -> str:
         if dtype == torch.bool:
@@ -260,6 +266,37 @@ class CppPrinter(Printer):
 
     def index(self, e: sympy.Expr) -> str:
         return cindex(e)
+
+
+# ops whose result is one of their operands, or an operand with its sign bit changed
+_PICKS = frozenset({Op.MAX, Op.MIN, Op.NEG, Op.ABS})
+# types whose every value bfloat16 holds exactly (8 significant bits)
+_NARROW = frozenset({torch.bfloat16, torch.int8, torch.uint8, torch.bool})
+
+
+@functools.lru_cache(maxsize=4096)
+def bf16_exact(e: Expr) -> bool:
+    """Whether float ``e`` is always a value bfloat16 holds exactly (NaN included): read
+    from bfloat16 or a narrow integer, a constant bfloat16 holds, or picked from such values
+    by ``max``, ``min``, ``neg``, ``abs`` or a select. Its rounding to bfloat16 is then
+    exact: the bits' top half, no rounding step nor NaN test. gcc threaded those into
+    ``clamp``'s selects (1M bfloat16 ``clamp``: 0.56x eager -> 1.1x).
+
+    >>> x = Expr(Op.CAST, torch.float32, (Expr(Op.LOAD, torch.bfloat16, (), ("x", 0, ())),))
+    >>> from ember.inductor.ir import const
+    >>> half, third = const(-0.5, torch.float32), const(1 / 3, torch.float32)
+    >>> def big(a): return Expr(Op.MAX, torch.float32, (x, a))
+    >>> bf16_exact(big(half)), bf16_exact(big(third))
+    (True, False)
+    """
+    if e.op is Op.CAST:
+        return e.args[0].dtype in _NARROW
+    if e.op is Op.CONST:
+        value = float(e.arg)
+        return math.isnan(value) or float(torch.tensor(value, dtype=torch.bfloat16)) == value
+    if e.op is Op.WHERE:
+        return bf16_exact(e.args[1]) and bf16_exact(e.args[2])
+    return e.op in _PICKS and all(bf16_exact(a) for a in e.args)
 
 
 _CPP_INDEX = IndexSyntax(
