@@ -219,6 +219,9 @@ EXACT_BF16: dict[str, Callable[..., T]] = {
     "maximum": torch.maximum,
     "masked": lambda x, y: torch.where(y > 0, x, 0.0),
     "where_inf": lambda x, y: torch.where(x > y, x.abs(), float("-inf")),
+    "floor": lambda x, y: torch.floor(x),
+    "ceil": lambda x, y: torch.ceil(y),
+    "trunc": lambda x, y: torch.trunc(x),
 }
 ROUNDED_BF16: dict[str, Callable[..., T]] = {
     "add": lambda x, y: torch.maximum(x, y) + 1,
@@ -233,8 +236,9 @@ def test_bf16_values_picked_from_bf16_values_are_stored_by_their_bits(name: str)
     bfloat16 holds: stored as the float's top half, no rounding step (whose NaN test gcc
     threaded into clamp's selects: 0.56x eager); any other float is rounded."""
     special = [0.0, -0.0, 1.5, -3.25, float("inf"), -float("inf"), 1e-40, float("nan")]
-    x = torch.cat([torch.tensor(special), torch.randn(56)]).to(torch.bfloat16)
-    y = torch.cat([torch.tensor(special[::-1]), torch.randn(56)]).to(torch.bfloat16)
+    special += [-0.5, 127.5, -255.0, 3e38]
+    x = torch.cat([torch.tensor(special), torch.randn(52) * 100]).to(torch.bfloat16)
+    y = torch.cat([torch.tensor(special[::-1]), torch.randn(52) * 100]).to(torch.bfloat16)
     fn = {**EXACT_BF16, **ROUNDED_BF16}[name]
     compiled = _compile(lambda x, y: fn(x, y), x, y)
     got, want = compiled(x, y), fn(x, y)

@@ -137,10 +137,11 @@ template <typename T> static inline void ember_welford_combine(T& mean, T& m2, i
 static inline float ember_bf16_to_float(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t ember_float_to_bf16(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
-  // (a select here instead, `f != f ? 0x7fc0 : r`, kept gcc from threading this test into a
-  // max's NaN select in scalar tile loops, but vectorised loops lost more: bf16 SiLU*y 0.77 ->
-  // 0.68x eager, clamp_min 1.18 -> 0.96; tiles vectorise since codegen_transpose)
-  if (f != f) return 0x7fc0;
+  // a NaN becomes 0x7fc00000 before rounding, by masks: as a test or a select, gcc blended
+  // the rounded halves after packing them (two more shuffles a vector: bf16 sqrt 0.88 ->
+  // 0.97x eager); a branch here was threaded into clamp's selects (cpp_printer.bf16_exact)
+  const uint32_t nan = 0u - uint32_t(f != f);
+  u = (u & ~nan) | (0x7fc00000u & nan);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 // a float bfloat16 holds exactly (cpp_printer.bf16_exact): its top half

@@ -268,8 +268,10 @@ class CppPrinter(Printer):
         return cindex(e)
 
 
-# ops whose result is one of their operands, or an operand with its sign bit changed
-_PICKS = frozenset({Op.MAX, Op.MIN, Op.NEG, Op.ABS})
+# ops that map values bfloat16 holds to values it holds: a pick of an operand, its sign
+# bit changed, or rounded to an integer (8 significant bits hold every integer below 2^8,
+# and every bfloat16 from 2^7 up is an integer already)
+_KEEPS_BF16 = frozenset({Op.MAX, Op.MIN, Op.NEG, Op.ABS, Op.FLOOR, Op.CEIL, Op.TRUNC})
 # types whose every value bfloat16 holds exactly (8 significant bits)
 _NARROW = frozenset({torch.bfloat16, torch.int8, torch.uint8, torch.bool})
 
@@ -277,10 +279,10 @@ _NARROW = frozenset({torch.bfloat16, torch.int8, torch.uint8, torch.bool})
 @functools.lru_cache(maxsize=4096)
 def bf16_exact(e: Expr) -> bool:
     """Whether float ``e`` is always a value bfloat16 holds exactly (NaN included): read
-    from bfloat16 or a narrow integer, a constant bfloat16 holds, or picked from such values
-    by ``max``, ``min``, ``neg``, ``abs`` or a select. Its rounding to bfloat16 is then
-    exact: the bits' top half, no rounding step nor NaN test. gcc threaded those into
-    ``clamp``'s selects (1M bfloat16 ``clamp``: 0.56x eager -> 1.1x).
+    from bfloat16 or a narrow integer, a constant bfloat16 holds, or made from such values
+    by ``max``, ``min``, ``neg``, ``abs``, a select, ``floor``, ``ceil`` or ``trunc``. Its
+    rounding to bfloat16 is then exact: the bits' top half, no rounding step nor NaN test.
+    gcc threaded those into ``clamp``'s selects (1M bfloat16 ``clamp``: 0.56x eager -> 1.1x).
 
     >>> x = Expr(Op.CAST, torch.float32, (Expr(Op.LOAD, torch.bfloat16, (), ("x", 0, ())),))
     >>> from ember.inductor.ir import const
@@ -296,7 +298,7 @@ def bf16_exact(e: Expr) -> bool:
         return math.isnan(value) or float(torch.tensor(value, dtype=torch.bfloat16)) == value
     if e.op is Op.WHERE:
         return bf16_exact(e.args[1]) and bf16_exact(e.args[2])
-    return e.op in _PICKS and all(bf16_exact(a) for a in e.args)
+    return e.op in _KEEPS_BF16 and all(bf16_exact(a) for a in e.args)
 
 
 _CPP_INDEX = IndexSyntax(
