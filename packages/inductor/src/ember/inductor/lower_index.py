@@ -49,11 +49,11 @@ INTEGER_INDEX = frozenset({torch.int64, torch.int32})
 
 
 def indirect(ctx: Lowerer, table: Value, dim: int, index: Expr) -> Callable[..., Expr]:
-    """A loader of ``table`` whose index along ``dim`` is the value ``index`` (wrapped, clamped)."""
+    """A loader of ``table`` whose index along ``dim`` is the value ``index`` (clamped)."""
     ref = ctx.realize(table)
     buf = ctx.buffers[ref.name]
     layout = ref.layout or buf.layout
-    pos = wrap_index(index, table.sizes[dim])
+    pos = wrap_index(index, table.sizes[dim], negative=False)
 
     def load_at(idx: Sequence[sympy.Expr]) -> Expr:
         flat = sympy.expand(layout.index([*idx[:dim], IND, *idx[dim:]]))
@@ -65,11 +65,14 @@ def indirect(ctx: Lowerer, table: Value, dim: int, index: Expr) -> Callable[...,
 IND = sympy.Symbol("ind", integer=True)  # an indirect index inside a LOAD's flat index
 
 
-def wrap_index(index: Expr, n: int) -> Expr:
-    """``index`` as int64, negative values counted from the end, clamped into ``[0, n)``."""
+def wrap_index(index: Expr, n: int, *, negative: bool = True) -> Expr:
+    """``index`` as int64, negative values counted from the end (where eager accepts them:
+    ``x[i]``; gathers reject them, and the range check runs first), clamped into ``[0, n)``
+    so that no value reads outside the table."""
     i = cast(index, torch.int64)
-    zero, size = const(0, torch.int64), _count(n)
-    i = where_(Expr(Op.LT, torch.bool, (i, zero)), _ADD(i, size), i)
+    zero = const(0, torch.int64)
+    if negative:
+        i = where_(Expr(Op.LT, torch.bool, (i, zero)), _ADD(i, _count(n)), i)
     return _MIN(_MAX(i, zero), _count(n - 1))
 
 
@@ -112,7 +115,7 @@ def gather(ctx: Lowerer, a: Value, dim: int, idx: Value, *, sparse_grad: bool = 
     layout = ref.layout or buf.layout
 
     def loader(ix: Sequence[sympy.Expr]) -> Expr:
-        pos = wrap_index(idx.loader(ix), a.sizes[d])
+        pos = wrap_index(idx.loader(ix), a.sizes[d], negative=False)
         flat = sympy.expand(layout.index([*ix[:d], IND, *ix[d + 1 :]]))
         return Expr(Op.LOAD, buf.dtype, (pos,), (buf.name, flat, (IND,)))
 
