@@ -517,6 +517,10 @@ def cat(ctx: Lowerer, tensors: Sequence[Value], dim: int = 0) -> Value:
         raise Fallback("cat of empty tensors")
     if len(pieces) > CAT_FUSE_MAX:
         raise Fallback(f"cat of {len(pieces)} inputs (more than {CAT_FUSE_MAX})")
+    from ember.inductor.lower_alone import runs_alone  # (it imports this module)
+
+    if all(runs_alone(ctx, t) for t in pieces):
+        raise Fallback("cat across a transposed input, alone: eager's copy is faster")
     d = dim % out.ndim
     starts = list(__import__("itertools").accumulate([0] + [t.sizes[d] for t in pieces]))
 
