@@ -68,7 +68,14 @@ IND = sympy.Symbol("ind", integer=True)  # an indirect index inside a LOAD's fla
 def wrap_index(index: Expr, n: int, *, negative: bool = True) -> Expr:
     """``index`` as int64, negative values counted from the end (where eager accepts them:
     ``x[i]``; gathers reject them, and the range check runs first), clamped into ``[0, n)``
-    so that no value reads outside the table."""
+    so that no value reads outside the table.
+
+    >>> i = Expr(Op.INDEX, torch.int64, (), sympy.Symbol("i0"))
+    >>> print(wrap_index(i, 4))
+    MIN(MAX(WHERE(LT((i0), 0), ADD((i0), 4), (i0)), 0), 3)
+    >>> print(wrap_index(i, 4, negative=False))
+    MIN(MAX((i0), 0), 3)
+    """
     i = cast(index, torch.int64)
     zero = const(0, torch.int64)
     if negative:
