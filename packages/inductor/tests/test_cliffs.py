@@ -270,6 +270,41 @@ def test_bf16_values_picked_from_bf16_values_are_stored_by_their_bits(name: str)
         assert "ember_float_to_bf16(" in kernels, kernels
 
 
+BOUNDED: dict[str, Callable[[T], T]] = {
+    "relu": torch.relu,
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "clamp_zero": lambda x: x.clamp(-0.0, 0.0),  # bounds that are signed zeros
+    "clamp_inf": lambda x: x.clamp(-float("inf"), 2.0),
+    "hardtanh": lambda x: torch.nn.functional.hardtanh(x),
+    "hardswish": lambda x: torch.nn.functional.hardswish(x),
+    "relu6_of_sum": lambda x: torch.nn.functional.relu6(x + x),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(BOUNDED))
+def test_a_max_or_min_by_a_number_names_the_number_out_of_gccs_sight(
+    name: str, dtype: torch.dtype
+) -> None:
+    """``max(x, c)`` is printed ``c > x ? c : x`` with ``c`` named through ``ember_opaque``
+    before the loop (gcc folded a literal's select into compares and blends: clamp 0.7x
+    eager); NaN, infinities and both zeros come out bit for bit as eager's."""
+    special = [0.0, -0.0, 0.5, -0.5, 6.0, float("inf"), -float("inf"), float("nan"), 1e-40]
+    x = torch.cat([torch.tensor(special), torch.randn(4087) * 4]).to(dtype).reshape(64, 64)
+    fn = BOUNDED[name]
+    compiled = _compile(fn, x)
+    got, want = compiled(x), fn(x)
+    assert got.isnan().equal(want.isnan())
+    same = ~want.isnan()
+    assert (
+        got[same]
+        .view(torch.int64 if dtype == torch.float64 else torch.int32)
+        .equal(want[same].view(torch.int64 if dtype == torch.float64 else torch.int32))
+    )
+    kernels = compiled.source.split('extern "C" void kernel', 1)[1]
+    assert "ember_opaque(" in kernels and "ember_max(" not in kernels, kernels
+
+
 def _steps(compiled: Any) -> list[str]:
     return [type(s).__name__ for s in compiled.schedule.steps]
 

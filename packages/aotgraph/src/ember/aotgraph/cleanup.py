@@ -10,6 +10,7 @@ repeated pure nodes.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -86,10 +87,17 @@ def _unchanged(dest: torch.fx.Node, new: Any) -> bool:
 
 
 def _frozen(value: Any) -> Any:
+    """``value`` as a key part: numbers keyed by type, floats by sign too (``1 == 1.0 ==
+    True`` and ``0.0 == -0.0`` in Python, not as arguments: ``x + 1`` of an int tensor is
+    an int, ``x + 1.0`` a float; ``x + -0.0`` keeps a -0.0 that ``x + 0.0`` does not)."""
     if isinstance(value, list | tuple):
         return tuple(_frozen(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, float):
+        return (float, value, math.copysign(1.0, value))
+    if isinstance(value, int):  # bool too
+        return (type(value), value)
     return value
 
 

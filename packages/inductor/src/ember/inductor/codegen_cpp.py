@@ -38,7 +38,7 @@ from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, s
 from ember.inductor.codegen_transpose import transposed_loads
 from ember.inductor.codegen_welford import by_body
 from ember.inductor.cpp_prelude import PRELUDE
-from ember.inductor.cpp_printer import CppPrinter, Printer, cindex
+from ember.inductor.cpp_printer import CppPrinter, Printer, cindex, ordered_bound
 from ember.inductor.ir import Expr, Layout, walk
 from ember.inductor.knobs import KNOBS, PARALLEL_MIN_WORK
 from ember.inductor.loops import replace_indices, split_inner, stage_indices, without_unit_loops
@@ -366,7 +366,9 @@ class _KernelWriter(TiledLoops):
         """Lines computing, before the stage's loops, every value that does not vary in them
         (per-row loads such as a layer norm's mean, casts of numbers). gcc hoists most such
         code itself, but not a load that feeds only one side of a select: it keeps that load
-        conditional, as a masked load of one address, which it cannot vectorise."""
+        conditional, as a masked load of one address, which it cannot vectorise. The bound
+        of a ``max``/``min`` by a number is named here too, hidden from gcc's constant
+        folding (``cpp_printer.ordered_bound``)."""
         if not loops or 0 in ranges:
             return []
         varying, lines = set(loops), list[str]()
@@ -382,6 +384,12 @@ class _KernelWriter(TiledLoops):
                 fixed[id(e)] = still and all(fixed[id(a)] for a in e.args)
                 if fixed[id(e)] and e.op is not Op.CONST:
                     self.p.expr(e, memo, lines)
+                bound = ordered_bound(e)
+                if bound is not None and bound not in memo:  # a variable to gcc: maxps
+                    memo[bound] = name = self.p.fresh()
+                    value = self.p.const(bound.arg, bound.dtype)
+                    kind = self.p.type(bound.dtype)
+                    lines.append(f"const {kind} {name} = ember_opaque({value});")
         return lines
 
     def reduction(self, st: Stage, depth: int) -> None:

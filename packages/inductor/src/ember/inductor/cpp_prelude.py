@@ -123,6 +123,9 @@ static inline double ember_cos(double x) { return cos(x); }
 // branch where gcc does not vectorise the loop (a 16x16 tile), mispredicted half the time on
 // random data (1M floats: 6.6 ms against 1.6 ms); `m = a > b ? a : b; a != a ? a : m` is a select
 // too, but clamp's max-then-min of it vectorises 2.7x slower (0.30 ms against 0.11 ms)
+// v itself, which gcc can no longer see is a constant: `c > x ? c : x` of a literal c is folded
+// into compares and blends, of a variable c it is one maxps (cpp_printer.ordered_bound)
+template <typename T> static inline T ember_opaque(T v) { __asm__("" : "+x"(v)); return v; }
 template <typename T> static inline T ember_max(T a, T b) { const T m = b > a ? b : a; return b != b ? b : m; }
 template <typename T> static inline T ember_min(T a, T b) { const T m = b < a ? b : a; return b != b ? b : m; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }

@@ -145,7 +145,32 @@ def load(buf: Buffer, idx: Sequence[sympy.Expr], layout: Layout | None = None) -
     return Expr(Op.LOAD, buf.dtype, (), (buf.name, flat, ()))
 
 
+class NegativeZero(float):
+    """-0.0, unequal to 0.0 (a float's ``==`` says they are equal). Constants are keys of
+    the printers' memo of shared subexpressions: as floats, ``x + 0.0`` and ``x + -0.0``
+    were one expression, and the second gave +0.0 for x = -0.0.
+
+    >>> const(-0.0, torch.float32) == const(0.0, torch.float32), str(const(-0.0, torch.float32))
+    (False, '-0.0')
+    """
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NegativeZero)
+
+    def __ne__(self, other: object) -> bool:
+        return not isinstance(other, NegativeZero)
+
+    def __hash__(self) -> int:
+        return hash("-0.0")
+
+    def __repr__(self) -> str:
+        return "-0.0"
+
+
 def const(value: float | int | bool, dtype: torch.dtype) -> Expr:
+    """The number ``value`` as a body leaf of ``dtype`` (-0.0 kept apart from 0.0)."""
+    if isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0:
+        value = NegativeZero(value)
     return Expr(Op.CONST, dtype, (), value)
 
 
