@@ -35,12 +35,24 @@ import torch
 from ember.inductor.ops import Reduce
 from ember.inductor.scheduler import Stage, Store
 
-__all__ = ["ROW_PARTIAL", "acc_type", "row_group", "row_partials"]
+__all__ = [
+    "LANES",
+    "ROW_PARTIAL",
+    "acc_type",
+    "lane_folds",
+    "lane_split",
+    "row_group",
+    "row_partials",
+]
 
 # longest row added in float lanes before its sum joins the double total: each of 8 or 16
 # lanes then adds at most 1024 floats, whose error stays near eager's cascade sum
 ROW_PARTIAL = 8192
 
+
+# float lanes of a row sum split into independent accumulators (lane_split): four AVX2
+# vectors, two AVX-512 ones
+LANES = 32
 
 #: float reductions accumulated in double when they run over everything or in one chain
 _WIDENED = (Reduce.SUM, Reduce.PROD)
@@ -113,3 +125,42 @@ def row_group(st: Stage, narrow: bool) -> int:
     while rows % (2 * group) == 0 and 2 * group * last <= ROW_PARTIAL:
         group *= 2
     return group
+
+
+def lane_split(st: Stage, wide: bool, vectorise: bool) -> int:
+    """How many float lanes each row sum of ``st`` keeps apart (0: one vector's, as
+    ``omp simd reduction`` does): ``LANES`` where every store is a float sum along a
+    contiguous innermost loop of a static length that ``LANES`` divides, twice or more.
+
+    ``omp simd reduction(+:acc)`` keeps one vector accumulator, and each add waits for the
+    one before (4 cycles on AMD's Zen 3; AVX2's 8 lanes): x.mean(-1) of 1024x1024 floats
+    took 137 us against eager's 116. Four vectors (``acc_v[32]``, indexed by the lane)
+    overlap their adds: 81 us (the kernel alone, 1 thread).
+
+    >>> from ember.inductor.ir import Expr
+    >>> from ember.inductor.ops import Op
+    >>> body = Expr(Op.CONST, torch.float32, (), 1.0)
+    >>> sums = Stage((1024,), (Store("s", body, 0, Reduce.SUM),))
+    >>> lane_split(sums, wide=False, vectorise=True), lane_split(sums, wide=True, vectorise=True)
+    (32, 0)
+    """
+    last = st.inner[-1] if st.inner else 0
+    if not vectorise or wide or not isinstance(last, int) or last % LANES or last < 2 * LANES:
+        return 0
+    if all(s.reduce is Reduce.SUM and s.body.dtype == torch.float32 for s in st.stores):
+        return LANES
+    return 0
+
+
+def lane_folds(acc: str, lanes: int) -> list[str]:
+    """C++ lines adding ``acc``'s lanes ``acc_v`` into ``acc``, as ``omp simd reduction``
+    does: the vectors onto one, then its 8 (or 16) lanes in order. (Halves onto halves
+    written out, gcc added all 32 lanes as scalars: 60 instructions a row, not 20.)
+
+    >>> lane_folds("s_acc", 32)
+    ['#pragma omp simd reduction(+:s_acc)', 'for (int64_t k = 0; k < 32; ++k) s_acc += s_acc_v[k];']
+    """
+    return [
+        f"#pragma omp simd reduction(+:{acc})",
+        f"for (int64_t k = 0; k < {lanes}; ++k) {acc} += {acc}_v[k];",
+    ]

@@ -32,7 +32,7 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox, wrapper_launch
-from ember.inductor.codegen_accum import acc_type, row_group, row_partials
+from ember.inductor.codegen_accum import acc_type, lane_folds, lane_split, row_group, row_partials
 from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
 from ember.inductor.codegen_transpose import transposed_loads
@@ -427,6 +427,15 @@ class _KernelWriter(TiledLoops):
             o.format(acc=f"{s.name}_acc") for o, s in zip(omp, st.stores, strict=True) if o
         )
         vectorise = bool(st.inner) and all(omp)
+        split = 0 if whole else lane_split(st, wide, vectorise)
+        if split:  # each lane its own accumulator: no reduction clause, the adds overlap
+            y = Y[len(st.inner) - 1]
+            for s in st.stores:
+                self.emit(f"float {s.name}_acc_v[{split}] = {{}};", depth)
+            combines = [
+                c.replace(f"{s.name}_acc +=", f"{s.name}_acc_v[{y} - {y}_o] +=")
+                for c, s in zip(combines, st.stores, strict=True)
+            ]
         rows = row_partials(st, wide, vectorise) if whole else set()
         if rows:  # the innermost loop sums its row in float lanes, the row adds in double
             combines = [
@@ -438,10 +447,13 @@ class _KernelWriter(TiledLoops):
             for o, s in zip(omp, st.stores, strict=True)
             if o
         )
-        clauses = (clause, simd_clause) if vectorise else None
+        clauses = (clause, "" if split else simd_clause) if vectorise else None
         partials = [s for s in st.stores if s.name in rows]
         shared = row_group(st, self.half(st)) if rows else 1  # rows sharing one partial
-        self.reduce_loops(st, lines + combines, clauses, (partials, shared), whole, depth)
+        self.reduce_loops(st, lines + combines, clauses, (partials, shared), whole, depth, split)
+        for s in st.stores if split else ():
+            for line in lane_folds(f"{s.name}_acc", split):
+                self.emit(line, depth)
         for s in st.stores:
             if s.reduce in (Reduce.MAX, Reduce.MIN):
                 nan = f"std::numeric_limits<{self.p.type(s.body.dtype)}>::quiet_NaN()"
@@ -456,13 +468,15 @@ class _KernelWriter(TiledLoops):
         rows: tuple[list[Store], int],
         whole: bool,
         depth: int,
+        split: int = 0,
     ) -> None:
         """The loops of a reduction stage around ``body``: threads share the outer loops
         of a reduction to one value, lanes the innermost (contiguous) one (``clauses``: the
         omp reduction clauses of the threads and of the lanes; None: no vector lanes).
         ``rows``: the sums whose row adds up in a float ``_row`` before joining ``_acc``,
         and how many rows share one ``_row`` (``row_group``: one simd loop collapsed over
-        them, its outer loop stepping by the group)."""
+        them, its outer loop stepping by the group). ``split``: the innermost loop runs in
+        blocks of that many lanes, each adding into its own ``_acc_v`` (``lane_split``)."""
         parallel = clauses is not None and whole and self.parallel
         partials, group = rows
         n = len(st.inner)
@@ -480,6 +494,12 @@ class _KernelWriter(TiledLoops):
                 self.emit(step, inner_depth)
                 inner_depth += 1
                 line = f"for (int64_t {y} = {g}; {y} < {g} + {group}; ++{y}) {{"
+            if split and k == n - 1:  # blocks of lanes; the body still reads y
+                y = Y[k]
+                block = f"for (int64_t {y}_o = 0; {y}_o < {st.inner[k]}; {y}_o += {split}) {{"
+                self.emit(block, inner_depth)
+                inner_depth += 1
+                line = f"for (int64_t {y} = {y}_o; {y} < {y}_o + {split}; ++{y}) {{"
             if k == first:
                 row_depth = inner_depth
                 for s in partials:
@@ -487,7 +507,7 @@ class _KernelWriter(TiledLoops):
                     self.emit(f"float {s.name}_row = {init};", inner_depth)
             if clauses is not None and k == first and not (parallel and n == 1):
                 collapse = " collapse(2)" if group > 1 else ""
-                self.emit(f"#pragma omp simd{collapse} {clauses[1]}", inner_depth)
+                self.emit(f"#pragma omp simd{collapse} {clauses[1]}".rstrip(), inner_depth)
             self.emit(line, inner_depth)
             inner_depth += 1
         for line in body:
