@@ -295,3 +295,23 @@ def test_half_casts_to_every_dtype(dtype: torch.dtype) -> None:
     fns["to_bool"] = lambda x: (x > 0).to(dtype) + x
     fns["sigmoid64"] = lambda x: x.to(torch.float64).sigmoid().to(dtype)
     _run(fns, 1, [x], atol=2e-2, rtol=2e-2)
+
+
+def test_a_failed_cpp_build_runs_the_graph_eagerly_with_the_wrappers_outputs() -> None:
+    """A C++ build that fails warns and runs the graph as aten calls, its outputs flat as
+    the wrapper's would be (they were ``gm.forward``'s nest: a nested output failed to
+    unflatten)."""
+
+    def f(x: T) -> Any:
+        return x.max(0), x.sum(), x.t(), (x + 1, [x * 2])
+
+    x = torch.randn(6, 8)
+    gm = make_fx(f)(x)
+    with pytest.warns(UserWarning, match="C\\+\\+ build failed, running eagerly"):
+        compiled = compile_graph(gm, [x], {"cflags": ["-fno-such-flag"], "graph_cache": False})
+        got = compiled(x)
+    want = f(x)
+    leaves = torch.utils._pytree.tree_leaves
+    assert len(leaves(got)) == len(leaves(want)) == 6
+    for g, w in zip(leaves(got), leaves(want), strict=True):
+        torch.testing.assert_close(g, w)

@@ -6,17 +6,17 @@ cascade sum drifts far less than one float accumulator). A double accumulator pe
 element converts every value and takes half the vector lanes, so a sum of everything
 whose innermost loop is contiguous adds each row in float lanes (``buf0_row``) and only
 the row sums in double; over 2-byte floats a float partial spans several rows
-(``row_group``).
+(``row_group``), and a float row that 32 divides adds into 32 lanes (``lane_split``).
 
 >>> import sympy, torch
 >>> from ember.inductor.codegen_cpp import translation_unit
 >>> from ember.inductor.ir import Buffer, Expr, Layout, Program
 >>> from ember.inductor.ops import Op, Reduce
 >>> from ember.inductor.scheduler import Kernel, Schedule, Stage, Store, Y
->>> x = Buffer("x", torch.float32, Layout.contiguous((64, 256)))
+>>> x = Buffer("x", torch.float32, Layout.contiguous((64, 250)))
 >>> s = Buffer("s", torch.float32, Layout.contiguous(()))
->>> body = Expr(Op.LOAD, torch.float32, (), ("x", 256 * Y[0] + Y[1], ()))
->>> st = Stage((64, 256), (Store("s", body, sympy.Integer(0), Reduce.SUM),))
+>>> body = Expr(Op.LOAD, torch.float32, (), ("x", 250 * Y[0] + Y[1], ()))
+>>> st = Stage((64, 250), (Store("s", body, sympy.Integer(0), Reduce.SUM),))
 >>> prog = Program({"x": x, "s": s}, ["x"], [], [])
 >>> src = translation_unit(Schedule(prog, [Kernel("k", (), (st,))]))[0]
 >>> print("\\n".join(ln for ln in src.splitlines() if "s_acc" in ln or "s_row" in ln))

@@ -442,6 +442,12 @@ class _KernelWriter(TiledLoops):
                 c.replace(f"{s.name}_acc", f"{s.name}_row") if s.name in rows else c
                 for c, s in zip(combines, st.stores, strict=True)
             ]
+        shared = row_group(st, self.half(st)) if rows else 1  # rows sharing one partial
+        if rows and len(rows) == len(st.stores) and shared == 1:
+            split = lane_split(st, False, vectorise)  # the row partials in lanes
+        if split and rows:
+            y = Y[len(st.inner) - 1]
+            combines = [c.replace("_row +=", f"_row_v[{y} - {y}_o] +=") for c in combines]
         simd_clause = " ".join(
             o.format(acc=f"{s.name}_row" if s.name in rows else f"{s.name}_acc")
             for o, s in zip(omp, st.stores, strict=True)
@@ -449,9 +455,8 @@ class _KernelWriter(TiledLoops):
         )
         clauses = (clause, "" if split else simd_clause) if vectorise else None
         partials = [s for s in st.stores if s.name in rows]
-        shared = row_group(st, self.half(st)) if rows else 1  # rows sharing one partial
         self.reduce_loops(st, lines + combines, clauses, (partials, shared), whole, depth, split)
-        for s in st.stores if split else ():
+        for s in st.stores if split and not rows else ():
             for line in lane_folds(f"{s.name}_acc", split):
                 self.emit(line, depth)
         for s in st.stores:
@@ -494,17 +499,19 @@ class _KernelWriter(TiledLoops):
                 self.emit(step, inner_depth)
                 inner_depth += 1
                 line = f"for (int64_t {y} = {g}; {y} < {g} + {group}; ++{y}) {{"
+            if k == first:
+                row_depth = inner_depth
+                for s in partials:
+                    init = self.p.REDUCE[s.reduce][0]  # type: ignore[index]
+                    self.emit(f"float {s.name}_row = {init};", inner_depth)
+                    if split:
+                        self.emit(f"float {s.name}_row_v[{split}] = {{}};", inner_depth)
             if split and k == n - 1:  # blocks of lanes; the body still reads y
                 y = Y[k]
                 block = f"for (int64_t {y}_o = 0; {y}_o < {st.inner[k]}; {y}_o += {split}) {{"
                 self.emit(block, inner_depth)
                 inner_depth += 1
                 line = f"for (int64_t {y} = {y}_o; {y} < {y}_o + {split}; ++{y}) {{"
-            if k == first:
-                row_depth = inner_depth
-                for s in partials:
-                    init = self.p.REDUCE[s.reduce][0]  # type: ignore[index]
-                    self.emit(f"float {s.name}_row = {init};", inner_depth)
             if clauses is not None and k == first and not (parallel and n == 1):
                 collapse = " collapse(2)" if group > 1 else ""
                 self.emit(f"#pragma omp simd{collapse} {clauses[1]}".rstrip(), inner_depth)
@@ -516,6 +523,8 @@ class _KernelWriter(TiledLoops):
             self.emit("}", d)
             if d == row_depth:
                 for s in partials:
+                    for line in lane_folds(f"{s.name}_row", split) if split else ():
+                        self.emit(line, d)
                     join = self.p.REDUCE[s.reduce][1]  # type: ignore[index]
                     self.emit(join.format(acc=f"{s.name}_acc", v=f"{s.name}_row"), d)
 

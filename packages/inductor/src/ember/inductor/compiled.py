@@ -219,7 +219,7 @@ class CompiledGraph:
                 warnings.warn(
                     f"ember.inductor: C++ build failed, running eagerly: {e}", stacklevel=3
                 )
-                return self.gm.forward
+                return self._eager  # (outputs flat, as the wrapper's: gm.forward's nest)
             self._run.write(
                 "compile_command.txt", f"{command}\n# cache hit: {self.cache_hit}\n# {path}\n"
             )
