@@ -125,7 +125,13 @@ static inline double ember_cos(double x) { return cos(x); }
 // too, but clamp's max-then-min of it vectorises 2.7x slower (0.30 ms against 0.11 ms)
 // v itself, which gcc can no longer see is a constant: `c > x ? c : x` of a literal c is folded
 // into compares and blends, of a variable c it is one maxps (cpp_printer.ordered_bound)
+#if defined(__x86_64__) || defined(__i386__)
 template <typename T> static inline T ember_opaque(T v) { __asm__("" : "+x"(v)); return v; }
+#elif defined(__aarch64__)
+template <typename T> static inline T ember_opaque(T v) { __asm__("" : "+w"(v)); return v; }
+#else
+template <typename T> static inline T ember_opaque(T v) { return v; }
+#endif
 template <typename T> static inline T ember_max(T a, T b) { const T m = b > a ? b : a; return b != b ? b : m; }
 template <typename T> static inline T ember_min(T a, T b) { const T m = b < a ? b : a; return b != b ? b : m; }
 template <typename T> static inline T ember_lowest() { return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest(); }
