@@ -311,20 +311,20 @@ def test_a_max_or_min_by_a_number_names_the_number_out_of_gccs_sight(
 def test_a_row_sum_keeps_32_lanes_apart_where_they_divide_the_row(
     cols: int, dtype: torch.dtype
 ) -> None:
-    """A row sum along a contiguous row that 32 divides (twice or more) adds into 32
-    accumulators, four AVX2 vectors whose adds overlap (``codegen_accum.lane_split``;
+    """A row sum (or product) along a contiguous row that 32 divides (twice or more) adds
+    into 32 accumulators, four AVX2 vectors whose adds overlap (``codegen_accum.lane_split``;
     x.mean(-1) of 1M floats: 0.8x eager -> 1.1x); other rows keep ``omp simd reduction``.
     The sums stay about as close to the exact ones as eager's."""
     torch.manual_seed(0)
     x = (torch.randn(48, cols, dtype=torch.float64) + 3).to(dtype)
     x[0, 5], x[1, 7], x[2, 1] = float("nan"), float("inf"), -float("inf")
 
-    def fn(x: T) -> tuple[T, T]:
-        return x.mean(-1), (x * x).sum(-1)
+    def fn(x: T) -> tuple[T, T, T]:
+        return x.mean(-1), (x * x).sum(-1), (x * 0.01 + 1).prod(-1)
 
     compiled = _compile(fn, x)
     got, want = compiled(x), fn(x)
-    exact = x.double().mean(-1), (x.double() ** 2).sum(-1)
+    exact = x.double().mean(-1), (x.double() ** 2).sum(-1), (x.double() * 0.01 + 1).prod(-1)
     for g, w, e in zip(got, want, exact, strict=True):
         assert g.dtype == w.dtype and g.isnan().equal(w.isnan())
         assert g[:3].tolist()[1:] == w[:3].tolist()[1:]  # inf; -inf

@@ -129,7 +129,7 @@ def row_group(st: Stage, narrow: bool) -> int:
 
 def lane_split(st: Stage, wide: bool, vectorise: bool) -> int:
     """How many float lanes each row sum of ``st`` keeps apart (0: one vector's, as
-    ``omp simd reduction`` does): ``LANES`` where every store is a float sum along a
+    ``omp simd reduction`` does): ``LANES`` where every store is a float sum or product along a
     contiguous innermost loop of a static length that ``LANES`` divides, twice or more.
 
     ``omp simd reduction(+:acc)`` keeps one vector accumulator, and each add waits for the
@@ -147,12 +147,28 @@ def lane_split(st: Stage, wide: bool, vectorise: bool) -> int:
     last = st.inner[-1] if st.inner else 0
     if not vectorise or wide or not isinstance(last, int) or last % LANES or last < 2 * LANES:
         return 0
-    if all(s.reduce is Reduce.SUM and s.body.dtype == torch.float32 for s in st.stores):
+    if all(s.reduce in _LANE_INIT and s.body.dtype == torch.float32 for s in st.stores):
         return LANES
     return 0
 
 
-def lane_folds(acc: str, lanes: int) -> list[str]:
+# a lane's start and the C++ operator joining lanes, for the reductions lane_split takes
+_LANE_INIT = {Reduce.SUM: ("0", "+"), Reduce.PROD: ("1", "*")}
+
+
+def lane_init(acc: str, lanes: int, reduce: Reduce) -> str:
+    """The C++ declaration of ``acc``'s lanes ``acc_v``, each at the reduction's start.
+
+    >>> lane_init("p_acc", 32, Reduce.PROD)
+    'float p_acc_v[32]; for (int64_t k = 0; k < 32; ++k) p_acc_v[k] = 1;'
+    """
+    start = _LANE_INIT[reduce][0]
+    if start == "0":
+        return f"float {acc}_v[{lanes}] = {{}};"
+    return f"float {acc}_v[{lanes}]; for (int64_t k = 0; k < {lanes}; ++k) {acc}_v[k] = {start};"
+
+
+def lane_folds(acc: str, lanes: int, reduce: Reduce = Reduce.SUM) -> list[str]:
     """C++ lines adding ``acc``'s lanes ``acc_v`` into ``acc``, as ``omp simd reduction``
     does: the vectors onto one, then its 8 (or 16) lanes in order. (Halves onto halves
     written out, gcc added all 32 lanes as scalars: 60 instructions a row, not 20.)
@@ -160,7 +176,8 @@ def lane_folds(acc: str, lanes: int) -> list[str]:
     >>> lane_folds("s_acc", 32)
     ['#pragma omp simd reduction(+:s_acc)', 'for (int64_t k = 0; k < 32; ++k) s_acc += s_acc_v[k];']
     """
+    op = _LANE_INIT[reduce][1]
     return [
-        f"#pragma omp simd reduction(+:{acc})",
-        f"for (int64_t k = 0; k < {lanes}; ++k) {acc} += {acc}_v[k];",
+        f"#pragma omp simd reduction({op}:{acc})",
+        f"for (int64_t k = 0; k < {lanes}; ++k) {acc} {op}= {acc}_v[k];",
     ]

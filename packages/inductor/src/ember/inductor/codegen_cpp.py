@@ -32,7 +32,14 @@ import sympy  # type: ignore[import-untyped]
 import torch
 
 from ember.inductor import philox, wrapper_launch
-from ember.inductor.codegen_accum import acc_type, lane_folds, lane_split, row_group, row_partials
+from ember.inductor.codegen_accum import (
+    acc_type,
+    lane_folds,
+    lane_init,
+    lane_split,
+    row_group,
+    row_partials,
+)
 from ember.inductor.codegen_ranges import SHARE_CPP, Loop, count, dispatcher, range_nest
 from ember.inductor.codegen_tiles import STRIP_CPP, TiledLoops, column_kernel, strip_width
 from ember.inductor.codegen_transpose import transposed_loads
@@ -431,9 +438,9 @@ class _KernelWriter(TiledLoops):
         if split:  # each lane its own accumulator: no reduction clause, the adds overlap
             y = Y[len(st.inner) - 1]
             for s in st.stores:
-                self.emit(f"float {s.name}_acc_v[{split}] = {{}};", depth)
+                self.emit(lane_init(f"{s.name}_acc", split, s.reduce), depth)
             combines = [
-                c.replace(f"{s.name}_acc +=", f"{s.name}_acc_v[{y} - {y}_o] +=")
+                c.replace(f"{s.name}_acc ", f"{s.name}_acc_v[{y} - {y}_o] ", 1)
                 for c, s in zip(combines, st.stores, strict=True)
             ]
         rows = row_partials(st, wide, vectorise) if whole else set()
@@ -457,7 +464,7 @@ class _KernelWriter(TiledLoops):
         partials = [s for s in st.stores if s.name in rows]
         self.reduce_loops(st, lines + combines, clauses, (partials, shared), whole, depth, split)
         for s in st.stores if split and not rows else ():
-            for line in lane_folds(f"{s.name}_acc", split):
+            for line in lane_folds(f"{s.name}_acc", split, s.reduce):
                 self.emit(line, depth)
         for s in st.stores:
             if s.reduce in (Reduce.MAX, Reduce.MIN):

@@ -147,6 +147,8 @@ FAST_CALLS: dict[Any, Callable[..., Any]] = {
     aten.mean.dim: torch.mean,
     aten.amax.default: torch.amax,
     aten.amin.default: torch.amin,
+    aten.prod.default: torch.prod,
+    aten.prod.dim_int: torch.prod,
 }
 
 
