@@ -64,6 +64,29 @@ def _loops(vars_: list[sympy.Symbol], ranges: tuple[Any, ...]) -> list[str]:
     ]
 
 
+def _into(combine: str, name: str, part: str, lane: sympy.Symbol | None) -> str:
+    """``combine``, which joins a value to ``{name}_acc``, joining it to ``{name}{part}``
+    instead (a row's float partial ``_row``), or with ``lane``, the innermost loop's
+    variable, to that lane of it (``_v[y - y_o]``, ``lane_split``)."""
+    target = f"{name}{part}" if lane is None else f"{name}{part}_v[{lane} - {lane}_o]"
+    return combine.replace(f"{name}_acc", target)
+
+
+def _blocks(y: sympy.Symbol, size: Any, step: int, suffix: str) -> tuple[str, str]:
+    """Loop heads for ``y`` in blocks of ``step``: one over the blocks (``y`` + ``suffix``),
+    one over ``y`` in a block."""
+    o = f"{y}{suffix}"
+    return (
+        f"for (int64_t {o} = 0; {o} < {size}; {o} += {step}) {{",
+        f"for (int64_t {y} = {o}; {y} < {o} + {step}; ++{y}) {{",
+    )
+
+
+def _kind(s: Store) -> Reduce:
+    assert s.reduce is not None, s
+    return s.reduce
+
+
 def _bound(n: Any) -> str:
     """A loop bound: an int, or a size expression over the kernel's size arguments."""
     return str(n) if isinstance(n, int) else cindex(sympy.sympify(n))
@@ -434,27 +457,16 @@ class _KernelWriter(TiledLoops):
             o.format(acc=f"{s.name}_acc") for o, s in zip(omp, st.stores, strict=True) if o
         )
         vectorise = bool(st.inner) and all(omp)
-        split = 0 if whole else lane_split(st, wide, vectorise)
-        if split:  # each lane its own accumulator: no reduction clause, the adds overlap
-            y = Y[len(st.inner) - 1]
-            for s in st.stores:
-                self.emit(lane_init(f"{s.name}_acc", split, s.reduce), depth)
-            combines = [
-                c.replace(f"{s.name}_acc ", f"{s.name}_acc_v[{y} - {y}_o] ", 1)
-                for c, s in zip(combines, st.stores, strict=True)
-            ]
         rows = row_partials(st, wide, vectorise) if whole else set()
-        if rows:  # the innermost loop sums its row in float lanes, the row adds in double
-            combines = [
-                c.replace(f"{s.name}_acc", f"{s.name}_row") if s.name in rows else c
-                for c, s in zip(combines, st.stores, strict=True)
-            ]
         shared = row_group(st, self.half(st)) if rows else 1  # rows sharing one partial
-        if rows and len(rows) == len(st.stores) and shared == 1:
-            split = lane_split(st, False, vectorise)  # the row partials in lanes
-        if split and rows:
-            y = Y[len(st.inner) - 1]
-            combines = [c.replace("_row +=", f"_row_v[{y} - {y}_o] +=") for c in combines]
+        alone = not whole or (len(rows) == len(st.stores) and shared == 1)  # lanes: accs or rows
+        split = lane_split(st, wide and not rows, vectorise) if alone else 0
+        lane = Y[len(st.inner) - 1] if split else None
+        combines = [  # rows: into a float partial, then the double total (codegen_accum)
+            _into(c, s.name, "_row" if s.name in rows else "_acc", lane)
+            for c, s in zip(combines, st.stores, strict=True)
+        ]
+        self.lanes(st.stores if split and not rows else (), split, depth, fold=False)
         simd_clause = " ".join(
             o.format(acc=f"{s.name}_row" if s.name in rows else f"{s.name}_acc")
             for o, s in zip(omp, st.stores, strict=True)
@@ -463,14 +475,22 @@ class _KernelWriter(TiledLoops):
         clauses = (clause, "" if split else simd_clause) if vectorise else None
         partials = [s for s in st.stores if s.name in rows]
         self.reduce_loops(st, lines + combines, clauses, (partials, shared), whole, depth, split)
-        for s in st.stores if split and not rows else ():
-            for line in lane_folds(f"{s.name}_acc", split, s.reduce):
-                self.emit(line, depth)
+        self.lanes(st.stores if split and not rows else (), split, depth, fold=True)
         for s in st.stores:
             if s.reduce in (Reduce.MAX, Reduce.MIN):
                 nan = f"std::numeric_limits<{self.p.type(s.body.dtype)}>::quiet_NaN()"
                 self.emit(f"if ({s.name}_acc_nan) {s.name}_acc = {nan};", depth)
             self.result(s, f"{s.name}_acc", depth)
+
+    def lanes(self, stores: Sequence[Store], split: int, depth: int, fold: bool) -> None:
+        """Declare each store's ``split`` lanes ``_acc_v`` (``lane_split``), or after the
+        loops (``fold``), join them into its ``_acc``."""
+        for s in stores:
+            acc = f"{s.name}_acc"
+            for line in (
+                lane_folds(acc, split, _kind(s)) if fold else [lane_init(acc, split, _kind(s))]
+            ):
+                self.emit(line, depth)
 
     def reduce_loops(
         self,
@@ -501,24 +521,19 @@ class _KernelWriter(TiledLoops):
                 omp = f"#pragma omp parallel for{simd}{collapse}{self.threads} {clauses[0]}"
                 self.emit(omp, depth)
             if k == first and group > 1:  # the rows of a group, then one loop over them
-                y, g = Y[k], f"{Y[k]}_g"
-                step = f"for (int64_t {g} = 0; {g} < {st.inner[k]}; {g} += {group}) {{"
+                step, line = _blocks(Y[k], st.inner[k], group, "_g")
                 self.emit(step, inner_depth)
                 inner_depth += 1
-                line = f"for (int64_t {y} = {g}; {y} < {g} + {group}; ++{y}) {{"
             if k == first:
                 row_depth = inner_depth
                 for s in partials:
                     init = self.p.REDUCE[s.reduce][0]  # type: ignore[index]
-                    self.emit(f"float {s.name}_row = {init};", inner_depth)
-                    if split:
-                        self.emit(f"float {s.name}_row_v[{split}] = {{}};", inner_depth)
+                    lanes = f" float {s.name}_row_v[{split}] = {{}};" if split else ""
+                    self.emit(f"float {s.name}_row = {init};{lanes}", inner_depth)
             if split and k == n - 1:  # blocks of lanes; the body still reads y
-                y = Y[k]
-                block = f"for (int64_t {y}_o = 0; {y}_o < {st.inner[k]}; {y}_o += {split}) {{"
+                block, line = _blocks(Y[k], st.inner[k], split, "_o")
                 self.emit(block, inner_depth)
                 inner_depth += 1
-                line = f"for (int64_t {y} = {y}_o; {y} < {y}_o + {split}; ++{y}) {{"
             if clauses is not None and k == first and not (parallel and n == 1):
                 collapse = " collapse(2)" if group > 1 else ""
                 self.emit(f"#pragma omp simd{collapse} {clauses[1]}".rstrip(), inner_depth)
