@@ -48,6 +48,29 @@ def test_corrupt_entry_is_rebuilt() -> None:
     assert build(SOURCE, options)[2] is True
 
 
+def test_a_build_that_loses_the_race_keeps_the_winners_library(monkeypatch) -> None:
+    """Two builds of one source (two threads or processes): the one that found no entry
+    and finishes second keeps the entry the first installed, which a build may be loading
+    by then; it used to delete whatever stood there before building."""
+    import ember.inductor.cache as cache
+
+    options = CompileOptions()
+    path, _, _ = build(SOURCE, options)
+    inode = os.stat(path).st_ino
+    looks = []
+    real = cache.valid
+
+    def valid(entry: object, key: str) -> bool:  # the loser's first look: no entry yet
+        looks.append(entry)
+        return len(looks) > 1 and real(entry, key)
+
+    monkeypatch.setattr(cache, "valid", valid)
+    got, _, hit = build(SOURCE, options)
+    assert (got, hit, len(looks)) == (path, False, 2)
+    assert os.stat(path).st_ino == inode
+    assert list(path.parent.parent.glob(".trash-*")) == []
+
+
 def test_foreign_entry_is_rebuilt() -> None:
     options = CompileOptions()
     path, _, _ = build(SOURCE, options)

@@ -157,8 +157,6 @@ def build(source: str, options: CompileOptions | None = None) -> tuple[Path, str
     command = [options.cxx, *options.cflags, "kernels.cpp", "-o", "kernels.so"]
     if valid(entry, key):
         return entry / "kernels.so", " ".join(command), True
-    if entry.exists():
-        shutil.rmtree(entry, ignore_errors=True)  # corrupt or foreign: rebuild
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
     try:
@@ -169,14 +167,32 @@ def build(source: str, options: CompileOptions | None = None) -> tuple[Path, str
             raise CompileError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
         marker = {"key": key, "sha256": _checksum(tmp / "kernels.so")}
         (tmp / "ok").write_text(json.dumps(marker))
-        try:
-            os.rename(tmp, entry)
-        except OSError:  # another process won the race; its entry is as good as ours
-            if not valid(entry, key):
-                raise
+        _install(tmp, entry, key)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry / "kernels.so", " ".join(command), False
+
+
+def _install(tmp: Path, entry: Path, key: str) -> None:
+    """Rename the built ``tmp`` to ``entry``, atomically. An entry already there is another
+    build's (a thread's or a process's, of the same source): kept if valid, else moved
+    aside and replaced. An entry is never deleted where it stands: a build that found none
+    and removed what was there by the time it looked again deleted a library another build
+    had just installed and was about to load."""
+    for _ in range(3):
+        try:
+            os.rename(tmp, entry)
+            return
+        except OSError:
+            if valid(entry, key):  # another build won the race; its entry is as good as ours
+                return
+            trash = entry.with_name(f".trash-{os.getpid()}-{threading.get_ident()}-{key[:8]}")
+            try:
+                os.rename(entry, trash)  # corrupt or foreign: aside, then gone
+            except OSError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+    raise OSError(f"could not install the kernel library at {entry}")
 
 
 _POOL = ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 2), thread_name_prefix="ember-cxx")
